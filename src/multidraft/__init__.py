@@ -1,0 +1,14 @@
+"""multidraft: multi-draft speculative sampling done right.
+
+Draft laws (``drafts``), lossless verifiers (``verifiers``), the optimal acceptance
+ceiling (``limits``) and exact certificates (``exact``) are pure torch; the decoder on real
+language models lives in ``decoding`` (needs the ``models`` extra).
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import drafts, verifiers, exact  # noqa: E402
+from .exact import certify  # noqa: E402
+
+__all__ = ["drafts", "verifiers", "exact", "certify", "__version__"]

@@ -1,0 +1,262 @@
+"""Draft laws: the joint law of the K draft tokens at one position.
+
+``iid(q, k)``                  K draws from q with replacement.
+``without_replacement(q, k)``  K distinct draws, sequentially proportional to q
+                               (Gumbel-top-k / exponential race); order matters.
+``greedy(q, k)``               the top k-1 tokens of q (ties broken by lower id), then one
+                               token from q restricted to the rest and renormalised.
+``independent(qs)``            draft j from its own q_j (qs is ``[..., K, V]``).
+
+Every law samples batched over leading dimensions with an explicit generator, gives the
+probability of draft tuples (``prob``, float64) and, for an unbatched law, enumerates
+every tuple of positive probability (``enumerate``).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from ._validate import as_generator, as_k, as_probs, as_tokens
+
+__all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "LAW_KINDS", "law_kind"]
+
+LAW_KINDS = ("iid", "wor", "greedy", "independent")
+_ALIASES = {
+    "iid": "iid", "with_replacement": "iid",
+    "wor": "wor", "without_replacement": "wor",
+    "greedy": "greedy",
+    "independent": "independent",
+}
+MAX_ENUMERATE = 2_000_000
+
+
+def law_kind(law) -> str:
+    """The kind string of a law object or a name ('iid', 'wor', 'greedy', 'independent')."""
+    if isinstance(law, DraftLaw):
+        return law.kind
+    if isinstance(law, str) and law in _ALIASES:
+        return _ALIASES[law]
+    raise ValueError(f"law must be a DraftLaw or one of {sorted(_ALIASES)}, got {law!r}")
+
+
+class DraftLaw:
+    """Base class. ``q`` is ``[..., V]`` (``[..., K, V]`` for ``independent``)."""
+
+    kind: str = ""
+
+    def __init__(self, q: torch.Tensor, k: int):
+        self.q = q
+        self.k = k
+
+    # shapes -----------------------------------------------------------------------------
+    @property
+    def V(self) -> int:
+        return self.q.shape[-1]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.q.shape[:-2] if self.kind == "independent" else self.q.shape[:-1]
+
+    def draft_probs(self) -> torch.Tensor:
+        """Per-draft marginal-generating distributions ``[..., K, V]`` (a view)."""
+        if self.kind == "independent":
+            return self.q
+        return self.q.unsqueeze(-2).expand(*self.q.shape[:-1], self.k, self.V)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r}, k={self.k}, V={self.V}, batch_shape={tuple(self.batch_shape)})"
+
+    # interface --------------------------------------------------------------------------
+    def sample(self, generator, num_samples: int | None = None) -> torch.Tensor:
+        """Draft tuples ``[..., K]`` (``[num_samples, ..., K]`` if num_samples is given)."""
+        g = as_generator(generator, self.q.device)
+        q = self.q
+        if num_samples is not None:
+            if int(num_samples) < 1:
+                raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+            q = q.unsqueeze(0).expand(int(num_samples), *q.shape)
+        return self._sample(q, g)
+
+    def prob(self, drafts) -> torch.Tensor:
+        """float64 probability of each draft tuple; drafts is ``[..., K]`` broadcastable to the batch."""
+        drafts = as_tokens(drafts, "drafts", self.V)
+        if drafts.ndim < 1 or drafts.shape[-1] != self.k:
+            raise ValueError(f"drafts must have last dimension K = {self.k}, got shape {tuple(drafts.shape)}")
+        return self._prob(drafts)
+
+    def log_prob(self, drafts) -> torch.Tensor:
+        return self.prob(drafts).log()
+
+    def enumerate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All tuples of positive probability ``[N, K]`` and their float64 probabilities ``[N]``."""
+        if len(self.batch_shape) != 0:
+            raise ValueError(f"enumerate() needs an unbatched law, got batch_shape {tuple(self.batch_shape)}")
+        tuples = self._tuples()
+        probs = self._prob(tuples)
+        keep = probs > 0
+        return tuples[keep], probs[keep]
+
+    # helpers ----------------------------------------------------------------------------
+    def _support(self, row: torch.Tensor) -> list[int]:
+        return torch.nonzero(row > 0).flatten().tolist()
+
+    def _check_size(self, n: int) -> None:
+        if n > MAX_ENUMERATE:
+            raise ValueError(f"enumerate() would list {n} tuples (> {MAX_ENUMERATE}); it is meant for small V and K")
+
+    def _q64(self) -> torch.Tensor:
+        return self.q.double()
+
+
+def _multinomial(q: torch.Tensor, n: int, replacement: bool, g: torch.Generator) -> torch.Tensor:
+    flat = q.reshape(-1, q.shape[-1])
+    out = torch.multinomial(flat.float() if flat.dtype != torch.float64 else flat, n, replacement=replacement, generator=g)
+    return out.reshape(*q.shape[:-1], n)
+
+
+def _check_nnz(q: torch.Tensor, k: int, what: str) -> None:
+    nnz = (q > 0).sum(-1)
+    if bool((nnz < k).any()):
+        raise ValueError(
+            f"q has only {int(nnz.min())} token(s) with positive probability in some row; "
+            f"the {what} law needs at least k = {k}"
+        )
+
+
+class IID(DraftLaw):
+    kind = "iid"
+
+    def _sample(self, q, g):
+        return _multinomial(q, self.k, True, g)
+
+    def _prob(self, drafts):
+        q = self._q64()
+        return _gather(q, drafts).prod(-1)
+
+    def _tuples(self):
+        s = self._support(self.q)
+        self._check_size(len(s) ** self.k)
+        return torch.tensor(list(itertools.product(s, repeat=self.k)), dtype=torch.long).reshape(-1, self.k)
+
+
+class WithoutReplacement(DraftLaw):
+    kind = "wor"
+
+    def _sample(self, q, g):
+        # exponential race: token x arrives at E_x / q(x); the first k arrivals, in order
+        u = torch.rand(q.shape, generator=g, dtype=torch.float64, device=q.device)
+        keys = -torch.log1p(-u) / q.double()
+        return torch.topk(keys, self.k, dim=-1, largest=False, sorted=True).indices
+
+    def _prob(self, drafts):
+        q = self._q64()
+        qx = _gather(q, drafts)  # [..., K]
+        before = torch.cumsum(qx, -1) - qx
+        denom = (1.0 - before).clamp_min(0.0)
+        terms = torch.where(denom > 0, qx / torch.where(denom > 0, denom, 1.0), torch.zeros_like(qx))
+        out = terms.prod(-1)
+        distinct = _all_distinct(drafts)
+        return torch.where(distinct, out, torch.zeros_like(out))
+
+    def _tuples(self):
+        s = self._support(self.q)
+        self._check_size(math.perm(len(s), self.k))
+        return torch.tensor(list(itertools.permutations(s, self.k)), dtype=torch.long).reshape(-1, self.k)
+
+
+class Greedy(DraftLaw):
+    kind = "greedy"
+
+    def top_set(self) -> torch.Tensor:
+        """The k-1 deterministic drafts ``[..., K-1]``: top of q, ties to the lower id."""
+        order = torch.sort(self.q, dim=-1, descending=True, stable=True).indices
+        return order[..., : self.k - 1]
+
+    def rest_probs(self) -> torch.Tensor:
+        """q' = q restricted to the complement of the top set, renormalised ``[..., V]`` (float64)."""
+        q = self._q64()
+        T = self.top_set()
+        rest = q.scatter(-1, T, 0.0)
+        return rest / rest.sum(-1, keepdim=True)
+
+    def _sample(self, q, g):
+        T = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., : self.k - 1]
+        rest = q.double().scatter(-1, T, 0.0)
+        x = _multinomial(rest, 1, False, g)
+        return torch.cat([T, x], -1)
+
+    def _prob(self, drafts):
+        T = self.top_set()
+        T = T.expand(*drafts.shape[:-1], self.k - 1) if T.ndim < drafts.ndim else T
+        ok = (drafts[..., : self.k - 1] == T).all(-1)
+        qr = self.rest_probs()
+        px = _gather(qr, drafts[..., -1:]).squeeze(-1)
+        return torch.where(ok, px, torch.zeros_like(px))
+
+    def _tuples(self):
+        T = self.top_set().tolist()
+        s = [x for x in self._support(self.q) if x not in T]
+        return torch.tensor([T + [x] for x in s], dtype=torch.long).reshape(-1, self.k)
+
+
+class Independent(DraftLaw):
+    kind = "independent"
+
+    def _sample(self, q, g):
+        return _multinomial(q, 1, False, g).squeeze(-1)
+
+    def _prob(self, drafts):
+        q = self._q64()  # [..., K, V]
+        shape = torch.broadcast_shapes(q.shape[:-1], drafts.shape)
+        picked = q.expand(*shape, q.shape[-1]).gather(-1, drafts.expand(shape).unsqueeze(-1))
+        return picked.squeeze(-1).prod(-1)
+
+    def _tuples(self):
+        supports = [self._support(self.q[j]) for j in range(self.k)]
+        self._check_size(math.prod(len(s) for s in supports))
+        return torch.tensor(list(itertools.product(*supports)), dtype=torch.long).reshape(-1, self.k)
+
+
+def _gather(q: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """q ``[..., V]`` at token ids ``[..., K]`` with broadcasting of the leading dims."""
+    shape = torch.broadcast_shapes(q.shape[:-1], drafts.shape[:-1])
+    q = q.expand(*shape, q.shape[-1])
+    drafts = drafts.expand(*shape, drafts.shape[-1])
+    return q.gather(-1, drafts)
+
+
+def _all_distinct(drafts: torch.Tensor) -> torch.Tensor:
+    eq = drafts.unsqueeze(-1) == drafts.unsqueeze(-2)
+    k = drafts.shape[-1]
+    off = ~torch.eye(k, dtype=torch.bool, device=drafts.device)
+    return ~(eq & off).any(-1).any(-1)
+
+
+# constructors -------------------------------------------------------------------------------
+def iid(q, k) -> IID:
+    """K drafts drawn independently from q (with replacement). q is ``[..., V]``."""
+    return IID(as_probs(q, "q"), as_k(k))
+
+
+def without_replacement(q, k) -> WithoutReplacement:
+    """K distinct drafts, drawn sequentially proportional to q (Gumbel-top-k). q is ``[..., V]``."""
+    q = as_probs(q, "q")
+    k = as_k(k)
+    _check_nnz(q, k, "without_replacement")
+    return WithoutReplacement(q, k)
+
+
+def greedy(q, k) -> Greedy:
+    """Top k-1 tokens of q deterministically plus one sampled from q on the rest. q is ``[..., V]``."""
+    q = as_probs(q, "q")
+    k = as_k(k)
+    _check_nnz(q, k, "greedy")
+    return Greedy(q, k)
+
+
+def independent(qs) -> Independent:
+    """Draft j drawn from its own q_j. qs is ``[..., K, V]``."""
+    qs = as_probs(qs, "qs", min_ndim=2)
+    return Independent(qs, as_k(qs.shape[-2], "K (qs.shape[-2])"))

@@ -1,0 +1,55 @@
+"""Single-draft speculative sampling (Leviathan et al. 2023; Chen et al. 2023)."""
+from __future__ import annotations
+
+import torch
+
+from . import register
+from ._residual import sample_rows
+from .base import Verifier
+
+
+@register
+class Naive(Verifier):
+    r"""Single-draft speculative sampling.
+
+    Accept the draft x ~ q with probability :math:`\min(1, p(x)/q(x))`; otherwise sample
+    from the residual :math:`\mathrm{norm}((p - q)_+)`. The output law is p and the
+    acceptance is :math:`\sum_x \min(p(x), q(x)) = 1 - \mathrm{TV}(p, q)`.
+    Leviathan, Kalman & Matias (2023); Chen et al. (2023). K = 1 only.
+    """
+
+    name = "naive"
+    laws = ("iid", "wor", "greedy", "independent")  # all coincide at K = 1
+    min_k = 1
+    max_k = 1
+
+    def _verify(self, p, q, drafts, g, law):
+        # p [..., V], q [..., V] or [..., 1, V], drafts [..., 1]
+        if q.ndim == p.ndim + 1:
+            q = q.squeeze(-2)
+        x = drafts[..., 0]
+        px = p.gather(-1, drafts).squeeze(-1)
+        qx = q.gather(-1, drafts).squeeze(-1)
+        u = torch.rand(x.shape, generator=g, dtype=torch.float64, device=p.device)
+        accept = u * qx <= px
+        token = x.clone()
+        rej = (~accept).reshape(-1).nonzero().squeeze(-1)
+        if rej.numel():
+            flat_p = p.reshape(-1, p.shape[-1])
+            flat_q = q.reshape(-1, q.shape[-1])
+            token.view(-1)[rej] = sample_rows(
+                lambda rows: (flat_p[rows].double() - flat_q[rows].double()).clamp_min(0.0), rej, g
+            )
+        return token
+
+    def _output_distribution(self, p, q, drafts, law):
+        if q.ndim == p.ndim + 1:
+            q = q.squeeze(-2)
+        px = p.gather(-1, drafts).squeeze(-1)
+        qx = q.gather(-1, drafts).squeeze(-1)
+        a = (px / qx).clamp(max=1.0)  # [...]
+        res = (p - q).clamp_min(0.0)
+        z = res.sum(-1, keepdim=True)
+        res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
+        out = (1 - a).unsqueeze(-1) * res
+        return out.scatter_add(-1, drafts, a.unsqueeze(-1))
