@@ -153,8 +153,11 @@ class WithoutReplacement(DraftLaw):
     def _prob(self, drafts):
         q = self._q64()
         qx = _gather(q, drafts)  # [..., K]
-        before = torch.cumsum(qx, -1) - qx
-        denom = (1.0 - before).clamp_min(0.0)
+        # mass not yet drawn before step i, summed directly (1 - cumsum cancels badly)
+        shape = torch.broadcast_shapes(q.shape[:-1], drafts.shape[:-1])
+        oh = torch.nn.functional.one_hot(drafts.expand(*shape, self.k), self.V).to(q.dtype)  # [..., K, V]
+        drawn_before = (torch.cumsum(oh, -2) - oh).clamp_(max=1.0)
+        denom = (q.unsqueeze(-2) * (1.0 - drawn_before)).sum(-1)
         terms = torch.where(denom > 0, qx / torch.where(denom > 0, denom, 1.0), torch.zeros_like(qx))
         out = terms.prod(-1)
         distinct = _all_distinct(drafts)

@@ -1,0 +1,115 @@
+"""Draft laws: enumeration sums to one, prob matches sampling, batching, bad input."""
+from collections import Counter
+
+import pytest
+import torch
+
+import multidraft as md
+from multidraft import drafts as D
+
+
+def _q(V, seed, zeros=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(V, generator=g, dtype=torch.float64)
+    if zeros:
+        q[torch.randperm(V, generator=g)[:zeros]] = 0
+    return q / q.sum()
+
+
+LAWS = [
+    ("iid", lambda q, k: D.iid(q, k)),
+    ("wor", lambda q, k: D.without_replacement(q, k)),
+    ("greedy", lambda q, k: D.greedy(q, k)),
+    ("independent", lambda q, k: D.independent(torch.stack([q.roll(j) for j in range(k)]))),
+]
+
+
+@pytest.mark.parametrize("name,make", LAWS)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_enumerate_sums_to_one_and_matches_prob(name, make, k):
+    q = _q(5, 10 * k, zeros=1)
+    law = make(q, k)
+    assert law.kind == name and law.k == k
+    tuples, probs = law.enumerate()
+    assert tuples.shape[1] == k
+    assert probs.dtype == torch.float64
+    assert abs(float(probs.sum()) - 1) < 1e-12
+    assert torch.allclose(law.prob(tuples), probs, rtol=0, atol=1e-15)
+    assert len({tuple(t) for t in tuples.tolist()}) == len(tuples)
+
+
+@pytest.mark.parametrize("name,make", LAWS)
+def test_sampling_matches_enumeration(name, make):
+    q = _q(4, 3)
+    law = make(q, 2)
+    tuples, probs = law.enumerate()
+    n = 40_000
+    s = law.sample(torch.Generator().manual_seed(7), num_samples=n)
+    assert s.shape == (n, 2)
+    counts = Counter(map(tuple, s.tolist()))
+    assert set(counts) <= {tuple(t) for t in tuples.tolist()}
+    # chi-square, df = N - 1; threshold far beyond the 0.999 quantile for these sizes
+    exp = probs * n
+    obs = torch.tensor([counts[tuple(t)] for t in tuples.tolist()], dtype=torch.float64)
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    assert chi2 < 3 * len(tuples) + 30, chi2
+
+
+def test_sampling_is_reproducible_and_batched():
+    q = torch.softmax(torch.randn(3, 7, 50, generator=torch.Generator().manual_seed(0)), -1)
+    for law in (D.iid(q, 4), D.without_replacement(q, 4), D.greedy(q, 4)):
+        a = law.sample(torch.Generator().manual_seed(1))
+        b = law.sample(1)
+        assert a.shape == (3, 7, 4) and torch.equal(a, b)
+        assert bool((law.prob(a) > 0).all())
+    wor = D.without_replacement(q, 4).sample(2)
+    assert bool((wor.sort(-1).values.diff(dim=-1) != 0).all())
+
+
+def test_greedy_structure():
+    q = torch.tensor([0.1, 0.4, 0.2, 0.2, 0.1], dtype=torch.float64)
+    law = D.greedy(q, 3)
+    assert law.top_set().tolist() == [1, 2]  # tie 0.2/0.2 broken to the lower id
+    tuples, probs = law.enumerate()
+    assert tuples[:, :2].tolist() == [[1, 2]] * 3
+    assert torch.allclose(probs, torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64))
+
+
+def test_wor_prob_formula():
+    q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    law = D.without_replacement(q, 2)
+    assert float(law.prob(torch.tensor([1, 0]))) == pytest.approx(0.3 * 0.5 / 0.7, abs=1e-15)
+    assert float(law.prob(torch.tensor([1, 1]))) == 0.0
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: D.iid(torch.tensor([0.5, float("nan")]), 1), "q contains NaN"),
+        (lambda: D.iid(torch.tensor([0.5, 0.6]), 1), "q must sum to 1"),
+        (lambda: D.iid(torch.tensor([1.5, -0.5]), 1), "q has negative"),
+        (lambda: D.iid(torch.tensor([0.5, 0.5]), 0), "k must be >= 1"),
+        (lambda: D.iid(torch.tensor([0.5, 0.5]), 1.5), "k must be a positive integer"),
+        (lambda: D.without_replacement(torch.tensor([0.5, 0.5, 0.0]), 3), "at least k = 3"),
+        (lambda: D.greedy(torch.tensor([1.0, 0.0]), 2), "at least k = 2"),
+        (lambda: D.independent(torch.tensor([0.5, 0.5])), "qs must have at least 2"),
+        (lambda: D.iid(torch.tensor([0.5, 0.5]), 1).sample(None), "generator must be"),
+        (lambda: D.iid(torch.tensor([0.5, 0.5]), 2).prob(torch.tensor([0, 2])), "outside the vocabulary"),
+        (lambda: D.iid(torch.tensor([0.5, 0.5]), 2).prob(torch.tensor([0])), "last dimension K = 2"),
+        (lambda: D.iid(torch.ones(2, 3) / 3, 2).enumerate(), "unbatched"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_half_precision_accepted_and_renormalised():
+    q = torch.softmax(torch.randn(1000, generator=torch.Generator().manual_seed(0)), -1).to(torch.bfloat16)
+    law = D.iid(q, 2)
+    assert law.q.dtype == torch.float32
+    assert abs(float(law.q.sum()) - 1) < 1e-5
+
+
+def test_public_names():
+    assert md.drafts.iid is D.iid and md.drafts.without_replacement and md.drafts.greedy and md.drafts.independent
