@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # subcommand modules, in help order
-COMMANDS: list[str] = []
+COMMANDS: list[str] = ["compare"]
 
 
 class UserError(Exception):
