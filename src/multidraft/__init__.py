@@ -12,3 +12,15 @@ from . import drafts, verifiers, exact  # noqa: E402
 from .exact import certify  # noqa: E402
 
 __all__ = ["drafts", "verifiers", "exact", "certify", "__version__"]
+
+
+def __getattr__(name):  # lazy: ``import multidraft`` never imports the decoder or transformers
+    if name == "generate":
+        from .decoding import generate
+
+        return generate
+    if name == "decoding":
+        import importlib
+
+        return importlib.import_module(".decoding", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

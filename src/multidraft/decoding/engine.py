@@ -1,0 +1,428 @@
+"""End-to-end multi-draft speculative decoding on transformers causal LMs.
+
+One decoding step, with ``r`` the last committed token (not yet in either KV cache):
+
+1. **Draft tree.** The draft model runs once per tree level (all nodes of a level batched
+   in one forward with a tree attention mask over its own KV cache). At each node the
+   draft distribution ``q`` (temperature / top-k / top-p processed) gives the node's drafts
+   by the chosen draft law (``multidraft.drafts``), with the explicit generator.
+2. **One target pass.** ``[r] + tree nodes`` are scored in ONE target forward: a 4D
+   additive mask lets each node attend to the cached prefix and to its ancestors only,
+   and node positions are ``pos(r) + depth``. Logits of node i give ``p`` after the path
+   to i.
+3. **Walk.** From the root, ``verifiers.get(name).verify(p, q, drafts, law=kind)`` picks
+   the output token at the node; if it is one of the node's drafts the walk enters that
+   child (accepted token), otherwise it stops (recovered token). At a node without drafts
+   (a leaf: the whole path was accepted) one bonus token is sampled from ``p``.
+4. **Caches.** Both caches are compacted in place to the prefix plus the accepted path;
+   the accepted prefix is never recomputed. The final token becomes the next ``r``.
+
+Every output token is distributed exactly as the target's processed distribution given
+the prefix (see ``trees`` for the argument); at temperature 0 the output equals the
+target's greedy decoding (up to floating-point differences between the tree pass and a
+plain forward, which the tests bound on float32 models).
+
+Batching: the engine decodes one sequence (``input_ids`` is ``[1, T]``). Batching would
+need per-sequence trees padded to a common node count (masked padding nodes), per-row
+cache lengths (left padding plus per-row position ids, or a cache that supports ragged
+compaction, since rows accept different numbers of tokens) and per-row stopping.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import drafts as _drafts
+from .. import verifiers as _verifiers
+from .._validate import as_generator
+from .kv import cache_length, keep, new_cache, tree_attention_mask
+from .sampling import check_sampling_args, process_logits, sample_token
+from .trees import DraftTree, TreeShape
+
+__all__ = ["generate", "GenerationResult"]
+
+_LAWS = {"iid": "iid", "with_replacement": "iid", "wor": "wor", "without_replacement": "wor",
+         "greedy": "greedy", "independent": "independent"}
+
+
+@dataclass
+class GenerationResult:
+    """What ``generate`` returns.
+
+    ``tokens``            LongTensor ``[new_tokens]``: the generated ids (prompt excluded).
+    ``target_calls``      target forward passes while decoding (the prompt prefill excluded);
+                          one per step.
+    ``draft_calls``       draft forward passes while decoding (one per tree level per step).
+    ``block_efficiency``  ``new_tokens / target_calls`` (1.0 for the target alone).
+    ``acceptance_rate``   mean over steps that drafted a tree of ``accepted / depth``, where
+                          ``accepted`` is the number of draft tokens kept in the step (the
+                          accepted path length, bonus/recovered token excluded) and ``depth``
+                          is the depth of that step's draft tree; 0.0 when nothing was drafted.
+    ``accepted_lengths``  per step, the number of accepted draft tokens.
+    ``draft_depths``      per step, the depth of the draft tree (0 for target-only steps).
+    ``stop_reason``       'max_new_tokens', 'eos' or 'context' (the context window is full).
+    """
+
+    tokens: torch.Tensor
+    new_tokens: int
+    target_calls: int
+    draft_calls: int
+    block_efficiency: float
+    acceptance_rate: float
+    seconds: float
+    tokens_per_s: float
+    accepted_lengths: list = field(default_factory=list)
+    draft_depths: list = field(default_factory=list)
+    stop_reason: str = "max_new_tokens"
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "tokens"}
+        d["tokens"] = self.tokens.tolist()
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+def _vocab_size(model, name: str) -> int:
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    v = getattr(getattr(model, "config", None), "vocab_size", None)
+    if v is None:
+        raise ValueError(f"{name} is not a causal LM with an output vocabulary")
+    return int(v)
+
+
+def _context(model) -> int:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n = getattr(cfg, "max_position_embeddings", None)
+    return int(n) if n else 1 << 62
+
+
+def _model_dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _int_arg(x, name: str, lo: int = 1) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
+    return int(x)
+
+
+@dataclass
+class _Plan:
+    verifier: object            # Verifier or None (target alone)
+    kind: str
+    shape: TreeShape | None
+    temperature: float
+    draft_temps: list           # one entry per draft column
+    top_k: int | None
+    top_p: float | None
+    max_new_tokens: int
+    eos: frozenset
+    K: int
+
+
+def _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tree, temperature,
+               draft_temperature, top_k, top_p, max_new_tokens, eos_token_id) -> _Plan:
+    if target is None or not callable(target):
+        raise ValueError("target must be a loaded transformers causal LM")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise ValueError("input_ids must be an integer LongTensor of shape [1, T]")
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape [1, T] with T >= 1 (batch size 1), got {tuple(input_ids.shape)}")
+    V = _vocab_size(target, "target")
+    if bool(((input_ids < 0) | (input_ids >= V)).any()):
+        raise ValueError(f"input_ids holds token ids outside the target vocabulary [0, {V})")
+    check_sampling_args(temperature, top_k, top_p, "temperature")
+    max_new_tokens = _int_arg(max_new_tokens, "max_new_tokens")
+    if eos_token_id is None:
+        eos = frozenset()
+    else:
+        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if any(isinstance(e, bool) or not isinstance(e, int) or not (0 <= e < V) for e in ids):
+            raise ValueError(f"eos_token_id must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}")
+        eos = frozenset(int(e) for e in ids)
+    ctx = _context(target)
+    T = input_ids.shape[1]
+
+    if verifier is None or (isinstance(verifier, str) and verifier.lower() == "none"):
+        if T >= ctx:
+            raise ValueError(f"input_ids has {T} tokens but the target's context window is {ctx}; the prompt is too long")
+        return _Plan(None, "iid", None, float(temperature), [], top_k, top_p, max_new_tokens, eos, 0)
+
+    v = _verifiers.get(verifier)
+    if draft is None or not callable(draft):
+        raise ValueError("draft must be a loaded transformers causal LM (or use verifier=None for the target alone)")
+    Vd = _vocab_size(draft, "draft")
+    if Vd != V:
+        raise ValueError(f"draft has a vocabulary of {Vd} tokens but target has {V}; they must share one tokenizer")
+    ctx = min(ctx, _context(draft))
+    if T >= ctx:
+        raise ValueError(f"input_ids has {T} tokens but the context window is {ctx}; the prompt is too long")
+    K = _int_arg(drafts, "drafts")
+    L = _int_arg(depth, "depth")
+    if not isinstance(draft_law, str) or draft_law not in _LAWS:
+        raise ValueError(f"draft_law must be one of {sorted(_LAWS)}, got {draft_law!r}")
+    kind = _LAWS[draft_law]
+
+    if draft_temperature is None:
+        temps = [float(temperature)]
+    elif isinstance(draft_temperature, (list, tuple)):
+        if kind not in ("iid", "independent"):
+            raise ValueError(f"draft_temperature: a list (one per draft) means the independent law, not {draft_law!r}")
+        if len(draft_temperature) != K:
+            raise ValueError(f"draft_temperature has {len(draft_temperature)} entries but drafts = {K}; give one per draft")
+        for t in draft_temperature:
+            check_sampling_args(t, top_k, top_p, "draft_temperature")
+        temps = [float(t) for t in draft_temperature]
+        kind = "independent"
+    else:
+        check_sampling_args(draft_temperature, top_k, top_p, "draft_temperature")
+        temps = [float(draft_temperature)]
+    if kind == "independent" and len(temps) == 1:
+        temps = temps * K
+
+    shape = TreeShape.from_args(tree, K, L)
+    if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
+        raise ValueError(f"tree has a node with {shape.k} children but only {len(temps)} draft temperatures")
+    ks = {shape.k} if shape.mode == "sequences" else {k for k in shape.children.values() if k > 0}
+    for k in sorted(ks):
+        if not v.supports(kind, k) and k != 1:
+            raise ValueError(
+                f"verifier {v.name!r} is not lossless for the {kind!r} draft law with {k} drafts per node "
+                f"(it supports laws {list(v.laws)}, K in [{v.min_k}, {v.max_k if v.max_k is not None else 'inf'}))"
+            )
+    return _Plan(v, kind, shape, float(temperature), temps, top_k, top_p, max_new_tokens, eos, K)
+
+
+# ---------------------------------------------------------------------------------------------
+def generate(target, draft, input_ids, *, verifier="specinfer", drafts=2, depth=4, draft_law="iid",
+             tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
+             max_new_tokens=128, eos_token_id=None, generator=None, progress=None) -> GenerationResult:
+    """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
+
+    target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
+                    when ``verifier`` is None / "none": the target alone, one token per call).
+    input_ids       LongTensor ``[1, T]``, the prompt.
+    verifier        a registered verifier name (``multidraft.verifiers.names()``) or None.
+    drafts, depth   K drafts per node and tree depth L: the full K-ary tree of depth L, or
+                    with ``tree="sequences"`` K draft sequences of length L merged into a
+                    trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both).
+    draft_law       'iid', 'wor' (without replacement), 'greedy' or 'independent'; a list
+                    ``draft_temperature=[t1, ..., tK]`` means the independent law (draft j at
+                    temperature t_j).
+    temperature     target temperature (0 = greedy); ``draft_temperature`` defaults to it.
+    top_k, top_p    applied to both target and draft distributions (see ``sampling``).
+    generator       a ``torch.Generator`` or an integer seed (required; all randomness).
+    progress        optional callable ``progress(tokens_done, max_new_tokens)`` after each step.
+    """
+    g = as_generator(generator)
+    plan = _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tree, temperature,
+                      draft_temperature, top_k, top_p, max_new_tokens, eos_token_id)
+    if progress is not None and not callable(progress):
+        raise ValueError("progress must be None or a callable progress(done, total)")
+    with torch.inference_mode():
+        return _Decoder(target, draft if plan.verifier is not None else None, plan, g, progress).run(input_ids)
+
+
+class _Decoder:
+    def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress):
+        self.t, self.d, self.plan, self.g, self.progress = target, draft, plan, g, progress
+        self.t_dtype = _model_dtype(target)
+        self.d_dtype = _model_dtype(draft) if draft is not None else None
+        self.ctx = _context(target) if draft is None else min(_context(target), _context(draft))
+        self.device = next(target.parameters()).device
+        self._vcache: dict[int, object] = {}
+        self.target_calls = 0
+        self.draft_calls = 0
+
+    # verifier for a node with k drafts (fallbacks keep the walk lossless) --------------------
+    def _verifier_for(self, k: int):
+        v = self._vcache.get(k)
+        if v is None:
+            main = self.plan.verifier
+            if main.supports(self.plan.kind, k):
+                v = main
+            elif k == 1:
+                v = _verifiers.get("naive")
+            else:
+                v = _verifiers.get("nss")
+            self._vcache[k] = v
+        return v
+
+    def run(self, input_ids: torch.Tensor) -> GenerationResult:
+        plan = self.plan
+        t0 = time.perf_counter()
+        ids = input_ids.to(self.device).long()
+        T = ids.shape[1]
+        self.tcache = new_cache(self.t)
+        if T > 1:
+            self.t(input_ids=ids[:, :-1], cache=self.tcache, use_cache=True, logits_to_keep=1)
+        if self.d is not None:
+            self.dcache = new_cache(self.d)
+            if T > 1:
+                self.d(input_ids=ids[:, :-1], cache=self.dcache, use_cache=True, logits_to_keep=1)
+            self.dbase = T - 1
+            self.pending: list[int] = []
+        root = int(ids[0, -1])
+        rootpos = T - 1
+        out: list[int] = []
+        accepted, depths = [], []
+        stop = "max_new_tokens"
+        while len(out) < plan.max_new_tokens:
+            room = self.ctx - 1 - rootpos
+            if room < 0:
+                stop = "context"
+                break
+            remaining = plan.max_new_tokens - len(out)
+            cap = 0 if plan.verifier is None else min(plan.shape.depth, remaining - 1, room)
+            new, m, dd = self._step(root, rootpos, cap)
+            accepted.append(m)
+            depths.append(dd)
+            hit = next((j for j, tk in enumerate(new) if tk in plan.eos), None)
+            if hit is not None:
+                new = new[: hit + 1]
+            out.extend(new)
+            rootpos += m + 1
+            root = new[-1]
+            if self.progress is not None:
+                self.progress(min(len(out), plan.max_new_tokens), plan.max_new_tokens)
+            if hit is not None:
+                stop = "eos"
+                break
+        out = out[: plan.max_new_tokens]
+        secs = time.perf_counter() - t0
+        rates = [a / d for a, d in zip(accepted, depths) if d > 0]
+        n = len(out)
+        return GenerationResult(
+            tokens=torch.tensor(out, dtype=torch.long),
+            new_tokens=n,
+            target_calls=self.target_calls,
+            draft_calls=self.draft_calls,
+            block_efficiency=n / self.target_calls if self.target_calls else 0.0,
+            acceptance_rate=sum(rates) / len(rates) if rates else 0.0,
+            seconds=secs,
+            tokens_per_s=n / secs if secs > 0 else math.inf,
+            accepted_lengths=accepted,
+            draft_depths=depths,
+            stop_reason=stop,
+        )
+
+    # one step ---------------------------------------------------------------------------
+    def _step(self, root: int, rootpos: int, cap: int):
+        plan = self.plan
+        shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
+        tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)))
+        drafted = cap > 0
+        if drafted:
+            self._draft_tree(tree, rootpos)
+        # one target pass over [root] + tree
+        tbase = rootpos
+        N = len(tree)
+        tok = tree.tokens().to(self.device).view(1, N)
+        if N == 1:
+            logits = self.t(input_ids=tok, cache=self.tcache, use_cache=True).logits[0]
+        else:
+            pos = (rootpos + tree.depths()).to(self.device).view(1, N)
+            mask = tree_attention_mask(tree.ancestors(), tbase, self.t_dtype).to(self.device)
+            logits = self.t(input_ids=tok, position_ids=pos, attention_mask=mask, cache=self.tcache, use_cache=True).logits[0]
+        self.target_calls += 1
+        # walk
+        path: list[int] = []
+        i = 0
+        while True:
+            nd = tree.nodes[i]
+            p = process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p)
+            if nd.drafts:
+                dr = torch.tensor(nd.drafts, dtype=torch.long, device=p.device)
+                v = self._verifier_for(len(nd.drafts))
+                y = int(v.verify(p, nd.q, dr, generator=self.g, law=plan.kind, validate=False).token)
+                c = nd.child.get(y)
+                if c is not None:
+                    path.append(c)
+                    i = c
+                    continue
+                final = y
+            else:
+                final = int(sample_token(p, self.g))
+            break
+        m = len(path)
+        # caches: keep prefix + root + accepted path
+        keep(self.tcache, tbase + 1, torch.tensor([tbase + j for j in path], dtype=torch.long))
+        if self.d is not None:
+            if drafted:
+                start = self.dbase + len(self.pending) + 1
+                fed = [j for j in path if tree.nodes[j].fed >= 0]
+                keep(self.dcache, start, torch.tensor([start + tree.nodes[j].fed for j in fed], dtype=torch.long))
+                self.dbase = start + len(fed)
+                self.pending = [tree.nodes[j].token for j in path[len(fed):]]
+            else:
+                self.pending = self.pending + [root]
+        depth = max(n.depth for n in tree.nodes)
+        return [tree.nodes[j].token for j in path] + [final], m, depth
+
+    # drafting ---------------------------------------------------------------------------
+    def _draft_tree(self, tree: DraftTree, rootpos: int) -> None:
+        # level 0: the pending tokens and the root, a plain causal chain
+        chain = torch.tensor(self.pending + [tree.nodes[0].token], dtype=torch.long, device=self.device).view(1, -1)
+        logits = self.d(input_ids=chain, cache=self.dcache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        self.draft_calls += 1
+        past = self.dbase + len(self.pending) + 1  # entries every tree node sees
+        fed: list[int] = []
+        level = [0]
+        while True:
+            new = self._sample_level(tree, level, logits)
+            nxt = [i for i in new if tree.n_children(i) > 0]
+            if not nxt:
+                return
+            n = len(nxt)
+            vis = torch.cat([tree.ancestors(nxt, fed) if fed else torch.zeros(n, 0, dtype=torch.bool),
+                             torch.eye(n, dtype=torch.bool)], dim=1)
+            mask = tree_attention_mask(vis, past, self.d_dtype).to(self.device)
+            tok = torch.tensor([tree.nodes[i].token for i in nxt], dtype=torch.long, device=self.device).view(1, n)
+            pos = torch.tensor([rootpos + tree.nodes[i].depth for i in nxt], dtype=torch.long, device=self.device).view(1, n)
+            logits = self.d(input_ids=tok, position_ids=pos, attention_mask=mask, cache=self.dcache, use_cache=True).logits[0]
+            self.draft_calls += 1
+            for i in nxt:
+                tree.nodes[i].fed = len(fed)
+                fed.append(i)
+            level = nxt
+
+    def _sample_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> list[int]:
+        """Draw the drafts of every node in ``level`` (logits ``[len(level), V]``); return new node ids."""
+        plan = self.plan
+        kind = plan.kind
+        ks = [tree.n_children(i) for i in level]
+        cols = [tree.draft_cols(i, k) for i, k in zip(level, ks)]
+        need = sorted({c for cs in cols for c in cs}) if kind == "independent" else [0]
+        q = {c: process_logits(logits, plan.draft_temps[c], plan.top_k, plan.top_p) for c in need}
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        nnz = (q[0] > 0).sum(-1).tolist() if kind in ("wor", "greedy") else None
+        for r, k in enumerate(ks):
+            if k == 0:
+                continue
+            if kind == "independent":
+                groups[(k, cols[r])].append(r)
+            else:
+                groups[(min(k, nnz[r]) if nnz is not None else k,)].append(r)
+        new: list[int] = []
+        for key, rows in groups.items():
+            ridx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            k = key[0]
+            if kind == "independent":
+                qs = torch.stack([q[c].index_select(0, ridx) for c in key[1]], dim=-2)  # [n, k, V]
+                law = _drafts.independent(qs)
+            else:
+                qs = q[0].index_select(0, ridx)  # [n, V]
+                law = {"iid": _drafts.iid, "wor": _drafts.without_replacement, "greedy": _drafts.greedy}[kind](qs, k)
+            toks = law.sample(self.g).tolist()
+            for j, r in enumerate(rows):
+                i = level[r]
+                tree.nodes[i].q = qs[j]
+                new.extend(tree.add_drafts(i, toks[j]))
+        new.sort()
+        return new

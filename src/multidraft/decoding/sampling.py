@@ -1,0 +1,73 @@
+"""Logit processing shared by the target and the draft: temperature, top-k, top-p.
+
+``process_logits(logits, temperature, top_k, top_p)`` maps raw logits ``[..., V]`` to the
+distribution a sampler would draw from, in float32:
+
+* ``temperature == 0``: one-hot on the argmax (lowest id among ties) -- greedy decoding;
+* otherwise ``softmax(logits / temperature)``, then
+* ``top_k``: keep the k most likely tokens (ties broken by lower id), zero the rest;
+* ``top_p``: keep the smallest prefix of tokens sorted by decreasing probability whose
+  mass reaches ``top_p`` of the (top-k-renormalised) distribution, as transformers does;
+  the most likely token is always kept; zero the rest;
+* renormalise.
+
+The decoder applies the same settings to the target (giving ``p``) and the draft (giving
+``q``); verifiers see exactly these processed distributions, so the decoder is lossless
+with respect to the processed target law.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["process_logits", "sample_token", "check_sampling_args"]
+
+
+def check_sampling_args(temperature, top_k, top_p, name: str = "temperature") -> None:
+    """ValueError naming the argument for a bad temperature / top_k / top_p."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ValueError(f"{name} must be a finite number >= 0, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"{name} must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+            raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+
+
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Processed next-token distributions, float32 ``[..., V]``.  logits ``[..., V]``."""
+    x = logits.float()
+    V = x.shape[-1]
+    if temperature == 0:
+        idx = x.argmax(-1, keepdim=True)  # first maximal index
+        return torch.zeros_like(x).scatter_(-1, idx, 1.0)
+    probs = torch.softmax(x / float(temperature), dim=-1)
+    cut_k = top_k is not None and top_k < V
+    cut_p = top_p is not None and top_p < 1.0
+    if cut_k or cut_p:
+        sp, si = torch.sort(probs, dim=-1, descending=True, stable=True)  # ties: lower id first
+        keep = torch.ones_like(sp, dtype=torch.bool)
+        if cut_k:
+            keep[..., top_k:] = False
+        if cut_p:
+            sk = torch.where(keep, sp, torch.zeros_like(sp))
+            before = torch.cumsum(sk, -1) - sk  # mass strictly before each sorted token
+            keep &= before < top_p * sk.sum(-1, keepdim=True)  # relative to the top-k mass
+            keep[..., 0] = True
+        probs = torch.zeros_like(probs).scatter_(-1, si, torch.where(keep, sp, torch.zeros_like(sp)))
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def sample_token(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token from a processed distribution ``p [V]`` (inverse CDF with one uniform); int64 scalar."""
+    c = torch.cumsum(p.double(), -1)
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=p.device)
+    idx = torch.searchsorted(c, (u * c[-1]).reshape(1), right=True)[0]
+    idx = idx.clamp(max=p.shape[-1] - 1)
+    # never return a zero-probability token (guards the float edge where u*c[-1] == c[-1])
+    if bool(p[idx] <= 0):
+        idx = torch.nonzero(p > 0).flatten()[-1]
+    return idx
