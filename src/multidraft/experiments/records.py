@@ -55,6 +55,30 @@ def meta_row(config: dict, seed: int | None, **extra) -> dict:
     })
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a torn final line (no newline: an interrupted write) before appending to the file,
+    so that resuming never turns it into a corrupt line in the middle. Complete rows are kept."""
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        pos = size
+        while pos > 0:
+            step = min(65536, pos)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                f.truncate(pos - step + nl + 1)
+                return
+            pos -= step
+        f.truncate(0)
+
+
 class JsonlWriter:
     """Append-only JSONL results file; writes the meta row when the file is new."""
 
@@ -62,6 +86,9 @@ class JsonlWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists() or self.path.stat().st_size == 0
+        if not new:
+            _drop_torn_tail(self.path)
+            new = self.path.stat().st_size == 0
         self._f = open(self.path, "a", encoding="utf-8")
         if new:
             self._write(meta_row(config, seed, **meta_extra))

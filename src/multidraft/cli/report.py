@@ -1,0 +1,22 @@
+"""``multidraft report RUN_DIR``: Markdown report and PNG plots from a run's JSONL files alone."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="Markdown report with plots from an experiment run directory (no model calls)",
+        description="Read RUN_DIR/{acceptance,temperature,blocks}.jsonl and write report.md and plots/*.png.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN_DIR)")
+    p.add_argument("--no-plots", action="store_true", help="Markdown only")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..experiments.report import build
+
+    path = build(args.run_dir, args.out, make_plots=not args.no_plots)
+    print(f"wrote {path}")
+    return 0

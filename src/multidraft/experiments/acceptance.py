@@ -1,0 +1,201 @@
+"""Acceptance experiment: alpha* and every verifier's acceptance on stored positions.
+
+For each position (a lumped (p, q) pair, see :mod:`.store`), each draft law (iid, wor,
+greedy) and K:
+
+* ``alpha*`` exactly, batched (``multidraft.optimal_acceptance``);
+* each verifier's acceptance ``P(output in drafts)`` by Rao-Blackwellised Monte Carlo:
+  draw ``draws`` draft tuples from the law and average the *exact* conditional acceptance
+  ``P(output in drafts | drafts)`` from ``v.output_distribution`` (plain Monte Carlo on
+  ``v.verify`` for a verifier without an exact output law). The standard error is the one of
+  the mean over the stored positions, ``sqrt(sum_i var_i / draws) / N``.
+
+One JSONL row per (dataset, temperatures, law, K, verifier) with ``verifier = "alpha*"``
+for the optimum. Finished rows are skipped on a rerun (``done_keys``).
+"""
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from .. import drafts as _drafts
+from .. import verifiers as _verifiers
+from ..exact import acceptance_given
+from . import store
+from .records import JsonlWriter, done_keys, row_key
+
+__all__ = ["KEY", "LAWS", "DEFAULT_EXCLUDE", "optimal", "make_law", "verifier_acceptance", "evaluate", "default_verifiers"]
+
+KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
+LAWS = ("iid", "wor", "greedy")
+# lp_optimal solves an LP over all V^K tuples: reference for tiny V only
+DEFAULT_EXCLUDE = ("lp_optimal",)
+CHUNK_ELEMS = 1 << 21  # float64 elements per Monte-Carlo chunk (16 MiB)
+
+
+def default_verifiers() -> list[str]:
+    return [n for n in _verifiers.names() if n not in DEFAULT_EXCLUDE]
+
+
+def _optimal_fn():
+    import multidraft as md
+
+    fn = getattr(md, "optimal_acceptance", None)
+    if fn is None:
+        try:
+            from ..limits import optimal_acceptance as fn  # type: ignore[no-redef]
+        except ImportError:
+            raise RuntimeError("multidraft.optimal_acceptance is not available in this installation") from None
+    return fn
+
+
+def make_law(Q: torch.Tensor, law: str, k: int):
+    """The draft law object of kind ``law`` for draft probs Q ``[..., V]``."""
+    if law == "iid":
+        return _drafts.iid(Q, k)
+    if law == "wor":
+        return _drafts.without_replacement(Q, k)
+    if law == "greedy":
+        return _drafts.greedy(Q, k)
+    raise ValueError(f"law must be one of {list(LAWS)}, got {law!r}")
+
+
+def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:
+    """alpha* per position, float64 ``[n]``.  P, Q ``[n, V]``."""
+    out = _optimal_fn()(P, make_law(Q, law, k))
+    return torch.as_tensor(out, dtype=torch.float64).reshape(P.shape[:-1])
+
+
+def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, generator: torch.Generator):
+    """Per-position mean and variance of the acceptance estimator ``([n], [n], estimator)``.
+
+    P, Q ``[n, V]`` float64. Draws are taken in chunks of ``CHUNK_ELEMS`` float64 elements.
+    """
+    if draws < 2:
+        raise ValueError(f"draws must be >= 2 (for a standard error), got {draws}")
+    n, V = P.shape
+    law_obj = make_law(Q, law, k)
+    exact = bool(getattr(v, "exact_output", True))
+    chunk = max(1, min(draws, CHUNK_ELEMS // max(1, n * V)))
+    s1 = torch.zeros(n, dtype=torch.float64)
+    s2 = torch.zeros(n, dtype=torch.float64)
+    done = 0
+    while done < draws:
+        c = min(chunk, draws - done)
+        x = law_obj.sample(generator, num_samples=c)  # [c, n, K]
+        Pc = P.unsqueeze(0).expand(c, n, V)
+        Qc = Q.unsqueeze(0).expand(c, n, V)
+        if exact:
+            out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
+            a = acceptance_given(out, x)  # [c, n]
+        else:
+            a = (v.verify(Pc, Qc, x, generator, law=law).accepted_index >= 0).double()
+        s1 += a.sum(0)
+        s2 += (a * a).sum(0)
+        done += c
+    mean = s1 / draws
+    var = ((s2 - draws * mean * mean) / (draws - 1)).clamp_min(0.0)
+    return mean, var, "rao-blackwell" if exact else "monte-carlo"
+
+
+def _seed_for(seed: int, key: tuple) -> int:
+    return (seed * 1_000_003 + zlib.crc32(repr(key).encode())) % (2**63 - 1)
+
+
+def evaluate(
+    ps: store.PositionSet,
+    writer: JsonlWriter,
+    *,
+    done: set,
+    laws: Sequence[str] = LAWS,
+    ks: Sequence[int] = tuple(range(1, 9)),
+    verifiers: Sequence[str] | None = None,
+    draws: int = 200,
+    seed: int = 0,
+    log: Callable[[str], None] = lambda _m: None,
+    progress=None,
+) -> int:
+    """Write the missing rows for one position store; returns the number of rows written."""
+    info = ps.info
+    settings = info.get("settings", {})
+    base = {
+        "dataset": info["dataset"], "t_target": info["t_target"], "t_draft": info["t_draft"],
+        "top_k": settings.get("top_k"), "top_p": settings.get("top_p"),
+    }
+    names = list(verifiers) if verifiers is not None else default_verifiers()
+    vs = [_verifiers.get(n) for n in names]
+    P, Q = store.lumped(ps)
+    nnz = (Q > 0).sum(-1)
+    jobs = [(law, k) for law in laws for k in ks]
+    for law in laws:
+        if law not in LAWS:
+            raise ValueError(f"laws must be among {list(LAWS)}, got {law!r}")
+    written = 0
+    it: Iterable = jobs if progress is None else progress(jobs, total=len(jobs), desc=f"acceptance {info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}")
+    for law, k in it:
+        rows = (nnz >= k) if law != "iid" else torch.ones_like(nnz, dtype=torch.bool)
+        idx = rows.nonzero().squeeze(-1)
+        n_excl = int(len(ps) - idx.numel())
+        if idx.numel() == 0:
+            log(f"skip {law} K={k}: no position has {k} draft tokens of positive probability")
+            continue
+        Pk, Qk = P[idx], Q[idx]
+        key_a = row_key({**base, "law": law, "K": k, "verifier": "alpha*"}, KEY)
+        t0 = time.perf_counter()
+        alpha = optimal(Pk, Qk, law, k)
+        bound = store.alpha_bounds(Qk, ps.p_tail[idx], ps.q_tail[idx], law, k)
+        if key_a not in done:
+            writer.write(
+                **base, law=law, K=k, verifier="alpha*", mean=float(alpha.mean()), se=0.0,
+                sd_positions=float(alpha.std()) if alpha.numel() > 1 else 0.0, n_positions=int(idx.numel()),
+                n_excluded=n_excl, estimator="exact", lump_bound_mean=float(bound.mean()), lump_bound_max=float(bound.max()),
+                values=[round(float(a), 6) for a in alpha], seconds=time.perf_counter() - t0,
+            )
+            done.add(key_a)
+            written += 1
+        for name, v in zip(names, vs):
+            if not v.supports(law, k):
+                continue
+            key = row_key({**base, "law": law, "K": k, "verifier": name}, KEY)
+            if key in done:
+                continue
+            t0 = time.perf_counter()
+            g = torch.Generator().manual_seed(_seed_for(seed, key))
+            mean, var, est = verifier_acceptance(v, Pk, Qk, law, k, draws, g)
+            m = float(mean.mean())
+            se = math.sqrt(float(var.sum()) / draws) / mean.numel()
+            am = float(alpha.mean())
+            writer.write(
+                **base, law=law, K=k, verifier=name, mean=m, se=se,
+                sd_positions=float(mean.std()) if mean.numel() > 1 else 0.0, n_positions=int(idx.numel()),
+                n_excluded=n_excl, estimator=est, draws=draws, alpha_star=am,
+                gap_pct=100.0 * (am - m) / am if am > 0 else 0.0,
+                above_alpha_positions=int((mean > alpha + 1e-9).sum()),
+                values=[round(float(a), 6) for a in mean], seconds=time.perf_counter() - t0,
+            )
+            done.add(key)
+            written += 1
+    return written
+
+
+def run(
+    run_dir: str | Path,
+    stores: Sequence[Path],
+    *,
+    file: str = "acceptance.jsonl",
+    config: dict,
+    seed: int,
+    **kw,
+) -> Path:
+    """Evaluate every store into ``RUN_DIR/file`` (appending, resuming); returns the path."""
+    path = Path(run_dir) / file
+    done = done_keys(path, KEY)
+    with JsonlWriter(path, config, seed) as w:
+        for s in stores:
+            evaluate(store.load(s), w, done=done, seed=seed, **kw)
+    return path

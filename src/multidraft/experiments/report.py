@@ -1,0 +1,301 @@
+"""``multidraft report RUN_DIR``: a Markdown report with PNG plots, from the JSONL files alone.
+
+Reads ``acceptance.jsonl``, ``temperature.jsonl`` and ``blocks.jsonl`` (whichever exist);
+never loads a model or a position store. Writes ``report.md`` and ``plots/*.png`` into the
+output directory (default: the run directory).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from . import plots
+from .records import read_jsonl
+
+__all__ = ["FILES", "build", "load_run"]
+
+FILES = ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl")
+HEADLINE = ("specinfer", "rrs_wor", "spectr", "khisti_is")
+ALPHA = "alpha*"
+
+
+def load_run(run_dir: str | Path) -> dict[str, tuple[dict | None, list[dict]]]:
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise NotADirectoryError(f"{run_dir} is not a directory")
+    out = {}
+    for f in FILES:
+        if (run_dir / f).exists():
+            meta, rows = read_jsonl(run_dir / f)
+            rows = [r for r in rows if r.get("type", "row") == "row"]
+            if rows:
+                out[f] = (meta, rows)
+    if not out:
+        raise ValueError(f"run directory {run_dir} has no results (none of {', '.join(FILES)} with rows); run `multidraft experiment ...` first")
+    return out
+
+
+def _num(x, nd=3) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}f}"
+
+
+def _group(rows, fields):
+    g = defaultdict(list)
+    for r in rows:
+        g[tuple(r.get(f) for f in fields)].append(r)
+    return g
+
+
+def _cfg_label(ds, tt, td, tk, tp) -> str:
+    s = f"{ds}, target T={tt:g}, draft T={td:g}"
+    if tk:
+        s += f", top-k={tk}"
+    if tp not in (None, 1, 1.0):
+        s += f", top-p={tp:g}"
+    return s
+
+
+def _slug(*parts) -> str:
+    return "_".join(str(p).replace(".", "p").replace("/", "-").replace(":", "-").replace("*", "star") for p in parts)
+
+
+def _verifier_order(rows) -> list[str]:
+    seen = []
+    for r in rows:
+        if r["verifier"] != ALPHA and r["verifier"] not in seen:
+            seen.append(r["verifier"])
+    return seen
+
+
+# ---------------------------------------------------------------------------------------
+def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> list[str]:
+    findings: list[str] = []
+    for (ds, tt, td, tk, tp), grp in _group(rows, ("dataset", "t_target", "t_draft", "top_k", "top_p")).items():
+        label = _cfg_label(ds, tt, td, tk, tp)
+        lines.append(f"### {label}\n")
+        by = {(r["law"], r["K"], r["verifier"]): r for r in grp}
+        laws = [law for law in ("iid", "wor", "greedy") if any(k[0] == law for k in by)]
+        ks = sorted({r["K"] for r in grp})
+        names = _verifier_order(grp)
+        sd = next((by[(law, 1, "naive")] for law in laws if (law, 1, "naive") in by), None)
+        n_pos = max(r.get("n_positions", 0) for r in grp)
+        lines.append(
+            f"{n_pos} positions. Cells: mean acceptance ± Monte-Carlo standard error "
+            f"(gap to alpha* in percent of alpha*). Single-draft SD (naive, K = 1): "
+            f"{_num(sd['mean']) if sd else '-'}.\n"
+        )
+        for law in laws:
+            lines.append(f"**{law} drafts**\n")
+            lines.append("| verifier | " + " | ".join(f"K={k}" for k in ks) + " |")
+            lines.append("|---|" + "---|" * len(ks))
+            a_cells = [_num(by[(law, k, ALPHA)]["mean"]) if (law, k, ALPHA) in by else "" for k in ks]
+            lines.append(f"| **alpha*** | " + " | ".join(a_cells) + " |")
+            for n in names:
+                cells = []
+                for k in ks:
+                    r = by.get((law, k, n))
+                    cells.append("" if r is None else f"{_num(r['mean'])} ± {_num(r['se'], 4)} ({r['gap_pct']:.1f}%)")
+                if any(cells):
+                    lines.append(f"| {n} | " + " | ".join(cells) + " |")
+            bounds = [by[(law, k, ALPHA)].get("lump_bound_max") for k in ks if (law, k, ALPHA) in by]
+            bounds = [b for b in bounds if b is not None]
+            if bounds:
+                lines.append(f"\nTruncation: |alpha*_stored - alpha*_full| <= {max(bounds):.2g} at every position (proved bound, max over K).\n")
+            if make_plots:
+                series = {ALPHA: ([k for k in ks if (law, k, ALPHA) in by], [by[(law, k, ALPHA)]["mean"] for k in ks if (law, k, ALPHA) in by], None)}
+                for n in names:
+                    kk = [k for k in ks if (law, k, n) in by]
+                    series[n] = (kk, [by[(law, k, n)]["mean"] for k in kk], [by[(law, k, n)]["se"] for k in kk])
+                p = plots.lines(out_dir / "plots" / f"acceptance_{_slug(ds, tt, td, law)}.png", series,
+                                title=f"acceptance vs K, {law} drafts ({label})", xlabel="K (drafts)",
+                                ylabel="acceptance P(output in drafts)", emphasize=[ALPHA])
+                lines.append(f"![acceptance vs K, {law}](plots/{p.name})\n")
+        # with vs without replacement
+        if "iid" in laws and "wor" in laws:
+            if make_plots:
+                series = {}
+                for law in ("iid", "wor", "greedy"):
+                    kk = [k for k in ks if (law, k, ALPHA) in by]
+                    if kk:
+                        series[f"alpha* {law}"] = (kk, [by[(law, k, ALPHA)]["mean"] for k in kk], None)
+                for n, law in (("specinfer", "iid"), ("rrs_wor", "wor"), ("greedy_optimal", "greedy")):
+                    kk = [k for k in ks if (law, k, n) in by]
+                    if kk:
+                        series[f"{n} ({law})"] = (kk, [by[(law, k, n)]["mean"] for k in kk], [by[(law, k, n)]["se"] for k in kk])
+                p = plots.lines(out_dir / "plots" / f"laws_{_slug(ds, tt, td)}.png", series,
+                                title=f"with vs without replacement ({label})", xlabel="K (drafts)", ylabel="acceptance")
+                lines.append(f"![with vs without replacement](plots/{p.name})\n")
+        findings += _findings(label, by, laws, ks, names, sd)
+    return findings
+
+
+def _findings(label, by, laws, ks, names, sd) -> list[str]:
+    out = [f"**{label}**"]
+    multi = [k for k in ks if k >= 2]
+    for law in laws:
+        parts = []
+        for n in HEADLINE:
+            g = [by[(law, k, n)]["gap_pct"] for k in multi if (law, k, n) in by]
+            if g:
+                parts.append(f"`{n}` {sum(g) / len(g):.2f}% (max {max(g):.2f}%)")
+        if parts:
+            out.append(f"- gap to alpha* with {law} drafts, mean over K = {multi[0]}..{multi[-1]}: " + ", ".join(parts))
+        else:
+            out.append(f"- {law} drafts: none of {', '.join(HEADLINE)} supports this law in this run")
+    if "iid" in laws and "wor" in laws:
+        diffs = [(k, by[("wor", k, ALPHA)]["mean"] - by[("iid", k, ALPHA)]["mean"]) for k in multi if ("wor", k, ALPHA) in by and ("iid", k, ALPHA) in by]
+        if diffs:
+            wins = sum(d > 0 for _, d in diffs)
+            dmax = max(diffs, key=lambda t: t[1])
+            out.append(
+                f"- without vs with replacement: alpha*(wor) - alpha*(iid) > 0 at {wins}/{len(diffs)} values of K "
+                f"(largest +{dmax[1]:.4f} at K = {dmax[0]})"
+            )
+        vd = [(k, by[("wor", k, "rrs_wor")]["mean"] - by[("iid", k, "specinfer")]["mean"]) for k in multi
+              if ("wor", k, "rrs_wor") in by and ("iid", k, "specinfer") in by]
+        if vd:
+            out.append(
+                "- rrs_wor (wor) - specinfer (iid): " + ", ".join(f"K={k}: {d:+.4f}" for k, d in vd)
+            )
+    if sd is not None:
+        s = sd["mean"]
+        for law in laws:
+            parts = []
+            for n in names:
+                if n == "naive":
+                    continue
+                fr = []
+                for k in multi:
+                    r, a = by.get((law, k, n)), by.get((law, k, ALPHA))
+                    if r and a and a["mean"] - s > 1e-9:
+                        fr.append((r["mean"] - s) / (a["mean"] - s))
+                if fr:
+                    parts.append(f"`{n}` {100 * sum(fr) / len(fr):.0f}%")
+            if parts:
+                out.append(
+                    f"- position between single-draft SD (0%) and alpha* (100%), {law} drafts, mean over K: " + ", ".join(parts)
+                )
+    above = [(k, n) for (law, k, n), r in by.items() if n != ALPHA and r.get("mean", 0) > r.get("alpha_star", 1) + 3 * r.get("se", 0) + 1e-9]
+    out.append("- no verifier is above alpha* beyond 3 standard errors" if not above else f"- ABOVE alpha* (check!): {above}")
+    return out + [""]
+
+
+def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> None:
+    for (ds, tk, tp), grp in _group(rows, ("dataset", "top_k", "top_p")).items():
+        for law, lg in _group(grp, ("law",)).items():
+            law = law[0]
+            ks = sorted({r["K"] for r in lg})
+            k = ks[-1]
+            kg = [r for r in lg if r["K"] == k]
+            names = [ALPHA] + _verifier_order(kg)
+            tts = sorted({r["t_target"] for r in kg})
+            tds = sorted({r["t_draft"] for r in kg})
+            by = {(r["t_target"], r["t_draft"], r["verifier"]): r for r in kg}
+            for sweep, fixed_name, values, fixed_values in (("draft", "target", tds, tts), ("target", "draft", tts, tds)):
+                # the fixed value: the one with the most points in this sweep
+                best = None
+                for fv in fixed_values:
+                    pts = [v for v in values if (by.get((fv, v, ALPHA)) if sweep == "draft" else by.get((v, fv, ALPHA)))]
+                    if best is None or len(pts) > len(best[1]):
+                        best = (fv, pts)
+                if best is None or len(best[1]) < 2:
+                    continue
+                fv, pts = best
+                get = (lambda v, n: by.get((fv, v, n))) if sweep == "draft" else (lambda v, n: by.get((v, fv, n)))
+                lines.append(f"### {ds}: {sweep} temperature sweep ({fixed_name} T = {fv:g}), {law} drafts, K = {k}\n")
+                lines.append(f"| {sweep} T | " + " | ".join(names) + " |")
+                lines.append("|---|" + "---|" * len(names))
+                for v in pts:
+                    cells = []
+                    for n in names:
+                        r = get(v, n)
+                        cells.append("" if r is None else (_num(r["mean"]) if n == ALPHA else f"{_num(r['mean'])} ± {_num(r['se'], 4)}"))
+                    lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
+                lines.append("")
+                if make_plots:
+                    series = {}
+                    for n in names:
+                        xs = [v for v in pts if get(v, n)]
+                        series[n] = (xs, [get(v, n)["mean"] for v in xs], None if n == ALPHA else [get(v, n)["se"] for v in xs])
+                    p = plots.lines(out_dir / "plots" / f"temperature_{_slug(ds, sweep, law, k)}.png", series,
+                                    title=f"{ds}: acceptance vs {sweep} temperature ({fixed_name} T={fv:g}, {law}, K={k})",
+                                    xlabel=f"{sweep} temperature", ylabel="acceptance", emphasize=[ALPHA])
+                    lines.append(f"![{sweep} temperature sweep](plots/{p.name})\n")
+
+
+def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> None:
+    ar = [r for r in rows if r["verifier"] == "autoregressive"]
+    ar_tps = sum(r["tokens_per_s"] for r in ar) / len(ar) if ar else None
+    cells = _group([r for r in rows if r["verifier"] != "autoregressive"], ("verifier", "law", "K", "depth"))
+    prompts = len({r["prompt"] for r in rows})
+    temps = ", ".join(sorted({format(r["temperature"], "g") for r in rows}))
+    lines.append(
+        f"{prompts} prompt(s), temperature {temps}. Block efficiency = "
+        "tokens per target forward pass (mean ± standard error over prompts)."
+        + (f" Target-only autoregressive baseline: {ar_tps:.2f} tokens/s." if ar_tps else "") + "\n"
+    )
+    lines.append("| verifier | law | K | depth | block efficiency | acceptance rate | tokens/s | speed-up |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for (n, law, k, d), g in sorted(cells.items(), key=lambda t: (t[0][0], t[0][1], t[0][2], t[0][3])):
+        be = [r["block_efficiency"] for r in g]
+        m = sum(be) / len(be)
+        se = (sum((x - m) ** 2 for x in be) / (len(be) - 1)) ** 0.5 / len(be) ** 0.5 if len(be) > 1 else 0.0
+        acc = [r["acceptance_rate"] for r in g if r.get("acceptance_rate") is not None]
+        tps = sum(r["tokens_per_s"] for r in g) / len(g)
+        lines.append(
+            f"| {n} | {law} | {k} | {d} | {m:.3f} ± {se:.3f} | {_num(sum(acc) / len(acc)) if acc else '-'} | "
+            f"{tps:.2f} | {(tps / ar_tps) if ar_tps else float('nan'):.2f}x |"
+        )
+    lines.append("")
+    if make_plots:
+        for d in sorted({k[3] for k in cells}):
+            series = {}
+            for n, law in sorted({(k[0], k[1]) for k in cells if k[3] == d}):
+                kk = sorted(k[2] for k in cells if k[0] == n and k[1] == law and k[3] == d)
+                ys = [sum(r["block_efficiency"] for r in cells[(n, law, k, d)]) / len(cells[(n, law, k, d)]) for k in kk]
+                series[f"{n} ({law})"] = (kk, ys, None)
+            p = plots.lines(out_dir / "plots" / f"blocks_depth{d}.png", series, title=f"block efficiency vs K (depth {d})",
+                            xlabel="K (drafts)", ylabel="tokens per target call")
+            lines.append(f"![block efficiency, depth {d}](plots/{p.name})\n")
+
+
+def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True) -> Path:
+    """Write ``report.md`` (and plots) for a run; returns the report path."""
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    make_plots = make_plots and plots.available()
+    lines = ["# multidraft experiment report\n"]
+    meta = next((m for m, _ in run.values() if m), None) or {}
+    cfg = meta.get("config", {})
+    lines.append(f"Run directory `{Path(run_dir).name}`; generated from its JSONL files alone (`multidraft report`).\n")
+    if cfg.get("models"):
+        lines.append("Models: " + ", ".join(f"{k} `{v}`" for k, v in cfg["models"].items()) + ".")
+    if meta.get("versions"):
+        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + f". Seed {meta.get('seed')}.")
+    if cfg.get("eps") is not None:
+        lines.append(
+            f"Stored distributions: top-mass support covering 1 - {cfg['eps']:g} of p and of q, tail lumped into one "
+            "token (bound on alpha* per table)."
+        )
+    lines.append("")
+    findings: list[str] = []
+    if "acceptance.jsonl" in run:
+        lines.insert(1, "")
+        body: list[str] = ["## Acceptance vs number of drafts\n"]
+        findings = _acceptance_section(run["acceptance.jsonl"][1], out, make_plots, body)
+        lines += ["## Findings\n"] + findings + body
+    if "temperature.jsonl" in run:
+        lines.append("## Temperature sweeps\n")
+        _temperature_section(run["temperature.jsonl"][1], out, make_plots, lines)
+    if "blocks.jsonl" in run:
+        lines.append("## End-to-end block efficiency\n")
+        _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines)
+    if not make_plots:
+        lines.append("_(plots skipped: matplotlib is not installed; `pip install multidraft[plots]`)_\n")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

