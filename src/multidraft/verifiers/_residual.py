@@ -46,3 +46,49 @@ def sample_rows(weights: Callable[[torch.Tensor], torch.Tensor], rows: torch.Ten
         r = rows[s0 : s0 + step]
         out[s0 : s0 + r.numel()] = inverse_cdf(weights(r), u[s0 : s0 + r.numel()])
     return out
+
+
+# shared chunked helpers for the recursive-rejection and K-SEQ families --------------------
+BLOCK = 1024  # elements per block of the two-level inverse CDF
+
+
+def rows_per_chunk(V: int, elem_bytes: int = 8) -> int:
+    """Rows of ``V`` elements of ``elem_bytes`` that fit one cache-sized chunk (at least 1)."""
+    return max(1, (CHUNK_ELEMS * 8 // max(1, elem_bytes)) // max(1, V))
+
+
+def inverse_cdf_blocked(w: torch.Tensor, u: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Like ``inverse_cdf`` (one index per row of ``w [R, V]`` at ``u [R]``), in two levels.
+
+    Block sums locate the block holding ``u * total``; only that block is cumulated. The
+    law is the same as a full cumsum (up to rounding), at the cost of one summing pass
+    instead of a full-length float64 cumsum. ``w`` must be nonnegative with positive rows.
+    """
+    R, V = w.shape
+    if V <= 4 * block:
+        return inverse_cdf(w.double() if w.dtype != torch.float64 else w, u)
+    nfull = V // block
+    head = w[:, : nfull * block].reshape(R, nfull, block).sum(-1, dtype=torch.float64)  # [R, nfull]
+    if nfull * block < V:
+        head = torch.cat([head, w[:, nfull * block :].sum(-1, keepdim=True, dtype=torch.float64)], -1)
+    cb = torch.cumsum(head, -1)  # [R, nb]
+    tot = cb[:, -1:]
+    if bool((tot <= 0).any()):
+        raise RuntimeError("internal error: a residual row has no mass (inputs not normalised?)")
+    target = u.to(torch.float64).unsqueeze(-1) * tot  # [R, 1]
+    b = torch.searchsorted(cb, target, right=True)  # [R, 1]
+    # never land in an empty block (rounding at the top end): at most the last nonzero one
+    ar = torch.arange(head.shape[-1], device=w.device).expand_as(head)
+    b = torch.minimum(b, torch.where(head > 0, ar, torch.zeros_like(ar)).amax(-1, keepdim=True))
+    prev = torch.where(b > 0, cb.gather(-1, (b - 1).clamp_min(0)), torch.zeros_like(target))
+    start = b * block  # [R, 1]
+    cols = start + torch.arange(block, device=w.device)  # [R, block]
+    inside = cols < V
+    vals = w.gather(-1, cols.clamp(max=V - 1)).double()
+    vals = torch.where(inside, vals, torch.zeros_like(vals))
+    c = torch.cumsum(vals, -1) + prev  # [R, block]
+    j = torch.searchsorted(c, target, right=True)  # [R, 1]
+    # clamp to the last positive entry of the block (guards u * tot at the very top)
+    last = torch.where(vals > 0, torch.arange(block, device=w.device).expand_as(vals), torch.zeros_like(cols)).amax(-1, keepdim=True)
+    j = torch.minimum(j, last)
+    return (start + j).squeeze(-1)
