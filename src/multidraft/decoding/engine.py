@@ -43,7 +43,7 @@ from .kv import cache_length, keep, new_cache, tree_attention_mask
 from .sampling import check_sampling_args, process_logits, sample_token
 from .trees import DraftTree, TreeShape
 
-__all__ = ["generate", "GenerationResult"]
+__all__ = ["generate", "GenerationResult", "score_tree"]
 
 _LAWS = {"iid": "iid", "with_replacement": "iid", "wor": "wor", "without_replacement": "wor",
          "greedy": "greedy", "independent": "independent"}
@@ -200,6 +200,22 @@ def _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tre
 
 
 # ---------------------------------------------------------------------------------------------
+def score_tree(model, cache, tree: DraftTree, rootpos: int) -> torch.Tensor:
+    """One forward of ``[root] + tree nodes`` over ``cache`` (which holds ``rootpos`` entries).
+
+    Node i sits at position ``rootpos + depth(i)`` and attends to the cached prefix and to
+    its ancestors (4D additive mask). Returns logits ``[N, V]``; the cache grows by N.
+    """
+    device = next(model.parameters()).device
+    N = len(tree)
+    tok = tree.tokens().to(device).view(1, N)
+    if N == 1:
+        return model(input_ids=tok, cache=cache, use_cache=True).logits[0]
+    pos = (rootpos + tree.depths()).to(device).view(1, N)
+    mask = tree_attention_mask(tree.ancestors(), rootpos, _model_dtype(model)).to(device)
+    return model(input_ids=tok, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True).logits[0]
+
+
 def generate(target, draft, input_ids, *, verifier="specinfer", drafts=2, depth=4, draft_law="iid",
              tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
              max_new_tokens=128, eos_token_id=None, generator=None, progress=None) -> GenerationResult:
@@ -322,14 +338,7 @@ class _Decoder:
             self._draft_tree(tree, rootpos)
         # one target pass over [root] + tree
         tbase = rootpos
-        N = len(tree)
-        tok = tree.tokens().to(self.device).view(1, N)
-        if N == 1:
-            logits = self.t(input_ids=tok, cache=self.tcache, use_cache=True).logits[0]
-        else:
-            pos = (rootpos + tree.depths()).to(self.device).view(1, N)
-            mask = tree_attention_mask(tree.ancestors(), tbase, self.t_dtype).to(self.device)
-            logits = self.t(input_ids=tok, position_ids=pos, attention_mask=mask, cache=self.tcache, use_cache=True).logits[0]
+        logits = score_tree(self.t, self.tcache, tree, rootpos)
         self.target_calls += 1
         # walk
         path: list[int] = []

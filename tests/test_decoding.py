@@ -1,0 +1,371 @@
+"""End-to-end decoding on tiny random models: losslessness, KV cache, trees, bad input."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import tiny_models as tm  # noqa: E402
+
+import multidraft as md  # noqa: E402
+from multidraft.decoding import engine, kv, sampling, trees  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tm.tiny_pair(vocab_size=24, seed=0)
+
+
+@pytest.fixture(scope="module")
+def small_pair():  # V = 8: joint laws of two tokens have 64 cells
+    return tm.tiny_pair(vocab_size=8, hidden=16, seed=3)
+
+
+PROMPTS = [torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[7]]), torch.tensor([[9, 9, 0, 11, 3, 20, 2]])]
+
+
+def _law_for(v):
+    return v.default_law if v.default_law in v.laws else v.laws[0]
+
+
+def _k_for(v):
+    return 1 if v.max_k == 1 else 2
+
+
+# --- temperature 0: equals target greedy ---------------------------------------------------------
+@pytest.mark.parametrize("name", md.verifiers.names())
+def test_greedy_equals_target_greedy_every_verifier(pair, name):
+    t, d = pair
+    v = md.verifiers.get(name)
+    law = _law_for(v)
+    for ids in PROMPTS[:2]:
+        ref = tm.greedy_reference(t, ids, 12)
+        r = md.generate(t, d, ids, verifier=name, drafts=_k_for(v), depth=3, draft_law=law,
+                        temperature=0, max_new_tokens=12, generator=1)
+        assert r.tokens.tolist() == ref.tolist(), (name, law)
+        assert r.new_tokens == 12 and r.target_calls <= 12
+
+
+@pytest.mark.parametrize("tree", [None, "sequences", [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]])
+@pytest.mark.parametrize("law", ["iid", "wor", "greedy"])
+def test_greedy_equals_target_greedy_trees_and_laws(pair, tree, law):
+    t, d = pair
+    ids = PROMPTS[2]
+    ref = tm.greedy_reference(t, ids, 15)
+    r = md.generate(t, d, ids, verifier="nss", drafts=2, depth=3, draft_law=law, tree=tree,
+                    temperature=0, max_new_tokens=15, generator=0)
+    assert r.tokens.tolist() == ref.tolist()
+
+
+def test_greedy_llama_and_target_only():
+    t, d = tm.tiny_pair(arch="llama", vocab_size=20, seed=5)
+    ids = PROMPTS[0]
+    ref = tm.greedy_reference(t, ids, 10)
+    for verifier, dr in [(None, None), ("naive", d)]:
+        r = md.generate(t, dr, ids, verifier=verifier, drafts=1, depth=4, temperature=0, max_new_tokens=10, generator=0)
+        assert r.tokens.tolist() == ref.tolist()
+    base = md.generate(t, None, ids, verifier="none", temperature=0, max_new_tokens=10, generator=0)
+    assert base.target_calls == 10 and base.block_efficiency == 1.0 and base.draft_calls == 0
+
+
+def test_draft_equal_to_target_accepts_everything(pair):
+    t, _ = pair
+    r = md.generate(t, t, PROMPTS[0], verifier="naive", drafts=1, depth=4, temperature=1.0,
+                    max_new_tokens=21, generator=3)
+    # with q == p single-draft SD accepts every draft: 5 tokens per target call
+    assert r.accepted_lengths[:4] == [4, 4, 4, 4]
+    assert r.acceptance_rate == pytest.approx(1.0)
+    assert r.block_efficiency == pytest.approx(21 / r.target_calls) and r.target_calls == 5
+
+
+def test_eos_stops(pair):
+    t, d = pair
+    ids = PROMPTS[0]
+    ref = tm.greedy_reference(t, ids, 12).tolist()
+    eos = ref[4]
+    r = md.generate(t, d, ids, verifier="nss", temperature=0, max_new_tokens=12, eos_token_id=eos, generator=0)
+    assert r.tokens.tolist() == ref[: ref.index(eos) + 1]
+    assert r.stop_reason == "eos"
+
+
+def test_context_limit_stops():
+    t, d = tm.tiny_pair(vocab_size=16, max_pos=12, seed=2)
+    r = md.generate(t, d, PROMPTS[0], verifier="nss", drafts=2, depth=4, temperature=1.0, max_new_tokens=50, generator=0)
+    assert r.stop_reason == "context"
+    assert PROMPTS[0].shape[1] + r.new_tokens <= 13
+
+
+# --- temperature > 0: the law of the first two tokens ----------------------------------------------
+def _exact_two_token_law(t, ids, temperature, top_k=None, top_p=None):
+    with torch.no_grad():
+        p1 = sampling.process_logits(t(input_ids=ids).logits[0, -1], temperature, top_k, top_p).double()
+        V = p1.numel()
+        ext = torch.cat([ids.expand(V, -1), torch.arange(V).view(V, 1)], 1)
+        p2 = sampling.process_logits(t(input_ids=ext).logits[:, -1], temperature, top_k, top_p).double()
+    return (p1.unsqueeze(1) * p2).flatten()  # [V*V], index y1*V + y2
+
+
+def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    from scipy.stats import chi2
+
+    n = counts.sum()
+    exp = probs * n
+    assert float(counts[probs == 0].sum()) == 0, "a token of target probability 0 was produced"
+    order = torch.argsort(exp)
+    # merge the smallest cells until every bin expects >= 5
+    bins_o, bins_e, acc_o, acc_e = [], [], 0.0, 0.0
+    for i in order.tolist():
+        if float(exp[i]) == 0:
+            continue
+        acc_o += float(counts[i]); acc_e += float(exp[i])
+        if acc_e >= 5:
+            bins_o.append(acc_o); bins_e.append(acc_e); acc_o = acc_e = 0.0
+    if acc_e > 0:
+        bins_o[-1] += acc_o; bins_e[-1] += acc_e
+    stat = sum((o - e) ** 2 / e for o, e in zip(bins_o, bins_e))
+    return float(chi2.sf(stat, max(1, len(bins_e) - 1)))
+
+
+def _empirical_two_token(t, d, ids, n, seed, **kw):
+    V = t.config.vocab_size
+    counts = torch.zeros(V * V, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        r = md.generate(t, d, ids, max_new_tokens=3, generator=g, **kw)
+        y = r.tokens.tolist()
+        counts[y[0] * V + y[1]] += 1
+    return counts
+
+
+def _law_case(small_pair, n, seed, **kw):
+    t, d = small_pair
+    ids = torch.tensor([[1, 5, 2]])
+    exact = _exact_two_token_law(t, ids, kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"))
+    counts = _empirical_two_token(t, d, ids, n, seed, **kw)
+    pv = _chi2_pvalue(counts, exact)
+    assert pv > 1e-3, (kw, pv)
+
+
+def test_two_token_law_multidraft_fast(small_pair):
+    # iid drafts with duplicates (V = 8), depth-2 tree, recovered and bonus tokens all exercised
+    _law_case(small_pair, 300, 11, verifier="nss", drafts=3, depth=2, draft_law="iid",
+              temperature=1.0, draft_temperature=1.4)
+
+
+def test_two_token_law_single_draft_fast(small_pair):
+    _law_case(small_pair, 300, 12, verifier="naive", drafts=1, depth=2, temperature=0.8, draft_temperature=1.2)
+
+
+SLOW_CASES = []
+for _name in md.verifiers.names():
+    _v = md.verifiers.get(_name)
+    for _law in _v.laws:
+        if _law == "independent":
+            continue
+        SLOW_CASES.append((_name, _law))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,law", SLOW_CASES)
+def test_two_token_law_every_verifier_slow(small_pair, name, law):
+    v = md.verifiers.get(name)
+    _law_case(small_pair, 1500, 100 + len(name), verifier=name, drafts=_k_for(v), depth=2, draft_law=law,
+              temperature=1.0, draft_temperature=1.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", [
+    dict(tree="sequences", drafts=3, draft_law="iid"),
+    dict(tree=[[0], [1], [0, 0], [0, 1], [1, 0]], drafts=2, draft_law="wor"),
+    dict(drafts=2, draft_temperature=[0.7, 1.6]),
+    dict(drafts=2, draft_law="iid", top_k=5, top_p=0.9),
+])
+def test_two_token_law_trees_and_processing_slow(small_pair, kw):
+    v = "specinfer" if "specinfer" in md.verifiers.names() else "nss"
+    if kw.get("draft_temperature") is not None and not md.verifiers.get(v).supports("independent", 2):
+        v = "nss"
+    _law_case(small_pair, 1500, 7, verifier=v, depth=2, temperature=1.0, **kw)
+
+
+# --- KV cache and tree attention ------------------------------------------------------------
+def _plain_last_logits(model, seq):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+
+
+def test_tree_pass_matches_plain_forward_of_each_path(pair):
+    t, _ = pair
+    prompt = [3, 1, 4, 1, 5]
+    shape = trees.TreeShape.from_args([[0], [1], [2], [0, 0], [0, 1], [2, 0], [0, 1, 0]], 3, 3)
+    with torch.inference_mode():
+        cache = kv.new_cache(t)
+        t(input_ids=torch.tensor([prompt[:-1]]), cache=cache, use_cache=True)
+        tree = trees.DraftTree(shape, prompt[-1], 3, 1)
+        for i, toks in [(0, [7, 8, 7]), (1, [2, 9])]:  # duplicate 7: one child node
+            tree.add_drafts(i, toks)
+        tree.add_drafts(3, [10])  # node 3 is token 2 under token 7; ids follow creation order
+        logits = engine.score_tree(t, cache, tree, len(prompt) - 1)
+        assert kv.cache_length(cache) == len(prompt) - 1 + len(tree)
+        for i in range(len(tree)):
+            seq = prompt + [tree.nodes[j].token for j in tree.path_to(i)]
+            torch.testing.assert_close(logits[i], _plain_last_logits(t, seq), atol=1e-4, rtol=1e-4)
+        # compaction to the path root -> node 3 -> its child, then one more plain step
+        leaf = tree.nodes[3].child[10]
+        path = tree.path_to(leaf)
+        base = len(prompt) - 1
+        kv.keep(cache, base + 1, torch.tensor([base + j for j in path]))
+        seq = prompt + [tree.nodes[j].token for j in path]
+        assert kv.cache_length(cache) == len(seq)
+        nxt = t(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True).logits[0, -1]
+        torch.testing.assert_close(nxt, _plain_last_logits(t, seq + [5]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tree", [None, "sequences"])
+def test_caches_after_many_steps_equal_fresh_prefill(pair, tree):
+    t, d = pair
+    ids = PROMPTS[0]
+    g = torch.Generator().manual_seed(5)
+    plan = engine._make_plan(t, d, ids, "nss", 2, 3, "iid", tree, 1.0, 0.7, None, None, 25, None)
+    dec = engine._Decoder(t, d, plan, g, None)
+    with torch.inference_mode():
+        res = dec.run(ids)
+        full = ids[0].tolist() + res.tokens.tolist()
+        assert res.target_calls > 3
+        committed = full[:-1]  # the last token is the next root, not yet cached
+        for model, cache, n in [(t, dec.tcache, len(committed)), (d, dec.dcache, dec.dbase)]:
+            assert kv.cache_length(cache) == n
+            fresh = kv.new_cache(model)
+            model(input_ids=torch.tensor([full[:n]]), cache=fresh, use_cache=True)
+            for a, b in zip(cache.layers, fresh.layers):
+                torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
+        assert dec.dbase + len(dec.pending) == len(committed)
+        assert full[dec.dbase: len(committed)] == dec.pending
+
+
+# --- trees -----------------------------------------------------------------------------------
+def test_parse_tree_and_full_tree():
+    assert trees.full_tree(2, 2) == [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]
+    ch = trees.parse_tree([[0], [1], [0, 0]])
+    assert ch == {(): 2, (0,): 1, (1,): 0, (0, 0): 0}
+    for bad in ([[0, 0]], [[1]], [[0], [0]], [[-1]], [], "x", [[0.5]]):
+        with pytest.raises(ValueError, match="tree"):
+            trees.parse_tree(bad) if not isinstance(bad, str) else trees.TreeShape.from_args(bad, 2, 2)
+
+
+def test_sequences_trie_merges_duplicates():
+    shape = trees.TreeShape.from_args("sequences", 3, 2)
+    tr = trees.DraftTree(shape, 0, 2, 3)
+    new = tr.add_drafts(0, [5, 6, 5])
+    assert len(new) == 2 and tr.nodes[0].drafts == [5, 6, 5]
+    a = tr.nodes[0].child[5]
+    assert tr.nodes[a].cols == (0, 2) and tr.n_children(a) == 2  # two sequences continue through 5
+    assert tr.draft_cols(a, 2) == (0, 2)
+
+
+# --- sampling ----------------------------------------------------------------------------------
+def test_process_logits_matches_transformers_warpers():
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g) * 3
+    for T, k, p in [(1.0, None, None), (0.7, 10, None), (1.3, None, 0.8), (0.9, 7, 0.6)]:
+        x = logits / T
+        if k is not None:
+            x = TopKLogitsWarper(k)(None, x)
+        if p is not None:
+            x = TopPLogitsWarper(p)(None, x)
+        torch.testing.assert_close(sampling.process_logits(logits, T, k, p), torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
+    z = sampling.process_logits(logits, 0.0)
+    assert torch.equal(z.argmax(-1), logits.argmax(-1)) and torch.all(z.sum(-1) == 1)
+
+
+def test_sample_token_law():
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    g = torch.Generator().manual_seed(1)
+    c = torch.bincount(torch.stack([sampling.sample_token(p, g) for _ in range(3000)]), minlength=4).double()
+    assert c[1] == 0
+    assert _chi2_pvalue(c, p.double()) > 1e-3
+
+
+# --- bad input ---------------------------------------------------------------------------------
+def test_bad_input_errors(pair):
+    t, d = pair
+    ids = PROMPTS[0]
+    kw = dict(max_new_tokens=3, generator=0)
+    cases = [
+        (dict(verifier="nope"), "verifier"),
+        (dict(draft_law="bogus"), "draft_law"),
+        (dict(drafts=0), "drafts"),
+        (dict(depth=0), "depth"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(draft_temperature=-1.0), "draft_temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(verifier="naive", drafts=2), "naive"),
+        (dict(tree=[[1]]), "tree"),
+        (dict(draft_temperature=[1.0, 2.0, 3.0]), "draft_temperature"),
+    ]
+    for extra, word in cases:
+        with pytest.raises(ValueError, match=word):
+            md.generate(t, d, ids, **{**kw, **extra})
+    with pytest.raises(ValueError, match="generator"):
+        md.generate(t, d, ids, max_new_tokens=3)
+    with pytest.raises(ValueError, match="draft"):
+        md.generate(t, None, ids, verifier="nss", **kw)
+    other = tm.tiny_model(vocab_size=30)
+    with pytest.raises(ValueError, match="vocabulary"):
+        md.generate(t, other, ids, verifier="nss", **kw)
+    with pytest.raises(ValueError, match="input_ids"):
+        md.generate(t, d, torch.zeros(1, 300, dtype=torch.long), verifier="nss", **kw)
+    with pytest.raises(ValueError, match="input_ids"):
+        md.generate(t, d, torch.zeros(2, 3, dtype=torch.long), verifier="nss", **kw)
+    with pytest.raises(ValueError, match="input_ids"):
+        md.generate(t, d, torch.tensor([[1, 99]]), verifier="nss", **kw)
+
+
+def test_lazy_import_does_not_pull_transformers():
+    import subprocess
+
+    code = "import sys, multidraft; assert 'transformers' not in sys.modules; print(callable(multidraft.generate))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+def test_cli_decode_json_and_errors(tmp_path, capsys):
+    import json
+
+    from multidraft.cli import main
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    tok = tm.tiny_tokenizer()
+    for m, name in [(t, "t"), (d, "d")]:
+        m.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    base = ["decode", "--prompt", "hellothere", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"),
+            "--dtype", "float32", "--quiet", "--ignore-eos", "--max-new-tokens", "8"]
+    assert main(base + ["--verifier", "nss", "--drafts", "2", "--depth", "2", "--json", "--temperature", "0"]) == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("text", "new_tokens", "target_calls", "block_efficiency", "acceptance_rate", "seconds", "tokens_per_s", "seed", "settings"):
+        assert key in obj
+    assert obj["new_tokens"] == 8 and obj["settings"]["verifier"] == "nss"
+    ids = tok("hellothere", return_tensors="pt")["input_ids"]
+    ref = tm.greedy_reference(t, ids, 8)
+    assert obj["text"] == tok.decode(ref.tolist(), skip_special_tokens=True)
+    assert main(base + ["--verifier", "none"]) == 0
+    capsys.readouterr()
+    for bad in (["--verifier", "bogus"], ["--drafts", "0"], ["--temperature", "-1"], ["--draft-law", "iid", "--tree", "[[1]]"]):
+        assert main(base + bad) == 2
+        err = capsys.readouterr().err
+        assert "error" in err and "Traceback" not in err
