@@ -11,6 +11,28 @@ from .base import Verifier
 __all__ = ["KhistiIS"]
 
 SORT_V = 4096  # below this vocabulary size the top set comes from one stable sort
+PER_OCTAVE = 4  # rank buckets per factor 2 of the score p - q^2
+N_BUCKETS = 60 * PER_OCTAVE + 2
+
+
+def _bucket(score: torch.Tensor) -> torch.Tensor:
+    """Rank bucket of each score (long, same shape): 0 for score <= 0, else
+    ``floor(PER_OCTAVE * log2(score))`` shifted to [1, N_BUCKETS) (scores below 2^-60 share 1)."""
+    lg = torch.log2(score.clamp(min=2.0**-60, max=1.0))
+    b = torch.floor(lg * PER_OCTAVE).long() + (N_BUCKETS - 1)
+    return torch.where(score > 0, b, torch.zeros_like(b))
+
+
+def _off_coef(lt: torch.Tensor, le: torch.Tensor) -> torch.Tensor:
+    """A_k = prod_{j<k} lt_j * prod_{j>k} le_j over the draft dim -2: ``[..., K, C]`` -> same.
+
+    For y off S in bucket c, q_I(y) = sum_k q_k(y) A_k(c): draft k is y, the earlier drafts
+    lie in lower buckets and the later ones in buckets at or below c (all off S)."""
+    K = lt.shape[-2]
+    ones = torch.ones_like(lt[..., :1, :])
+    pre = torch.cat([ones, lt[..., :-1, :]], -2).cumprod(-2)
+    suf = torch.cat([le[..., 1:, :], ones], -2).flip(-2).cumprod(-2).flip(-2)
+    return pre * suf if K > 1 else ones
 
 
 def _top_set(score: torch.Tensor, n: int) -> torch.Tensor:
@@ -98,17 +120,23 @@ class KhistiIS(Verifier):
     Theoretical Limits", arXiv 2410.18234.
 
     Selection (their practical scheme). Tokens are ranked by :math:`p - \bar q^2`
-    (:math:`\bar q` the mean draft distribution; ties to the lower id) and S is the top
-    ``s``. A match between two tokens keeps the one in S if only one is, the higher-ranked
-    one if neither is, and, when both are in S, keeps i from {i, j} with the weight of a
-    small LP that maximises :math:`\sum_{i \in S} \min(p_i, m_i)` for the winner's law m
-    (HiGHS). K = 2 is one match; for K > 2 the drafts play a pairwise tournament, the
-    winner of each match meeting the next draft, each match with its own LP on the exact
-    law of the winner so far (independent of the next draft). Off S the winner's law has a
-    closed form: y wins iff all drafts rank at or below y and not all strictly below, so
-    :math:`q_I(y) = \prod_k L_k(y) - \prod_k L^<_k(y)` with L the draft mass ranked at or
-    (strictly) below y. With ``s >= V`` and K = 2 the LP is the full optimal selection, whose
-    acceptance is :math:`\alpha^* = \min_S [1 + p(S) - q(S)^2]` for iid drafts.
+    (:math:`\bar q` the mean draft distribution) and S is the top ``s`` (ties to the lower
+    id). A match between two tokens keeps the one in S if only one is; when both are in S
+    it keeps i from {i, j} with the weight of a small LP that maximises
+    :math:`\sum_{i \in S} \min(p_i, m_i)` for the winner's law m (HiGHS, one block per
+    distinct row); when neither is, it keeps the higher-ranked one, where off S the rank is
+    the bucket :math:`\lfloor 4 \log_2(p - \bar q^2) \rfloor` (all scores <= 0 share the
+    lowest bucket) and a tie keeps the current winner (the earlier draft). The paper ranks
+    off S by the score itself; buckets keep that order up to a factor 2^(1/4) and make
+    q_I off S a histogram instead of a full-vocabulary sort. K = 2 is one match; for K > 2
+    the drafts play a pairwise tournament, the winner of each match meeting the next draft,
+    each match with its own LP on the exact law of the winner so far (independent of the
+    next draft; the intermediate LPs also target p, the paper is silent there). Off S the
+    winner's law is closed-form: y wins iff all drafts are off S, the drafts before y's
+    draft k lie in lower buckets and the later ones in buckets at or below y's, so
+    :math:`q_I(y) = \sum_k q_k(y) \prod_{j<k} L^<_j(c_y) \prod_{j>k} L^{\le}_j(c_y)`.
+    With ``s >= V`` and K = 2 the LP is the full optimal selection, reaching
+    :math:`\alpha^* = \min_S [1 + p(S) - q(S)^2]` for iid drafts.
     Supports iid drafts and independent drafts (each from its own q_k).
     """
 
@@ -146,21 +174,30 @@ class KhistiIS(Verifier):
         return score, S, Ws, rS
 
     @staticmethod
-    def _q_rows(fq, rows, K):
-        # per-draft rows [r, K, V] (float64)
+    def _q_off(fq, S, rows):
+        """Draft rows off S (zero on S), float64 ``[r, 1, V]`` when shared, else ``[r, K, V]``."""
+        qk = fq[rows].double()
         if fq.ndim == 2:
-            return fq[rows].double().unsqueeze(1).expand(rows.numel(), K, fq.shape[-1])
-        return fq[rows].double()
+            return qk.scatter(-1, S[rows], 0.0).unsqueeze(1)
+        return qk.scatter(-1, S[rows].unsqueeze(1).expand(-1, qk.shape[1], -1), 0.0)
+
+    @staticmethod
+    def _coef(lt, le, K):
+        """Off-S coefficients for ``_q_off`` rows: ``[r, 1, C]`` (shared q: the sum of A_k) or ``[r, K, C]``."""
+        if lt.shape[1] == 1:
+            return _off_coef(lt.expand(-1, K, -1), le.expand(-1, K, -1)).sum(1, keepdim=True)
+        return _off_coef(lt, le)
 
     def _q_inf_full(self, fq, score, S, mS, rows, K):
-        """q_I over the whole vocabulary ``[r, V]`` for the given rows (sorts each row)."""
-        sc = score[rows]
-        order = torch.sort(sc, dim=-1, descending=True, stable=True).indices  # best first
-        qk = self._q_rows(fq, rows, K).gather(-1, order.unsqueeze(1).expand(-1, K, -1))
-        at_or_below = qk.flip(-1).cumsum(-1).flip(-1)  # [r, K, V] mass ranked at or below
-        below = (at_or_below - qk).clamp_min(0.0)
-        qi_sorted = (at_or_below.prod(1) - below.prod(1)).clamp_min(0.0)
-        qi = torch.empty_like(qi_sorted).scatter_(-1, order, qi_sorted)
+        """q_I over the whole vocabulary ``[r, V]`` for the given rows (a histogram, no sort)."""
+        bk = _bucket(score[rows])  # [r, V]
+        qk = self._q_off(fq, S, rows)  # [r, K or 1, V]
+        k1 = qk.shape[1]
+        H = torch.zeros(rows.numel(), k1, N_BUCKETS, dtype=torch.float64, device=score.device)
+        H.scatter_add_(-1, bk.unsqueeze(1).expand(-1, k1, -1), qk)
+        le = H.cumsum(-1)
+        A = self._coef(le - H, le, K)  # [r, K or 1, C]
+        qi = (qk * A.gather(-1, bk.unsqueeze(1).expand(-1, k1, -1))).sum(1)
         return qi.scatter(-1, S[rows], mS[rows])
 
     # sampling path ---------------------------------------------------------------------------
@@ -185,10 +222,10 @@ class KhistiIS(Verifier):
         for m in range(1, K):
             b = fd[:, m]
             pb = pos(b)
-            sw, sb = score.gather(-1, w.unsqueeze(-1)).squeeze(-1), score.gather(-1, b.unsqueeze(-1)).squeeze(-1)
-            higher = (sw > sb) | ((sw == sb) & (w <= b))
+            bw = _bucket(score.gather(-1, w.unsqueeze(-1)).squeeze(-1))
+            bb = _bucket(score.gather(-1, b.unsqueeze(-1)).squeeze(-1))
+            keep = torch.where(pw >= 0, pb < 0, (pb < 0) & (bw >= bb)).double()
             both = (pw >= 0) & (pb >= 0)
-            keep = higher.double()
             if bool(both.any()):
                 lp = Ws[m - 1][ar, pw.clamp_min(0), pb.clamp_min(0)]
                 keep = torch.where(both, lp, keep)
@@ -201,16 +238,16 @@ class KhistiIS(Verifier):
         off = (pw < 0).nonzero().squeeze(-1)
         if off.numel():
             step = chunk_rows(V * K)
-            ids = torch.arange(V, device=p.device)
             for s0 in range(0, off.numel(), step):
                 r = off[s0 : s0 + step]
-                sc, y = score[r], w[r]
-                sy = sc.gather(-1, y.unsqueeze(-1))
-                below = (sc < sy) | ((sc == sy) & (ids > y.unsqueeze(-1)))  # [r, V]
-                qk = self._q_rows(fq, r, K)  # [r, K, V]
-                lt = (qk * below.unsqueeze(1)).sum(-1)  # [r, K]
-                at = lt + qk.gather(-1, y.view(-1, 1, 1).expand(-1, K, 1)).squeeze(-1)
-                qi[r] = (at.prod(-1) - lt.prod(-1)).clamp_min(0.0)
+                y = w[r]
+                bk = _bucket(score[r])  # [r, V]
+                by = bk.gather(-1, y.unsqueeze(-1))
+                qk = self._q_off(fq, S, r)  # [r, K or 1, V]
+                lt = (qk * (bk < by).unsqueeze(1)).sum(-1, keepdim=True)  # [r, K or 1, 1]
+                le = lt + (qk * (bk == by).unsqueeze(1)).sum(-1, keepdim=True)
+                qy = qk.gather(-1, y.view(-1, 1, 1).expand(-1, qk.shape[1], 1))
+                qi[r] = (qy * self._coef(lt, le, K)).sum((-1, -2))
         py = fp.gather(-1, w.unsqueeze(-1)).squeeze(-1).double()
         accept = u[:, 0] * qi <= py
         token = w.clone()
@@ -232,20 +269,21 @@ class KhistiIS(Verifier):
         score, S, Ws, mS = self._plan(fp, fq, K)
         rows = torch.arange(N, device=p.device)
         qi = self._q_inf_full(fq, score, S, mS, rows, K)  # [N, V]
-        ids = torch.arange(V, device=p.device)
+        bk = _bucket(score)  # [N, V]
+        offS = torch.ones(N, V, dtype=torch.bool, device=p.device).scatter(-1, S, False)
         win = torch.zeros(N, V, dtype=torch.float64, device=p.device)
         win[rows, fd[:, 0]] = 1.0
         for m in range(1, K):
             b = fd[:, m]
-            sb = score.gather(-1, b.unsqueeze(-1))
-            sel = ((score > sb) | ((score == sb) & (ids <= b.unsqueeze(-1)))).double()  # P(a kept against b)
             eq = S == b.unsqueeze(-1)
-            inS = eq.any(-1)
+            inS = eq.any(-1, keepdim=True)  # [N, 1]
+            # P(a kept against b): off S the higher bucket, ties to the earlier draft (a)
+            sel = torch.where(inS, torch.zeros_like(bk, dtype=torch.bool), bk >= bk.gather(-1, b.unsqueeze(-1)))
+            sel = torch.where(offS, sel, ~inS).double()
             if bool(inS.any()):
                 pb = eq.long().argmax(-1)
                 col = Ws[m - 1][rows, :, pb]  # [N, n]: P(S_i kept against b)
-                selS = torch.where(inS.unsqueeze(-1), col, sel.gather(-1, S))
-                sel = sel.scatter(-1, S, selS)
+                sel = sel.scatter(-1, S, torch.where(inS, col, sel.gather(-1, S)))
             lost = (win * (1 - sel)).sum(-1)
             win = win * sel
             win[rows, b] += lost

@@ -1,0 +1,198 @@
+"""khisti_is, spechub and greedy_optimal: closed forms, optimality gaps, sampling vs exact path."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy import stats
+
+import multidraft as md
+from multidraft.verifiers import khisti_is as KI
+from instances import instances
+
+
+def _greedy_closed_form(p, q, k):
+    law = md.drafts.greedy(q, k)
+    T = law.top_set()
+    qr = law.rest_probs()
+    off = torch.ones_like(p, dtype=torch.bool)
+    off[T] = False
+    return float(p[T].sum() + torch.minimum(p, qr)[off].sum())
+
+
+def _alpha_k2_iid(p, q):
+    """alpha* = min over token sets S of 1 + p(S) - q(S)^2 (Khisti et al.), by brute force."""
+    V = p.numel()
+    best = 1.0
+    for r in range(1, V + 1):
+        for S in itertools.combinations(range(V), r):
+            idx = list(S)
+            best = min(best, 1 + float(p[idx].sum()) - float(q[idx].sum()) ** 2)
+    return best
+
+
+def _random(V, seed, alpha=1.0):
+    g = torch.Generator().manual_seed(seed)
+    e = (-torch.rand(V, generator=g, dtype=torch.float64).clamp_min(1e-300).log()) ** (1 / alpha)
+    return e / e.sum()
+
+
+def test_greedy_optimal_matches_closed_form():
+    n = 0
+    for label, p, q in instances(60, 21):
+        for k in (1, 2, 3):
+            if int((q > 0).sum()) < k:
+                continue
+            cert = md.certify("greedy_optimal", p, md.drafts.greedy(q, k))
+            assert cert.max_abs_error <= 1e-12, label
+            assert cert.acceptance == pytest.approx(_greedy_closed_form(p, q, k), abs=1e-12), (label, k)
+            n += 1
+    assert n > 100
+
+
+def test_spechub_at_most_greedy_optimal():
+    n = 0
+    for label, p, q in instances(60, 22):
+        if int((q > 0).sum()) < 2:
+            continue
+        law = md.drafts.greedy(q, 2)
+        hub = md.certify("spechub", p, law)
+        opt = md.certify("greedy_optimal", p, law)
+        assert hub.max_abs_error <= 1e-12, label
+        assert hub.acceptance <= opt.acceptance + 1e-12, label
+        n += 1
+    assert n > 40
+
+
+def test_khisti_k2_reaches_optimum_with_full_lp():
+    v = KI.KhistiIS(s=6)
+    gaps = []
+    for label, p, q in instances(40, 23):
+        cert = md.certify(v, p, md.drafts.iid(q, 2))
+        a = _alpha_k2_iid(p, q)
+        assert cert.max_abs_error <= 1e-12, label
+        assert cert.acceptance <= a + 1e-9, label
+        gaps.append(a - cert.acceptance)
+    # the full LP on all tokens is the optimal selection (LP tolerance only)
+    assert max(gaps) <= 1e-6, max(gaps)
+
+
+@pytest.mark.parametrize("s", [1, 2, 3])
+@pytest.mark.parametrize("k", [2, 3])
+def test_khisti_truncated_lp_is_exact_and_below_optimum(s, k):
+    v = KI.KhistiIS(s=s)
+    for label, p, q in instances(25, 30 + s + 10 * k):
+        qs = torch.stack([q if j % 2 == 0 else _random(q.numel(), 7 + j, 0.5) for j in range(k)])
+        for law in (md.drafts.iid(q, k), md.drafts.independent(qs)):
+            cert = md.certify(v, p, law)
+            assert cert.max_abs_error <= 1e-12, (label, s, k)
+            if k == 2 and law.kind == "iid":
+                assert cert.acceptance <= _alpha_k2_iid(p, q) + 1e-9, label
+
+
+def test_khisti_truncation_costs_little_and_beats_single_draft():
+    # peaked, realistic pairs: q a tempered perturbation of p
+    g = torch.Generator().manual_seed(5)
+    for i in range(10):
+        logits = torch.randn(6, generator=g, dtype=torch.float64) * 2
+        p = torch.softmax(logits, -1)
+        q = torch.softmax((logits + 0.5 * torch.randn(6, generator=g, dtype=torch.float64)) / 1.2, -1)
+        full = md.certify(KI.KhistiIS(s=6), p, md.drafts.iid(q, 2)).acceptance
+        trunc = md.certify(KI.KhistiIS(s=3), p, md.drafts.iid(q, 2)).acceptance
+        single = 1 - 0.5 * float((p - q).abs().sum())
+        assert trunc <= full + 1e-9
+        assert full >= single - 1e-9
+
+
+def test_khisti_topk_path_with_ties(monkeypatch):
+    # force the topk + tie-repair branch on a small vocabulary, with tied scores
+    monkeypatch.setattr(KI, "SORT_V", 2)
+    p = torch.tensor([0.2, 0.2, 0.2, 0.2, 0.1, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.3, 0.3], dtype=torch.float64)
+    for s in (1, 2, 3, 5):
+        for k in (2, 3):
+            cert = md.certify(KI.KhistiIS(s=s), p, md.drafts.iid(q, k))
+            assert cert.max_abs_error <= 1e-12, (s, k)
+
+
+def _chi2(counts, probs, n):
+    exp = probs * n
+    big = exp >= 5
+    o = torch.cat([counts[big].double(), counts[~big].double().sum().reshape(1)])
+    e = torch.cat([exp[big], exp[~big].sum().reshape(1)])
+    assert float(o[e <= 0].sum()) == 0, "sampled a token of exact probability 0"
+    o, e = o[e > 0], e[e > 0]
+    chi2 = float(((o - e) ** 2 / e).sum())
+    return chi2 <= stats.chi2.ppf(1 - 1e-6, max(o.numel() - 1, 1)), chi2
+
+
+def _sampling_vs_exact(name, law_fn, k, n, seed, **kw):
+    v = KI.KhistiIS(**kw) if name == "khisti_is" else md.verifiers.get(name)
+    g = torch.Generator().manual_seed(seed)
+    V = 8
+    p = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 1.5, -1)
+    q = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 1.5, -1)
+    law = law_fn(q, k)
+    tuples, probs = law.enumerate()
+    for t in tuples[probs.argsort(descending=True)[:3]]:
+        out = v.output_distribution(p, law.q, t, law=law)
+        verdict = v.verify(p.expand(n, V), law.q.expand(n, *law.q.shape), t.expand(n, k), generator=g, law=law)
+        ok, chi2 = _chi2(torch.bincount(verdict.token, minlength=V), out, n)
+        assert ok, f"{name} K={k} tuple {t.tolist()}: chi2 {chi2:.1f}"
+
+
+CASES = [
+    ("khisti_is", md.drafts.iid, 2, {"s": 3}),
+    ("khisti_is", md.drafts.iid, 3, {"s": 2}),
+    ("khisti_is", md.drafts.iid, 2, {"s": 8}),
+    ("spechub", md.drafts.greedy, 2, {}),
+    ("greedy_optimal", md.drafts.greedy, 3, {}),
+]
+
+
+@pytest.mark.parametrize("name,law_fn,k,kw", CASES, ids=[f"{c[0]}-K{c[2]}-{c[3]}" for c in CASES])
+def test_sampling_path_matches_exact_path(name, law_fn, k, kw):
+    _sampling_vs_exact(name, law_fn, k, 20_000, 3 + k, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,law_fn,k,kw", CASES, ids=[f"{c[0]}-K{c[2]}-{c[3]}" for c in CASES])
+def test_sampling_path_matches_exact_path_large(name, law_fn, k, kw):
+    _sampling_vs_exact(name, law_fn, k, 300_000, 99 + k, **kw)
+
+
+def test_khisti_batched_rows_differ():
+    # a batch of different (p, q) rows in one call: each row's output law is exact
+    g = torch.Generator().manual_seed(4)
+    B, V, K = 5, 7, 3
+    p = torch.softmax(torch.randn(B, V, generator=g, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(B, V, generator=g, dtype=torch.float64) * 2, -1)
+    v = KI.KhistiIS(s=3)
+    d = md.drafts.iid(q, K).sample(g)
+    out = v.output_distribution(p, q, d)
+    assert out.shape == (B, V)
+    assert torch.allclose(out.sum(-1), torch.ones(B, dtype=torch.float64), atol=1e-12)
+    for b in range(B):
+        assert torch.allclose(out[b], v.output_distribution(p[b], q[b], d[b]), atol=1e-12)
+    tok = v.verify(p, q, d, generator=g).token
+    assert tok.shape == (B,)
+
+
+def test_bad_input_names_the_argument():
+    q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    p = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    with pytest.raises(ValueError, match="law"):
+        md.verifiers.get("spechub").verify(p, q, torch.tensor([0, 1, 2]), generator=0, law="greedy")  # K = 3
+    with pytest.raises(ValueError, match="law"):
+        md.verifiers.get("spechub").verify(p, q, torch.tensor([0, 1]), generator=0, law="iid")
+    with pytest.raises(ValueError, match="law"):
+        md.verifiers.get("greedy_optimal").output_distribution(p, q, torch.tensor([0, 1]), law="wor")
+    with pytest.raises(ValueError, match="law"):
+        md.verifiers.get("khisti_is").verify(p, q, torch.tensor([0, 1]), generator=0, law="greedy")
+    with pytest.raises(ValueError, match="drafts"):
+        md.verifiers.get("greedy_optimal").verify(p, q, torch.tensor([0, 0]), generator=0, law="greedy")
+    with pytest.raises(ValueError, match="s "):
+        KI.KhistiIS(s=0)
+    assert not md.verifiers.get("spechub").supports("greedy", 3)
+    assert md.verifiers.get("khisti_is").supports("independent", 4)
