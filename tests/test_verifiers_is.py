@@ -82,7 +82,7 @@ def test_khisti_k2_reaches_optimum_with_full_lp():
 @pytest.mark.parametrize("k", [2, 3])
 def test_khisti_truncated_lp_is_exact_and_below_optimum(s, k):
     v = KI.KhistiIS(s=s)
-    for label, p, q in instances(25, 30 + s + 10 * k):
+    for label, p, q in instances(12, 30 + s + 10 * k):
         qs = torch.stack([q if j % 2 == 0 else _random(q.numel(), 7 + j, 0.5) for j in range(k)])
         for law in (md.drafts.iid(q, k), md.drafts.independent(qs)):
             cert = md.certify(v, p, law)
@@ -135,7 +135,7 @@ def _sampling_vs_exact(name, law_fn, k, n, seed, **kw):
     q = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 1.5, -1)
     law = law_fn(q, k)
     tuples, probs = law.enumerate()
-    for t in tuples[probs.argsort(descending=True)[:3]]:
+    for t in tuples[probs.argsort(descending=True)[:2]]:
         out = v.output_distribution(p, law.q, t, law=law)
         verdict = v.verify(p.expand(n, V), law.q.expand(n, *law.q.shape), t.expand(n, k), generator=g, law=law)
         ok, chi2 = _chi2(torch.bincount(verdict.token, minlength=V), out, n)
@@ -153,7 +153,7 @@ CASES = [
 
 @pytest.mark.parametrize("name,law_fn,k,kw", CASES, ids=[f"{c[0]}-K{c[2]}-{c[3]}" for c in CASES])
 def test_sampling_path_matches_exact_path(name, law_fn, k, kw):
-    _sampling_vs_exact(name, law_fn, k, 20_000, 3 + k, **kw)
+    _sampling_vs_exact(name, law_fn, k, 10_000, 3 + k, **kw)
 
 
 @pytest.mark.slow

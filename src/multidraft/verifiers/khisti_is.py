@@ -11,16 +11,21 @@ from .base import Verifier
 __all__ = ["KhistiIS"]
 
 SORT_V = 4096  # below this vocabulary size the top set comes from one stable sort
-PER_OCTAVE = 4  # rank buckets per factor 2 of the score p - q^2
-N_BUCKETS = 60 * PER_OCTAVE + 2
+# rank buckets off S: the bit pattern of a positive float is increasing in its value, so
+# dropping all but the top two mantissa bits gives 4 buckets per factor 2 (3 cheap passes)
+_SHIFT = {torch.float32: (torch.int32, 21), torch.float64: (torch.int64, 50)}
+
+
+def _n_buckets(dtype: torch.dtype) -> int:
+    itype, sh = _SHIFT[dtype]
+    return (int(torch.ones((), dtype=dtype).view(itype)) >> sh) + 1
 
 
 def _bucket(score: torch.Tensor) -> torch.Tensor:
-    """Rank bucket of each score (long, same shape): 0 for score <= 0, else
-    ``floor(PER_OCTAVE * log2(score))`` shifted to [1, N_BUCKETS) (scores below 2^-60 share 1)."""
-    lg = torch.log2(score.clamp(min=2.0**-60, max=1.0))
-    b = torch.floor(lg * PER_OCTAVE).long() + (N_BUCKETS - 1)
-    return torch.where(score > 0, b, torch.zeros_like(b))
+    """Rank bucket of each score (long, same shape, non-decreasing in the score): 0 for
+    score <= 0, else the float's exponent and top two mantissa bits (scores are <= 1)."""
+    itype, sh = _SHIFT[score.dtype]
+    return (score.contiguous().view(itype) >> sh).clamp_min_(0).long()
 
 
 def _off_coef(lt: torch.Tensor, le: torch.Tensor) -> torch.Tensor:
@@ -125,9 +130,10 @@ class KhistiIS(Verifier):
     it keeps i from {i, j} with the weight of a small LP that maximises
     :math:`\sum_{i \in S} \min(p_i, m_i)` for the winner's law m (HiGHS, one block per
     distinct row); when neither is, it keeps the higher-ranked one, where off S the rank is
-    the bucket :math:`\lfloor 4 \log_2(p - \bar q^2) \rfloor` (all scores <= 0 share the
-    lowest bucket) and a tie keeps the current winner (the earlier draft). The paper ranks
-    off S by the score itself; buckets keep that order up to a factor 2^(1/4) and make
+    a bucket of the score (its float exponent and top two mantissa bits: 4 equal slices per
+    factor 2; all scores <= 0 share the lowest bucket) and a tie keeps the current winner
+    (the earlier draft). The paper ranks off S by the score itself; buckets keep that
+    order up to a factor 2^(1/4) and make
     q_I off S a histogram instead of a full-vocabulary sort. K = 2 is one match; for K > 2
     the drafts play a pairwise tournament, the winner of each match meeting the next draft,
     each match with its own LP on the exact law of the winner so far (independent of the
@@ -193,7 +199,7 @@ class KhistiIS(Verifier):
         bk = _bucket(score[rows])  # [r, V]
         qk = self._q_off(fq, S, rows)  # [r, K or 1, V]
         k1 = qk.shape[1]
-        H = torch.zeros(rows.numel(), k1, N_BUCKETS, dtype=torch.float64, device=score.device)
+        H = torch.zeros(rows.numel(), k1, _n_buckets(score.dtype), dtype=torch.float64, device=score.device)
         H.scatter_add_(-1, bk.unsqueeze(1).expand(-1, k1, -1), qk)
         le = H.cumsum(-1)
         A = self._coef(le - H, le, K)  # [r, K or 1, C]
