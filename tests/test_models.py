@@ -347,6 +347,12 @@ def test_demo_runs_and_writes_results(tmp_path):
         assert res["png"].stat().st_size > 1000
     assert any("demo settings" in m for m in logs)
 
+    # a time budget stops between whole prompt rounds (the first round always runs)
+    cfg.time_budget_s, cfg.out_dir = 1e-9, str(tmp_path / "budget")
+    res = run_demo(cfg, log=logs.append, show_progress=False, models=(target, draft, char_tokenizer()))
+    assert {r["prompt"] for r in res["rows"]} == {"HumanEval/0"} and len(res["rows"]) == 3
+    assert any("time budget" in s for s in res["skipped"]) and res["settings"]["prompts"] == ["HumanEval/0"]
+
 
 def test_demo_cli_user_errors(capsys):
     from multidraft.cli import main

@@ -54,6 +54,8 @@ def register(subparsers) -> None:
     d.add_argument("--cache-dir", default=None, help="model cache directory")
     d.add_argument("--no-chat", action="store_true", help="feed the raw code prompt instead of the chat template")
     d.add_argument("--no-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    d.add_argument("--time-budget", type=float, default=480.0,
+                   help="seconds of decoding after which no new prompt round starts (default 480; 0 = none)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=run)
 
@@ -82,6 +84,7 @@ def run(args) -> int:
         target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
         depth=args.depth, ks=args.ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers,
         out_dir=args.out, cache_dir=args.cache_dir, chat=not args.no_chat, stop_at_eos=not args.no_eos,
+        time_budget_s=args.time_budget if args.time_budget else None,
     )
     try:
         res = run_demo(cfg, log=_eprint, show_progress=not args.no_progress)

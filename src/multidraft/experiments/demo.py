@@ -13,6 +13,10 @@ machine hit all methods alike. Per method the summary pools the prompts:
 ``block_efficiency = sum new tokens / sum target calls``, ``tokens_per_s = sum new tokens /
 sum seconds`` and ``speedup = tokens_per_s / tokens_per_s(target-only)``. Output: a JSONL
 file (a row per run and a summary row per method), a Markdown table and a PNG plot.
+
+``time_budget_s`` bounds the decoding time: before starting another prompt round the
+runner projects its cost from the rounds done and stops (saying so) if it would overrun;
+the first round always runs.
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ class DemoConfig:
     cache_dir: str | None = None
     chat: bool = True
     stop_at_eos: bool = True
+    time_budget_s: float | None = 480.0
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
@@ -73,6 +78,8 @@ class DemoConfig:
             raise ValueError(f"ks must be integers >= 2 (numbers of drafts for the multi-draft rows), got {self.ks!r}")
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ValueError(f"time_budget_s must be > 0 or None, got {self.time_budget_s!r}")
 
 
 def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> tuple[list[Method], list[str]]:
@@ -234,8 +241,18 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
     rows: list[dict] = []
     config = {k: v for k, v in asdict(cfg).items() if k != "extra"} | {"methods": settings["methods"]}
     runs = [(pi, m) for pi in range(len(encoded)) for m in methods]
+    stopped = None
+    t_loop = time.perf_counter()
     with JsonlWriter(jsonl, config, cfg.seed, kind="demo", skipped=skipped) as w:
         for pi, m in _progress(runs, total=len(runs), desc="demo", enabled=show_progress):
+            if m is methods[0] and pi > 0 and cfg.time_budget_s is not None:
+                # whole prompt rounds only, so every method sees the same prompts
+                per_round = (time.perf_counter() - t_loop) / pi
+                if time.perf_counter() - t_loop + per_round > cfg.time_budget_s:
+                    stopped = (f"time budget {cfg.time_budget_s:.0f} s: stopped after {pi} of {len(encoded)} "
+                               f"prompts ({per_round:.0f} s per prompt round)")
+                    log(f"demo {stopped}")
+                    break
             tid, ids = encoded[pi]
             g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + pi)
             r = md.generate(target, draft, ids, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
@@ -254,6 +271,9 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
         summary = summarize(rows, methods)
         for s in summary:
             w.write(kind="summary", **s)
+        if stopped:
+            skipped = skipped + [stopped]
+            settings["prompts"] = settings["prompts"][: len({r["prompt"] for r in rows})]
 
     elapsed = time.perf_counter() - t_start
     title = (f"multidraft demo: {len(prompts)} HumanEval prompts, {cfg.max_new_tokens} new tokens, "
