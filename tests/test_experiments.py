@@ -351,3 +351,26 @@ def test_cli_acceptance_end_to_end(alpha_ref, tiny, textfile, tmp_path, monkeypa
     assert calls == [1]
     assert read_jsonl(tmp_path / "acceptance.jsonl")[1] == rows
     assert main(["experiment", "acceptance", str(tmp_path), "--laws", "bogus", "--datasets", f"file:{textfile}"]) == 2
+
+
+def test_cli_blocks_tiny_models_resume(tiny, tmp_path, monkeypatch, capsys):
+    import multidraft.decoding.models as dm
+    from multidraft.cli import main
+
+    calls = []
+    monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: calls.append(1) or tiny)
+    argv = ["experiment", "blocks", str(tmp_path), "--prompts", "1", "--max-new-tokens", "6", "--max-prompt-tokens", "40", "--ks", "1,2",
+            "--depths", "1,2", "--verifiers", "naive,specinfer", "--laws", "iid", "--no-progress"]
+    assert main(argv) == 0
+    _, rows = read_jsonl(tmp_path / "blocks.jsonl")
+    cells = {(r["verifier"], r["K"], r["depth"]) for r in rows}
+    want = {("autoregressive", 0, 0)} | {
+        (n, k, d) for n in ("naive", "specinfer") for k in (1, 2) for d in (1, 2) if md.verifiers.get(n).supports("iid", k)
+    }
+    assert cells == want and ("specinfer", 2, 2) in want and ("naive", 2, 1) not in want
+    for r in rows:
+        assert r["new_tokens"] == 6 and r["target_calls"] >= 1
+        assert 1.0 <= r["block_efficiency"] <= r["depth"] + 1 if r["depth"] else r["block_efficiency"] == 1.0
+    assert "block efficiency" in capsys.readouterr().out
+    assert main(argv) == 0 and calls == [1]  # resumed: nothing left to run, models not reloaded
+    assert read_jsonl(tmp_path / "blocks.jsonl")[1] == rows

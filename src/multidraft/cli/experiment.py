@@ -118,6 +118,7 @@ def register(sub) -> None:
     b.add_argument("--depths", default="1,3", help="draft depths (default 1,3)")
     b.add_argument("--prompts", type=int, default=2, help="HumanEval prompts (default 2)")
     b.add_argument("--max-new-tokens", type=int, default=32)
+    b.add_argument("--max-prompt-tokens", type=int, default=None, help="keep only the last N prompt tokens")
     b.add_argument("--temperature", type=float, default=1.0)
     b.add_argument("--draft-temperature", type=float, default=None, help="default: --temperature")
     b.add_argument("--no-baseline", action="store_true", help="skip the target-only autoregressive baseline")
@@ -206,7 +207,7 @@ def run_blocks(args) -> int:
         args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=_list(args.laws, "--laws"),
         ks=_ks(args.ks), depths=_ks(args.depths, "--depths"), n_prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, draft_temperature=args.draft_temperature,
-        seed=args.seed, config=_config(args, names), baseline=not args.no_baseline, log=_log, progress=_progress(args),
+        top_k=args.top_k, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, config=_config(args, names), baseline=not args.no_baseline, log=_log, progress=_progress(args),
     )
     _, rows = read_jsonl(path)
     lines: list[str] = []

@@ -7,9 +7,8 @@ greedy) and K:
 * each verifier's acceptance ``P(output in drafts)`` by Rao-Blackwellised Monte Carlo:
   draw ``draws`` draft tuples from the law and average the *exact* conditional acceptance
   ``P(output in drafts | drafts)`` from ``v.output_distribution`` (plain Monte Carlo on
-  ``v.verify`` for a verifier without an exact output law), with the control variate
-  ``p(set of drafts)`` of known mean for iid and greedy drafts. The standard error is the
-  one of the mean over the stored positions, ``sqrt(sum_i var_i) / N``.
+  ``v.verify`` for a verifier without an exact output law). The standard error is the one
+  of the mean over the stored positions, ``sqrt(sum_i var_i / draws) / N``.
 
 One JSONL row per (dataset, temperatures, law, K, verifier) with ``verifier = "alpha*"``
 for the optimum. Finished rows are skipped on a rerun (``done_keys``).
@@ -72,30 +71,14 @@ def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:
     return torch.as_tensor(out, dtype=torch.float64).reshape(P.shape[:-1])
 
 
-def nss_mean(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor | None:
-    """Exact ``E[p(set of drafts)]`` per position ``[n]`` for iid and greedy drafts (None for wor).
-
-    iid: ``sum_x p(x) (1 - (1 - q(x))^K)``; greedy: ``p(T) + sum_{x not in T} p(x) q'(x)``.
-    """
-    if law == "iid":
-        return (P * (1.0 - (1.0 - Q) ** k)).sum(-1)
-    if law == "greedy":
-        g = make_law(Q, "greedy", k)
-        top = g.top_set()
-        return P.gather(-1, top).sum(-1) + (P * g.rest_probs()).sum(-1)
-    return None
-
-
 def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, generator: torch.Generator):
     """Per-position acceptance estimate and its variance ``([n], [n], estimator)``.
 
     P, Q ``[n, V]`` float64. The per-draw value is the exact conditional acceptance
     ``P(output in drafts | drafts)`` (Rao-Blackwell) when the verifier has an exact output
-    law, else the 0/1 outcome of ``verify``. For iid and greedy drafts the estimate uses the
-    control variate ``c = p(set of drafts)`` with its exact mean (:func:`nss_mean`):
-    ``mean(a) - beta (mean(c) - E c)``, ``beta = cov(a, c) / var(c)`` per position; the
-    variance returned is the one of the estimate (already divided by ``draws``).
-    Draws are taken in chunks of ``CHUNK_ELEMS`` float64 elements.
+    law, else the 0/1 outcome of ``verify``; the variance returned is the one of the
+    per-position mean (already divided by ``draws``). Draws are taken in chunks of
+    ``CHUNK_ELEMS`` float64 elements.
     """
     if draws < 2:
         raise ValueError(f"draws must be >= 2 (for a standard error), got {draws}")
@@ -103,36 +86,25 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
     law_obj = make_law(Q, law, k)
     exact = bool(getattr(v, "exact_output", True))
     chunk = max(1, min(draws, CHUNK_ELEMS // max(1, n * V)))
-    sa, sc, saa, scc, sac = (torch.zeros(n, dtype=torch.float64) for _ in range(5))
+    s1 = torch.zeros(n, dtype=torch.float64)
+    s2 = torch.zeros(n, dtype=torch.float64)
     done = 0
     while done < draws:
-        c_n = min(chunk, draws - done)
-        x = law_obj.sample(generator, num_samples=c_n)  # [c, n, K]
-        Pc = P.unsqueeze(0).expand(c_n, n, V)
-        Qc = Q.unsqueeze(0).expand(c_n, n, V)
+        c = min(chunk, draws - done)
+        x = law_obj.sample(generator, num_samples=c)  # [c, n, K]
+        Pc = P.unsqueeze(0).expand(c, n, V)
+        Qc = Q.unsqueeze(0).expand(c, n, V)
         if exact:
             out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
             a = acceptance_given(out, x)  # [c, n]
         else:
             a = (v.verify(Pc, Qc, x, generator, law=law).accepted_index >= 0).double()
-        c = acceptance_given(Pc, x)  # [c, n], p(set of drafts)
-        sa += a.sum(0)
-        sc += c.sum(0)
-        saa += (a * a).sum(0)
-        scc += (c * c).sum(0)
-        sac += (a * c).sum(0)
-        done += c_n
-    m_a, m_c = sa / draws, sc / draws
-    var_a = ((saa - draws * m_a * m_a) / (draws - 1)).clamp_min(0.0)
-    mu = nss_mean(P, Q, law, k)
-    if mu is None:
-        return m_a, var_a / draws, "rao-blackwell" if exact else "monte-carlo"
-    var_c = ((scc - draws * m_c * m_c) / (draws - 1)).clamp_min(0.0)
-    cov = (sac - draws * m_a * m_c) / (draws - 1)
-    beta = torch.where(var_c > 1e-300, cov / torch.where(var_c > 1e-300, var_c, 1.0), torch.zeros_like(cov))
-    est = m_a - beta * (m_c - mu)
-    var = (var_a - beta * cov).clamp_min(0.0) / draws
-    return est, var, ("rao-blackwell" if exact else "monte-carlo") + "+control-variate"
+        s1 += a.sum(0)
+        s2 += (a * a).sum(0)
+        done += c
+    mean = s1 / draws
+    var = ((s2 - draws * mean * mean) / (draws - 1)).clamp_min(0.0)
+    return mean, var / draws, "rao-blackwell" if exact else "monte-carlo"
 
 
 def _seed_for(seed: int, key: tuple) -> int:

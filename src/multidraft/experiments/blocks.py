@@ -3,14 +3,13 @@
 For each HumanEval prompt, verifier, draft law, K and depth, ``multidraft.generate`` decodes
 ``max_new_tokens`` tokens; one JSONL row per run with block efficiency (tokens per target
 forward pass), acceptance rate, target/draft calls and tokens/s. A target-only
-autoregressive run (Hugging Face ``generate`` with a KV cache, greedy) per prompt gives the
-tokens/s baseline (``verifier = "autoregressive"``, K = depth = 0).
+run of the same engine (``verifier=None``: one token per target call, KV cache) per prompt
+gives the tokens/s baseline (``verifier = "autoregressive"``, K = depth = 0).
 """
 from __future__ import annotations
 
 import gzip
 import json
-import time
 import zlib
 from pathlib import Path
 from typing import Callable, Sequence
@@ -60,16 +59,6 @@ def _encode(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor([list(ids)], dtype=torch.long)
 
 
-@torch.inference_mode()
-def _autoregressive(target, ids: torch.Tensor, max_new_tokens: int) -> tuple[int, float]:
-    t0 = time.perf_counter()
-    out = target.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-        min_new_tokens=max_new_tokens, pad_token_id=0,
-    )
-    return int(out.shape[-1] - ids.shape[-1]), time.perf_counter() - t0
-
-
 def run(
     run_dir: str | Path,
     *,
@@ -83,6 +72,9 @@ def run(
     max_new_tokens: int = 32,
     temperature: float = 1.0,
     draft_temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_prompt_tokens: int | None = None,
     seed: int = 0,
     config: dict,
     baseline: bool = True,
@@ -117,17 +109,21 @@ def run(
         it = todo if progress is None else progress(todo, total=len(todo), desc="blocks")
         for pid, text, (name, law, k, depth) in it:
             ids = _encode(tokenizer, text)
+            if max_prompt_tokens is not None:
+                ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
             base = {**_key((pid, text, (name, law, k, depth)), temperature), "prompt_tokens": int(ids.shape[-1])}
-            if name == "autoregressive":
-                n, secs = _autoregressive(target, ids, max_new_tokens)
-                w.write(**base, new_tokens=n, target_calls=n, draft_calls=0, block_efficiency=1.0,
-                        acceptance_rate=None, seconds=secs, tokens_per_s=n / secs if secs > 0 else None)
-                continue
             g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(f"{pid}|{name}|{law}|{k}|{depth}".encode())) % (2**63 - 1))
+            if name == "autoregressive":
+                res = generate(target, None, ids, verifier=None, temperature=temperature, top_k=top_k, top_p=top_p,
+                               max_new_tokens=max_new_tokens, generator=g)
+                w.write(**base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=0,
+                        block_efficiency=float(res.block_efficiency), acceptance_rate=None, seconds=float(res.seconds),
+                        tokens_per_s=float(res.tokens_per_s))
+                continue
             res = generate(
                 target, draft, ids, verifier=name, drafts=k, depth=depth, draft_law=law,
                 temperature=temperature, draft_temperature=draft_temperature if draft_temperature is not None else temperature,
-                max_new_tokens=max_new_tokens, generator=g,
+                top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, generator=g,
             )
             w.write(
                 **base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=int(res.draft_calls),
