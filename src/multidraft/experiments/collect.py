@@ -196,8 +196,11 @@ def collect(
             paths[(ds, tt, td)] = path
             if path.exists():
                 old = store.load(path).info.get("settings", {})
-                if old != json.loads(json.dumps(settings)):
-                    diff = sorted(k for k in set(old) | set(settings) if old.get(k) != json.loads(json.dumps(settings)).get(k))
+                want = json.loads(json.dumps(settings))
+                # a store made for a larger k_max serves any smaller one
+                diff = sorted(k for k in set(old) | set(want) if old.get(k) != want.get(k)
+                              and not (k == "k_max" and isinstance(old.get(k), int) and old[k] >= want[k]))
+                if diff:
                     raise ValueError(
                         f"run directory {run_dir}: {path.name} was collected with different settings ({', '.join(diff)}); "
                         "use a new run directory or the same settings"

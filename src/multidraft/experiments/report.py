@@ -80,11 +80,13 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         laws = [law for law in ("iid", "wor", "greedy") if any(k[0] == law for k in by)]
         ks = sorted({r["K"] for r in grp})
         names = _verifier_order(grp)
-        sd = next((by[(law, 1, "naive")] for law in laws if (law, 1, "naive") in by), None)
+        # single-draft SD: its acceptance sum_x min(p, q) is exactly alpha* at K = 1 (any law)
+        sd = next((by[(law, 1, ALPHA)] for law in laws if (law, 1, ALPHA) in by), None)
+        sd = sd or next((by[(law, 1, "naive")] for law in laws if (law, 1, "naive") in by), None)
         n_pos = max(r.get("n_positions", 0) for r in grp)
         lines.append(
             f"{n_pos} positions. Cells: mean acceptance ± Monte-Carlo standard error "
-            f"(gap to alpha* in percent of alpha*). Single-draft SD (naive, K = 1): "
+            f"(gap to alpha* in percent of alpha*). Single-draft SD acceptance sum min(p, q) (= alpha* at K = 1): "
             f"{_num(sd['mean']) if sd else '-'}.\n"
         )
         for law in laws:
@@ -267,7 +269,8 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    make_plots = make_plots and plots.available()
+    no_mpl = make_plots and not plots.available()
+    make_plots = make_plots and not no_mpl
     lines = ["# multidraft experiment report\n"]
     meta = next((m for m, _ in run.values() if m), None) or {}
     cfg = meta.get("config", {})
@@ -284,7 +287,6 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     lines.append("")
     findings: list[str] = []
     if "acceptance.jsonl" in run:
-        lines.insert(1, "")
         body: list[str] = ["## Acceptance vs number of drafts\n"]
         findings = _acceptance_section(run["acceptance.jsonl"][1], out, make_plots, body)
         lines += ["## Findings\n"] + findings + body
@@ -294,7 +296,7 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     if "blocks.jsonl" in run:
         lines.append("## End-to-end block efficiency\n")
         _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines)
-    if not make_plots:
+    if no_mpl:
         lines.append("_(plots skipped: matplotlib is not installed; `pip install multidraft[plots]`)_\n")
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
