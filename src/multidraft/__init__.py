@@ -9,9 +9,11 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import drafts, verifiers, exact  # noqa: E402
+from . import limits  # noqa: E402
 from .exact import certify  # noqa: E402
+from .limits import optimal_acceptance  # noqa: E402
 
-__all__ = ["drafts", "verifiers", "exact", "certify", "__version__"]
+__all__ = ["drafts", "verifiers", "exact", "limits", "certify", "optimal_acceptance", "__version__"]
 
 
 def __getattr__(name):  # lazy: ``import multidraft`` never imports the decoder or transformers

@@ -1,0 +1,273 @@
+r"""Exact optimal acceptance at any vocabulary size through the transport dual.
+
+For any draft law Q over K-tuples and target p (Hu et al. 2025, the dual of the coupling
+LP; a max-flow/min-cut argument):
+
+    alpha* = 1 + min_H [ p(H) - Q(all K drafts in H) ]          over token sets H.
+
+* ``iid``: Q(all in H) = q(H)^K.  The objective p(H) - f(q(H)) with f convex is minimised
+  by a prefix of the tokens sorted by q/p decreasing (exchange argument; ties are whole
+  blocks), so alpha* costs one sort and a prefix scan.
+* ``greedy``: Q(all in H) = [T in H] q'(H) with top set T and q' = q restricted to the
+  rest and renormalised, so alpha* = p(T) + sum_{x not in T} min(p(x), q'(x)).
+* ``wor``: Q(all K in H) is evaluated exactly along the sorted prefixes through the
+  exponential race: with arrival rates q_x and r = q(outside H),
+  Q(H) = int_0^inf r e^{-rt} P(N_H(t) >= K) dt, where N_H(t) counts H-tokens arrived by
+  t (a Poisson-binomial updated token by token along the prefix, in nonnegative
+  arithmetic). The integral is a trapezoid rule in s = log t, whose error for this entire
+  integrand decays like exp(-pi^2 / h) (h = 0.25: below 1e-16); the two tails are cut
+  where proven bounds put them below 1e-16. Prefixes that cannot be the minimum (by the
+  bounds q(H)^K >= Q(H) >= prod_i (q(H) - M_i)/(1 - M_i), M_i the i largest q) are not
+  evaluated. That the minimiser is a sorted prefix is checked against the LP in the tests.
+* ``independent``: Q(all in H) = prod_j q_j(H). The sorted-prefix rule is NOT exact
+  (counterexamples in tests/test_limits.py), so the submodular objective is minimised
+  exactly by lattice pruning (x joins every minimiser when its marginal at the current
+  lower set is < 0, leaves every minimiser when its marginal at the upper set is > 0) and
+  branch and bound on what remains, bounded by f(A) + sum of marginals at the upper set.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._validate import as_probs
+from ..drafts import DraftLaw
+
+__all__ = ["optimal_acceptance", "prefix_order", "dual_objective"]
+
+_TRAP_H = 0.25          # trapezoid step in log t
+_TAIL = 1e-16           # mass left in each cut tail
+_ONE_TOL = 1e-15        # prefixes whose 1 - Q is proven below this count as Q = 1
+
+
+def _check(p, law):
+    if not isinstance(law, DraftLaw):
+        raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
+    p = as_probs(p, "p").double()
+    if p.shape[-1] != law.V:
+        raise ValueError(f"p has V = {p.shape[-1]} but the law has V = {law.V}")
+    try:
+        batch = torch.broadcast_shapes(p.shape[:-1], law.batch_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"p has batch shape {tuple(p.shape[:-1])}, not broadcastable with the law's {tuple(law.batch_shape)}"
+        ) from None
+    return p.expand(*batch, p.shape[-1]), batch
+
+
+def prefix_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Token order by q/p decreasing: p = 0 < q first (ratio inf), q = 0 last. p, q ``[..., V]``."""
+    ratio = torch.where(p > 0, q / torch.where(p > 0, p, 1.0), torch.where(q > 0, torch.inf, 0.0))
+    return torch.sort(ratio, dim=-1, descending=True, stable=True).indices
+
+
+def dual_objective(p, law, H) -> torch.Tensor:
+    """p(H) - Q(all K drafts in H) for a token set H (bool ``[..., V]``), by enumeration (small V)."""
+    tuples, probs = law.enumerate()
+    H = torch.as_tensor(H, dtype=torch.bool)
+    return p.double()[H].sum() - probs[H[tuples].all(-1)].sum()
+
+
+def _mask_from_prefix(order: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Bool ``[..., V]``: tokens among the first n[...] of each row's order."""
+    V = order.shape[-1]
+    ranks = torch.arange(V, device=order.device).expand_as(order)
+    inprefix = ranks < n.unsqueeze(-1)
+    return torch.zeros_like(inprefix).scatter(-1, order, inprefix)
+
+
+def _iid(p, q, K):
+    order = prefix_order(p, q)
+    cp = torch.cumsum(p.gather(-1, order), -1)
+    cq = torch.cumsum(q.gather(-1, order), -1).clamp(max=1.0)
+    g = cp - cq**K
+    gmin, arg = g.min(-1)
+    best = gmin.clamp(max=0.0)
+    n = torch.where(gmin < 0, arg + 1, torch.zeros_like(arg))
+    return 1.0 + best, _mask_from_prefix(order, n)
+
+
+def _greedy(p, law):
+    K = law.k
+    if K == 1:
+        return _iid(p, law.q.double().expand_as(p), 1)
+    T = law.top_set().expand(*p.shape[:-1], K - 1)
+    qr = law.rest_probs().expand_as(p)
+    inT = torch.zeros_like(p, dtype=torch.bool).scatter(-1, T, True)
+    alpha = p.gather(-1, T).sum(-1) + torch.where(inT, 0.0, torch.minimum(p, qr)).sum(-1)
+    H = inT | (qr > p)
+    return alpha.clamp(max=1.0), H
+
+
+# ---- without replacement ---------------------------------------------------------------
+def _wor(p, law):
+    K = law.k
+    q = law.q.double().expand_as(p)
+    if K == 1:
+        return _iid(p, q, 1)
+    batch = p.shape[:-1]
+    V = p.shape[-1]
+    P = p.reshape(-1, V)
+    Qd = q.reshape(-1, V)
+    B = P.shape[0]
+    order = prefix_order(P, Qd)
+    ps = P.gather(-1, order)
+    qs = Qd.gather(-1, order)
+    cp = torch.cumsum(ps, -1)
+    # mass outside each prefix, as a suffix sum (no cancellation near 1)
+    r = torch.flip(torch.cumsum(torch.flip(qs, [-1]), -1), [-1])
+    r = torch.cat([r[:, 1:], torch.zeros(B, 1, dtype=r.dtype)], -1).clamp(min=0.0)  # r[n-1] = q(outside H_n)
+    cq = (1.0 - r).clamp(0.0, 1.0)
+    top = torch.topk(Qd, K - 1, dim=-1).values  # [B, K-1]
+    M = torch.cat([torch.zeros(B, 1, dtype=top.dtype), torch.cumsum(top, -1)], -1)  # M_0..M_{K-1}
+    # bounds on Q along prefixes: lower = prod_i (cq - M_i)/(1 - M_i), upper = cq^K
+    den = (1.0 - M).clamp_min(1e-300)
+    lowQ = ((cq.unsqueeze(-1) - M.unsqueeze(-2)).clamp_min(0.0) / den.unsqueeze(-2)).prod(-1)
+    lowQ = torch.where(r <= 0, torch.ones_like(lowQ), lowQ)
+    upper_g = (cp - lowQ).amin(-1).clamp(max=0.0)  # an achievable value (upper bound on the min)
+    lower_g = cp - cq**K                            # g(n) >= this
+    cand = lower_g <= upper_g.unsqueeze(-1) + 1e-15
+    cand &= qs > 0  # adding a q = 0 token only adds p
+    idx = torch.arange(V).expand(B, V)
+    n_max = int(torch.where(cand, idx + 1, torch.zeros_like(idx)).amax()) if V else 0
+    # prefixes proven to have Q within _ONE_TOL of 1
+    one = (K * r / (1.0 - M[:, -1:]).clamp_min(1e-300)) <= _ONE_TOL
+    g = torch.full((B, V), math.inf, dtype=torch.float64)
+    if n_max > 0:
+        need = cand[:, :n_max] & ~one[:, :n_max]
+        rr = torch.where(need, r[:, :n_max], torch.ones_like(r[:, :n_max]))
+        r_min = float(rr.amin()) if bool(need.any()) else 1.0
+        s_lo = math.log(_TAIL * math.factorial(K + 1)) / (K + 1)
+        s_hi = math.log(-math.log(_TAIL) / r_min)
+        s = torch.arange(s_lo, s_hi + _TRAP_H, _TRAP_H, dtype=torch.float64)
+        t = s.exp()  # [M]
+        state = torch.zeros(B, t.numel(), K, dtype=torch.float64)  # P(N = j), j < K
+        state[..., 0] = 1.0
+        gvals = []
+        for n in range(n_max):
+            e = torch.exp(-qs[:, n : n + 1] * t)  # [B, M] P(token n not arrived by t)
+            shifted = torch.cat([torch.zeros_like(state[..., :1]), state[..., :-1]], -1)
+            state = state * e.unsqueeze(-1) + shifted * (1.0 - e).unsqueeze(-1)
+            below = state.sum(-1).clamp(0.0, 1.0)  # P(N_H(t) < K)  [B, M]
+            rn = r[:, n : n + 1]
+            w = rn * t * torch.exp(-rn * t) * _TRAP_H  # [B, M]
+            Qn = (w * (1.0 - below)).sum(-1) + torch.exp(-rn[:, 0] * t[-1])
+            gvals.append(cp[:, n] - Qn.clamp(0.0, 1.0))
+        gex = torch.stack(gvals, -1)
+        gex = torch.where(one[:, :n_max], cp[:, :n_max] - 1.0, gex)
+        g[:, :n_max] = torch.where(cand[:, :n_max], gex, g[:, :n_max])
+    g = torch.where(one & cand, cp - 1.0, g)
+    gmin, arg = g.min(-1)
+    n = torch.where(gmin < 0, arg + 1, torch.zeros_like(arg))
+    alpha = 1.0 + gmin.clamp(max=0.0)
+    H = _mask_from_prefix(order, n)
+    return alpha.reshape(batch), H.reshape(*batch, V)
+
+
+# ---- independent drafts: exact submodular minimisation -------------------------------
+def _indep_row(p, qs):
+    """min_H p(H) - prod_j qs_j(H) for one row. p [V], qs [K, V]. Returns (value, H bool [V])."""
+    V = p.shape[-1]
+    qT = qs.T.contiguous()  # [V, K]
+
+    def f(mask):
+        return p[mask].sum() - qT[mask].sum(0).prod()
+
+    def marg_lower(c, xs):  # Delta(x | set with sums c), xs [n]
+        return p[xs] - ((c + qT[xs]).prod(-1) - c.prod())
+
+    def marg_upper(c, xs):  # Delta(x | upper set minus x)
+        return p[xs] - (c.prod() - (c - qT[xs]).clamp_min(0.0).prod(-1))
+
+    def prune(A, Bm):
+        while True:
+            U = (Bm & ~A).nonzero().squeeze(-1)
+            if U.numel() == 0:
+                return A, Bm, U
+            cA = qT[A].sum(0)
+            cB = qT[Bm].sum(0)
+            add = marg_lower(cA, U) < 0
+            drop = marg_upper(cB, U) > 0
+            if not bool(add.any()) and not bool(drop.any()):
+                return A, Bm, U
+            A = A.clone()
+            Bm = Bm.clone()
+            A[U[add]] = True
+            Bm[U[drop & ~add]] = False
+
+    # incumbent: the best sorted prefix by the mean draft distribution (or the empty set)
+    best_mask = torch.zeros(V, dtype=torch.bool)
+    best = torch.tensor(0.0, dtype=torch.float64)
+    order = prefix_order(p, qs.mean(0))
+    gpre = torch.cumsum(p[order], 0) - torch.cumsum(qT[order], 0).prod(-1)
+    i = int(gpre.argmin())
+    if float(gpre[i]) < 0.0:
+        best = gpre[i]
+        best_mask = _mask_from_prefix(order, torch.tensor(i + 1))
+    stack = [(torch.zeros(V, dtype=torch.bool), torch.ones(V, dtype=torch.bool))]
+    nodes = 0
+    while stack:
+        A, Bm = stack.pop()
+        A, Bm, U = prune(A, Bm)
+        nodes += 1
+        fA = f(A)
+        if fA < best:
+            best, best_mask = fA, A
+        if U.numel() == 0:
+            continue
+        fB = f(Bm)
+        if fB < best:
+            best, best_mask = fB, Bm
+        cB = qT[Bm].sum(0)
+        mu = marg_upper(cB, U)
+        if float(fA + mu.clamp(max=0.0).sum()) >= float(best) - 1e-15:
+            continue
+        x = U[int(mu.argmin())]
+        A2 = A.clone()
+        A2[x] = True
+        B2 = Bm.clone()
+        B2[x] = False
+        stack.append((A, B2))
+        stack.append((A2, Bm))
+    return best.clamp(max=0.0), best_mask
+
+
+def _independent(p, law):
+    qs = law.q.double()
+    K, V = qs.shape[-2], qs.shape[-1]
+    if K == 1:
+        return _iid(p, qs[..., 0, :].expand_as(p), 1)
+    batch = p.shape[:-1]
+    P = p.reshape(-1, V)
+    Q = qs.expand(*batch, K, V).reshape(-1, K, V)
+    vals, masks = [], []
+    for i in range(P.shape[0]):
+        v, m = _indep_row(P[i], Q[i])
+        vals.append(v)
+        masks.append(m)
+    alpha = 1.0 + torch.stack(vals)
+    return alpha.reshape(batch), torch.stack(masks).reshape(*batch, V)
+
+
+def optimal_acceptance(p, law: DraftLaw, *, return_set: bool = False):
+    """Exact alpha* = 1 + min_H [p(H) - Q(all K drafts in H)] for the law, any V.
+
+    p is ``[..., V]`` (broadcast against the law's batch shape). Returns a float for an
+    unbatched problem, else a float64 tensor ``[...]``; with ``return_set=True`` also the
+    minimising set H (bool ``[..., V]``), a certificate: ``1 + p(H) - Q(all in H)`` is alpha*.
+    """
+    p, batch = _check(p, law)
+    if law.kind == "iid":
+        alpha, H = _iid(p, law.q.double().expand_as(p), law.k)
+    elif law.kind == "greedy":
+        alpha, H = _greedy(p, law)
+    elif law.kind == "wor":
+        alpha, H = _wor(p, law)
+    elif law.kind == "independent":
+        alpha, H = _independent(p, law)
+    else:  # pragma: no cover
+        raise ValueError(f"law: unknown draft law kind {law.kind!r}")
+    alpha = alpha.clamp(0.0, 1.0)
+    out = float(alpha) if len(batch) == 0 else alpha
+    return (out, H) if return_set else out

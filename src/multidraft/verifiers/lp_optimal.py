@@ -1,0 +1,74 @@
+"""The exact optimal coupling from the linear program (small V): the reference optimum."""
+from __future__ import annotations
+
+import torch
+
+from . import register
+from ._residual import inverse_cdf
+from .base import Verifier
+
+
+def _law(q: torch.Tensor, kind: str, K: int):
+    from .. import drafts as D
+
+    if kind == "iid":
+        return D.iid(q, K)
+    if kind == "wor":
+        return D.without_replacement(q, K)
+    if kind == "greedy":
+        return D.greedy(q, K)
+    return D.independent(q if q.ndim == 2 else q.unsqueeze(0).expand(K, q.shape[-1]))
+
+
+@register
+class LPOptimal(Verifier):
+    r"""Optimal coupling of draft tuples and the target, solved as a linear program.
+
+    .. math:: \max_\pi \sum_t \sum_{y \in t} \pi(t, y) \quad\text{s.t.}\quad
+              \sum_y \pi(t, y) = P(t),\ \sum_t \pi(t, y) = p(y),\ \pi \ge 0,
+
+    over all tuples t of the draft law (Hu et al. 2025, optimal transport form; Sun et al.
+    2023). Given drafts t it outputs y with probability :math:`\pi(t, y)/P(t)`, so the
+    output law is p and the acceptance is :math:`\alpha^*`. The LP has about V^K rows: small
+    V only. The solution is cached per (p, q, law kind, K) instance.
+    """
+
+    name = "lp_optimal"
+    laws = ("iid", "wor", "greedy", "independent")
+
+    def _rows(self, p, q, drafts, law):
+        # p [N, V] or [V], q [N, V] / [N, K, V], drafts [N, K] -> conditional laws [N, V]
+        from ..limits.lp import coupling_rows, solve_coupling
+
+        V, K = p.shape[-1], drafts.shape[-1]
+        P = p.reshape(-1, V)
+        Qf = q.reshape(P.shape[0], *q.shape[p.ndim - 1 :])
+        D = drafts.reshape(-1, K)
+        out = torch.empty(P.shape[0], V, dtype=torch.float64)
+        groups: dict = {}
+        for i in range(P.shape[0]):
+            key = (P[i].numpy().tobytes(), Qf[i].numpy().tobytes())
+            groups.setdefault(key, []).append(i)
+        for rows in groups.values():
+            i0 = rows[0]
+            lawobj = _law(Qf[i0].double(), law, K)
+            sol = solve_coupling(P[i0].double(), lawobj)
+            cond = coupling_rows(sol)  # [N_tuples, V]
+            Vb = V + 1
+            keys = (sol.tuples * Vb ** torch.arange(K - 1, -1, -1)).sum(-1)
+            sorted_keys, perm = torch.sort(keys)
+            idx = torch.tensor(rows)
+            want = (D[idx] * Vb ** torch.arange(K - 1, -1, -1)).sum(-1)
+            pos = torch.searchsorted(sorted_keys, want).clamp(max=sorted_keys.numel() - 1)
+            if bool((sorted_keys[pos] != want).any()):
+                raise ValueError("drafts: a draft tuple has probability 0 under the draft law")
+            out[idx] = cond[perm[pos]]
+        return out.reshape(*p.shape[:-1], V)
+
+    def _output_distribution(self, p, q, drafts, law):
+        return self._rows(p, q, drafts, law)
+
+    def _verify(self, p, q, drafts, g, law):
+        rows = self._rows(p.double(), q.double(), drafts, law).reshape(-1, p.shape[-1])
+        u = torch.rand(rows.shape[0], generator=g, dtype=torch.float64)
+        return inverse_cdf(rows, u).reshape(p.shape[:-1])
