@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # subcommand modules, in help order
-COMMANDS: list[str] = ["compare", "experiment", "report", "decode", "demo"]
+COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "decode", "demo"]
 
 
 class UserError(Exception):

@@ -1,0 +1,113 @@
+"""``multidraft bound``: the optimal acceptance alpha* for each draft law and K."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+LAWS = ("iid", "wor", "greedy", "independent")
+
+
+def register(sub) -> None:
+    ap = sub.add_parser(
+        "bound",
+        help="optimal acceptance alpha* (the ceiling of every verifier) per draft law and K",
+        description=(
+            "Read a target distribution p and a draft distribution q (.npy probability vectors, or logit "
+            "vectors with --logits and a temperature) and print the exact optimal acceptance alpha* for "
+            "each draft law and K, computed by the transport dual at full vocabulary size. A 2-D q of "
+            "shape [K, V] also gives the 'independent' law (draft j from row j); the other laws then use row 0."
+        ),
+    )
+    ap.add_argument("--p", metavar="P.npy", required=True, help="target: 1-D .npy of probabilities (or logits)")
+    ap.add_argument("--q", metavar="Q.npy", required=True, help="draft: 1-D [V] or 2-D [K, V] .npy of probabilities (or logits)")
+    ap.add_argument("--logits", action="store_true", help="the files hold logits: p = softmax(logits / temperature)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="temperature for --logits (default 1.0)")
+    ap.add_argument("--draft-temperature", type=float, default=None, help="temperature for the draft logits (default: --temperature)")
+    ap.add_argument("--k-max", type=int, default=8, help="largest K (default 8)")
+    ap.add_argument("--laws", default="iid,wor,greedy,independent", help="comma-separated laws (default all four)")
+    ap.add_argument("--show-set", action="store_true", help="also print the minimising token set H (the certificate)")
+    ap.add_argument("--max-set", type=int, default=20, help="print at most this many token ids of each set (default 20)")
+    ap.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
+    ap.set_defaults(func=run)
+
+
+def _load(path: str, name: str, logits: bool, temperature: float) -> torch.Tensor:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(f"--{name}: cannot read {path!r} as a .npy array ({exc})") from None
+    x = torch.as_tensor(np.asarray(arr, dtype=np.float64))
+    if logits:
+        if not temperature > 0:
+            raise ValueError(f"temperature for --{name} must be > 0, got {temperature}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"--{name}: logits contain NaN or inf")
+        x = torch.softmax(x / temperature, -1)
+    return x
+
+
+def run(args) -> int:
+    from ..drafts import greedy, iid, independent, without_replacement
+    from ..limits import optimal_acceptance
+
+    laws = tuple(x.strip() for x in args.laws.split(",") if x.strip())
+    for law in laws:
+        if law not in LAWS:
+            raise ValueError(f"--laws: unknown law {law!r}; choose from {', '.join(LAWS)}")
+    if args.k_max < 1:
+        raise ValueError(f"--k-max must be >= 1, got {args.k_max}")
+    dt = args.temperature if args.draft_temperature is None else args.draft_temperature
+    p = _load(args.p, "p", args.logits, args.temperature)
+    q = _load(args.q, "q", args.logits, dt)
+    if p.ndim != 1:
+        raise ValueError(f"--p must be a 1-D vector [V], got shape {tuple(p.shape)}")
+    if q.ndim not in (1, 2) or q.shape[-1] != p.shape[-1]:
+        raise ValueError(f"--q must be [V] or [K, V] with V = {p.shape[-1]}, got shape {tuple(q.shape)}")
+    qs = q if q.ndim == 2 else None
+    q1 = q[0] if q.ndim == 2 else q
+    nnz = int((q1 > 0).sum())
+    rows = []
+    for k in range(1, args.k_max + 1):
+        row = {"k": k}
+        for law in laws:
+            if law == "iid":
+                L = iid(q1, k)
+            elif law in ("wor", "greedy"):
+                if k > nnz:
+                    row[law] = None
+                    continue
+                L = without_replacement(q1, k) if law == "wor" else greedy(q1, k)
+            else:
+                if qs is None or k > qs.shape[0]:
+                    row[law] = None
+                    continue
+                L = independent(qs[:k])
+            a, H = optimal_acceptance(p, L, return_set=True)
+            row[law] = a
+            if args.show_set:
+                ids = torch.nonzero(H).flatten().tolist()
+                row[f"{law}_set_size"] = len(ids)
+                row[f"{law}_set"] = ids[: args.max_set]
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"V": int(p.shape[-1]), "laws": list(laws), "rows": rows}))
+        return 0
+    print(f"optimal acceptance alpha* (V = {p.shape[-1]}, 1 - TV = {1 - 0.5 * float((p - q1).abs().sum()):.6f})")
+    head = "  K " + "".join(f"{law:>13}" for law in laws)
+    print(head)
+    for row in rows:
+        cells = "".join(f"{row[law]:13.6f}" if row[law] is not None else f"{'-':>13}" for law in laws)
+        print(f"{row['k']:>3} {cells}")
+    if args.show_set:
+        print("\nminimising sets H (alpha* = 1 + p(H) - Q(all K drafts in H)):")
+        for row in rows:
+            for law in laws:
+                if row.get(law) is not None:
+                    ids = row[f"{law}_set"]
+                    more = row[f"{law}_set_size"] - len(ids)
+                    print(f"  K={row['k']} {law}: |H| = {row[f'{law}_set_size']}  {ids}" + (f" ... (+{more})" if more > 0 else ""))
+    return 0
