@@ -177,22 +177,21 @@ for _name in md.verifiers.names():
 @pytest.mark.parametrize("name,law", SLOW_CASES)
 def test_two_token_law_every_verifier_slow(small_pair, name, law):
     v = md.verifiers.get(name)
-    _law_case(small_pair, 1500, 100 + len(name), verifier=name, drafts=_k_for(v), depth=2, draft_law=law,
+    _law_case(small_pair, 1200, 100 + len(name), verifier=name, drafts=_k_for(v), depth=2, draft_law=law,
               temperature=1.0, draft_temperature=1.5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kw", [
-    dict(tree="sequences", drafts=3, draft_law="iid"),
-    dict(tree=[[0], [1], [0, 0], [0, 1], [1, 0]], drafts=2, draft_law="wor"),
-    dict(drafts=2, draft_temperature=[0.7, 1.6]),
-    dict(drafts=2, draft_law="iid", top_k=5, top_p=0.9),
+@pytest.mark.parametrize("verifier,kw", [
+    ("specinfer", dict(tree="sequences", drafts=3, draft_law="iid")),
+    ("rrs_wor", dict(tree=[[0], [1], [0, 0], [0, 1], [1, 0]], drafts=2, draft_law="wor")),
+    ("specinfer", dict(drafts=2, draft_temperature=[0.7, 1.6])),
+    ("specinfer", dict(drafts=2, draft_law="iid", top_k=5, top_p=0.9)),
 ])
-def test_two_token_law_trees_and_processing_slow(small_pair, kw):
-    v = "specinfer" if "specinfer" in md.verifiers.names() else "nss"
-    if kw.get("draft_temperature") is not None and not md.verifiers.get(v).supports("independent", 2):
-        v = "nss"
-    _law_case(small_pair, 1500, 7, verifier=v, depth=2, temperature=1.0, **kw)
+def test_two_token_law_trees_and_processing_slow(small_pair, verifier, kw):
+    if verifier not in md.verifiers.names():
+        verifier = "nss"
+    _law_case(small_pair, 1200, 7, verifier=verifier, depth=2, temperature=1.0, **kw)
 
 
 # --- KV cache and tree attention ------------------------------------------------------------
