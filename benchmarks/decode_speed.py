@@ -7,7 +7,9 @@ hit all methods alike):
 * ``target-only``     multidraft.generate(verifier=None): the reference for every ratio;
 * ``hf-assisted``     transformers' own assisted generation, ``target.generate(...,
                       assistant_model=draft, do_sample=True)`` (its default dynamic number of
-                      assistant tokens); target calls are counted with a forward hook;
+                      assistant tokens); target calls are counted with a forward hook
+                      (all of them: its first call verifies candidates together with the
+                      prompt prefill, which multidraft.generate runs as a separate call);
 * ``SD naive K=1``    single-draft speculative decoding, a draft chain of depth L;
 * every multi-draft verifier at K = 2, 4 (full K-ary tree of depth L, its default law).
 
@@ -70,7 +72,9 @@ def hf_assisted(target, draft, ids, *, max_new_tokens, temperature, eos, pad, se
         t_calls.close()
         d_calls.close()
     new = int(out.shape[1] - ids.shape[1])
-    calls = max(t_calls.n - 1, 1)  # the prompt prefill excluded, as in multidraft.generate
+    # every target call counts: assisted generation verifies its first candidates in the same
+    # forward pass as the prompt prefill, so there is no separate prefill call to exclude
+    calls = max(t_calls.n, 1)
     return {"new_tokens": new, "target_calls": calls, "draft_calls": d_calls.n, "seconds": secs,
             "block_efficiency": new / calls, "acceptance_rate": float("nan"),
             "tokens_per_s": new / secs if secs > 0 else float("nan")}
