@@ -35,6 +35,6 @@ def get(name: str) -> Verifier:
 
 
 # registration order is the display order of tables
-from . import naive, nss, specinfer, rrs_wor, spechub, khisti_is, greedy_optimal, lp_optimal  # noqa: E402,F401
+from . import naive, nss, specinfer, rrs_wor, spectr, spechub, khisti_is, greedy_optimal, lp_optimal  # noqa: E402,F401
 
 __all__ = ["Verdict", "Verifier", "first_match", "per_draft", "register", "names", "get"]

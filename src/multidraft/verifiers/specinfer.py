@@ -66,59 +66,67 @@ def rrs_sample(p, q, drafts, u, u_res, wor: bool) -> torch.Tensor:
     B, V = p.shape
     K = drafts.shape[-1]
     per = q.ndim == 3
-    qk = per_draft(q, p, K)  # [B, K, V] (a view when shared)
     px = p.gather(-1, drafts).double()  # [B, K]
-    qx = qk.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).double()  # [B, K]
+    if per:
+        qx = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).double()  # [B, K]
+    else:
+        qx = q.gather(-1, drafts).double()  # [B, K]
     token = drafts[:, 0].clone()
     rej = (u[:, 0] * qx[:, 0] > px[:, 0]).nonzero().squeeze(-1)  # rows whose first draft is rejected
     if rej.numel() == 0:
         return token
     step = rows_per_chunk(V, 8)
+    wbuf = torch.empty(min(step, rej.numel()), V, dtype=torch.float64, device=p.device)
+    tbuf = torch.empty_like(wbuf)
     for s0 in range(0, rej.numel(), step):
         rows = rej[s0 : s0 + step]  # [r]
-        w = p.index_select(0, rows).double()  # [r, V] unnormalised residual, w = Z * p_i
-        Z = torch.ones(rows.numel(), 1, dtype=torch.float64, device=p.device)  # [r, 1]
+        n = rows.numel()
+        w = wbuf[:n]
+        w.copy_(p.index_select(0, rows))  # [r, V] unnormalised residual, w = Z * p_i
+        Z = torch.ones(n, 1, dtype=torch.float64, device=p.device)  # [r, 1]
         if wor:
             # q_i = q on the not-yet-drafted tokens over their mass D_i; D_1 = 1 (q as given)
-            sq = (q.index_select(0, rows) if not per else q[rows, 0]).sum(-1, keepdim=True, dtype=torch.float64)
+            sq = q.index_select(0, rows).sum(-1, keepdim=True, dtype=torch.float64)
             D = torch.ones_like(Z)
             drafted = torch.zeros_like(Z)
-        live = torch.arange(rows.numel(), device=p.device)  # positions in the chunk still undecided
+        live = rows  # rows of this chunk still undecided
         for i in range(1, K + 1):
-            # rejected round i-1 (0-based): subtract its draft distribution
-            qprev = qk[rows[live], i - 1]  # [n, V]
+            # round i-1 (0-based) was rejected: w <- (w - Z q_{i-1})+
+            qprev = q[live, i - 1] if per else q.index_select(0, live)  # [n, V]
             scale = Z / D if wor else Z
-            nxt = qprev * scale  # [n, V] float64
-            torch.sub(w, nxt, out=nxt).clamp_min_(0.0)
-            Zn = nxt.sum(-1, keepdim=True)
+            t = tbuf[: live.numel()]
+            t.copy_(qprev)
+            t.mul_(scale)
+            torch.sub(w, t, out=t).clamp_min_(0.0)
+            Zn = t.sum(-1, keepdim=True)
             keep = Zn > 0
-            if bool(keep.all()):
-                w, Z = nxt, Zn
-            else:  # rounding-level corner: p_i == q_i, keep p_i
-                w = torch.where(keep, nxt, w)
-                Z = torch.where(keep, Zn, Z)
+            if not bool(keep.all()):  # rounding-level corner: p_i == q_i, keep p_i
+                t.copy_(torch.where(keep, t, w))
+                Zn = torch.where(keep, Zn, Z)
+            w, t = t, w
+            wbuf, tbuf = tbuf, wbuf
+            Z = Zn
             if wor:
-                drafted = drafted + qx[rows[live], i - 1 : i]
+                drafted = drafted + qx[live, i - 1 : i]
                 D = sq - drafted
             if i == K:
                 break
             # round i: accept x_i with min(1, p_i(x_i) / q_i(x_i)), p_i(x) = w(x) / Z
-            r_live = rows[live]
-            x = drafts[r_live, i : i + 1]  # [n, 1]
+            x = drafts[live, i : i + 1]  # [n, 1]
             wx = w.gather(-1, x)
-            qix = qx[r_live, i : i + 1] / D if wor else qx[r_live, i : i + 1]
-            acc = (u[r_live, i : i + 1] * qix * Z <= wx).squeeze(-1)
+            qix = qx[live, i : i + 1] / D if wor else qx[live, i : i + 1]
+            acc = (u[live, i : i + 1] * qix * Z <= wx).squeeze(-1)
             if bool(acc.any()):
-                token[r_live[acc]] = x[acc, 0]
+                token[live[acc]] = x[acc, 0]
                 nk = ~acc
-                live, w, Z = live[nk], w[nk], Z[nk]
+                live, Z = live[nk], Z[nk]
                 if wor:
                     D, drafted, sq = D[nk], drafted[nk], sq[nk]
                 if live.numel() == 0:
                     break
+                w = w[nk]  # a compacted copy; the two buffers stay free for the next rounds
         if live.numel():
-            r_live = rows[live]
-            token[r_live] = inverse_cdf_blocked(w, u_res[r_live])
+            token[live] = inverse_cdf_blocked(w, u_res[live])
     return token
 
 

@@ -1,0 +1,168 @@
+"""Throughput of batched ``verify`` at LLM scale, against references measured in the same run.
+
+    .venv/bin/python benchmarks/verify_throughput.py [--batch 256] [--vocab 151936] [--k 4]
+
+For each of specinfer, rrs_wor, spectr and khisti_is (when registered): ms per batch of
+``verify`` with validate=True and validate=False, against (a) one ``torch.softmax`` over
+the same [B, V] logits (what the target already pays per step) and (b) a straightforward
+per-position Python loop of the same rule with early exit (research-repo style; written
+here, one per verifier). (p, q) pairs are realistic: q is a perturbed, tempered p, so
+most first drafts are accepted; the measured first-draft acceptance is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import multidraft as md
+
+
+# ---------------------------------------------------------------------------------------
+# per-position reference loops (float32 rows, scalar decisions, early exit)
+def loop_specinfer(p, q, drafts, g, wor=False):
+    B, K = drafts.shape
+    out = torch.empty(B, dtype=torch.long)
+    for b in range(B):
+        res, qb = p[b], q[b]
+        for i in range(K):
+            x = int(drafts[b, i])
+            if float(torch.rand((), generator=g)) * float(qb[x]) <= float(res[x]):
+                out[b] = x
+                break
+            res = (res - qb).clamp_min(0)
+            res = res / res.sum()
+            if wor:
+                qb = qb.clone()
+                qb[x] = 0
+                qb = qb / qb.sum()
+        else:
+            out[b] = int(torch.multinomial(res, 1, generator=g))
+    return out
+
+
+def loop_rrs_wor(p, q, drafts, g):
+    return loop_specinfer(p, q, drafts, g, wor=True)
+
+
+def _rho_bisect(pb, qb, K, steps=50):
+    lo, hi = 1.0, float(K)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        beta = float(torch.minimum(pb / mid, qb).sum())
+        if 1 - (1 - beta) ** K <= mid * beta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def loop_spectr(p, q, drafts, g):
+    B, K = drafts.shape
+    out = torch.empty(B, dtype=torch.long)
+    for b in range(B):
+        pb, qb = p[b], q[b]
+        rho = _rho_bisect(pb, qb, K)
+        for i in range(K):
+            x = int(drafts[b, i])
+            if float(torch.rand((), generator=g)) * rho * float(qb[x]) <= float(pb[x]):
+                out[b] = x
+                break
+        else:
+            m = torch.minimum(pb / rho, qb)
+            beta = float(m.sum())
+            gamma = (1 - (1 - beta) ** K) / beta if beta > 0 else K
+            res = (pb - gamma * m).clamp_min(0)
+            out[b] = int(torch.multinomial(res / res.sum(), 1, generator=g))
+    return out
+
+
+LOOPS = {"specinfer": loop_specinfer, "rrs_wor": loop_rrs_wor, "spectr": loop_spectr}
+LAWS = {"specinfer": "iid", "rrs_wor": "wor", "spectr": "iid", "khisti_is": "iid"}
+
+
+# ---------------------------------------------------------------------------------------
+def make_pair(B, V, seed, noise, temp):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, V, generator=g) * 2.5
+    logits[:, :64] += 6 * torch.rand(B, 64, generator=g)  # a peaked head, like an LLM step
+    p = torch.softmax(logits, -1)
+    q = torch.softmax((logits + noise * torch.randn(B, V, generator=g)) / temp, -1)
+    return logits, p, q
+
+
+def draw(law, q, K, g):
+    if law == "wor":
+        return md.drafts.without_replacement(q, K).sample(g)
+    return md.drafts.iid(q, K).sample(g)
+
+
+def timeit(fn, repeats):
+    fn()  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return 1e3 * ts[len(ts) // 2]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", "-B", type=int, default=256)
+    ap.add_argument("--vocab", "-V", type=int, default=151_936)
+    ap.add_argument("--k", "-K", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--loop-repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", type=float, default=0.6, help="std of the logit perturbation of q")
+    ap.add_argument("--temp", type=float, default=1.1, help="temperature of q")
+    ap.add_argument("--verifiers", default="specinfer,rrs_wor,spectr,khisti_is")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    args = ap.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    B, V, K = args.batch, args.vocab, args.k
+
+    logits, p, q = make_pair(B, V, args.seed, args.noise, args.temp)
+    tv = 0.5 * (p - q).abs().sum(-1)
+    print(f"B={B} V={V} K={K} threads={torch.get_num_threads()} seed={args.seed}")
+    print(f"first-draft acceptance 1 - TV(p, q): mean {float((1 - tv).mean()):.3f}")
+    t_soft = timeit(lambda: torch.softmax(logits, -1), args.repeats)
+    print(f"reference torch.softmax [B, V]: {t_soft:.1f} ms")
+    print()
+    header = f"{'verifier':<10} {'validate':>8} {'ms/batch':>9} {'/softmax':>9} {'loop ms':>9} {'/loop':>7} {'accept':>7}"
+    print(header)
+    print("-" * len(header))
+    have = md.verifiers.names()
+    for name in [s.strip() for s in args.verifiers.split(",") if s.strip()]:
+        if name not in have:
+            print(f"{name:<10} missing: not registered in multidraft.verifiers.names()")
+            continue
+        v = md.verifiers.get(name)
+        law = LAWS.get(name, "iid")
+        g = torch.Generator().manual_seed(args.seed + 1)
+        drafts = draw(law, q, K, g)
+        loop_ms = None
+        if name in LOOPS:
+            gl = torch.Generator().manual_seed(args.seed + 2)
+            loop_ms = timeit(lambda: LOOPS[name](p, q, drafts, gl), args.loop_repeats)
+        for validate in (True, False):
+            gv = torch.Generator().manual_seed(args.seed + 3)
+            res = {}
+
+            def run():
+                res["v"] = v.verify(p, q, drafts, generator=gv, law=law, validate=validate)
+
+            ms = timeit(run, args.repeats)
+            acc = float((res["v"].accepted_index >= 0).double().mean())
+            lp = f"{loop_ms:9.1f} {ms / loop_ms:7.2f}" if loop_ms else f"{'-':>9} {'-':>7}"
+            print(f"{name:<10} {str(validate):>8} {ms:9.1f} {ms / t_soft:9.3f} {lp} {acc:7.3f}")
+    if "khisti_is" in have:
+        print("(khisti_is: no per-position loop reference is written here; compare with softmax)")
+
+
+if __name__ == "__main__":
+    main()
