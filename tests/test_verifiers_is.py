@@ -159,7 +159,7 @@ def test_sampling_path_matches_exact_path(name, law_fn, k, kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,law_fn,k,kw", CASES, ids=[f"{c[0]}-K{c[2]}-{c[3]}" for c in CASES])
 def test_sampling_path_matches_exact_path_large(name, law_fn, k, kw):
-    _sampling_vs_exact(name, law_fn, k, 300_000, 99 + k, **kw)
+    _sampling_vs_exact(name, law_fn, k, 200_000, 99 + k, **kw)
 
 
 def test_khisti_batched_rows_differ():
