@@ -374,3 +374,24 @@ def test_cli_blocks_tiny_models_resume(tiny, tmp_path, monkeypatch, capsys):
     assert "block efficiency" in capsys.readouterr().out
     assert main(argv) == 0 and calls == [1]  # resumed: nothing left to run, models not reloaded
     assert read_jsonl(tmp_path / "blocks.jsonl")[1] == rows
+
+
+@pytest.mark.parametrize("law", ["iid", "wor", "greedy"])
+def test_relump_keeps_the_bound(law):
+    """A coarser lumping of a stored set (evaluation cap) still obeys the proved bound vs the full pair."""
+    K = 3
+    P, Q = zip(*[_pair(9, 200 + s, peaked=1.8) for s in range(3)])
+    P, Q = torch.stack(P), torch.stack(Q)
+    ps = store.from_rows(store.truncate(P, Q, eps=0.01, k_max=K), {"dataset": "s"})
+    coarse = store.relump(ps, eps=0.01, k_max=K, max_support=4)
+    assert int(coarse.support_sizes.max()) < int(ps.support_sizes.max())
+    assert bool((coarse.p_tail >= ps.p_tail - 1e-12).all())
+    Pl, Ql = store.lumped(coarse)
+    bound = store.alpha_bounds(Ql, coarse.p_tail, coarse.q_tail, law, K)
+    for i in range(3):
+        full = brute_alpha(P[i], acceptance.make_law(Q[i], law, K))
+        m = int(coarse.support_sizes[i])
+        Pi = torch.cat([Pl[i, :m], Pl[i, -1:]])
+        Qi = torch.cat([Ql[i, :m], Ql[i, -1:]])
+        lump = brute_alpha(Pi, acceptance.make_law(Qi, law, K))
+        assert abs(lump - full) <= float(bound[i]) + 1e-9

@@ -88,6 +88,8 @@ def _common(p, *, positions: bool = True) -> None:
         p.add_argument("--max-tokens", type=int, default=256, help="tokens per text, teacher-forced (default 256)")
         p.add_argument("--eps", type=float, default=1e-4, help="tail mass left out of the stored support (default 1e-4)")
         p.add_argument("--draws", type=int, default=200, help="draft tuples per position for Monte Carlo (default 200)")
+        p.add_argument("--eval-support", type=int, default=None, metavar="N",
+                       help="evaluate on at most N tokens per model and position (coarser lumping, bounds reported)")
 
 
 def register(sub) -> None:
@@ -161,7 +163,7 @@ def _evaluate(args, configs, ks, file: str) -> Path:
              f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= {float(ps.p_tail.max()):.3g} (iid, greedy)")
     path = acceptance.run(
         args.run_dir, stores, file=file, config=_config(args, names), seed=args.seed,
-        laws=laws, ks=ks, verifiers=verifiers, draws=args.draws, log=_log, progress=_progress(args),
+        laws=laws, ks=ks, verifiers=verifiers, draws=args.draws, eval_support=args.eval_support, log=_log, progress=_progress(args),
     )
     from ..experiments.records import read_jsonl
 

@@ -121,6 +121,7 @@ def evaluate(
     verifiers: Sequence[str] | None = None,
     draws: int = 200,
     seed: int = 0,
+    eval_support: int | None = None,
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> int:
@@ -133,6 +134,11 @@ def evaluate(
     }
     names = list(verifiers) if verifiers is not None else default_verifiers()
     vs = [_verifiers.get(n) for n in names]
+    if eval_support is not None:
+        k_cap = max(ks)
+        ps = store.relump(ps, eps=float(settings.get("eps") or 0.0), k_max=k_cap, max_support=int(eval_support))
+        log(f"{info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}: evaluated on at most {eval_support} tokens "
+            f"per model; tail mass now p <= {float(ps.p_tail.max()):.3g}, q <= {float(ps.q_tail.max()):.3g}")
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
     jobs = [(law, k) for law in laws for k in ks]
@@ -159,6 +165,7 @@ def evaluate(
                 sd_positions=float(alpha.std()) if alpha.numel() > 1 else 0.0, n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator="exact", lump_bound_mean=float(bound.mean()), lump_bound_max=float(bound.max()),
                 values=[round(float(a), 6) for a in alpha], seconds=time.perf_counter() - t0,
+                p_tail_max=float(ps.p_tail[idx].max()), q_tail_max=float(ps.q_tail[idx].max()), eval_support=eval_support,
             )
             done.add(key_a)
             written += 1

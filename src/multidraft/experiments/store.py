@@ -56,18 +56,25 @@ class PositionSet:
         return sum(t.numel() * t.element_size() for t in (self.ids, self.p, self.q, self.offsets, self.p_tail, self.q_tail))
 
 
-def _prefix_len(sorted_vals: torch.Tensor, eps: float) -> torch.Tensor:
-    """Per row, the smallest m with sum(sorted_vals[m:]) <= eps.  sorted_vals [R, V] descending."""
+def _prefix_len(sorted_vals: torch.Tensor, eps: float, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """Per row, the smallest m with offset + sum(sorted_vals[m:]) <= eps (or m = V).  sorted_vals [R, V] descending."""
     tail = sorted_vals.flip(-1).cumsum(-1).flip(-1)  # tail[m] = sum of entries m..V-1
-    ok = torch.cat([tail, torch.zeros_like(tail[:, :1])], -1) <= eps  # [R, V+1], monotone
+    tail = torch.cat([tail, torch.zeros_like(tail[:, :1])], -1)
+    if offset is not None:
+        tail = tail + offset.unsqueeze(-1)
+    ok = tail <= eps  # [R, V+1], monotone
+    ok[:, -1] = True
     return ok.to(torch.int8).argmax(-1)
 
 
-def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int = _MAX_SUPPORT):
+def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int = _MAX_SUPPORT,
+             p_offset: torch.Tensor | None = None, q_offset: torch.Tensor | None = None):
     """Supports and lumped values for full distributions.
 
-    p, q ``[R, V]`` float64 (rows normalised). Returns a list of R tuples
-    ``(ids int64 [m], p_S float64 [m], q_S float64 [m], p_tail, q_tail)``.
+    p, q ``[R, V]`` float64 (rows normalised, or summing to ``1 - offset`` when
+    ``p_offset``/``q_offset`` ``[R]`` give mass already lumped elsewhere). Returns a list of
+    R tuples ``(ids int64 [m], p_S float64 [m], q_S float64 [m], p_tail, q_tail)`` where the
+    tails ``1 - sum(p_S)`` include the offsets.
     """
     if p.shape != q.shape or p.ndim != 2:
         raise ValueError(f"target and draft probabilities must both be [R, V], got {tuple(p.shape)} and {tuple(q.shape)}")
@@ -77,12 +84,15 @@ def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_su
     k_max = max(1, min(int(k_max), V))
     ps, pi = torch.sort(p, dim=-1, descending=True, stable=True)
     qs, qi = torch.sort(q, dim=-1, descending=True, stable=True)
-    mp = _prefix_len(ps, eps)
+    mp = _prefix_len(ps, eps, p_offset)
     # q prefix: at least k_max, tail <= eps and tail < the (k_max-1)-th largest q
     qtail = torch.cat([qs.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(qs[:, :1])], -1)  # [R, V+1]
+    if q_offset is not None:
+        qtail = qtail + q_offset.unsqueeze(-1)
     kth = qs[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=qs.dtype)
     m_idx = torch.arange(V + 1).unsqueeze(0)
     okq = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (m_idx >= k_max)
+    okq[:, -1] = True
     mq = okq.to(torch.int8).argmax(-1)
     out = []
     for r in range(R):  # R is the number of sampled positions in one text (small)
@@ -110,6 +120,22 @@ def from_rows(rows, info: dict) -> PositionSet:
         q_tail=torch.tensor([r[4] for r in rows], dtype=torch.float64),
         info=dict(info),
     )
+
+
+def relump(ps: PositionSet, *, eps: float, k_max: int, max_support: int) -> PositionSet:
+    """A coarser lumping of a stored set: the old "other" token and everything dropped now
+    form the new tail (a lumping of a lumping is a lumping, so the bounds hold with the new
+    tails). Used to bound evaluation cost; the tails in force are reported."""
+    rows = []
+    for i in range(len(ps)):
+        a, b = int(ps.offsets[i]), int(ps.offsets[i + 1])
+        p, q = ps.p[a:b].double()[None], ps.q[a:b].double()[None]
+        (keep, pS, qS, pt, qt), = truncate(p, q, eps=eps, k_max=k_max, max_support=max_support,
+                                           p_offset=ps.p_tail[i : i + 1], q_offset=ps.q_tail[i : i + 1])
+        rows.append((ps.ids[a:b][keep].long(), pS, qS, max(pt, float(ps.p_tail[i])), max(qt, float(ps.q_tail[i]))))
+    info = dict(ps.info)
+    info["relumped"] = {"eps": eps, "max_support": max_support}
+    return from_rows(rows, info)
 
 
 def lumped(ps: PositionSet, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
