@@ -80,7 +80,7 @@ def _segments(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int):
     [lo, hi], f(lo) < 0 <= f(hi) (or lo == hi at the root)."""
     R, V = p.shape
     dev = p.device
-    nb = nbuckets
+    nb = int(min(nbuckets, max(4, V // 64)))  # about 64 breakpoints per bucket; fewer edges for small V
     r = _ratios(p, q)  # [R, V]
     scale = nb / (K - 1)
     b = ((r - 1) * scale).floor_().clamp_(-1, nb).add_(1).long()  # [R, V]: 0 (r < 1), k in 1..nb ([c_{k-1}, c_k)), nb+1 (r >= K)
