@@ -142,19 +142,26 @@ def _wor(p, law):
         s_hi = math.log(-math.log(_TAIL) / r_min)
         s = torch.arange(s_lo, s_hi + _TRAP_H, _TRAP_H, dtype=torch.float64)
         t = s.exp()  # [M]
-        state = torch.zeros(B, t.numel(), K, dtype=torch.float64)  # P(N = j), j < K
+        Mn = t.numel()
+        state = torch.zeros(B, Mn, K, dtype=torch.float64)  # P(N_H(t) = j), j < K
         state[..., 0] = 1.0
         gvals = []
-        for n in range(n_max):
-            e = torch.exp(-qs[:, n : n + 1] * t)  # [B, M] P(token n not arrived by t)
-            shifted = torch.cat([torch.zeros_like(state[..., :1]), state[..., :-1]], -1)
-            state = state * e.unsqueeze(-1) + shifted * (1.0 - e).unsqueeze(-1)
-            below = state.sum(-1).clamp(0.0, 1.0)  # P(N_H(t) < K)  [B, M]
-            rn = r[:, n : n + 1]
-            w = rn * t * torch.exp(-rn * t) * _TRAP_H  # [B, M]
-            Qn = (w * (1.0 - below)).sum(-1) + torch.exp(-rn[:, 0] * t[-1])
-            gvals.append(cp[:, n] - Qn.clamp(0.0, 1.0))
-        gex = torch.stack(gvals, -1)
+        chunk = max(1, (1 << 21) // max(1, B * Mn))
+        for n0 in range(0, n_max, chunk):
+            n1 = min(n_max, n0 + chunk)
+            E = torch.exp(-qs[:, n0:n1].unsqueeze(-1) * t)  # [B, C, M] P(token not arrived by t)
+            F = 1.0 - E
+            below = torch.empty(B, n1 - n0, Mn, dtype=torch.float64)
+            for c in range(n1 - n0):
+                e = E[:, c].unsqueeze(-1)
+                state[..., 1:] = state[..., 1:] * e + state[..., :-1] * F[:, c].unsqueeze(-1)
+                state[..., :1] *= e
+                below[:, c] = state.sum(-1)
+            rn = r[:, n0:n1].unsqueeze(-1)  # [B, C, 1]
+            w = rn * t * torch.exp(-rn * t) * _TRAP_H  # [B, C, M]
+            Qn = (w * (1.0 - below.clamp(0.0, 1.0))).sum(-1) + torch.exp(-rn[..., 0] * t[-1])
+            gvals.append(cp[:, n0:n1] - Qn.clamp(0.0, 1.0))
+        gex = torch.cat(gvals, -1)
         gex = torch.where(one[:, :n_max], cp[:, :n_max] - 1.0, gex)
         g[:, :n_max] = torch.where(cand[:, :n_max], gex, g[:, :n_max])
     g = torch.where(one & cand, cp - 1.0, g)
