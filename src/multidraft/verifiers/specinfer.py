@@ -75,6 +75,9 @@ def rrs_sample(p, q, drafts, u, u_res, wor: bool) -> torch.Tensor:
     rej = (u[:, 0] * qx[:, 0] > px[:, 0]).nonzero().squeeze(-1)  # rows whose first draft is rejected
     if rej.numel() == 0:
         return token
+    if not per:
+        _rrs_shared(p, q, drafts, u, u_res, wor, px, qx, rej, token)
+        return token
     step = rows_per_chunk(V, 8)
     wbuf = torch.empty(min(step, rej.numel()), V, dtype=torch.float64, device=p.device)
     tbuf = torch.empty_like(wbuf)
@@ -128,6 +131,64 @@ def rrs_sample(p, q, drafts, u, u_res, wor: bool) -> torch.Tensor:
         if live.numel():
             token[live] = inverse_cdf_blocked(w, u_res[live])
     return token
+
+
+def _rrs_shared(p, q, drafts, u, u_res, wor, px, qx, rej, token):
+    """Rounds 2..K and the residual draw for rows ``rej`` when all drafts share one q ``[B, V]``.
+
+    With one q the residual after any number of rejections is a single clipped line:
+    p_i = (p - C_i q)+ / Z_i with C_1 = 0, C_{i+1} = C_i + Z_i / D_i (D_i = mass of q_i;
+    1 with replacement, the undrafted mass of q without replacement, whose drafted tokens
+    already have p_i = 0). Proof: (p_i - q_i)+ Z_i = ((p - C_i q)+ - Z_i q / D_i)+ =
+    (p - C_{i+1} q)+ where p > C_i q, and both sides are 0 elsewhere. So a round is one
+    pass Z = sum (p - C q)+ over the row in the input precision (float32 or better), and nothing is carried between rounds but the scalars C, Z, D.
+    """
+    B, V = p.shape
+    K = drafts.shape[-1]
+    dt = torch.float64 if p.dtype == torch.float64 and q.dtype == torch.float64 else torch.float32
+    step = rows_per_chunk(V, 2 * torch.finfo(dt).bits // 8)
+    n0 = min(step, rej.numel())
+    tbuf = torch.empty(n0, V, dtype=dt, device=p.device)
+    for s0 in range(0, rej.numel(), step):
+        live = rej[s0 : s0 + step]  # [n]
+        pr = p.index_select(0, live).to(dt)  # [n, V]
+        qr = q.index_select(0, live).to(dt)  # [n, V]
+        n = live.numel()
+        C = torch.ones(n, 1, dtype=torch.float64, device=p.device)  # C_2 = C_1 + Z_1 / D_1 = 1
+        if wor:
+            sq = qr.sum(-1, keepdim=True).double()
+            drafted = qx[live, 0:1].clone()
+        for i in range(1, K + 1):
+            t = tbuf[:n]
+            torch.mul(qr, C.to(dt), out=t)
+            torch.sub(pr, t, out=t).clamp_min_(0.0)
+            if i == K:
+                break
+            Z = t.sum(-1, keepdim=True).double()  # [n, 1] (cascade sum in dt; sum(dtype=) would copy the row)
+            D = sq - drafted if wor else None
+            # round i: accept x_i with min(1, p_i(x_i) / q_i(x_i)), p_i(x) = (p(x) - C q(x))+ / Z
+            x = drafts[live, i : i + 1]  # [n, 1]
+            wx = t.gather(-1, x).double()
+            qix = qx[live, i : i + 1] / D if wor else qx[live, i : i + 1]
+            acc = (u[live, i : i + 1] * qix * Z <= wx).squeeze(-1)
+            C = C + (Z / D if wor else Z)
+            if wor:
+                drafted = drafted + qx[live, i : i + 1]
+            if bool(acc.any()):
+                token[live[acc]] = x[acc, 0]
+                nk = ~acc
+                live, C, pr, qr = live[nk], C[nk], pr[nk], qr[nk]
+                if wor:
+                    sq, drafted = sq[nk], drafted[nk]
+                n = live.numel()
+                if n == 0:
+                    break
+        if n:
+            w = tbuf[:n]
+            empty = w.sum(-1, keepdim=True) <= 0
+            if bool(empty.any()):  # rounding-level corner (p_K == q_K): the residual is p_K
+                w = torch.where(empty, pr, w)
+            token[live] = inverse_cdf_blocked(w, u_res[live])
 
 
 @register
