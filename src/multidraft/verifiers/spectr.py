@@ -40,8 +40,7 @@ def k_seq_f(S: torch.Tensor, rho: torch.Tensor, K: int) -> torch.Tensor:
 
 def _ratios(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """r = p/q with p = 0 -> 0 and q = 0 < p -> inf.  p, q float64 [R, V]."""
-    r = torch.where(q > 0, p / torch.where(q > 0, q, torch.ones_like(q)), torch.full_like(p, float("inf")))
-    return torch.where(p > 0, r, torch.zeros_like(r))
+    return torch.div(p, q).nan_to_num_(nan=0.0, posinf=float("inf"))  # 0/0 -> 0, x/0 -> inf, 0/x -> 0
 
 
 def solve_rho(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int = NBUCKETS) -> torch.Tensor:
@@ -108,11 +107,14 @@ def _segments(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int):
     A = cP[need, kk - 1]  # p mass with r < c_{k-1}
     Bq = totQ[need, 0] - cQ[need, kk - 1]  # q mass with r >= c_{k-1}
     # breakpoints inside the bucket, plus the two bucket edges as massless sentinels
-    sel = (b[need] == kk.unsqueeze(-1)).nonzero()  # [m, 2] (position in need, column)
+    kfull = torch.where(kstar > 0, kstar, torch.full_like(kstar, -1))
+    sel = (b == kfull.unsqueeze(-1)).nonzero()  # [m, 2] (row, column), rows in increasing order
     n = need.numel()
+    pos = torch.full((R,), -1, dtype=torch.long, device=dev)
+    pos[need] = torch.arange(n, device=dev)  # row -> position in need
     ar = torch.arange(n, device=dev)
-    seg = torch.cat([sel[:, 0], ar, ar])
-    rows_full = need[sel[:, 0]]
+    seg = torch.cat([pos[sel[:, 0]], ar, ar])
+    rows_full = sel[:, 0]
     tr = torch.cat([r[rows_full, sel[:, 1]], lo_edge, hi_edge])
     tp = torch.cat([p[rows_full, sel[:, 1]], torch.zeros(2 * n, dtype=torch.float64, device=dev)])
     tq = torch.cat([q[rows_full, sel[:, 1]], torch.zeros(2 * n, dtype=torch.float64, device=dev)])
