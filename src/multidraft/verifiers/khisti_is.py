@@ -196,10 +196,14 @@ class KhistiIS(Verifier):
 
     def _q_inf_full(self, fq, score, S, mS, rows, K):
         """q_I over the whole vocabulary ``[r, V]`` for the given rows (a histogram, no sort)."""
+        nb = _n_buckets(score.dtype)
+        step = max(1, (1 << 17) // (nb * (K if fq.ndim == 3 else 1)))
+        if rows.numel() > step:  # bound the [r, K, buckets] histogram
+            return torch.cat([self._q_inf_full(fq, score, S, mS, rows[i : i + step], K) for i in range(0, rows.numel(), step)])
         bk = _bucket(score[rows])  # [r, V]
         qk = self._q_off(fq, S, rows)  # [r, K or 1, V]
         k1 = qk.shape[1]
-        H = torch.zeros(rows.numel(), k1, _n_buckets(score.dtype), dtype=torch.float64, device=score.device)
+        H = torch.zeros(rows.numel(), k1, nb, dtype=torch.float64, device=score.device)
         H.scatter_add_(-1, bk.unsqueeze(1).expand(-1, k1, -1), qk)
         le = H.cumsum(-1)
         A = self._coef(le - H, le, K)  # [r, K or 1, C]
