@@ -7,7 +7,8 @@ For each of specinfer, rrs_wor, spectr and khisti_is (when registered): ms per b
 the same [B, V] logits (what the target already pays per step) and (b) a straightforward
 per-position Python loop of the same rule with early exit (research-repo style; written
 here, one per verifier). (p, q) pairs are realistic: q is a perturbed, tempered p, so
-most first drafts are accepted; the measured first-draft acceptance is printed.
+most first drafts are accepted; the measured first-draft acceptance is printed. Every
+timing, the references included, runs with the same number of torch threads (--threads).
 """
 from __future__ import annotations
 
@@ -120,7 +121,11 @@ def main(argv=None):
     ap.add_argument("--noise", type=float, default=0.6, help="std of the logit perturbation of q")
     ap.add_argument("--temp", type=float, default=1.1, help="temperature of q")
     ap.add_argument("--verifiers", default="specinfer,rrs_wor,spectr,khisti_is")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    ap.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads for every timing, references included (default 1: on a shared "
+        "2-core machine intra-op threads waiting on each other dominate; 0 keeps torch's default)",
+    )
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
