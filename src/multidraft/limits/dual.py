@@ -250,7 +250,12 @@ def _independent(p, law):
     Q = qs.expand(*batch, K, V).reshape(-1, K, V)
     vals, masks = [], []
     for i in range(P.shape[0]):
-        v, m = _indep_row(P[i], Q[i])
+        if bool((Q[i] == Q[i, :1]).all()):
+            # identical draft distributions: the law is iid, whose sorted-prefix rule is exact
+            v, m = _iid(P[i], Q[i, 0], K)
+            v = v - 1.0
+        else:
+            v, m = _indep_row(P[i], Q[i])
         vals.append(v)
         masks.append(m)
     alpha = 1.0 + torch.stack(vals)
