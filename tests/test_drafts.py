@@ -113,3 +113,13 @@ def test_half_precision_accepted_and_renormalised():
 
 def test_public_names():
     assert md.drafts.iid is D.iid and md.drafts.without_replacement and md.drafts.greedy and md.drafts.independent
+
+
+def test_float32_law_is_exact_in_float64():
+    """A float32 q (sums to 1 only to ~1e-7) still gives an exactly normalised float64 law."""
+    q = torch.softmax(torch.randn(6, generator=torch.Generator().manual_seed(5)), -1)
+    for law in (D.iid(q, 3), D.without_replacement(q, 3), D.greedy(q, 3)):
+        _, probs = law.enumerate()
+        assert abs(float(probs.sum()) - 1) < 1e-14
+    p = torch.softmax(torch.randn(6, generator=torch.Generator().manual_seed(6)), -1)
+    assert md.certify("rrs_wor", p, D.without_replacement(q, 3)).max_abs_error < 1e-12

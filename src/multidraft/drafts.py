@@ -107,7 +107,9 @@ class DraftLaw:
             raise ValueError(f"enumerate() would list {n} tuples (> {MAX_ENUMERATE}); it is meant for small V and K")
 
     def _q64(self) -> torch.Tensor:
-        return self.q.double()
+        # theory paths: float64, renormalised so that float32 inputs give exact laws
+        q = self.q.double()
+        return q if self.q.dtype == torch.float64 else q / q.sum(-1, keepdim=True)
 
 
 def _multinomial(q: torch.Tensor, n: int, replacement: bool, g: torch.Generator) -> torch.Tensor:

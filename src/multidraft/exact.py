@@ -36,7 +36,10 @@ def output_law(verifier, p, law: DraftLaw) -> tuple[torch.Tensor, torch.Tensor, 
     v = _get_verifier(verifier)
     if not isinstance(law, DraftLaw):
         raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
-    p = as_probs(p, "target_probs").double()
+    p32 = as_probs(p, "target_probs")
+    p = p32.double()
+    if p32.dtype != torch.float64:  # exact arithmetic on the float64 renormalisation
+        p = p / p.sum(-1, keepdim=True)
     if p.ndim != 1:
         raise ValueError(f"target_probs must be a single distribution [V] for certify, got shape {tuple(p.shape)}")
     if p.shape[-1] != law.V:
@@ -46,7 +49,7 @@ def output_law(verifier, p, law: DraftLaw) -> tuple[torch.Tensor, torch.Tensor, 
     tuples, probs = law.enumerate()
     N = tuples.shape[0]
     P = p.expand(N, p.shape[-1])
-    q = law.q.double()
+    q = law._q64()
     Q = q.expand(N, *q.shape)
     out = v.output_distribution(P, Q, tuples, law=law)
     return tuples, probs, out, p

@@ -155,7 +155,8 @@ def format_table(rows: Iterable[dict]) -> str:
         blocks.setdefault((r["case"], r["draft_law"]), []).append(r)
     for (case, law), rs in blocks.items():
         ks = sorted({r["K"] for r in rs})
-        names = list(dict.fromkeys(r["verifier"] for r in rs))
+        order = {n: i for i, n in enumerate(["alpha*"] + V.names())}
+        names = sorted(dict.fromkeys(r["verifier"] for r in rs), key=lambda n: order.get(n, len(order)))
         V_ = rs[0]["V"]
         out.append(f"case {case} (V = {V_}), draft law {law}: acceptance by K")
         header = f"  {'verifier':<16}" + "".join(f"{'K=' + str(k):>16}" for k in ks) + f"  {'max cert. error':>16}"
