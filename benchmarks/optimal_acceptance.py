@@ -40,12 +40,8 @@ def timeit(fn, reps: int = 3) -> float:
 
 
 def make(kind: str, q: torch.Tensor, K: int, seed: int = 1):
-    if kind == "iid":
-        return D.iid(q, K)
-    if kind == "wor":
-        return D.without_replacement(q, K)
-    if kind == "greedy":
-        return D.greedy(q, K)
+    if kind != "independent":
+        return D.make(kind, q, K)
     g = torch.Generator().manual_seed(seed)
     temps = torch.linspace(1.0, 1.6, K, dtype=torch.float64)
     lq = q.log().unsqueeze(-2) / temps.unsqueeze(-1) + 0.2 * torch.randn(*q.shape[:-1], K, q.shape[-1], generator=g, dtype=torch.float64)

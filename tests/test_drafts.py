@@ -123,3 +123,16 @@ def test_float32_law_is_exact_in_float64():
         assert abs(float(probs.sum()) - 1) < 1e-14
     p = torch.softmax(torch.randn(6, generator=torch.Generator().manual_seed(6)), -1)
     assert md.certify("rrs_wor", p, D.without_replacement(q, 3)).max_abs_error < 1e-12
+
+
+def test_make_by_name():
+    q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    assert D.make("iid", q, 2).kind == "iid"
+    assert D.make("without_replacement", q, 2).kind == "wor"
+    assert D.make("greedy", q, 2).kind == "greedy"
+    ind = D.make("independent", q, 3)
+    assert ind.kind == "independent" and ind.k == 3 and ind.q.shape == (3, 3)
+    with pytest.raises(ValueError, match="law must be"):
+        D.make("bogus", q, 2)
+    with pytest.raises(ValueError, match="k is required"):
+        D.make("iid", q)

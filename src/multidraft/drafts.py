@@ -20,7 +20,7 @@ import torch
 
 from ._validate import as_generator, as_k, as_probs, as_tokens
 
-__all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "LAW_KINDS", "law_kind"]
+__all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind"]
 
 LAW_KINDS = ("iid", "wor", "greedy", "independent")
 _ALIASES = {
@@ -265,3 +265,20 @@ def independent(qs) -> Independent:
     """Draft j drawn from its own q_j. qs is ``[..., K, V]``."""
     qs = as_probs(qs, "qs", min_ndim=2)
     return Independent(qs, as_k(qs.shape[-2], "K (qs.shape[-2])"))
+
+
+def make(kind, q, k: int | None = None) -> DraftLaw:
+    """The law of ``kind`` ('iid', 'wor', 'greedy', 'independent' or an alias) for q.
+
+    q is ``[..., V]`` with ``k`` drafts; for 'independent' q is ``[..., K, V]`` (one row per
+    draft), or ``[..., V]`` with ``k`` given, meaning K identical draft distributions.
+    """
+    kind = law_kind(kind)
+    if kind == "independent":
+        q = torch.as_tensor(q)
+        if k is not None and (q.ndim == 1 or (q.ndim >= 2 and q.shape[-2] != k)):
+            q = q.unsqueeze(-2).expand(*q.shape[:-1], as_k(k), q.shape[-1])
+        return independent(q)
+    if k is None:
+        raise ValueError(f"k is required for the {kind!r} law")
+    return {"iid": iid, "wor": without_replacement, "greedy": greedy}[kind](q, k)

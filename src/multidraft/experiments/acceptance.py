@@ -56,13 +56,9 @@ def _optimal_fn():
 
 def make_law(Q: torch.Tensor, law: str, k: int):
     """The draft law object of kind ``law`` for draft probs Q ``[..., V]``."""
-    if law == "iid":
-        return _drafts.iid(Q, k)
-    if law == "wor":
-        return _drafts.without_replacement(Q, k)
-    if law == "greedy":
-        return _drafts.greedy(Q, k)
-    raise ValueError(f"law must be one of {list(LAWS)}, got {law!r}")
+    if law not in LAWS:
+        raise ValueError(f"law must be one of {list(LAWS)}, got {law!r}")
+    return _drafts.make(law, Q, k)
 
 
 def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:

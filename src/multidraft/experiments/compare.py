@@ -102,7 +102,7 @@ def _monte_carlo(v, p, law, n: int, g: torch.Generator) -> tuple[float, float]:
     while done < n:
         m = min(chunk, n - done)
         q = law.q.expand(m, *law.q.shape).contiguous()
-        batch = {"iid": D.iid, "wor": D.without_replacement, "greedy": D.greedy}[law.kind](q, law.k) if law.kind != "independent" else D.independent(q)
+        batch = D.make(law.kind, q, law.k)
         drafts = batch.sample(g)
         verdict = v.verify(p.expand(m, p.shape[-1]), q, drafts, generator=g, law=law.kind, validate=False)
         hits += int((verdict.accepted_index >= 0).sum())

@@ -11,13 +11,7 @@ from .base import Verifier
 def _law(q: torch.Tensor, kind: str, K: int):
     from .. import drafts as D
 
-    if kind == "iid":
-        return D.iid(q, K)
-    if kind == "wor":
-        return D.without_replacement(q, K)
-    if kind == "greedy":
-        return D.greedy(q, K)
-    return D.independent(q if q.ndim == 2 else q.unsqueeze(0).expand(K, q.shape[-1]))
+    return D.make(kind, q, K)
 
 
 @register
