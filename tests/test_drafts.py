@@ -136,3 +136,22 @@ def test_make_by_name():
         D.make("bogus", q, 2)
     with pytest.raises(ValueError, match="k is required"):
         D.make("iid", q)
+
+
+@pytest.mark.parametrize("q", [[0.97, 0.01, 0.01, 0.01], [0.6, 0.2, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+def test_wor_sampler_exact_on_both_paths(q):
+    """The i.i.d.-stream path and the exponential-race fallback (peaked q) both give the
+    successive-sampling law exactly (chi-square against enumeration)."""
+    from scipy import stats
+
+    q = torch.tensor(q, dtype=torch.float64)
+    law = D.without_replacement(q, 3)
+    tuples, probs = law.enumerate()
+    n = 60_000
+    s = law.sample(torch.Generator().manual_seed(11), num_samples=n)
+    counts = Counter(map(tuple, s.tolist()))
+    assert set(counts) <= {tuple(t) for t in tuples.tolist()}
+    obs = torch.tensor([counts[tuple(t)] for t in tuples.tolist()], dtype=torch.float64)
+    exp = probs * n
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    assert chi2 < stats.chi2.ppf(1 - 1e-6, len(tuples) - 1), chi2

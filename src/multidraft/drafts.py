@@ -147,10 +147,54 @@ class WithoutReplacement(DraftLaw):
     kind = "wor"
 
     def _sample(self, q, g):
-        # exponential race: token x arrives at E_x / q(x); the first k arrivals, in order
-        u = torch.rand(q.shape, generator=g, dtype=torch.float64, device=q.device)
-        keys = -torch.log1p(-u) / q.double()
-        return torch.topk(keys, self.k, dim=-1, largest=False, sorted=True).indices
+        # The order of first appearance of distinct tokens in an i.i.d. stream from q is
+        # exactly successive sampling without replacement. Rows whose top k-1 tokens hold at
+        # most STREAM_MAX_TOP of the mass read a stream (cheap inverse-CDF draws, extended
+        # until it shows k distinct tokens); the others (peaked q, where a stream would be
+        # long) use the exponential race: token x arrives at E_x / q(x), first k in order.
+        # The split depends on q only, never on the draws, so both paths are exact.
+        V = q.shape[-1]
+        flat = q.reshape(-1, V)
+        n, k = flat.shape[0], self.k
+        if k == 1:
+            return _multinomial(q, 1, True, g)
+        out = torch.empty(n, k, dtype=torch.long, device=q.device)
+        top = torch.topk(flat, k - 1, dim=-1).values.sum(-1)
+        streamed = (top <= self.STREAM_MAX_TOP).nonzero().squeeze(-1)
+        raced = (top > self.STREAM_MAX_TOP).nonzero().squeeze(-1)
+        if streamed.numel():
+            out[streamed] = self._stream(flat[streamed], k, g)
+        if raced.numel():
+            u = torch.rand(raced.numel(), V, generator=g, dtype=torch.float64, device=q.device)
+            keys = -torch.log1p(-u) / flat[raced].double()
+            out[raced] = torch.topk(keys, k, dim=-1, largest=False, sorted=True).indices
+        return out.reshape(*q.shape[:-1], k)
+
+    STREAM_MAX_TOP = 0.75
+
+    @staticmethod
+    def _stream(flat: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+        """First k distinct tokens of an i.i.d. stream from each row of flat ``[n, V]``."""
+        w = flat.float() if flat.dtype != torch.float64 else flat
+        n = flat.shape[0]
+        m = 4 * k
+        stream = torch.multinomial(w, m, replacement=True, generator=g)
+        while True:
+            new = ~(stream.unsqueeze(-1) == stream.unsqueeze(-2)).tril(-1).any(-1)  # [n, L]
+            rank = new.cumsum(-1)
+            short = (rank[:, -1] < k).nonzero().squeeze(-1)
+            if short.numel() == 0:
+                break
+            more = torch.full((n, m), -1, dtype=torch.long, device=flat.device)
+            more[short] = torch.multinomial(w[short], m, replacement=True, generator=g)
+            # rows already complete get a filler that can never be a new token
+            more[rank[:, -1] >= k] = stream[rank[:, -1] >= k, :1].expand(-1, m)
+            stream = torch.cat([stream, more], -1)
+        L = stream.shape[-1]
+        pick = new & (rank <= k)
+        pos = torch.where(pick, torch.arange(L, device=flat.device).expand(n, L), torch.full_like(stream, L))
+        pos = pos.sort(-1).values[:, :k]
+        return stream.gather(-1, pos)
 
     def _prob(self, drafts):
         q = self._q64()
