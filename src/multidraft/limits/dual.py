@@ -118,12 +118,17 @@ def _wor(p, law):
     # mass outside each prefix, as a suffix sum (no cancellation near 1)
     r = torch.flip(torch.cumsum(torch.flip(qs, [-1]), -1), [-1])
     r = torch.cat([r[:, 1:], torch.zeros(B, 1, dtype=r.dtype)], -1).clamp(min=0.0)  # r[n-1] = q(outside H_n)
-    cq = (1.0 - r).clamp(0.0, 1.0)
-    top = torch.topk(Qd, K - 1, dim=-1).values  # [B, K-1]
-    M = torch.cat([torch.zeros(B, 1, dtype=top.dtype), torch.cumsum(top, -1)], -1)  # M_0..M_{K-1}
-    # bounds on Q along prefixes: lower = prod_i (cq - M_i)/(1 - M_i), upper = cq^K
-    den = (1.0 - M).clamp_min(1e-300)
-    lowQ = ((cq.unsqueeze(-1) - M.unsqueeze(-2)).clamp_min(0.0) / den.unsqueeze(-2)).prod(-1)
+    cq = (1.0 - r).clamp(0.0, 1.0)  # q(H_n), only in the upper bound q(H)^K
+    # q mass outside the top i tokens (i = 0..K-1) as sums of nonnegative terms: 1 - cumsum
+    # of the top masses cancels to 0 when the rest is tiny (q = [1, 1e-310, 1e-310])
+    top, top_idx = torch.topk(Qd, K - 1, dim=-1)  # [B, K-1]
+    rest = Qd.scatter(-1, top_idx, 0.0).sum(-1, keepdim=True)  # [B, 1]: q outside the top K-1
+    tail = torch.flip(torch.cumsum(torch.flip(top, [-1]), -1), [-1])  # [B, K-1]: sum_{j >= i} top_j
+    out_top = torch.cat([tail + rest, rest], -1)  # [B, K]: q outside the top i, i = 0..K-1
+    # bounds on Q along prefixes: lower = prod_i (q(H) - M_i)/(1 - M_i) = prod_i (1 - r/(1 - M_i))+,
+    # upper = q(H)^K
+    frac = r.unsqueeze(-1) / out_top.unsqueeze(-2)  # [B, V, K]; 0/0 (nothing outside) -> nan
+    lowQ = (1.0 - frac).nan_to_num_(nan=1.0).clamp_(0.0, 1.0).prod(-1)
     lowQ = torch.where(r <= 0, torch.ones_like(lowQ), lowQ)
     upper_g = (cp - lowQ).amin(-1).clamp(max=0.0)  # an achievable value (upper bound on the min)
     lower_g = cp - cq**K                            # g(n) >= this
@@ -131,35 +136,42 @@ def _wor(p, law):
     cand &= qs > 0  # adding a q = 0 token only adds p
     idx = torch.arange(V).expand(B, V)
     n_max = int(torch.where(cand, idx + 1, torch.zeros_like(idx)).amax()) if V else 0
-    # prefixes proven to have Q within _ONE_TOL of 1
-    one = (K * r / (1.0 - M[:, -1:]).clamp_min(1e-300)) <= _ONE_TOL
+    # prefixes proven to have Q within _ONE_TOL of 1: 1 - Q <= sum_i r/(1 - M_i) <= K r/(1 - M_{K-1})
+    one = (r <= 0) | (K * r <= _ONE_TOL * out_top[:, -1:])
     g = torch.full((B, V), math.inf, dtype=torch.float64)
     if n_max > 0:
         need = cand[:, :n_max] & ~one[:, :n_max]
         rr = torch.where(need, r[:, :n_max], torch.ones_like(r[:, :n_max]))
         r_min = float(rr.amin()) if bool(need.any()) else 1.0
-        s_lo = math.log(_TAIL * math.factorial(K + 1)) / (K + 1)
-        s_hi = math.log(-math.log(_TAIL) / r_min)
-        s = torch.arange(s_lo, s_hi + _TRAP_H, _TRAP_H, dtype=torch.float64)
-        t = s.exp()  # [M]
-        Mn = t.numel()
-        state = torch.zeros(B, Mn, K, dtype=torch.float64)  # P(N_H(t) = j), j < K
+        # the grid lives in s = log t: every product x t is formed as exp(log x + s), so tiny
+        # (subnormal) masses give t up to ~1e322 without overflow
+        s_lo = (math.log(_TAIL) + math.lgamma(K + 2)) / (K + 1)
+        s_hi = math.log(-math.log(_TAIL)) - math.log(r_min)
+        s = torch.arange(s_lo, s_hi + _TRAP_H, _TRAP_H, dtype=torch.float64)  # [M]
+        Mn = s.numel()
+        logq = qs.log()  # [B, V]; log 0 = -inf gives q t = 0
+        logr = r.log()
+        state = torch.zeros(B, Mn, K + 1, dtype=torch.float64)  # P(N_H(t) = j), j < K; [K]: P(N >= K)
         state[..., 0] = 1.0
         gvals = []
         chunk = max(1, (1 << 21) // max(1, B * Mn))
         for n0 in range(0, n_max, chunk):
             n1 = min(n_max, n0 + chunk)
-            E = torch.exp(-qs[:, n0:n1].unsqueeze(-1) * t)  # [B, C, M] P(token not arrived by t)
-            F = 1.0 - E
-            below = torch.empty(B, n1 - n0, Mn, dtype=torch.float64)
+            qt = torch.exp(logq[:, n0:n1].unsqueeze(-1) + s)  # [B, C, M]
+            E = torch.exp(-qt)  # P(token not arrived by t)
+            F = -torch.expm1(-qt)  # P(arrived), accurate for tiny q t
+            reached = torch.empty(B, n1 - n0, Mn, dtype=torch.float64)
             for c in range(n1 - n0):
                 e = E[:, c].unsqueeze(-1)
-                state[..., 1:] = state[..., 1:] * e + state[..., :-1] * F[:, c].unsqueeze(-1)
+                f = F[:, c].unsqueeze(-1)
+                state[..., K:] += state[..., K - 1 : K] * f  # absorbing: K or more arrived
+                state[..., 1:K] = state[..., 1:K] * e + state[..., : K - 1] * f
                 state[..., :1] *= e
-                below[:, c] = state.sum(-1)
-            rn = r[:, n0:n1].unsqueeze(-1)  # [B, C, 1]
-            w = rn * t * torch.exp(-rn * t) * _TRAP_H  # [B, C, M]
-            Qn = (w * (1.0 - below.clamp(0.0, 1.0))).sum(-1) + torch.exp(-rn[..., 0] * t[-1])
+                reached[:, c] = state[..., K]
+            lrt = logr[:, n0:n1].unsqueeze(-1) + s  # [B, C, M]: log(r t)
+            rt = torch.exp(lrt)
+            w = torch.exp(lrt - rt) * _TRAP_H  # density r t e^{-r t} of the first arrival outside H, in s
+            Qn = (w * reached.clamp(0.0, 1.0)).sum(-1) + torch.exp(-rt[..., -1])
             gvals.append(cp[:, n0:n1] - Qn.clamp(0.0, 1.0))
         gex = torch.cat(gvals, -1)
         gex = torch.where(one[:, :n_max], cp[:, :n_max] - 1.0, gex)

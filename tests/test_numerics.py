@@ -1,0 +1,102 @@
+"""Regression tests for the numerics at the edges (issue 10): tiny (subnormal) masses,
+per-row reductions, one float32 normalisation rule, byte-counting size guards."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import multidraft as md
+from multidraft import drafts as D
+from multidraft.limits import lp_optimal_acceptance, optimal_acceptance
+
+
+# ---- 1. optimal_acceptance with tiny (subnormal) masses ------------------------------------
+@pytest.mark.parametrize("tiny", [1e-310, 1e-321, 5e-324])
+def test_wor_alpha_star_with_subnormal_draft_masses(tiny):
+    # q puts all but a subnormal mass on token 0: the second draft (without replacement) is
+    # token 1 or 2 with probability 1/2 each, so every H has p(H) >= Q(all in H): alpha* = 1
+    p = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    q = torch.tensor([1.0, tiny, tiny], dtype=torch.float64)
+    law = D.without_replacement(q, 2)
+    assert optimal_acceptance(p, law) == pytest.approx(1.0, abs=1e-12)
+    assert lp_optimal_acceptance(p, law) == pytest.approx(1.0, abs=1e-9)
+
+
+def _tiny_instances(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        V = int(torch.randint(2, 7, (1,), generator=g))
+        p = torch.rand(V, generator=g, dtype=torch.float64)
+        q = torch.rand(V, generator=g, dtype=torch.float64)
+        for x in (p, q):
+            m = torch.rand(V, generator=g) < 0.5
+            x[m] = 10.0 ** (-300.0 - 20.0 * torch.rand(V, generator=g, dtype=torch.float64))[m]
+            if float(x.max()) < 1e-200:
+                x[int(torch.randint(0, V, (1,), generator=g))] = 1.0
+        yield p / p.sum(), q / q.sum()
+
+
+@pytest.mark.parametrize("kind", ["iid", "wor", "greedy", "independent"])
+def test_dual_equals_lp_with_tiny_masses(kind):
+    checked = 0
+    for p, q in _tiny_instances(40, seed={"iid": 1, "wor": 2, "greedy": 3, "independent": 4}[kind]):
+        for K in (2, 3):
+            if kind in ("wor", "greedy") and int((q > 0).sum()) < K:
+                continue
+            law = D.independent(torch.stack([q, q.flip(0)] + [q.roll(1)] * (K - 2))) if kind == "independent" else D.make(kind, q, K)
+            a = optimal_acceptance(p, law)
+            b = lp_optimal_acceptance(p, law)
+            assert math.isfinite(a) and a == pytest.approx(b, abs=1e-8), (kind, K, p.tolist(), q.tolist())
+            checked += 1
+    assert checked >= 40
+
+
+def test_wor_batched_tiny_rows_match_unbatched():
+    rows = list(_tiny_instances(12, seed=7))
+    rows = [(p, q) for p, q in rows if int((q > 0).sum()) >= 2]
+    V = 6
+    P = torch.stack([torch.nn.functional.pad(p, (0, V - p.numel())) for p, _ in rows])
+    Q = torch.stack([torch.nn.functional.pad(q, (0, V - q.numel())) for _, q in rows])
+    batched = optimal_acceptance(P, D.without_replacement(Q, 2))
+    single = torch.tensor([optimal_acceptance(P[i], D.without_replacement(Q[i], 2)) for i in range(len(rows))], dtype=torch.float64)
+    assert torch.allclose(batched, single, atol=1e-13, rtol=0)
+
+
+# ---- 2. multidraft bound at a temperature that makes subnormal probabilities ---------------
+def _bound(tmp_path, p_logits, q_logits, *extra):
+    from multidraft.cli import main
+
+    np.save(tmp_path / "p.npy", np.asarray(p_logits, dtype=np.float64))
+    np.save(tmp_path / "q.npy", np.asarray(q_logits, dtype=np.float64))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["bound", "--p", str(tmp_path / "p.npy"), "--q", str(tmp_path / "q.npy"), "--logits", *extra])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_bound_cli_at_temperature_003_on_subnormal_softmax(tmp_path):
+    T = 0.03
+    logits = [0.0, -21.25, -21.25]
+    rc, out, err = _bound(tmp_path, logits, logits, "--temperature", str(T))
+    assert rc == 0 and "Traceback" not in out + err, err
+    assert "optimal acceptance" in out
+    # a nontrivial value, checked against the LP: q is peaked with subnormal tails
+    ptarget = torch.tensor([0.1, 0.1, 0.1, 0.7], dtype=torch.float64)
+    q_logits = [0.0, -21.5, -21.5, -21.5]
+    rc, out, err = _bound(tmp_path, (T * ptarget.log()).tolist(), q_logits, "--temperature", str(T), "--json", "--k-max", "3")
+    assert rc == 0 and "Traceback" not in out + err, err
+    rows = json.loads(out)["rows"]
+    p = torch.softmax(T * ptarget.log() / T, -1)
+    q = torch.softmax(torch.tensor(q_logits, dtype=torch.float64) / T, -1)
+    assert 0 < float(q[1]) < 2.2e-308  # really subnormal
+    for row in rows[1:]:
+        K = row["k"]
+        for kind in ("iid", "wor", "greedy"):
+            assert row[kind] == pytest.approx(lp_optimal_acceptance(p, D.make(kind, q, K)), abs=1e-8), (kind, K)
+    assert rows[1]["wor"] == pytest.approx(1 - (2 / 3 - 0.3), abs=1e-8)
