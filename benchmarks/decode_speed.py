@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 import multidraft as md
-from multidraft.decoding.humaneval import encode_prompt, load_prompts
-from multidraft.decoding.models import resolve_pair
+from multidraft.datasets import encode_prompt, load_prompts
+from multidraft.models import resolve_pair
 from multidraft.experiments.demo import Method, format_table, plan_methods, summarize
 from multidraft.experiments.records import JsonlWriter
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     methods, skipped = plan_methods(ks, verifiers)
     if not args.no_hf:
         methods.insert(1, HF)
-    prompts = load_prompts(args.prompts)
+    prompts = load_prompts("humaneval", args.prompts)
     target, draft, tok = resolve_pair(args.target, args.draft, log=_eprint)
     eos = None if args.no_eos else tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

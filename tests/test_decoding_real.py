@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def real_pair():
-    from multidraft.decoding import models
+    from multidraft import models
 
     ok, why = models.default_models_installed()
     if not ok:

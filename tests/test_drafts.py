@@ -132,7 +132,7 @@ def test_make_by_name():
     assert D.make("greedy", q, 2).kind == "greedy"
     ind = D.make("independent", q, 3)
     assert ind.kind == "independent" and ind.k == 3 and ind.q.shape == (3, 3)
-    with pytest.raises(ValueError, match="law must be"):
+    with pytest.raises(ValueError, match="unknown draft law"):
         D.make("bogus", q, 2)
     with pytest.raises(ValueError, match="k is required"):
         D.make("iid", q)

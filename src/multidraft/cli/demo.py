@@ -61,7 +61,7 @@ def register(subparsers) -> None:
 
 
 def run_setup(args) -> int:
-    from ..decoding.models import ensure_default_models
+    from ..models import ensure_default_models
 
     try:
         target, draft = ensure_default_models(args.cache_dir, log=_eprint)

@@ -46,7 +46,7 @@ def _log(msg: str) -> None:
 
 def _models(args):
     def load():
-        from ..decoding.models import resolve_pair
+        from ..models import resolve_pair
 
         _log("loading models ...")
         return resolve_pair(args.target, args.draft, log=_log)
@@ -55,7 +55,7 @@ def _models(args):
 
 
 def _model_names(args) -> dict:
-    from ..decoding.models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
 
     return {
         "target": str(args.target) if args.target else DEFAULT_TARGET.title,
@@ -137,10 +137,9 @@ def _evaluate(args, configs, ks, file: str) -> Path:
     from ..experiments import acceptance, collect, report, store
 
     names = _model_names(args)
-    laws = _list(args.laws, "--laws")
-    for law in laws:
-        if law not in acceptance.LAWS:
-            raise ValueError(f"--laws: {law!r} is not one of {list(acceptance.LAWS)}")
+    from ..drafts import parse_laws
+
+    laws = parse_laws(args.laws, acceptance.LAWS, "--laws")
     verifiers = _list(args.verifiers, "--verifiers") if args.verifiers else None
     if verifiers:
         from .. import verifiers as V
@@ -198,6 +197,7 @@ def run_temperature(args) -> int:
 
 def run_blocks(args) -> int:
     from .. import verifiers as V
+    from ..drafts import parse_laws
     from ..experiments import blocks, report
     from ..experiments.records import read_jsonl
 
@@ -206,7 +206,7 @@ def run_blocks(args) -> int:
     for n in verifiers:
         V.get(n)
     path = blocks.run(
-        args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=_list(args.laws, "--laws"),
+        args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=parse_laws(args.laws, name="--laws"),
         ks=_ks(args.ks), depths=_ks(args.depths, "--depths"), n_prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, draft_temperature=args.draft_temperature,
         top_k=args.top_k, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, config=_config(args, names), baseline=not args.no_baseline, log=_log, progress=_progress(args),

@@ -12,7 +12,7 @@ Model loading for the default pair lives in ``models`` (written separately).
 from __future__ import annotations
 
 from .engine import GenerationResult, generate
-from .sampling import process_logits
+from ..sampling import process_logits
 from .trees import TreeShape, full_tree, parse_tree
 
 __all__ = ["generate", "GenerationResult", "process_logits", "TreeShape", "full_tree", "parse_tree"]

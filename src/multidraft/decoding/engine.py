@@ -40,13 +40,10 @@ from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from .._validate import as_generator
 from .kv import cache_length, keep, new_cache, tree_attention_mask
-from .sampling import check_sampling_args, process_logits, sample_token
+from ..sampling import check_sampling_args, process_logits, sample_token
 from .trees import DraftTree, TreeShape
 
 __all__ = ["generate", "GenerationResult", "score_tree"]
-
-_LAWS = {"iid": "iid", "with_replacement": "iid", "wor": "wor", "without_replacement": "wor",
-         "greedy": "greedy", "independent": "independent"}
 
 
 @dataclass
@@ -165,9 +162,7 @@ def _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tre
         raise ValueError(f"input_ids has {T} tokens but the context window is {ctx}; the prompt is too long")
     K = _int_arg(drafts, "drafts")
     L = _int_arg(depth, "depth")
-    if not isinstance(draft_law, str) or draft_law not in _LAWS:
-        raise ValueError(f"draft_law must be one of {sorted(_LAWS)}, got {draft_law!r}")
-    kind = _LAWS[draft_law]
+    kind = _drafts.law_kind(draft_law, "draft_law")
 
     if draft_temperature is None:
         temps = [float(temperature)]
@@ -427,7 +422,7 @@ class _Decoder:
                 law = _drafts.independent(qs)
             else:
                 qs = q[0].index_select(0, ridx)  # [n, V]
-                law = {"iid": _drafts.iid, "wor": _drafts.without_replacement, "greedy": _drafts.greedy}[kind](qs, k)
+                law = _drafts.make(kind, qs, k)
             toks = law.sample(self.g).tolist()
             for j, r in enumerate(rows):
                 i = level[r]

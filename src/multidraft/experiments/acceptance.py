@@ -32,7 +32,7 @@ from .records import JsonlWriter, done_keys, row_key
 __all__ = ["KEY", "LAWS", "DEFAULT_EXCLUDE", "optimal", "make_law", "verifier_acceptance", "evaluate", "default_verifiers"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
-LAWS = ("iid", "wor", "greedy")
+LAWS = _drafts.SHARED_Q_KINDS  # a stored position holds one draft distribution
 # lp_optimal solves an LP over all V^K tuples: reference for tiny V only
 DEFAULT_EXCLUDE = ("lp_optimal",)
 CHUNK_ELEMS = 1 << 21  # float64 elements per Monte-Carlo chunk (16 MiB)
@@ -56,9 +56,7 @@ def _optimal_fn():
 
 def make_law(Q: torch.Tensor, law: str, k: int):
     """The draft law object of kind ``law`` for draft probs Q ``[..., V]``."""
-    if law not in LAWS:
-        raise ValueError(f"law must be one of {list(LAWS)}, got {law!r}")
-    return _drafts.make(law, Q, k)
+    return _drafts.make(_drafts.parse_laws([law], LAWS, "law")[0], Q, k)
 
 
 def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:
@@ -138,9 +136,7 @@ def evaluate(
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
     jobs = [(law, k) for law in laws for k in ks]
-    for law in laws:
-        if law not in LAWS:
-            raise ValueError(f"laws must be among {list(LAWS)}, got {law!r}")
+    laws = _drafts.parse_laws(laws, LAWS, "laws")
     written = 0
     it: Iterable = jobs if progress is None else progress(jobs, total=len(jobs), desc=f"acceptance {info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}")
     for law, k in it:

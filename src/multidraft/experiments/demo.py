@@ -199,14 +199,14 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
     """
     import multidraft as md
 
-    from ..decoding.humaneval import encode_prompt, load_prompts
+    from ..datasets import encode_prompt, load_prompts
 
     cfg.check()
     methods, skipped = plan_methods(cfg.ks, cfg.verifiers)
-    prompts = load_prompts(cfg.prompts)
+    prompts = load_prompts("humaneval", cfg.prompts)
     t_start = time.perf_counter()
     if models is None:
-        from ..decoding.models import resolve_pair
+        from ..models import resolve_pair
 
         models = resolve_pair(cfg.target, cfg.draft, cache_dir=cfg.cache_dir, log=log)
     target, draft, tok = models

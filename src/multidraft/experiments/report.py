@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .records import read_jsonl
 
@@ -77,7 +78,7 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         label = _cfg_label(ds, tt, td, tk, tp)
         lines.append(f"### {label}\n")
         by = {(r["law"], r["K"], r["verifier"]): r for r in grp}
-        laws = [law for law in ("iid", "wor", "greedy") if any(k[0] == law for k in by)]
+        laws = [law for law in SHARED_Q_KINDS if any(k[0] == law for k in by)]
         ks = sorted({r["K"] for r in grp})
         names = _verifier_order(grp)
         # single-draft SD: its acceptance sum_x min(p, q) is exactly alpha* at K = 1 (any law)
@@ -119,7 +120,7 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         if "iid" in laws and "wor" in laws:
             if make_plots:
                 series = {}
-                for law in ("iid", "wor", "greedy"):
+                for law in SHARED_Q_KINDS:
                     kk = [k for k in ks if (law, k, ALPHA) in by]
                     if kk:
                         series[f"alpha* {law}"] = (kk, [by[(law, k, ALPHA)]["mean"] for k in kk], None)

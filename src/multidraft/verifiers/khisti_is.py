@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import register
+from .registry import register
 from ._residual import chunk_rows, sample_rows
 from .base import Verifier
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from .registry import register
 from ._residual import inverse_cdf
 from .base import Verifier
 

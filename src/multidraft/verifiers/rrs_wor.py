@@ -1,7 +1,7 @@
 """Recursive rejection sampling without replacement (Jeon et al. 2024)."""
 from __future__ import annotations
 
-from . import register
+from .registry import register
 from .specinfer import SpecInfer
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from .registry import register
 from ._residual import chunk_rows, sample_rows
 from .base import Verifier
 from .greedy_optimal import split_greedy

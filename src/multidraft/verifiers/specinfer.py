@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from .registry import register
 from ._residual import inverse_cdf_blocked, rows_per_chunk
 from .base import Verifier, per_draft
 

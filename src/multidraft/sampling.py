@@ -1,7 +1,10 @@
-"""Logit processing shared by the target and the draft: temperature, top-k, top-p.
+"""Logit processing, the ONE place where logits become sampling distributions.
 
 ``process_logits(logits, temperature, top_k, top_p)`` maps raw logits ``[..., V]`` to the
-distribution a sampler would draw from, in float32:
+distribution a sampler would draw from (float32 by default; ``dtype=torch.float64`` for
+the experiments' stores). The decoder (target ``p`` and draft ``q`` at every tree node) and
+the experiments (stored positions) both call it, so acceptance tables and block-efficiency
+tables are computed on the same distributions:
 
 * ``temperature == 0``: one-hot on the argmax (lowest id among ties) -- greedy decoding;
 * otherwise ``softmax(logits / temperature)``, then
@@ -37,9 +40,14 @@ def check_sampling_args(temperature, top_k, top_p, name: str = "temperature") ->
             raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
 
 
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Processed next-token distributions, float32 ``[..., V]``.  logits ``[..., V]``."""
-    x = logits.float()
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
+                   *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Processed next-token distributions ``[..., V]`` in ``dtype`` (float32 or float64).  logits ``[..., V]``.
+
+    Arguments are not re-validated here (hot path); callers check them once with
+    :func:`check_sampling_args`.
+    """
+    x = logits.to(dtype)
     V = x.shape[-1]
     if temperature == 0:
         idx = x.argmax(-1, keepdim=True)  # first maximal index

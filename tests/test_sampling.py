@@ -1,0 +1,78 @@
+"""multidraft.sampling: the one logits -> distribution function, shared by decoding and experiments."""
+import pytest
+import torch
+
+from multidraft import sampling
+from multidraft.experiments import collect, store
+
+
+def test_top_k_ties_regression():
+    # [2, 1, 1, 0] with top-k 2: exactly two tokens survive (ties to the lower id), in every dtype
+    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0]])
+    want = torch.tensor([[0.7310585786, 0.2689414214, 0.0, 0.0]], dtype=torch.float64)
+    for dtype in (torch.float32, torch.float64):
+        p = sampling.process_logits(logits, 1.0, 2, None, dtype=dtype)
+        assert p.dtype == dtype
+        torch.testing.assert_close(p.double(), want, atol=1e-7, rtol=0)
+
+
+def test_process_logits_matches_transformers_warpers():
+    pytest.importorskip("transformers")
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g) * 3
+    for T, k, p in [(1.0, None, None), (0.7, 10, None), (1.3, None, 0.8), (0.9, 7, 0.6)]:
+        x = logits / T
+        if k is not None:
+            x = TopKLogitsWarper(k)(None, x)
+        if p is not None:
+            x = TopPLogitsWarper(p)(None, x)
+        torch.testing.assert_close(sampling.process_logits(logits, T, k, p), torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
+    z = sampling.process_logits(logits, 0.0)
+    assert torch.equal(z.argmax(-1), logits.argmax(-1)) and torch.all(z.sum(-1) == 1)
+
+
+def test_sample_token_law():
+    from scipy.stats import chisquare
+
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    g = torch.Generator().manual_seed(1)
+    c = torch.bincount(torch.stack([sampling.sample_token(p, g) for _ in range(3000)]), minlength=4).double()
+    assert c[1] == 0
+    keep = p > 0
+    pk = p[keep].double() / p[keep].double().sum()
+    assert chisquare(c[keep].numpy(), (pk * c.sum()).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 2, None), (1.0, 3, None),
+                                                     (1.3, None, 0.6), (0.9, 5, 0.7), (0.0, None, None)])
+def test_decoding_and_experiments_see_the_same_distribution(tmp_path, temperature, top_k, top_p):
+    """The same logits through the decoder's path and through the position collector give
+    the same processed target distribution (the collector stores it untruncated with eps = 0)."""
+    pytest.importorskip("transformers")
+    from multidraft.decoding import engine
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    assert engine.process_logits is sampling.process_logits  # the decoder's p at every node
+    t, d = tiny_pair(vocab_size=32, seed=0, init_scale=8.0)
+    tok = tiny_tokenizer()
+    f = tmp_path / "corpus.txt"
+    f.write_text("abc abc abd abe abc, the cat sat on the mat.\n", encoding="utf-8")
+    td = temperature if temperature > 0 else 1.0
+    paths = collect.collect(tmp_path / "run", models=lambda: (t, d, tok), model_names={"target": "t", "draft": "d"},
+                            datasets=[f"file:{f}"], configs=[(temperature, td)], top_k=top_k, top_p=top_p,
+                            n_texts=1, positions_per_text=6, max_tokens=64, min_context=2, eps=0.0, k_max=2, seed=3)
+    ps = store.load(next(iter(paths.values())))
+    ids = torch.tensor(tok(f.read_text(encoding="utf-8").strip(), add_special_tokens=False)["input_ids"][:64])
+    with torch.no_grad():
+        lt = t(input_ids=ids[None]).logits[0]
+        ld = d(input_ids=ids[None]).logits[0]
+    for i, src in enumerate(ps.info["sources"]):
+        a, b = int(ps.offsets[i]), int(ps.offsets[i + 1])
+        sup = ps.ids[a:b].long()
+        for stored, logits, T in ((ps.p, lt, temperature), (ps.q, ld, td)):
+            dec = sampling.process_logits(logits[src["position"]], T, top_k, top_p)  # what engine.generate uses
+            full = torch.zeros(dec.shape[-1], dtype=torch.float64)
+            full[sup] = stored[a:b].double()
+            torch.testing.assert_close(full, dec.double(), atol=2e-7, rtol=0)
