@@ -100,3 +100,56 @@ def test_bound_cli_at_temperature_003_on_subnormal_softmax(tmp_path):
         for kind in ("iid", "wor", "greedy"):
             assert row[kind] == pytest.approx(lp_optimal_acceptance(p, D.make(kind, q, K)), abs=1e-8), (kind, K)
     assert rows[1]["wor"] == pytest.approx(1 - (2 / 3 - 0.3), abs=1e-8)
+
+
+# ---- 3. SpecTr: per-row reductions, exact near q = p ---------------------------------------
+def _mixed_rows(B, V, seed):
+    g = torch.Generator().manual_seed(seed)
+    P = torch.softmax(torch.randn(B, V, generator=g, dtype=torch.float64) * 2, -1)
+    Q = torch.softmax(torch.log(P) + torch.randn(B, V, generator=g, dtype=torch.float64), -1)
+    return P, Q
+
+
+@pytest.mark.parametrize("V", [7, 3000])
+@pytest.mark.parametrize("K", [2, 4])
+def test_spectr_identical_rows_are_bitwise_identical_anywhere_in_the_batch(V, K):
+    from multidraft.verifiers.spectr import solve_rho
+
+    P, Q = _mixed_rows(16, V, seed=V + K)
+    for i in (3, 9, 15):  # one row, repeated at several positions among different rows
+        P[i], Q[i] = P[0], Q[0]
+    rho = solve_rho(P, Q, K)
+    alone = solve_rho(P[:1], Q[:1], K)
+    assert bool((rho[[3, 9, 15]] == rho[0]).all()) and bool(rho[0] == alone[0])
+    drafts = D.iid(Q, K).sample(torch.Generator().manual_seed(1))
+    drafts = drafts.clone()
+    drafts[[3, 9, 15]] = drafts[0].clone()
+    out = md.verifiers.get("spectr").output_distribution(P, Q, drafts)  # [B, V]
+    one = md.verifiers.get("spectr").output_distribution(P[0], Q[0], drafts[0])
+    assert bool((out[[3, 9, 15]] == out[0]).all()) and bool((out[0] == one).all())
+
+
+@pytest.mark.parametrize("K", [2, 3, 4])
+def test_spectr_certificate_exact_when_q_is_close_to_p(K):
+    g = torch.Generator().manual_seed(K)
+    worst = 0.0
+    for i in range(60):
+        V = int(torch.randint(2, 7, (1,), generator=g))
+        p = torch.rand(V, generator=g, dtype=torch.float64) + 0.05
+        p = p / p.sum()
+        eps = 10.0 ** float(-3 - 12 * torch.rand(1, generator=g, dtype=torch.float64))
+        q = p * (1 + eps * (torch.rand(V, generator=g, dtype=torch.float64) - 0.5))
+        q = q / q.sum()
+        for qq in (q, p.clone()):
+            cert = md.certify("spectr", p, D.iid(qq, K))
+            worst = max(worst, cert.max_abs_error)
+            assert cert.acceptance <= optimal_acceptance(p, D.iid(qq, K)) + 1e-12
+    assert worst <= 1e-12, worst
+
+
+def test_spectr_rho_is_one_exactly_when_p_equals_q():
+    from multidraft.verifiers.spectr import solve_rho
+
+    P, _ = _mixed_rows(8, 50, seed=3)
+    for K in (2, 3, 5):
+        assert bool((solve_rho(P, P.clone(), K) == 1.0).all())

@@ -4,6 +4,10 @@ Notation: ``r(x) = p(x)/q(x)``, ``S(rho) = sum_x min(p(x), rho q(x)) = rho beta(
 ``f(rho) = S(rho) - p_acc(rho) = S(rho) - 1 + (1 - S(rho)/rho)^K``. S is concave,
 increasing and piecewise linear in rho with breakpoints at the ratios r(x); f is
 increasing, f(1) <= 0 <= f(K) (Bernoulli), and rho* is its smallest root in [1, K].
+Numerically f is evaluated as ``(1 - E)(rho - sum_{i<K} E^i)`` from the per-draft rejection
+mass E(rho) = 1 - beta(rho) = sum_x (q(x) - p(x)/rho)+, a sum of nonnegative terms formed
+within each row (``k_seq_f_rejected``): no 1 - (1 - beta)^K or S - 1 cancellation, rho* = 1
+exactly when p == q, and a row's rho* never depends on the other rows of its batch.
 
 Why the rule is lossless for any rho with f(rho) >= 0: draft i is reached with probability
 (1-beta)^(i-1) and kept as y with probability min(p(y)/rho, q(y)), so the kept mass is
@@ -27,7 +31,7 @@ from . import register
 from ._residual import inverse_cdf_blocked, rows_per_chunk
 from .base import Verifier
 
-__all__ = ["SpecTr", "solve_rho", "solve_rho_rows", "k_seq_f", "kseq_sample"]
+__all__ = ["SpecTr", "solve_rho", "solve_rho_rows", "k_seq_f", "k_seq_f_rejected", "kseq_sample"]
 
 NBUCKETS = 256
 BISECT_STEPS = 64
@@ -36,6 +40,27 @@ BISECT_STEPS = 64
 def k_seq_f(S: torch.Tensor, rho: torch.Tensor, K: int) -> torch.Tensor:
     """f = S - 1 + (1 - S/rho)^K, the K-SEQ root function, from S(rho) = rho beta(rho)."""
     return S - 1 + (1 - S / rho).clamp_min(0.0) ** K
+
+
+def _geom(E: torch.Tensor, K: int) -> torch.Tensor:
+    """sum_{i<K} E^i (Horner), E in [0, 1]: the factor gamma = p_acc/beta of the kept mass."""
+    g = torch.ones_like(E)
+    for _ in range(K - 1):
+        g = 1 + E * g
+    return g
+
+
+def k_seq_f_rejected(E: torch.Tensor, rho: torch.Tensor, K: int) -> torch.Tensor:
+    """f from the per-draft rejection mass E(rho) = 1 - beta(rho) = sum_x (q(x) - p(x)/rho)+:
+    ``f = (1 - E) (rho - sum_{i<K} E^i)``.
+
+    The same function as ``k_seq_f`` when p and q sum to 1, without its cancellations: E is
+    a sum of nonnegative terms (exactly 0 when p == q, so rho* = 1 exactly there), and the
+    sign, which is all the solver and the accept decisions use, is that of
+    rho - gamma(rho) (or 0 when beta = 0 and nothing can be accepted).
+    """
+    E = E.clamp(0.0, 1.0)
+    return (1 - E) * (rho - _geom(E, K))
 
 
 def _ratios(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -65,18 +90,24 @@ def solve_rho_rows(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor, K: int,
     for s0 in range(0, rows.numel(), step):
         rr = rows[s0 : s0 + step]
         parts.append(_segments(P.index_select(0, rr).double(), Q.index_select(0, rr).double(), K, nbuckets))
-    a, c, lo, hi = (torch.cat(x) for x in zip(*parts))
+    ql, pl, lo, hi = (torch.cat(x) for x in zip(*parts))
     for _ in range(BISECT_STEPS):
         mid = 0.5 * (lo + hi)
-        up = k_seq_f(a + c * mid, mid, K) >= 0
+        up = k_seq_f_rejected(ql - pl / mid, mid, K) >= 0
         hi = torch.where(up, mid, hi)
         lo = torch.where(up, lo, mid)
     return hi
 
 
 def _segments(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int):
-    """Per row of float64 p, q ``[R, V]``: (a, c, lo, hi) ``[R]`` with S(rho) = a + c rho on
-    [lo, hi], f(lo) < 0 <= f(hi) (or lo == hi at the root)."""
+    """Per row of float64 p, q ``[R, V]``: (ql, pl, lo, hi) ``[R]`` with the rejection mass
+    E(rho) = sum_x (q - p/rho)+ = ql - pl/rho on [lo, hi], f(lo) < 0 <= f(hi) (or lo == hi
+    at the root).
+
+    ql and pl are the q and p masses of the tokens with ratio below the segment, always
+    formed as sums of nonnegative terms within the row (no differences of totals, no sum
+    running across rows), so a row's rho* does not depend on the other rows of the batch.
+    """
     R, V = p.shape
     dev = p.device
     nb = int(min(nbuckets, max(4, V // 64)))  # about 64 breakpoints per bucket; fewer edges for small V
@@ -89,23 +120,22 @@ def _segments(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int):
     Qb = torch.bincount(flat, weights=q.reshape(-1), minlength=R * (nb + 2)).view(R, nb + 2)
     cP = Pb.cumsum(-1)  # [R, nb+2]: mass of p with bucket <= k
     cQ = Qb.cumsum(-1)
-    totQ = cQ[:, -1:]
     edges = 1 + torch.arange(nb + 1, dtype=torch.float64, device=dev) / scale  # c_0 = 1 .. c_nb = K
     edges[-1] = float(K)
-    S_edge = cP[:, : nb + 1] + edges * (totQ - cQ[:, : nb + 1])  # S(c_k): r < c_k gives p, else c_k q
-    ok = k_seq_f(S_edge, edges, K) >= 0  # [R, nb+1]
+    E_edge = cQ[:, : nb + 1] - cP[:, : nb + 1] / edges  # E(c_k): tokens with r < c_k
+    ok = k_seq_f_rejected(E_edge, edges, K) >= 0  # [R, nb+1]
     ok[:, -1] = True  # f(K) >= 0 in exact arithmetic
     kstar = ok.to(torch.int8).argmax(-1)  # first edge with f >= 0
     one = torch.ones(R, dtype=torch.float64, device=dev)
-    a_out, c_out, lo_out, hi_out = 0 * one, 0 * one, one.clone(), one.clone()  # f(1) >= 0: rho* = 1
+    ql_out, pl_out, lo_out, hi_out = 0 * one, 0 * one, one.clone(), one.clone()  # f(1) >= 0: rho* = 1
     need = (kstar > 0).nonzero().squeeze(-1)  # rows whose root is inside (c_{k-1}, c_k]
     if need.numel() == 0:
-        return a_out, c_out, lo_out, hi_out
+        return ql_out, pl_out, lo_out, hi_out
     kk = kstar[need]  # [n]
     lo_edge = edges[kk - 1]
     hi_edge = edges[kk]
     A = cP[need, kk - 1]  # p mass with r < c_{k-1}
-    Bq = totQ[need, 0] - cQ[need, kk - 1]  # q mass with r >= c_{k-1}
+    Aq = cQ[need, kk - 1]  # q mass with r < c_{k-1}
     # breakpoints inside the bucket, plus the two bucket edges as massless sentinels
     kfull = torch.where(kstar > 0, kstar, torch.full_like(kstar, -1))
     sel = (b == kfull.unsqueeze(-1)).nonzero()  # [m, 2] (row, column), rows in increasing order
@@ -124,14 +154,18 @@ def _segments(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int):
     seg, tr, tp, tq = seg[order], tr[order], tp[order], tq[order]
     counts = torch.bincount(seg, minlength=n)
     start = torch.cumsum(counts, 0) - counts  # [n]
-    zero = torch.zeros(1, dtype=torch.float64, device=dev)
-    cp = torch.cat([zero, torch.cumsum(tp, 0)])
-    cq = torch.cat([zero, torch.cumsum(tq, 0)])
     j = torch.arange(tr.numel(), device=dev)
-    pex = cp[j] - cp[start[seg]]  # p mass of this row's breakpoints strictly before j
-    qex = cq[j] - cq[start[seg]]
-    S_j = A[seg] + pex + tr * (Bq[seg] - qex)
-    okj = k_seq_f(S_j, tr, K) >= 0
+    col = j - start[seg]  # position within the row
+    L = int(counts.max())
+    # per-row exclusive prefix sums in a padded [n, L + 1] layout
+    grid = torch.zeros(2, n, L + 1, dtype=torch.float64, device=dev)
+    grid[0, seg, col + 1] = tp
+    grid[1, seg, col + 1] = tq
+    grid = grid.cumsum(-1)
+    pex = grid[0, seg, col]  # p mass of this row's breakpoints strictly before j
+    qex = grid[1, seg, col]
+    E_j = (Aq[seg] + qex) - (A[seg] + pex) / tr
+    okj = k_seq_f_rejected(E_j, tr, K) >= 0
     big = torch.full_like(j, tr.numel())
     first = torch.full((n,), tr.numel(), dtype=torch.long, device=dev)
     first = first.scatter_reduce(0, seg, torch.where(okj, j, big), reduce="amin", include_self=True)
@@ -139,18 +173,19 @@ def _segments(p: torch.Tensor, q: torch.Tensor, K: int, nbuckets: int):
     first = torch.minimum(first, last)  # rounding: the hi sentinel closes every bracket
     prev = torch.maximum(first - 1, start)
     lo, hi = tr[prev], tr[first]
-    a = A + pex[first]  # S(rho) = a + c rho on (t_prev, t_first]
-    c = Bq - qex[first]
-    a_out[need], c_out[need], lo_out[need], hi_out[need] = a, c, lo, hi
-    return a_out, c_out, lo_out, hi_out
+    ql_out[need] = Aq + qex[first]  # E(rho) = ql - pl / rho on (t_prev, t_first]
+    pl_out[need] = A + pex[first]
+    lo_out[need], hi_out[need] = lo, hi
+    return ql_out, pl_out, lo_out, hi_out
 
 
 def _residual(p64: torch.Tensor, q64: torch.Tensor, rho: torch.Tensor, K: int):
     """(unnormalised residual (p - gamma min(p/rho, q))+ [R, V], min(p/rho, q) [R, V])."""
     m = torch.minimum(p64 / rho, q64)  # rho [R, 1]
-    beta = m.sum(-1, keepdim=True)
-    pacc = 1 - (1 - beta).clamp_min(0.0) ** K
-    gamma = torch.where(beta > 0, pacc / torch.where(beta > 0, beta, torch.ones_like(beta)), torch.full_like(beta, float(K)))
+    # gamma = p_acc / beta = sum_{i<K} E^i with E = sum (q - m) the per-draft rejection mass:
+    # no division, no 1 - (1 - beta)^K cancellation; E = 1 (beta = 0) gives gamma = K
+    E = (q64 - m).sum(-1, keepdim=True)
+    gamma = _geom(E.clamp(0.0, 1.0), K)
     return (p64 - gamma * m).clamp_min_(0.0), m
 
 
@@ -170,18 +205,19 @@ def _f_rows(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor, t: torch.Tenso
         tt = t[s0 : s0 + step].unsqueeze(-1)  # [r, 1]
         pr = P.index_select(0, rr)
         qr = Q.index_select(0, rr)
+        # E(t) = sum_x (q t - p)+ / t, the rejection mass at rho = t
         if lowp:
             pr, qr = pr.float(), qr.float()
-            S = torch.minimum(pr, qr * tt.float()).sum(-1, keepdim=True).double()
-            f = k_seq_f(S, tt, K)
+            E = (qr * tt.float() - pr).clamp_min_(0.0).sum(-1, keepdim=True).double() / tt
+            f = k_seq_f_rejected(E, tt, K)
             close = (f.abs() < margin).squeeze(-1)
             if bool(close.any()):
                 p64, q64 = pr[close].double(), qr[close].double()
-                S64 = torch.minimum(p64, q64 * tt[close]).sum(-1, keepdim=True)
-                f[close] = k_seq_f(S64, tt[close], K)
+                E64 = (q64 * tt[close] - p64).clamp_min_(0.0).sum(-1, keepdim=True) / tt[close]
+                f[close] = k_seq_f_rejected(E64, tt[close], K)
         else:
-            S = torch.minimum(pr, qr * tt).sum(-1, keepdim=True)
-            f = k_seq_f(S, tt, K)
+            E = (qr * tt - pr).clamp_min_(0.0).sum(-1, keepdim=True) / tt
+            f = k_seq_f_rejected(E, tt, K)
         out[s0 : s0 + rr.numel()] = f.squeeze(-1)
     return out
 
