@@ -153,3 +153,33 @@ def test_spectr_rho_is_one_exactly_when_p_equals_q():
     P, _ = _mixed_rows(8, 50, seed=3)
     for K in (2, 3, 5):
         assert bool((solve_rho(P, P.clone(), K) == 1.0).all())
+
+
+# ---- 4. one normalisation rule for float32 inputs on every exact path ---------------------
+def test_float32_inputs_one_normalisation_rule():
+    from multidraft._validate import as_probs64
+    from multidraft.limits import k2_optimal_acceptance
+
+    # a float32 pair whose float64 sums are off by ~1e-7; before the fix certify (which
+    # renormalised p) reported lp_optimal acceptance 2.5e-7 above optimal_acceptance (which did not)
+    p = torch.tensor([3.2369218843086855e-06, 0.00019397940195631236, 0.00019635957141872495,
+                      2.304407047404311e-07, 0.0008085057488642633, 0.9987976551055908], dtype=torch.float32)
+    q = torch.tensor([0.3895387649536133, 0.00386927742511034, 0.009956262074410915,
+                      0.38069674372673035, 0.1956222802400589, 0.020316803827881813], dtype=torch.float32)
+    assert abs(float(p.double().sum()) - 1) > 1e-8  # the case where the rule matters
+    p64, q64 = as_probs64(p, "p"), as_probs64(q, "q")
+    assert p64.dtype == torch.float64 and abs(float(p64.sum()) - 1) < 1e-15
+    for kind in ("iid", "wor", "greedy"):
+        law32, law64 = D.make(kind, q, 2), D.make(kind, q64, 2)
+        a32 = optimal_acceptance(p, law32)
+        assert a32 == optimal_acceptance(p64, law64)  # float32 in == its float64 renormalisation in
+        assert lp_optimal_acceptance(p, law32) == pytest.approx(a32, abs=1e-9)
+        for name in md.verifiers.names():
+            v = md.verifiers.get(name)
+            if v.supports(law32):
+                cert = md.certify(v, p, law32)
+                assert cert.acceptance <= a32 + 1e-12, (name, kind, cert.acceptance - a32)
+    assert k2_optimal_acceptance(p, q) == optimal_acceptance(p64, D.iid(q64, 2))
+    # float64 inputs are used as given
+    x = torch.tensor([0.5, 0.5 + 1e-9], dtype=torch.float64)
+    assert as_probs64(x, "p") is not None and bool((as_probs64(x, "p") == x).all())

@@ -56,6 +56,17 @@ def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
     return x
 
 
+def as_probs64(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
+    """``as_probs`` in float64 for the exact paths (certificates, alpha*, LPs): inputs that
+    are not float64 are divided by their float64 sum, float64 inputs are used as given.
+    The one normalisation rule every exact path applies (``DraftLaw._q64`` does the same for q)."""
+    x = as_probs(x, name, min_ndim=min_ndim)
+    if x.dtype == torch.float64:
+        return x
+    x = x.double()
+    return x / x.sum(-1, keepdim=True)
+
+
 def as_k(k, name: str = "k") -> int:
     if isinstance(k, bool) or not isinstance(k, int):
         try:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._validate import as_probs
+from ._validate import as_probs64
 from .drafts import DraftLaw
 from .verifiers import get as _get_verifier
 
@@ -36,10 +36,7 @@ def output_law(verifier, p, law: DraftLaw) -> tuple[torch.Tensor, torch.Tensor, 
     v = _get_verifier(verifier)
     if not isinstance(law, DraftLaw):
         raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
-    p32 = as_probs(p, "target_probs")
-    p = p32.double()
-    if p32.dtype != torch.float64:  # exact arithmetic on the float64 renormalisation
-        p = p / p.sum(-1, keepdim=True)
+    p = as_probs64(p, "target_probs")  # the rule optimal_acceptance and the LPs apply
     if p.ndim != 1:
         raise ValueError(f"target_probs must be a single distribution [V] for certify, got shape {tuple(p.shape)}")
     if p.shape[-1] != law.V:

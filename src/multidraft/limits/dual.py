@@ -14,7 +14,8 @@ LP; a max-flow/min-cut argument):
   exponential race: with arrival rates q_x and r = q(outside H),
   Q(H) = int_0^inf r e^{-rt} P(N_H(t) >= K) dt, where N_H(t) counts H-tokens arrived by
   t (a Poisson-binomial updated token by token along the prefix, in nonnegative
-  arithmetic). The integral is a trapezoid rule in s = log t, whose error for this entire
+  arithmetic). The integral is a trapezoid rule in s = log t (each rate times t formed as
+  exp(log rate + s): subnormal masses put t near 1e322 without overflow), whose error for this entire
   integrand decays like exp(-pi^2 / h) (h = 0.25: below 1e-16); the two tails are cut
   where proven bounds put them below 1e-16. Prefixes that cannot be the minimum (by the
   bounds q(H)^K >= Q(H) >= prod_i (q(H) - M_i)/(1 - M_i), M_i the i largest q) are not
@@ -31,7 +32,7 @@ import math
 
 import torch
 
-from .._validate import as_probs
+from .._validate import as_probs64
 from ..drafts import DraftLaw
 
 __all__ = ["optimal_acceptance", "prefix_order", "dual_objective"]
@@ -44,7 +45,7 @@ _ONE_TOL = 1e-15        # prefixes whose 1 - Q is proven below this count as Q =
 def _check(p, law):
     if not isinstance(law, DraftLaw):
         raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
-    p = as_probs(p, "p").double()
+    p = as_probs64(p, "p")  # float32 p: renormalised in float64, as in certify
     if p.shape[-1] != law.V:
         raise ValueError(f"p has V = {p.shape[-1]} but the law has V = {law.V}")
     try:
@@ -91,7 +92,7 @@ def _iid(p, q, K):
 def _greedy(p, law):
     K = law.k
     if K == 1:
-        return _iid(p, law.q.double().expand_as(p), 1)
+        return _iid(p, law._q64().expand_as(p), 1)
     T = law.top_set().expand(*p.shape[:-1], K - 1)
     qr = law.rest_probs().expand_as(p)
     inT = torch.zeros_like(p, dtype=torch.bool).scatter(-1, T, True)
@@ -103,7 +104,7 @@ def _greedy(p, law):
 # ---- without replacement ---------------------------------------------------------------
 def _wor(p, law):
     K = law.k
-    q = law.q.double().expand_as(p)
+    q = law._q64().expand_as(p)
     if K == 1:
         return _iid(p, q, 1)
     batch = p.shape[:-1]
@@ -253,7 +254,7 @@ def _indep_row(p, qs):
 
 
 def _independent(p, law):
-    qs = law.q.double()
+    qs = law._q64()
     K, V = qs.shape[-2], qs.shape[-1]
     if K == 1:
         return _iid(p, qs[..., 0, :].expand_as(p), 1)
@@ -283,7 +284,7 @@ def optimal_acceptance(p, law: DraftLaw, *, return_set: bool = False):
     """
     p, batch = _check(p, law)
     if law.kind == "iid":
-        alpha, H = _iid(p, law.q.double().expand_as(p), law.k)
+        alpha, H = _iid(p, law._q64().expand_as(p), law.k)
     elif law.kind == "greedy":
         alpha, H = _greedy(p, law)
     elif law.kind == "wor":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import as_k, as_probs
+from .._validate import as_k, as_probs64
 from .dual import _iid
 
 __all__ = ["k2_optimal_acceptance", "unit_acceptance_possible", "UNIT_TOL"]
@@ -19,8 +19,8 @@ UNIT_TOL = 1e-12  # min_S [p(S) - q(S)^k] >= -UNIT_TOL counts as acceptance 1
 
 
 def _pq(p, q):
-    p = as_probs(p, "p").double()
-    q = as_probs(q, "q").double()
+    p = as_probs64(p, "p")
+    q = as_probs64(q, "q")
     if q.shape[-1] != p.shape[-1]:
         raise ValueError(f"q has V = {q.shape[-1]} but p has V = {p.shape[-1]}")
     try:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .._validate import as_probs
+from .._validate import as_probs64
 from ..drafts import DraftLaw
 
 __all__ = ["CouplingSolution", "solve_coupling", "lp_optimal_acceptance", "is_lp_optimal_acceptance"]
@@ -51,7 +51,7 @@ def _check(p, law) -> torch.Tensor:
         raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
     if len(law.batch_shape) != 0:
         raise ValueError(f"law must be unbatched for the LP (small V), got batch_shape {tuple(law.batch_shape)}")
-    p = as_probs(p, "p").double()
+    p = as_probs64(p, "p")
     if p.ndim != 1:
         raise ValueError(f"p must be a single distribution [V] for the LP, got shape {tuple(p.shape)}")
     if p.shape[-1] != law.V:
@@ -88,7 +88,7 @@ _CACHE_MAX = 256
 def solve_coupling(p, law: DraftLaw) -> CouplingSolution:
     """Optimal coupling of the law's tuples with p (small V); cached per (p, q, kind, K)."""
     p = _check(p, law)
-    q = law.q.double()
+    q = law._q64()
     key = (law.kind, law.k, p.numpy().tobytes(), q.numpy().tobytes())
     hit = _CACHE.get(key)
     if hit is not None:
