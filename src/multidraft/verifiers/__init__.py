@@ -10,6 +10,6 @@ from .base import Verdict, Verifier, first_match, per_draft
 from .registry import get, names, register
 
 # registration order is the display order of tables
-from . import naive, nss, specinfer, rrs_wor, spectr, spechub, khisti_is, greedy_optimal, lp_optimal  # noqa: E402,F401
+from . import naive, nss, specinfer, rrs_wor, spectr, spechub, khisti_is, greedy_optimal, lp_optimal, optimal  # noqa: E402,F401
 
 __all__ = ["Verdict", "Verifier", "first_match", "per_draft", "register", "names", "get"]
