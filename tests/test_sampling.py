@@ -76,3 +76,21 @@ def test_decoding_and_experiments_see_the_same_distribution(tmp_path, temperatur
             full = torch.zeros(dec.shape[-1], dtype=torch.float64)
             full[sup] = stored[a:b].double()
             torch.testing.assert_close(full, dec.double(), atol=2e-7, rtol=0)
+
+
+def test_check_sampling_args_numpy_numbers_and_bools():
+    np = pytest.importorskip("numpy")
+    sampling.check_sampling_args(np.float32(0.7), np.int64(5), np.float64(0.9))
+    sampling.check_sampling_args(np.int32(1), np.uint8(3), None)
+    for args, word in [((True, None, None), "temperature"), ((np.bool_(True), None, None), "temperature"),
+                       ((1.0, True, None), "top_k"), ((1.0, np.bool_(True), None), "top_k"),
+                       ((1.0, 2.0, None), "top_k"), ((1.0, np.float64(2.0), None), "top_k"),
+                       ((1.0, np.int64(0), None), "top_k"), ((1.0, None, True), "top_p"),
+                       ((1.0, None, np.float64(1.5)), "top_p"), ((np.float64("nan"), None, None), "temperature"),
+                       ((-1, None, None), "temperature"), (("1", None, None), "temperature")]:
+        with pytest.raises(ValueError, match=word):
+            sampling.check_sampling_args(*args)
+    # numpy values flow through process_logits unchanged
+    logits = torch.tensor([2.0, 1.0, 1.0, 0.0])
+    torch.testing.assert_close(sampling.process_logits(logits, np.float64(1.0), np.int64(2)),
+                               sampling.process_logits(logits, 1.0, 2))
