@@ -49,7 +49,7 @@ def test_greedy_equals_target_greedy_every_verifier(pair, name):
     law = _law_for(v)
     for ids in PROMPTS[:2]:
         ref = tm.greedy_reference(t, ids, 12)
-        r = md.generate(t, d, ids, verifier=name, drafts=_k_for(v), depth=3, draft_law=law,
+        r = md.generate(t, d, ids, verifier=name, k=_k_for(v), depth=3, draft_law=law,
                         temperature=0, max_new_tokens=12, generator=1)
         assert r.tokens.tolist() == ref.tolist(), (name, law)
         assert r.new_tokens == 12 and r.target_calls <= 12
@@ -61,9 +61,34 @@ def test_greedy_equals_target_greedy_trees_and_laws(pair, tree, law):
     t, d = pair
     ids = PROMPTS[2]
     ref = tm.greedy_reference(t, ids, 15)
-    r = md.generate(t, d, ids, verifier="nss", drafts=2, depth=3, draft_law=law, tree=tree,
+    r = md.generate(t, d, ids, verifier="nss", k=2, depth=3, draft_law=law, tree=tree,
                     temperature=0, max_new_tokens=15, generator=0)
     assert r.tokens.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("name,law", [("rrs_wor", "wor"), ("spechub", "greedy"), ("greedy_optimal", "greedy"),
+                                      ("specinfer", "iid"), ("nss", "iid")])
+def test_verifier_implies_its_law(pair, name, law):
+    if name not in md.verifiers.names():
+        pytest.skip(f"{name} not registered")
+    t, d = pair
+    assert engine.implied_law(name) == law
+    assert engine.check_settings(verifier=name, k=2).law == law
+    ids = PROMPTS[0]
+    ref = tm.greedy_reference(t, ids, 8)
+    r = md.generate(t, d, ids, verifier=name, k=2, depth=2, temperature=0, max_new_tokens=8, generator=0)
+    assert r.tokens.tolist() == ref.tolist()
+
+
+def test_settings_accept_numpy_integers_and_list_means_independent():
+    np = pytest.importorskip("numpy")
+    s = engine.check_settings(verifier="specinfer", k=np.int64(2), depth=np.int32(3), top_k=np.int64(4),
+                              top_p=np.float32(0.9), temperature=np.float64(0.7), max_new_tokens=np.int16(5))
+    assert (s.k, s.depth, s.top_k, s.max_new_tokens, s.law) == (2, 3, 4, 5, "iid")
+    assert type(s.k) is int and type(s.top_k) is int
+    assert engine.check_settings(verifier="specinfer", k=2, draft_temperature=[0.5, 1.0]).law == "independent"
+    assert engine.laws_that_work("specinfer", 2) == ["iid", "independent"]
+    assert engine.laws_that_work("rrs_wor", 3) == ["wor"]
 
 
 def test_greedy_llama_and_target_only():
@@ -71,7 +96,7 @@ def test_greedy_llama_and_target_only():
     ids = PROMPTS[0]
     ref = tm.greedy_reference(t, ids, 10)
     for verifier, dr in [(None, None), ("naive", d)]:
-        r = md.generate(t, dr, ids, verifier=verifier, drafts=1, depth=4, temperature=0, max_new_tokens=10, generator=0)
+        r = md.generate(t, dr, ids, verifier=verifier, k=1, depth=4, temperature=0, max_new_tokens=10, generator=0)
         assert r.tokens.tolist() == ref.tolist()
     base = md.generate(t, None, ids, verifier="none", temperature=0, max_new_tokens=10, generator=0)
     assert base.target_calls == 10 and base.block_efficiency == 1.0 and base.draft_calls == 0
@@ -79,7 +104,7 @@ def test_greedy_llama_and_target_only():
 
 def test_draft_equal_to_target_accepts_everything(pair):
     t, _ = pair
-    r = md.generate(t, t, PROMPTS[0], verifier="naive", drafts=1, depth=4, temperature=1.0,
+    r = md.generate(t, t, PROMPTS[0], verifier="naive", k=1, depth=4, temperature=1.0,
                     max_new_tokens=21, generator=3)
     # with q == p single-draft SD accepts every draft: 5 tokens per target call
     assert r.accepted_lengths[:4] == [4, 4, 4, 4]
@@ -99,7 +124,7 @@ def test_eos_stops(pair):
 
 def test_context_limit_stops():
     t, d = tm.tiny_pair(vocab_size=16, max_pos=12, seed=2)
-    r = md.generate(t, d, PROMPTS[0], verifier="nss", drafts=2, depth=4, temperature=1.0, max_new_tokens=50, generator=0)
+    r = md.generate(t, d, PROMPTS[0], verifier="nss", k=2, depth=4, temperature=1.0, max_new_tokens=50, generator=0)
     assert r.stop_reason == "context"
     assert PROMPTS[0].shape[1] + r.new_tokens <= 13
 
@@ -157,12 +182,12 @@ def _law_case(small_pair, n, seed, **kw):
 
 def test_two_token_law_multidraft_fast(small_pair):
     # iid drafts with duplicates (V = 8), depth-2 tree, recovered and bonus tokens all exercised
-    _law_case(small_pair, 300, 11, verifier="nss", drafts=3, depth=2, draft_law="iid",
+    _law_case(small_pair, 300, 11, verifier="nss", k=3, depth=2, draft_law="iid",
               temperature=1.0, draft_temperature=1.4)
 
 
 def test_two_token_law_single_draft_fast(small_pair):
-    _law_case(small_pair, 300, 12, verifier="naive", drafts=1, depth=2, temperature=0.8, draft_temperature=1.2)
+    _law_case(small_pair, 300, 12, verifier="naive", k=1, depth=2, temperature=0.8, draft_temperature=1.2)
 
 
 SLOW_CASES = []
@@ -178,16 +203,16 @@ for _name in md.verifiers.names():
 @pytest.mark.parametrize("name,law", SLOW_CASES)
 def test_two_token_law_every_verifier_slow(small_pair, name, law):
     v = md.verifiers.get(name)
-    _law_case(small_pair, 1200, 100 + len(name), verifier=name, drafts=_k_for(v), depth=2, draft_law=law,
+    _law_case(small_pair, 1200, 100 + len(name), verifier=name, k=_k_for(v), depth=2, draft_law=law,
               temperature=1.0, draft_temperature=1.5)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("verifier,kw", [
-    ("specinfer", dict(tree="sequences", drafts=3, draft_law="iid")),
-    ("rrs_wor", dict(tree=[[0], [1], [0, 0], [0, 1], [1, 0]], drafts=2, draft_law="wor")),
-    ("specinfer", dict(drafts=2, draft_temperature=[0.7, 1.6])),
-    ("specinfer", dict(drafts=2, draft_law="iid", top_k=5, top_p=0.9)),
+    ("specinfer", dict(tree="sequences", k=3, draft_law="iid")),
+    ("rrs_wor", dict(tree=[[0], [1], [0, 0], [0, 1], [1, 0]], k=2, draft_law="wor")),
+    ("specinfer", dict(k=2, draft_temperature=[0.7, 1.6])),
+    ("specinfer", dict(k=2, draft_law="iid", top_k=5, top_p=0.9)),
 ])
 def test_two_token_law_trees_and_processing_slow(small_pair, verifier, kw):
     if verifier not in md.verifiers.names():
@@ -233,7 +258,9 @@ def test_caches_after_many_steps_equal_fresh_prefill(pair, tree):
     t, d = pair
     ids = PROMPTS[0]
     g = torch.Generator().manual_seed(5)
-    plan = engine._make_plan(t, d, ids, "nss", 2, 3, "iid", tree, 1.0, 0.7, None, None, 25, None)
+    settings = engine.check_settings(verifier="nss", k=2, depth=3, draft_law="iid", tree=tree, temperature=1.0,
+                                     draft_temperature=0.7, max_new_tokens=25)
+    plan = engine._make_plan(t, d, ids, settings, None)
     dec = engine._Decoder(t, d, plan, g, None)
     with torch.inference_mode():
         res = dec.run(ids)
@@ -279,14 +306,17 @@ def test_bad_input_errors(pair):
     cases = [
         (dict(verifier="nope"), "verifier"),
         (dict(draft_law="bogus"), "draft_law"),
-        (dict(drafts=0), "drafts"),
+        (dict(k=0), "k must"),
         (dict(depth=0), "depth"),
         (dict(temperature=-0.5), "temperature"),
         (dict(draft_temperature=-1.0), "draft_temperature"),
         (dict(top_k=0), "top_k"),
         (dict(top_p=1.5), "top_p"),
         (dict(max_new_tokens=0), "max_new_tokens"),
-        (dict(verifier="naive", drafts=2), "naive"),
+        (dict(verifier="naive", k=2), "naive"),
+        (dict(verifier="rrs_wor", draft_law="iid"), "laws that work with 2 drafts: wor"),
+        (dict(verifier="spechub", k=3), "k: verifier .spechub."),
+        (dict(k=True), "k must"),
         (dict(tree=[[1]]), "tree"),
         (dict(draft_temperature=[1.0, 2.0, 3.0]), "draft_temperature"),
     ]
@@ -330,7 +360,7 @@ def test_cli_decode_json_and_errors(tmp_path, capsys):
         tok.save_pretrained(tmp_path / name)
     base = ["decode", "--prompt", "hellothere", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"),
             "--dtype", "float32", "--quiet", "--ignore-eos", "--max-new-tokens", "8"]
-    assert main(base + ["--verifier", "nss", "--drafts", "2", "--depth", "2", "--json", "--temperature", "0"]) == 0
+    assert main(base + ["--verifier", "nss", "--k", "2", "--depth", "2", "--json", "--temperature", "0"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("text", "new_tokens", "target_calls", "block_efficiency", "acceptance_rate", "seconds", "tokens_per_s", "seed", "settings"):
         assert key in obj
@@ -340,7 +370,7 @@ def test_cli_decode_json_and_errors(tmp_path, capsys):
     assert obj["text"] == tok.decode(ref.tolist(), skip_special_tokens=True)
     assert main(base + ["--verifier", "none"]) == 0
     capsys.readouterr()
-    for bad in (["--verifier", "bogus"], ["--drafts", "0"], ["--temperature", "-1"], ["--draft-law", "iid", "--tree", "[[1]]"]):
+    for bad in (["--verifier", "bogus"], ["--k", "0"], ["--temperature", "-1"], ["--draft-law", "iid", "--tree", "[[1]]"]):
         assert main(base + bad) == 2
         err = capsys.readouterr().err
         assert "error" in err and "Traceback" not in err

@@ -2,14 +2,21 @@
 
 Models default to the default pair (``multidraft.models.resolve_pair``);
 ``--target DIR --draft DIR`` take any local Hugging Face causal LM directories sharing a
-tokenizer. ``--verifier none`` runs the target alone (the baseline).
+tokenizer. ``--verifier none`` runs the target alone (the baseline). ``--draft-law``
+defaults to the law the verifier implies (``rrs_wor`` -> wor, ``spechub`` -> greedy, ...).
+
+Every argument is checked before any model is loaded or built (``decoding.check_settings``);
+a mistake is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 from ..drafts import LAW_KINDS
+from ._args import float_list, k_list
 
 
 def register(sub) -> None:
@@ -23,11 +30,13 @@ def register(sub) -> None:
     p.add_argument("--target", metavar="DIR", default=None, help="target model directory (default: the default pair)")
     p.add_argument("--draft", metavar="DIR", default=None, help="draft model directory (default: the default pair)")
     p.add_argument("--verifier", default="specinfer", help="registered verifier name, or 'none' for the target alone")
-    p.add_argument("--drafts", type=int, default=2, metavar="K", help="drafts per tree node (default 2)")
+    p.add_argument("--k", default="2", metavar="K", help="drafts per tree node (default 2)")
     p.add_argument("--depth", type=int, default=4, metavar="L", help="draft tree depth (default 4)")
     p.add_argument("--tree", default="full",
                    help="'full' (K-ary tree), 'sequences' (K sequences merged into a trie) or a JSON list of paths")
-    p.add_argument("--draft-law", default="iid", choices=LAW_KINDS, help="joint law of the drafts at a node")
+    p.add_argument("--draft-law", default=None, metavar="LAW",
+                   help=f"joint law of the drafts at a node: {', '.join(LAW_KINDS)} "
+                        "(default: the law the verifier implies; 'iid' for most)")
     p.add_argument("--temperature", type=float, default=1.0, help="target temperature (0 = greedy)")
     p.add_argument("--draft-temperature", default=None, metavar="T2",
                    help="draft temperature (default: --temperature); a comma list t1,...,tK means the independent law")
@@ -38,6 +47,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="model dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    p.add_argument("--out", metavar="FILE", default=None, help="also write the JSON object to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
@@ -45,12 +55,7 @@ def register(sub) -> None:
 def _draft_temperature(raw):
     if raw is None:
         return None
-    try:
-        vals = [float(x) for x in str(raw).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--draft-temperature must be a number or a comma list of numbers, got {raw!r}") from None
-    if not vals:
-        raise ValueError("--draft-temperature is empty")
+    vals = float_list(raw, "--draft-temperature")
     return vals if "," in str(raw) else vals[0]
 
 
@@ -64,32 +69,77 @@ def _tree(raw):
     except json.JSONDecodeError:
         raise ValueError(f"--tree must be 'full', 'sequences' or a JSON list of paths like [[0],[1],[0,0]], got {raw!r}") from None
     if not isinstance(val, list):
-        raise ValueError("--tree JSON must be a list of paths")
+        raise ValueError(f"--tree must be 'full', 'sequences' or a JSON list of paths like [[0],[1],[0,0]], got {raw!r}")
     return val
 
 
-def _check_args(args) -> None:
-    from .. import verifiers
+def _check_out(raw) -> Path | None:
+    """The --out file: not a directory, in an existing writable directory."""
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
+    if path.is_dir():
+        raise ValueError(f"--out: {path} is a directory; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"--out: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--out: {path} is not writable")
+    return path
 
-    if args.verifier.lower() != "none" and args.verifier not in verifiers.names():
-        raise ValueError(f"unknown verifier {args.verifier!r}; registered: {', '.join(verifiers.names())}, none")
-    for name in ("drafts", "depth", "max_new_tokens"):
+
+def check_args(args):
+    """Every argument checked and resolved, before any model is loaded: ``(settings, draft_temperature, tree, out)``.
+
+    ValueError naming the flag (the CLI prints it as one line and exits 2).
+    """
+    from .. import verifiers
+    from ..decoding import check_settings
+
+    verifier = None if args.verifier.lower() == "none" else args.verifier
+    if verifier is not None and verifier not in verifiers.names():
+        raise ValueError(f"--verifier: unknown verifier {args.verifier!r}; registered: {', '.join(verifiers.names())}, none")
+    ks = k_list(args.k, "--k")
+    if len(ks) != 1:
+        raise ValueError(f"--k: decode takes one number of drafts, got {args.k!r}")
+    for name in ("depth", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    draft_temperature = _draft_temperature(args.draft_temperature)
+    tree = _tree(args.tree)
+    out = _check_out(args.out)
+    try:
+        settings = check_settings(
+            verifier=verifier, k=ks[0], depth=args.depth, draft_law=args.draft_law, tree=tree,
+            temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
+            top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        )
+    except ValueError as exc:
+        raise ValueError(_flag(str(exc))) from None
+    return settings, draft_temperature, tree, out
+
+
+_FLAGS = {"draft_law": "--draft-law", "draft_temperature": "--draft-temperature", "k": "--k", "tree": "--tree",
+          "top_k": "--top-k", "top_p": "--top-p", "temperature": "--temperature", "depth": "--depth"}
+
+
+def _flag(msg: str) -> str:
+    """A library message that starts with an argument name, restated with the flag."""
+    head = msg.split(":", 1)[0].split(" ", 1)[0]
+    return _FLAGS[head] + msg[len(head):] if head in _FLAGS else msg
 
 
 def _progress(enabled: bool):
     if not enabled:
         return None, lambda: None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        def cb(done, total):
-            print(f"\rdecode: {done}/{total} tokens", end="", file=sys.stderr, flush=True)
+    from tqdm import tqdm
 
-        return cb, lambda: print(file=sys.stderr)
     bar = tqdm(total=None, desc="decode", unit="tok", file=sys.stderr, leave=False, dynamic_ncols=True)
     state = {"n": 0}
 
@@ -102,14 +152,13 @@ def _progress(enabled: bool):
 
 
 def run(args) -> int:
+    settings, draft_temperature, tree, out = check_args(args)
+
     import torch
 
     from ..decoding import generate
     from ..models import resolve_pair
 
-    _check_args(args)
-    draft_temperature = _draft_temperature(args.draft_temperature)
-    tree = _tree(args.tree)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     dtype = getattr(torch, args.dtype)
     target, draft, tok = resolve_pair(args.target, args.draft, dtype, log=log)
@@ -121,39 +170,31 @@ def run(args) -> int:
     if input_ids.shape[1] < 1:
         raise ValueError("--prompt encodes to no tokens")
     eos = None if args.ignore_eos else tok.eos_token_id
-    verifier = None if args.verifier.lower() == "none" else args.verifier
+    verifier = settings.verifier.name if settings.verifier is not None else None
     cb, close = _progress(not args.quiet)
     try:
         res = generate(
             target, draft if verifier is not None else None, input_ids,
-            verifier=verifier, drafts=args.drafts, depth=args.depth, draft_law=args.draft_law, tree=tree,
+            verifier=verifier, k=settings.k or 1, depth=settings.depth or 1, draft_law=settings.law, tree=tree,
             temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, eos_token_id=eos, generator=args.seed, progress=cb,
         )
     finally:
         close()
     text = tok.decode(res.tokens.tolist(), skip_special_tokens=True)
-    if args.json:
+    if args.json or out is not None:
         obj = {
             "text": text,
-            "new_tokens": res.new_tokens,
-            "target_calls": res.target_calls,
-            "draft_calls": res.draft_calls,
-            "block_efficiency": res.block_efficiency,
-            "acceptance_rate": res.acceptance_rate,
-            "seconds": res.seconds,
-            "tokens_per_s": res.tokens_per_s,
-            "stop_reason": res.stop_reason,
-            "accepted_lengths": res.accepted_lengths,
+            **res.to_dict(),
             "seed": args.seed,
             "settings": {
                 "target": args.target or "default",
                 "draft": (args.draft or "default") if verifier is not None else None,
                 "verifier": verifier or "none",
-                "drafts": args.drafts,
-                "depth": args.depth,
+                "law": settings.law if verifier is not None else None,
+                "K": settings.k if verifier is not None else None,
+                "depth": settings.depth if verifier is not None else None,
                 "tree": args.tree,
-                "draft_law": "independent" if isinstance(draft_temperature, list) else args.draft_law,
                 "temperature": args.temperature,
                 "draft_temperature": draft_temperature,
                 "top_k": args.top_k,
@@ -165,7 +206,14 @@ def run(args) -> int:
                 "prompt_tokens": int(input_ids.shape[1]),
             },
         }
-        print(json.dumps(obj))
+        line = json.dumps(obj)
+        if out is not None:
+            try:
+                out.write_text(line + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
+    if args.json:
+        print(line)
     else:
         print(text)
         if not args.quiet:

@@ -1,18 +1,19 @@
 """End-to-end multi-draft speculative decoding on transformers causal LMs (``models`` extra).
 
 >>> import multidraft as md
->>> res = md.generate(target, draft, input_ids, verifier="specinfer", drafts=2, depth=4,
+>>> res = md.generate(target, draft, input_ids, verifier="specinfer", k=2, depth=4,
 ...                   temperature=1.0, max_new_tokens=64, generator=0)      # doctest: +SKIP
 >>> res.tokens, res.block_efficiency                                         # doctest: +SKIP
 
-Modules: ``sampling`` (temperature / top-k / top-p), ``trees`` (tree shapes, the per-step
-draft tree), ``kv`` (tree attention masks, KV-cache compaction), ``engine`` (``generate``).
-Model loading for the default pair lives in ``models`` (written separately).
+Modules: ``trees`` (tree shapes, the per-step draft tree), ``kv`` (tree attention masks,
+KV-cache compaction), ``engine`` (``generate``; ``check_settings`` checks every model-free
+argument before any model is loaded; ``implied_law`` is the draft law a verifier implies).
+Logit processing lives in ``multidraft.sampling`` and model loading in ``multidraft.models``.
 """
 from __future__ import annotations
 
-from .engine import GenerationResult, generate
-from ..sampling import process_logits
+from .engine import GenerationResult, Settings, check_settings, generate, implied_law, laws_that_work
 from .trees import TreeShape, full_tree, parse_tree
 
-__all__ = ["generate", "GenerationResult", "process_logits", "TreeShape", "full_tree", "parse_tree"]
+__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "implied_law", "laws_that_work",
+           "TreeShape", "full_tree", "parse_tree"]

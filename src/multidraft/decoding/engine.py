@@ -30,6 +30,7 @@ compaction, since rows accept different numbers of tokens) and per-row stopping.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,11 +40,11 @@ import torch
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from .._validate import as_generator
-from .kv import cache_length, keep, new_cache, tree_attention_mask
 from ..sampling import check_sampling_args, process_logits, sample_token
+from .kv import keep, new_cache, tree_attention_mask
 from .trees import DraftTree, TreeShape
 
-__all__ = ["generate", "GenerationResult", "score_tree"]
+__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "implied_law", "laws_that_work", "score_tree"]
 
 
 @dataclass
@@ -104,9 +105,112 @@ def _model_dtype(model) -> torch.dtype:
 
 
 def _int_arg(x, name: str, lo: int = 1) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < lo:
+    """A Python or numpy integer >= lo (bools refused)."""
+    if isinstance(x, bool) or getattr(x, "dtype", None) == bool:
         raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
-    return int(x)
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}") from None
+    if n < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
+    return n
+
+
+def implied_law(verifier) -> str:
+    """The draft law ``generate`` uses when ``draft_law`` is not given: the one law a verifier
+    supports for K > 1 when it supports exactly one (``rrs_wor`` -> 'wor', ``spechub`` ->
+    'greedy'), else 'iid'. ``verifier`` is a registered name or a Verifier."""
+    v = _verifiers.get(verifier) if isinstance(verifier, str) else verifier
+    laws = tuple(v.laws)
+    return laws[0] if len(laws) == 1 else "iid"
+
+
+def laws_that_work(verifier, k: int) -> list[str]:
+    """The draft laws (in ``LAW_KINDS`` order) ``verifier`` is lossless for with k drafts per node."""
+    v = _verifiers.get(verifier) if isinstance(verifier, str) else verifier
+    return [law for law in _drafts.LAW_KINDS if v.supports(law, k)]
+
+
+def _unsupported(v, kind: str, k: int) -> str:
+    """The message for a (verifier, law, K) the verifier is not lossless for; names what would work."""
+    ok = laws_that_work(v, k)
+    krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
+    if ok:
+        return (f"draft_law: verifier {v.name!r} is not lossless for the {kind!r} draft law with {k} drafts "
+                f"per node; laws that work with {k} drafts: {', '.join(ok)}")
+    return (f"k: verifier {v.name!r} is not lossless with {k} drafts per node "
+            f"(it supports laws {', '.join(v.laws)} with {krange})")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The model-free part of a ``generate`` call, checked and resolved (see :func:`check_settings`).
+
+    ``verifier`` is None for the target alone; ``law`` is the resolved draft law kind;
+    ``shape`` the tree shape (None for the target alone); ``draft_temps`` one temperature
+    per draft column (one entry unless the law is 'independent').
+    """
+
+    verifier: object
+    law: str
+    shape: TreeShape | None
+    k: int
+    depth: int
+    temperature: float
+    draft_temps: tuple
+    top_k: int | None
+    top_p: float | None
+    max_new_tokens: int
+
+
+def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
+                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128) -> Settings:
+    """Check every argument of ``generate`` that needs no model; ValueError naming the argument.
+
+    The CLI calls this before loading any model; ``generate`` calls it first. ``draft_law=None``
+    means :func:`implied_law` of the verifier ('independent' when ``draft_temperature`` is a list).
+    """
+    check_sampling_args(temperature, top_k, top_p, "temperature")
+    top_k = None if top_k is None else operator.index(top_k)
+    top_p = None if top_p is None else float(top_p)
+    max_new_tokens = _int_arg(max_new_tokens, "max_new_tokens")
+    if verifier is None or (isinstance(verifier, str) and verifier.lower() == "none"):
+        return Settings(None, "iid", None, 0, 0, float(temperature), (), top_k, top_p, max_new_tokens)
+    v = _verifiers.get(verifier)
+    K = _int_arg(k, "k")
+    L = _int_arg(depth, "depth")
+    listed = isinstance(draft_temperature, (list, tuple))
+    if draft_law is None:
+        kind = "independent" if listed else implied_law(v)
+    else:
+        kind = _drafts.law_kind(draft_law, "draft_law")
+
+    if draft_temperature is None:
+        temps = [float(temperature)]
+    elif listed:
+        if kind not in ("iid", "independent"):
+            raise ValueError(f"draft_temperature: a list (one per draft) means the independent law, not {draft_law!r}")
+        if len(draft_temperature) != K:
+            raise ValueError(f"draft_temperature has {len(draft_temperature)} entries but k = {K}; give one per draft")
+        for t in draft_temperature:
+            check_sampling_args(t, top_k, top_p, "draft_temperature")
+        temps = [float(t) for t in draft_temperature]
+        kind = "independent"
+    else:
+        check_sampling_args(draft_temperature, top_k, top_p, "draft_temperature")
+        temps = [float(draft_temperature)]
+    if kind == "independent" and len(temps) == 1:
+        temps = temps * K
+
+    shape = TreeShape.from_args(tree, K, L)
+    if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
+        raise ValueError(f"tree has a node with {shape.k} children but only {len(temps)} draft temperatures")
+    ks = {shape.k} if shape.mode == "sequences" else {n for n in shape.children.values() if n > 0}
+    for n in sorted(ks):
+        if n != 1 and not v.supports(kind, n):
+            raise ValueError(_unsupported(v, kind, n))
+    return Settings(v, kind, shape, K, L, float(temperature), tuple(temps), top_k, top_p, max_new_tokens)
 
 
 @dataclass
@@ -123,8 +227,7 @@ class _Plan:
     K: int
 
 
-def _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tree, temperature,
-               draft_temperature, top_k, top_p, max_new_tokens, eos_token_id) -> _Plan:
+def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _Plan:
     if target is None or not callable(target):
         raise ValueError("target must be a loaded transformers causal LM")
     if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
@@ -134,24 +237,23 @@ def _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tre
     V = _vocab_size(target, "target")
     if bool(((input_ids < 0) | (input_ids >= V)).any()):
         raise ValueError(f"input_ids holds token ids outside the target vocabulary [0, {V})")
-    check_sampling_args(temperature, top_k, top_p, "temperature")
-    max_new_tokens = _int_arg(max_new_tokens, "max_new_tokens")
     if eos_token_id is None:
         eos = frozenset()
     else:
-        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        if any(isinstance(e, bool) or not isinstance(e, int) or not (0 <= e < V) for e in ids):
-            raise ValueError(f"eos_token_id must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}")
-        eos = frozenset(int(e) for e in ids)
+        ids = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, set, frozenset)) else list(eos_token_id)
+        try:
+            if any(isinstance(e, bool) or not (0 <= operator.index(e) < V) for e in ids):
+                raise TypeError
+        except TypeError:
+            raise ValueError(f"eos_token_id must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}") from None
+        eos = frozenset(operator.index(e) for e in ids)
     ctx = _context(target)
     T = input_ids.shape[1]
-
-    if verifier is None or (isinstance(verifier, str) and verifier.lower() == "none"):
+    s = settings
+    if s.verifier is None:
         if T >= ctx:
             raise ValueError(f"input_ids has {T} tokens but the target's context window is {ctx}; the prompt is too long")
-        return _Plan(None, "iid", None, float(temperature), [], top_k, top_p, max_new_tokens, eos, 0)
-
-    v = _verifiers.get(verifier)
+        return _Plan(None, "iid", None, s.temperature, [], s.top_k, s.top_p, s.max_new_tokens, eos, 0)
     if draft is None or not callable(draft):
         raise ValueError("draft must be a loaded transformers causal LM (or use verifier=None for the target alone)")
     Vd = _vocab_size(draft, "draft")
@@ -160,38 +262,8 @@ def _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tre
     ctx = min(ctx, _context(draft))
     if T >= ctx:
         raise ValueError(f"input_ids has {T} tokens but the context window is {ctx}; the prompt is too long")
-    K = _int_arg(drafts, "drafts")
-    L = _int_arg(depth, "depth")
-    kind = _drafts.law_kind(draft_law, "draft_law")
-
-    if draft_temperature is None:
-        temps = [float(temperature)]
-    elif isinstance(draft_temperature, (list, tuple)):
-        if kind not in ("iid", "independent"):
-            raise ValueError(f"draft_temperature: a list (one per draft) means the independent law, not {draft_law!r}")
-        if len(draft_temperature) != K:
-            raise ValueError(f"draft_temperature has {len(draft_temperature)} entries but drafts = {K}; give one per draft")
-        for t in draft_temperature:
-            check_sampling_args(t, top_k, top_p, "draft_temperature")
-        temps = [float(t) for t in draft_temperature]
-        kind = "independent"
-    else:
-        check_sampling_args(draft_temperature, top_k, top_p, "draft_temperature")
-        temps = [float(draft_temperature)]
-    if kind == "independent" and len(temps) == 1:
-        temps = temps * K
-
-    shape = TreeShape.from_args(tree, K, L)
-    if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
-        raise ValueError(f"tree has a node with {shape.k} children but only {len(temps)} draft temperatures")
-    ks = {shape.k} if shape.mode == "sequences" else {k for k in shape.children.values() if k > 0}
-    for k in sorted(ks):
-        if not v.supports(kind, k) and k != 1:
-            raise ValueError(
-                f"verifier {v.name!r} is not lossless for the {kind!r} draft law with {k} drafts per node "
-                f"(it supports laws {list(v.laws)}, K in [{v.min_k}, {v.max_k if v.max_k is not None else 'inf'}))"
-            )
-    return _Plan(v, kind, shape, float(temperature), temps, top_k, top_p, max_new_tokens, eos, K)
+    return _Plan(s.verifier, s.law, s.shape, s.temperature, list(s.draft_temps), s.top_k, s.top_p,
+                 s.max_new_tokens, eos, s.k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +283,7 @@ def score_tree(model, cache, tree: DraftTree, rootpos: int) -> torch.Tensor:
     return model(input_ids=tok, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True).logits[0]
 
 
-def generate(target, draft, input_ids, *, verifier="specinfer", drafts=2, depth=4, draft_law="iid",
+def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, draft_law=None,
              tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
              max_new_tokens=128, eos_token_id=None, generator=None, progress=None) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
@@ -220,20 +292,27 @@ def generate(target, draft, input_ids, *, verifier="specinfer", drafts=2, depth=
                     when ``verifier`` is None / "none": the target alone, one token per call).
     input_ids       LongTensor ``[1, T]``, the prompt.
     verifier        a registered verifier name (``multidraft.verifiers.names()``) or None.
-    drafts, depth   K drafts per node and tree depth L: the full K-ary tree of depth L, or
+    k, depth        K drafts per node and tree depth L: the full K-ary tree of depth L, or
                     with ``tree="sequences"`` K draft sequences of length L merged into a
                     trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both).
-    draft_law       'iid', 'wor' (without replacement), 'greedy' or 'independent'; a list
+    draft_law       a name from ``multidraft.drafts.LAW_KINDS``; None (default) means the law
+                    the verifier implies (:func:`implied_law`: 'wor' for ``rrs_wor``, 'greedy'
+                    for ``spechub`` and ``greedy_optimal``, else 'iid'); a list
                     ``draft_temperature=[t1, ..., tK]`` means the independent law (draft j at
                     temperature t_j).
     temperature     target temperature (0 = greedy); ``draft_temperature`` defaults to it.
     top_k, top_p    applied to both target and draft distributions (see ``sampling``).
     generator       a ``torch.Generator`` or an integer seed (required; all randomness).
     progress        optional callable ``progress(tokens_done, max_new_tokens)`` after each step.
+
+    Every model-free argument is checked by :func:`check_settings` (also usable alone, before
+    loading models); an unsupported (verifier, law, K) names the laws that would work.
     """
     g = as_generator(generator)
-    plan = _make_plan(target, draft, input_ids, verifier, drafts, depth, draft_law, tree, temperature,
-                      draft_temperature, top_k, top_p, max_new_tokens, eos_token_id)
+    settings = check_settings(verifier=verifier, k=k, depth=depth, draft_law=draft_law, tree=tree,
+                              temperature=temperature, draft_temperature=draft_temperature, top_k=top_k,
+                              top_p=top_p, max_new_tokens=max_new_tokens)
+    plan = _make_plan(target, draft, input_ids, settings, eos_token_id)
     if progress is not None and not callable(progress):
         raise ValueError("progress must be None or a callable progress(done, total)")
     with torch.inference_mode():
