@@ -18,7 +18,7 @@ tokens/s to target-only measured in the same run, and the best multi-draft row a
 hf-assisted and against single-draft SD. ``--out FILE`` also writes JSONL rows.
 
     .venv/bin/python benchmarks/decode_speed.py                   # the full run (long on 2 cores)
-    .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --ks 2
+    .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --k 2
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
-import multidraft as md
+from multidraft.cli._args import k_list, name_list
 from multidraft.datasets import encode_prompt, load_prompts
+from multidraft.decoding import generate
 from multidraft.models import resolve_pair
 from multidraft.experiments.demo import Method, format_table, plan_methods, summarize
 from multidraft.experiments.records import JsonlWriter
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--ks", default="2,4", help="drafts per node for the multi-draft rows (default 2,4)")
+    ap.add_argument("--k", default="2,4", help="drafts per node for the multi-draft rows, e.g. 2,4 or 2-8 (default 2,4)")
     ap.add_argument("--verifiers", default=None, help="comma-separated multi-draft verifiers (default: all registered)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -96,8 +97,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSONL results file")
     args = ap.parse_args(argv)
 
-    ks = tuple(int(k) for k in args.ks.split(",") if k.strip())
-    verifiers = tuple(v.strip() for v in args.verifiers.split(",")) if args.verifiers else None
+    try:
+        ks = tuple(k_list(args.k, "--k"))
+        verifiers = tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None
+    except ValueError as exc:
+        ap.error(str(exc))
     methods, skipped = plan_methods(ks, verifiers)
     if not args.no_hf:
         methods.insert(1, HF)
@@ -113,8 +117,8 @@ def main(argv=None) -> int:
 
     # warm-up
     ids0 = encoded[0][1]
-    md.generate(target, draft, ids0, verifier=None, max_new_tokens=2, generator=args.seed)
-    md.generate(target, draft, ids0, verifier="naive", drafts=1, depth=args.depth, max_new_tokens=2, generator=args.seed)
+    generate(target, draft, ids0, verifier=None, max_new_tokens=2, generator=args.seed)
+    generate(target, draft, ids0, verifier="naive", k=1, depth=args.depth, max_new_tokens=2, generator=args.seed)
     if not args.no_hf:
         hf_assisted(target, draft, ids0, max_new_tokens=4, temperature=args.temperature, eos=eos, pad=pad, seed=0)
 
@@ -132,13 +136,13 @@ def main(argv=None) -> int:
                 r = hf_assisted(target, draft, ids, max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, eos=eos, pad=pad, seed=seed)
             else:
-                res = md.generate(target, draft, ids, temperature=args.temperature,
-                                  max_new_tokens=args.max_new_tokens, eos_token_id=eos,
-                                  generator=torch.Generator().manual_seed(seed), **m.kwargs(args.depth))
+                res = generate(target, draft, ids, temperature=args.temperature,
+                               max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+                               generator=torch.Generator().manual_seed(seed), **m.kwargs(args.depth))
                 r = {k: getattr(res, k) for k in ("new_tokens", "target_calls", "draft_calls", "seconds",
                                                   "block_efficiency", "acceptance_rate", "tokens_per_s")}
             row = {"kind": "run", "method": m.label, "verifier": m.verifier if m is not HF else "hf-assisted",
-                   "drafts": m.drafts, "draft_law": m.draft_law, "depth": args.depth, "prompt": tid,
+                   "K": m.k, "law": m.law, "depth": args.depth, "prompt": tid,
                    **{k: (float(v) if isinstance(v, float) else int(v)) for k, v in r.items()}}
             rows.append(row)
             if writer:

@@ -27,7 +27,7 @@ def test_real_pair_greedy_and_sampling(real_pair):
     with torch.inference_mode():
         hf = target.generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, ids.shape[1]:]
     assert base.tokens.tolist() == hf.tolist()
-    spec = md.generate(target, draft, ids, verifier="nss", drafts=2, depth=3, temperature=0, max_new_tokens=16, generator=0)
+    spec = md.generate(target, draft, ids, verifier="nss", k=2, depth=3, temperature=0, max_new_tokens=16, generator=0)
     # bf16 tree pass vs sequential pass: equal unless the target has a near-tie; require a long common prefix
     same = 0
     for a, b in zip(spec.tokens.tolist(), base.tokens.tolist()):
@@ -36,5 +36,5 @@ def test_real_pair_greedy_and_sampling(real_pair):
         same += 1
     assert same >= 8, (spec.tokens.tolist(), base.tokens.tolist())
     assert spec.block_efficiency > 1.2
-    r = md.generate(target, draft, ids, verifier="nss", drafts=2, depth=3, temperature=1.0, max_new_tokens=16, generator=1)
+    r = md.generate(target, draft, ids, verifier="nss", k=2, depth=3, temperature=1.0, max_new_tokens=16, generator=1)
     assert r.new_tokens == 16 and r.target_calls <= 16

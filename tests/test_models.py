@@ -284,7 +284,7 @@ def test_real_pair_smoke():
     assert tok.decode(ref_new).strip()
     if not hasattr(md, "generate"):
         pytest.skip("multidraft.generate (the decoder) is not available yet; loading checked")
-    out = md.generate(target, draft, ids, verifier="specinfer", drafts=2, depth=3, temperature=0.0,
+    out = md.generate(target, draft, ids, verifier="specinfer", k=2, depth=3, temperature=0.0,
                       max_new_tokens=6, generator=torch.Generator().manual_seed(0))
     new = torch.as_tensor(out.tokens).flatten()[-len(ref_new):]
     assert new.tolist() == ref_new.tolist()
@@ -312,7 +312,8 @@ def test_demo_plan_covers_registered_multidraft_verifiers():
             else:
                 assert any(s.startswith(f"{name} K={k}") for s in skipped)
     for m in methods[2:]:
-        assert md.verifiers.get(m.verifier).supports(m.draft_law, m.drafts)
+        assert md.verifiers.get(m.verifier).supports(m.law, m.k)
+        assert m.law == md.decoding.implied_law(m.verifier) or not md.verifiers.get(m.verifier).supports(md.decoding.implied_law(m.verifier), m.k)
     with pytest.raises(ValueError, match="unknown verifier"):
         plan_methods((2,), ("no_such_verifier",))
 
@@ -354,12 +355,27 @@ def test_demo_runs_and_writes_results(tmp_path):
     assert any("time budget" in s for s in res["skipped"]) and res["settings"]["prompts"] == ["HumanEval/0"]
 
 
-def test_demo_cli_user_errors(capsys):
+def test_demo_cli_user_errors(capsys, tmp_path, monkeypatch):
+    from multidraft import models as _models
+
+    def boom(*a, **kw):
+        raise AssertionError("a model load was attempted")
+
+    monkeypatch.setattr(_models, "resolve_pair", boom)
     from multidraft.cli import main
 
-    assert main(["demo", "--ks", "1,2"]) == 2
-    assert "ks must be integers >= 2" in capsys.readouterr().err
+    assert main(["demo", "--k", "1,2"]) == 2
+    assert "K >= 2" in capsys.readouterr().err
+    for bad in ("abc", "0", "3-2", ""):
+        assert main(["demo", "--k", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("multidraft demo: error: --k") and len(err.strip().splitlines()) == 1, err
     assert main(["demo", "--prompts", "0"]) == 2
     assert "prompts must be a positive integer" in capsys.readouterr().err
     assert main(["demo", "--target", "/no/such/model/dir"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert main(["demo", "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "not a directory" in err and len(err.strip().splitlines()) == 1

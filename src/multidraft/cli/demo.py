@@ -10,18 +10,11 @@ from __future__ import annotations
 import sys
 
 from . import UserError
+from ._args import k_list, name_list
 
 
 def _eprint(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _ks(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"--ks must be a comma-separated list of integers, got {text!r}") from None
-    return ks
 
 
 def register(subparsers) -> None:
@@ -46,7 +39,7 @@ def register(subparsers) -> None:
     d.add_argument("--prompts", type=int, default=3, help="number of HumanEval prompts (default 3)")
     d.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
     d.add_argument("--depth", type=int, default=3, help="draft tree depth L (default 3)")
-    d.add_argument("--ks", type=_ks, default=(2, 4), help="drafts per node for the multi-draft rows (default 2,4)")
+    d.add_argument("--k", default="2,4", help="drafts per node for the multi-draft rows, e.g. 2,4 or 2-4 (default 2,4)")
     d.add_argument("--temperature", type=float, default=1.0, help="target and draft temperature (default 1)")
     d.add_argument("--verifiers", default=None, help="comma-separated verifiers (default: every registered one)")
     d.add_argument("--seed", type=int, default=0)
@@ -77,12 +70,13 @@ def run_setup(args) -> int:
 def run(args) -> int:
     from ..experiments.demo import DemoConfig, run_demo
 
-    verifiers = None
-    if args.verifiers:
-        verifiers = tuple(v.strip() for v in args.verifiers.split(",") if v.strip())
+    ks = tuple(k_list(args.k, "--k"))
+    if min(ks) < 2:
+        raise UserError(f"--k: the multi-draft rows need K >= 2 (K = 1 is the SD row), got {args.k!r}")
+    verifiers = tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None
     cfg = DemoConfig(
         target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-        depth=args.depth, ks=args.ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers,
+        depth=args.depth, ks=ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers,
         out_dir=args.out, cache_dir=args.cache_dir, chat=not args.no_chat, stop_at_eos=not args.no_eos,
         time_budget_s=args.time_budget if args.time_budget else None,
     )

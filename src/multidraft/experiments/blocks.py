@@ -16,12 +16,14 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..datasets import load_prompts
-from ..decoding import generate
-from .records import JsonlWriter, done_keys, row_key
+from ..decoding import check_settings, generate, implied_law, laws_that_work
+from .records import JsonlWriter, resume, row_key
 
 __all__ = ["KEY", "run"]
 
 KEY = ("verifier", "law", "K", "depth", "temperature", "prompt")
+# config keys that only choose which rows exist (rows carry them in KEY): may grow on a resume
+KEYED = ("verifiers", "laws", "k", "depths", "temperature", "no_baseline")
 
 
 def _encode(tokenizer, text: str) -> torch.Tensor:
@@ -35,7 +37,7 @@ def run(
     models: Callable[[], tuple],
     model_names: dict,
     verifiers: Sequence[str],
-    laws: Sequence[str],
+    laws: Sequence[str] | None,
     ks: Sequence[int],
     depths: Sequence[int],
     n_prompts: int = 2,
@@ -51,30 +53,42 @@ def run(
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> Path:
-    """Run the missing (prompt, verifier, law, K, depth) cells into ``RUN_DIR/blocks.jsonl``."""
+    """Run the missing (prompt, verifier, law, K, depth) cells into ``RUN_DIR/blocks.jsonl``.
+
+    ``laws=None`` gives each verifier the law it implies (``decoding.implied_law``); with a
+    list, each verifier runs the listed laws it is lossless for at each K. ValueError (naming
+    the laws that would work) when no cell is left.
+    """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if any(int(d) < 1 for d in depths):
         raise ValueError(f"depths must be >= 1, got {list(depths)}")
-    prompts = load_prompts("humaneval", n_prompts, seed=seed)
     cells = []
     for name in verifiers:
         v = _verifiers.get(name)
-        for law in laws:
+        for law in (laws if laws is not None else [implied_law(v)]):
             for k in ks:
                 if v.supports(law, k):
                     for depth in depths:
                         cells.append((name, law, int(k), int(depth)))
     if not cells:
-        raise ValueError("no (verifier, law, K) combination is supported: check --verifiers, --laws and --ks")
+        works = "; ".join(f"{name}: " + (", ".join(f"K={k} {'/'.join(laws_that_work(name, k))}" for k in ks
+                                                  if laws_that_work(name, k)) or "none at these K")
+                          for name in verifiers)
+        raise ValueError(f"laws: no (verifier, law, K) combination is supported for laws {list(laws or [])} "
+                         f"and K in {list(ks)}; laws that would work: {works}")
+    for name, law, k, depth in cells:  # every argument checked before any model is loaded
+        check_settings(verifier=name, k=k, depth=depth, draft_law=law, temperature=temperature,
+                       draft_temperature=draft_temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
+    prompts = load_prompts("humaneval", n_prompts, seed=seed)
     jobs = [(pid, text, c) for pid, text in prompts for c in ([("autoregressive", "-", 0, 0)] if baseline else []) + cells]
     path = Path(run_dir) / "blocks.jsonl"
-    done = done_keys(path, KEY)
+    done = resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuses another run's file
     todo = [j for j in jobs if row_key(_key(j, temperature), KEY) not in done]
     if not todo:
         return path
     target, draft, tokenizer = models()
-    with JsonlWriter(path, config, seed, models=model_names) as w:
+    with JsonlWriter(path, config, seed, keyed=KEYED, models=model_names) as w:
         it = todo if progress is None else progress(todo, total=len(todo), desc="blocks")
         for pid, text, (name, law, k, depth) in it:
             ids = _encode(tokenizer, text)
@@ -90,7 +104,7 @@ def run(
                         tokens_per_s=float(res.tokens_per_s))
                 continue
             res = generate(
-                target, draft, ids, verifier=name, drafts=k, depth=depth, draft_law=law,
+                target, draft, ids, verifier=name, k=k, depth=depth, draft_law=law,
                 temperature=temperature, draft_temperature=draft_temperature if draft_temperature is not None else temperature,
                 top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, generator=g,
             )

@@ -6,7 +6,8 @@ prompts at temperature 1, every method decodes every prompt with the same seed:
 * ``target-only``: the target alone, one token per forward pass (the reference);
 * ``SD``: single-draft speculative decoding (verifier ``naive``, K = 1, a chain of depth L);
 * each registered multi-draft verifier at K = 2 and 4 (a full K-ary draft tree of depth L,
-  the verifier's default draft law), skipping the ones that do not support that K.
+  the draft law the verifier implies, ``decoding.implied_law``), skipping the ones that do
+  not support that K.
 
 Runs are interleaved (for each prompt, every method in turn), so slow phases of a shared
 machine hit all methods alike. Per method the summary pools the prompts:
@@ -28,6 +29,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from .. import verifiers as _verifiers
+from ..datasets import encode_prompt, load_prompts
+from ..decoding import check_settings, generate, implied_law, laws_that_work
 from .progress import progress as _progress
 from .records import JsonlWriter
 
@@ -42,13 +46,13 @@ EXCLUDED = {"naive": "single-draft baseline (its own row)", "lp_optimal": "linea
 class Method:
     label: str
     verifier: str | None
-    drafts: int
-    draft_law: str
+    k: int          # drafts per node (0 for the target alone)
+    law: str        # draft law kind ('-' for the target alone)
 
     def kwargs(self, depth: int) -> dict:
         if self.verifier is None:
             return {"verifier": None}
-        return {"verifier": self.verifier, "drafts": self.drafts, "depth": depth, "draft_law": self.draft_law}
+        return {"verifier": self.verifier, "k": self.k, "depth": depth, "draft_law": self.law}
 
 
 @dataclass
@@ -75,21 +79,26 @@ class DemoConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in self.ks):
-            raise ValueError(f"ks must be integers >= 2 (numbers of drafts for the multi-draft rows), got {self.ks!r}")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise ValueError(f"k: numbers of drafts for the multi-draft rows must be integers >= 2, got {list(self.ks)!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        for name in ("target", "draft"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).expanduser().exists():
+                raise ValueError(f"{name}: model path {path} does not exist (a local model directory or .gguf file)")
+        out = Path(self.out_dir)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"out_dir: {out} exists and is not a directory")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             raise ValueError(f"time_budget_s must be > 0 or None, got {self.time_budget_s!r}")
 
 
 def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> tuple[list[Method], list[str]]:
     """(methods, skipped notes): target-only, single-draft SD, then every multi-draft verifier x K."""
-    from .. import verifiers as V
-
-    names = V.names()
+    names = _verifiers.names()
     if verifiers is not None:
         for n in verifiers:
-            V.get(n)  # ValueError listing the registered names
+            _verifiers.get(n)  # ValueError listing the registered names
         names = [n for n in names if n in verifiers]
     methods = [Method("target-only", None, 0, "-"), Method("SD naive K=1", "naive", 1, "iid")]
     skipped = []
@@ -98,13 +107,16 @@ def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> t
             if verifiers is not None and name != "naive":
                 skipped.append(f"{name}: {EXCLUDED[name]}")
             continue
-        v = V.get(name)
+        v = _verifiers.get(name)
         for k in ks:
-            laws = [v.default_law] + [law for law in v.laws if law != v.default_law and law != "independent"]
-            law = next((law for law in laws if v.supports(law, k)), None)
-            if law is None:
-                skipped.append(f"{name} K={k}: not supported (laws {list(v.laws)}, K in [{v.min_k}, {v.max_k or 'inf'}])")
-                continue
+            law = implied_law(v)
+            if not v.supports(law, k):
+                ok = [x for x in laws_that_work(v, k) if x != "independent"]
+                if not ok:
+                    krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
+                    skipped.append(f"{name} K={k}: not supported (laws {', '.join(v.laws)} with {krange})")
+                    continue
+                law = ok[0]
             methods.append(Method(f"{name} K={k}", name, k, law))
     return methods, skipped
 
@@ -123,7 +135,7 @@ def summarize(rows: Sequence[dict], methods: Sequence[Method]) -> list[dict]:
         tps = tokens / secs if secs > 0 else float("nan")
         acc = [r["acceptance_rate"] for r in rs if r["verifier"] is not None]
         s = {
-            "method": m.label, "verifier": m.verifier, "drafts": m.drafts, "draft_law": m.draft_law,
+            "method": m.label, "verifier": m.verifier, "K": m.k, "law": m.law,
             "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
             "draft_calls": sum(r["draft_calls"] for r in rs), "seconds": secs,
             "block_efficiency": tokens / calls if calls else float("nan"),
@@ -147,7 +159,7 @@ def format_table(summary: Sequence[dict]) -> str:
     lines = [head, "|" + "---|" * 9]
     for s in summary:
         lines.append(
-            f"| {s['method']} | {s['draft_law']} | {s['drafts'] or '-'} | {_fmt(s['block_efficiency'])} | "
+            f"| {s['method']} | {s['law']} | {s['K'] or '-'} | {_fmt(s['block_efficiency'])} | "
             f"{_fmt(s['acceptance_rate'])} | {_fmt(s['tokens_per_s'])} | {_fmt(s['speedup'])}x | "
             f"{s['new_tokens']} | {s['target_calls']} |"
         )
@@ -166,7 +178,7 @@ def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Pa
     labels = [s["method"] for s in summary]
     y = list(range(len(labels)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.35 * len(labels) + 1.6), dpi=110, sharey=True)
-    colors = ["0.55" if s["verifier"] is None else ("tab:orange" if s["drafts"] == 1 else "tab:blue") for s in summary]
+    colors = ["0.55" if s["verifier"] is None else ("tab:orange" if s["K"] == 1 else "tab:blue") for s in summary]
     for ax, key, xlabel in ((axes[0], "speedup", "speedup vs target-only (tokens/s)"),
                             (axes[1], "block_efficiency", "block efficiency (tokens / target call)")):
         vals = [s[key] if s[key] == s[key] else 0.0 for s in summary]
@@ -197,13 +209,16 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
 
     ``models`` may pass an already loaded ``(target, draft, tokenizer)``.
     """
-    import multidraft as md
-
-    from ..datasets import encode_prompt, load_prompts
-
     cfg.check()
     methods, skipped = plan_methods(cfg.ks, cfg.verifiers)
+    for m in methods:  # every argument checked before any model is loaded
+        check_settings(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, **m.kwargs(cfg.depth))
     prompts = load_prompts("humaneval", cfg.prompts)
+    out_dir = Path(cfg.out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"out_dir: cannot create {out_dir}: {exc.strerror or exc}") from None
     t_start = time.perf_counter()
     if models is None:
         from ..models import resolve_pair
@@ -229,12 +244,10 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
 
     # warm-up (first calls allocate): a few tokens with the target alone and with one draft tree
     ids0 = encoded[0][1]
-    md.generate(target, draft, ids0, verifier=None, max_new_tokens=2, temperature=cfg.temperature, generator=cfg.seed)
-    md.generate(target, draft, ids0, verifier="naive", drafts=1, depth=cfg.depth, max_new_tokens=2,
-                temperature=cfg.temperature, generator=cfg.seed)
+    generate(target, draft, ids0, verifier=None, max_new_tokens=2, temperature=cfg.temperature, generator=cfg.seed)
+    generate(target, draft, ids0, verifier="naive", k=1, depth=cfg.depth, max_new_tokens=2,
+             temperature=cfg.temperature, generator=cfg.seed)
 
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     jsonl = out_dir / "demo.jsonl"
     if jsonl.exists():
         jsonl.unlink()  # one run per file; the previous run is replaced
@@ -255,16 +268,16 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
                     break
             tid, ids = encoded[pi]
             g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + pi)
-            r = md.generate(target, draft, ids, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                            eos_token_id=eos, generator=g, **m.kwargs(cfg.depth))
+            r = generate(target, draft, ids, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                         eos_token_id=eos, generator=g, **m.kwargs(cfg.depth))
             row = {
-                "kind": "run", "method": m.label, "verifier": m.verifier, "drafts": m.drafts,
-                "draft_law": m.draft_law, "depth": cfg.depth if m.verifier else 0, "prompt": tid,
+                "kind": "run", "method": m.label, "verifier": m.verifier, "K": m.k,
+                "law": m.law, "depth": cfg.depth if m.verifier else 0, "prompt": tid,
                 "prompt_tokens": int(ids.shape[1]), "new_tokens": int(r.new_tokens),
                 "target_calls": int(r.target_calls), "draft_calls": int(r.draft_calls),
                 "block_efficiency": float(r.block_efficiency), "acceptance_rate": float(r.acceptance_rate),
                 "seconds": float(r.seconds), "tokens_per_s": float(r.tokens_per_s),
-                "stop_reason": getattr(r, "stop_reason", None),
+                "stop_reason": r.stop_reason,
             }
             rows.append(row)
             w.write(**row)
