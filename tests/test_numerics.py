@@ -89,17 +89,16 @@ def test_bound_cli_at_temperature_003_on_subnormal_softmax(tmp_path):
     # a nontrivial value, checked against the LP: q is peaked with subnormal tails
     ptarget = torch.tensor([0.1, 0.1, 0.1, 0.7], dtype=torch.float64)
     q_logits = [0.0, -21.5, -21.5, -21.5]
-    rc, out, err = _bound(tmp_path, (T * ptarget.log()).tolist(), q_logits, "--temperature", str(T), "--json", "--k-max", "3")
+    rc, out, err = _bound(tmp_path, (T * ptarget.log()).tolist(), q_logits, "--temperature", str(T), "--json", "--k", "1-3")
     assert rc == 0 and "Traceback" not in out + err, err
-    rows = json.loads(out)["rows"]
+    rows = {(r["law"], r["K"]): r["acceptance"] for r in json.loads(out)["rows"]}
     p = torch.softmax(T * ptarget.log() / T, -1)
     q = torch.softmax(torch.tensor(q_logits, dtype=torch.float64) / T, -1)
     assert 0 < float(q[1]) < 2.2e-308  # really subnormal
-    for row in rows[1:]:
-        K = row["k"]
+    for K in (2, 3):
         for kind in ("iid", "wor", "greedy"):
-            assert row[kind] == pytest.approx(lp_optimal_acceptance(p, D.make(kind, q, K)), abs=1e-8), (kind, K)
-    assert rows[1]["wor"] == pytest.approx(1 - (2 / 3 - 0.3), abs=1e-8)
+            assert rows[(kind, K)] == pytest.approx(lp_optimal_acceptance(p, D.make(kind, q, K)), abs=1e-8), (kind, K)
+    assert rows[("wor", 2)] == pytest.approx(1 - (2 / 3 - 0.3), abs=1e-8)
 
 
 # ---- 3. SpecTr: per-row reductions, exact near q = p ---------------------------------------
@@ -183,3 +182,25 @@ def test_float32_inputs_one_normalisation_rule():
     # float64 inputs are used as given
     x = torch.tensor([0.5, 0.5 + 1e-9], dtype=torch.float64)
     assert as_probs64(x, "p") is not None and bool((as_probs64(x, "p") == x).all())
+
+
+# ---- 6. the LP refuses impossible sizes up front -------------------------------------------
+def test_lp_size_check_names_k_and_the_tuple_count():
+    from multidraft.limits import MAX_LP_TUPLES, check_lp_size, tuple_count
+
+    q = torch.softmax(torch.arange(6, dtype=torch.float64), -1)
+    p = q.flip(0)
+    for kind, K in (("iid", 1), ("iid", 3), ("wor", 3), ("greedy", 4)):
+        law = D.make(kind, q, K)
+        assert tuple_count(law) == law.enumerate()[0].shape[0] == check_lp_size(law)
+    qs = torch.stack([q, torch.tensor([0.5, 0.5, 0, 0, 0, 0], dtype=torch.float64)])
+    assert tuple_count(D.independent(qs)) == D.independent(qs).enumerate()[0].shape[0] == 12
+    for K, n in ((8, 6**8), (50, 6**50)):
+        law = D.iid(q, K)
+        assert tuple_count(law) == n > MAX_LP_TUPLES
+        for fn in (check_lp_size, lambda L: lp_optimal_acceptance(p, L), lambda L: md.limits.is_lp_optimal_acceptance(p, L)):
+            with pytest.raises(ValueError, match=rf"k = {K}: .*{n:,} draft tuples"):
+                fn(law)
+    with pytest.raises(ValueError, match="k = 6"):
+        check_lp_size(D.iid(q, 6))  # 46,656 tuples: minutes of HiGHS
+    assert check_lp_size(D.iid(q, 6), max_tuples=10**5) == 6**6

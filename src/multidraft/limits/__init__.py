@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from .dual import dual_objective, optimal_acceptance, prefix_order
 from .k2 import k2_optimal_acceptance, unit_acceptance_possible
-from .lp import CouplingSolution, coupling_rows, is_lp_optimal_acceptance, lp_optimal_acceptance, solve_coupling
+from .lp import (
+    MAX_LP_TUPLES,
+    CouplingSolution,
+    check_lp_size,
+    coupling_rows,
+    is_lp_optimal_acceptance,
+    lp_optimal_acceptance,
+    solve_coupling,
+    tuple_count,
+)
 
 __all__ = [
     "optimal_acceptance",
@@ -25,4 +34,7 @@ __all__ = [
     "solve_coupling",
     "coupling_rows",
     "CouplingSolution",
+    "tuple_count",
+    "check_lp_size",
+    "MAX_LP_TUPLES",
 ]

@@ -25,6 +25,7 @@ V^K up to a few thousand tuples.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -33,9 +34,55 @@ import torch
 from .._validate import as_probs64
 from ..drafts import DraftLaw
 
-__all__ = ["CouplingSolution", "solve_coupling", "lp_optimal_acceptance", "is_lp_optimal_acceptance"]
+__all__ = [
+    "CouplingSolution",
+    "solve_coupling",
+    "lp_optimal_acceptance",
+    "is_lp_optimal_acceptance",
+    "tuple_count",
+    "check_lp_size",
+    "MAX_LP_TUPLES",
+]
 
 FEAS_TOL = 1e-8  # accepted violation of the LP marginals before projection
+# Largest number of draft tuples the LPs accept. HiGHS time grows faster than linearly in the
+# tuple count: V = 6, K = 4 (1,296 tuples) takes about 2 s on one core, K = 5 (7,776) about
+# 12 s, K = 6 (46,656) minutes, K = 8 (1.7 million) hours.
+MAX_LP_TUPLES = 10_000
+
+
+def tuple_count(law: DraftLaw) -> int:
+    """Number of draft tuples of positive probability (the rows ``law.enumerate()`` would
+    list), from the support sizes alone: nothing is enumerated or allocated."""
+    if not isinstance(law, DraftLaw):
+        raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
+    if len(law.batch_shape) != 0:
+        raise ValueError(f"law must be unbatched to count its tuples, got batch_shape {tuple(law.batch_shape)}")
+    K = law.k
+    if law.kind == "independent":
+        return math.prod(int((law.q[j] > 0).sum()) for j in range(K))
+    n = int((law.q > 0).sum())
+    if law.kind == "iid":
+        return n**K
+    if law.kind == "wor":
+        return math.perm(n, K)
+    if law.kind == "greedy":
+        return max(0, n - (K - 1))  # the top K-1 are fixed; the last draft ranges over the rest's support
+    raise ValueError(f"law: unknown draft law kind {law.kind!r}")  # pragma: no cover
+
+
+def check_lp_size(law: DraftLaw, max_tuples: int | None = None) -> int:
+    """The tuple count of the coupling LP for ``law``; ``ValueError`` up front (naming k and
+    the count) when it exceeds ``max_tuples`` (default ``MAX_LP_TUPLES``), so callers can
+    refuse or say so before minutes of solver time."""
+    limit = MAX_LP_TUPLES if max_tuples is None else int(max_tuples)
+    n = tuple_count(law)
+    if n > limit:
+        raise ValueError(
+            f"k = {law.k}: the acceptance LP for the {law.kind!r} law at V = {law.V} would have {n:,} draft tuples "
+            f"(limit {limit:,}); the LP is a small-V reference, use optimal_acceptance for alpha* at this size"
+        )
+    return n
 
 
 class CouplingSolution(NamedTuple):
@@ -93,6 +140,7 @@ def solve_coupling(p, law: DraftLaw) -> CouplingSolution:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
+    check_lp_size(law)
     from scipy.sparse import coo_matrix
 
     tuples, probs = law.enumerate()
@@ -143,6 +191,7 @@ def is_lp_optimal_acceptance(p, law: DraftLaw) -> float:
     from scipy.sparse import coo_matrix
 
     p = _check(p, law)
+    check_lp_size(law)
     tuples, probs = law.enumerate()
     N, V = tuples.shape[0], p.shape[-1]
     r, y = _pairs(tuples)
