@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..drafts import LAW_KINDS, parse_laws
+from ._args import k_list
 
 
 def register(sub) -> None:
@@ -25,7 +26,7 @@ def register(sub) -> None:
     ap.add_argument("--logits", action="store_true", help="the files hold logits: p = softmax(logits / temperature)")
     ap.add_argument("--temperature", type=float, default=1.0, help="temperature for --logits (default 1.0)")
     ap.add_argument("--draft-temperature", type=float, default=None, help="temperature for the draft logits (default: --temperature)")
-    ap.add_argument("--k-max", type=int, default=8, help="largest K (default 8)")
+    ap.add_argument("--k", default="1-8", help="numbers of drafts, e.g. 1-8 or 2,4 (default 1-8)")
     ap.add_argument("--laws", default="iid,wor,greedy,independent", help="comma-separated laws (default all four)")
     ap.add_argument("--show-set", action="store_true", help="also print the minimising token set H (the certificate)")
     ap.add_argument("--max-set", type=int, default=20, help="print at most this many token ids of each set (default 20)")
@@ -55,8 +56,7 @@ def run(args) -> int:
     from ..limits import optimal_acceptance
 
     laws = parse_laws(args.laws, LAW_KINDS, "--laws")
-    if args.k_max < 1:
-        raise ValueError(f"--k-max must be >= 1, got {args.k_max}")
+    ks = k_list(args.k, "--k")
     dt = args.temperature if args.draft_temperature is None else args.draft_temperature
     p = _load(args.p, "p", args.logits, args.temperature)
     q = _load(args.q, "q", args.logits, dt)
@@ -67,44 +67,41 @@ def run(args) -> int:
     qs = q if q.ndim == 2 else None
     q1 = q[0] if q.ndim == 2 else q
     nnz = int((q1 > 0).sum())
-    rows = []
-    for k in range(1, args.k_max + 1):
-        row = {"k": k}
+    rows = []  # one row per (law, K): {"law", "K", "acceptance"} (+ "set_size", "set" with --show-set)
+    for k in ks:
         for law in laws:
+            row = {"law": law, "K": k, "acceptance": None}
+            rows.append(row)
             if law == "iid":
                 L = iid(q1, k)
             elif law in ("wor", "greedy"):
                 if k > nnz:
-                    row[law] = None
                     continue
                 L = without_replacement(q1, k) if law == "wor" else greedy(q1, k)
             else:
                 if qs is None or k > qs.shape[0]:
-                    row[law] = None
                     continue
                 L = independent(qs[:k])
             a, H = optimal_acceptance(p, L, return_set=True)
-            row[law] = a
+            row["acceptance"] = a
             if args.show_set:
                 ids = torch.nonzero(H).flatten().tolist()
-                row[f"{law}_set_size"] = len(ids)
-                row[f"{law}_set"] = ids[: args.max_set]
-        rows.append(row)
+                row["set_size"] = len(ids)
+                row["set"] = ids[: args.max_set]
     if args.json:
         print(json.dumps({"V": int(p.shape[-1]), "laws": list(laws), "rows": rows}))
         return 0
+    cell = {(r["law"], r["K"]): r for r in rows}
     print(f"optimal acceptance alpha* (V = {p.shape[-1]}, 1 - TV = {1 - 0.5 * float((p - q1).abs().sum()):.6f})")
     head = "  K " + "".join(f"{law:>13}" for law in laws)
     print(head)
-    for row in rows:
-        cells = "".join(f"{row[law]:13.6f}" if row[law] is not None else f"{'-':>13}" for law in laws)
-        print(f"{row['k']:>3} {cells}")
+    for k in ks:
+        vals = [cell[(law, k)]["acceptance"] for law in laws]
+        print(f"{k:>3} " + "".join(f"{a:13.6f}" if a is not None else f"{'-':>13}" for a in vals))
     if args.show_set:
         print("\nminimising sets H (alpha* = 1 + p(H) - Q(all K drafts in H)):")
-        for row in rows:
-            for law in laws:
-                if row.get(law) is not None:
-                    ids = row[f"{law}_set"]
-                    more = row[f"{law}_set_size"] - len(ids)
-                    print(f"  K={row['k']} {law}: |H| = {row[f'{law}_set_size']}  {ids}" + (f" ... (+{more})" if more > 0 else ""))
+        for r in rows:
+            if r["acceptance"] is not None:
+                more = r["set_size"] - len(r["set"])
+                print(f"  K={r['K']} {r['law']}: |H| = {r['set_size']}  {r['set']}" + (f" ... (+{more})" if more > 0 else ""))
     return 0
