@@ -2,13 +2,18 @@
 
     .venv/bin/python benchmarks/verify_throughput.py [--batch 256] [--vocab 151936] [--k 4]
 
-For each of specinfer, rrs_wor, spectr and khisti_is (when registered): ms per batch of
+For each of specinfer, rrs_wor, spectr, khisti_is and optimal (when registered): ms per batch of
 ``verify`` with validate=True and validate=False, against (a) one ``torch.softmax`` over
 the same [B, V] logits (what the target already pays per step) and (b) a straightforward
 per-position Python loop of the same rule with early exit (research-repo style; written
 here, one per verifier). (p, q) pairs are realistic: q is a perturbed, tempered p, so
 most first drafts are accepted; the measured first-draft acceptance is printed. Every
 timing, the references included, runs with the same number of torch threads (--threads).
+
+For ``optimal`` the setup (sort, prefix scan, layers, level fit) is part of every verify
+call; its rows also print the time against one ``torch.sort`` of the same [B, V] rows, the
+layers per row, the fitted layers, the fit iterations, the largest fit error |r - q_sel|
+and the largest shortfall alpha* - acceptance of the fitted rule (exact, per row).
 """
 from __future__ import annotations
 
@@ -80,7 +85,7 @@ def loop_spectr(p, q, drafts, g):
 
 
 LOOPS = {"specinfer": loop_specinfer, "rrs_wor": loop_rrs_wor, "spectr": loop_spectr}
-LAWS = {"specinfer": "iid", "rrs_wor": "wor", "spectr": "iid", "khisti_is": "iid"}
+LAWS = {"specinfer": "iid", "rrs_wor": "wor", "spectr": "iid", "khisti_is": "iid", "optimal": "iid"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,7 +125,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=0.6, help="std of the logit perturbation of q")
     ap.add_argument("--temp", type=float, default=1.1, help="temperature of q")
-    ap.add_argument("--verifiers", default="specinfer,rrs_wor,spectr,khisti_is")
+    ap.add_argument("--verifiers", default="specinfer,rrs_wor,spectr,khisti_is,optimal")
     ap.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads for every timing, references included (default 1: on a shared "
@@ -137,6 +142,9 @@ def main(argv=None):
     print(f"first-draft acceptance 1 - TV(p, q): mean {float((1 - tv).mean()):.3f}")
     t_soft = timeit(lambda: torch.softmax(logits, -1), args.repeats)
     print(f"reference torch.softmax [B, V]: {t_soft:.1f} ms")
+    ratio = q / p
+    t_sort = timeit(lambda: torch.sort(ratio, -1, descending=True), args.repeats)
+    print(f"reference torch.sort [B, V] (one sort of the same rows): {t_sort:.1f} ms")
     print()
     header = f"{'verifier':<10} {'validate':>8} {'ms/batch':>9} {'/softmax':>9} {'loop ms':>9} {'/loop':>7} {'accept':>7}"
     print(header)
@@ -165,6 +173,14 @@ def main(argv=None):
             acc = float((res["v"].accepted_index >= 0).double().mean())
             lp = f"{loop_ms:9.1f} {ms / loop_ms:7.2f}" if loop_ms else f"{'-':>9} {'-':>7}"
             print(f"{name:<10} {str(validate):>8} {ms:9.1f} {ms / t_soft:9.3f} {lp} {acc:7.3f}")
+            fit = getattr(v, "last_fit", None)
+            if name == "optimal" and fit is not None:
+                print(
+                    f"{'':<10} setup+verify / torch.sort {ms / t_sort:.2f}x; layers/row mean {float(fit.n_layers.double().mean()):.0f} "
+                    f"(fitted {float(fit.n_fitted.double().mean()):.2f}, largest {int(fit.largest_layer.max())} tokens); "
+                    f"fit iterations {fit.iterations} (converged {fit.converged}); max |r - q_sel| {float(fit.fit_error_max.max()):.2g}; "
+                    f"shortfall max {float(fit.shortfall.max()):.2g}, alpha* mean {float(fit.alpha_star.mean()):.4f}"
+                )
     if "khisti_is" in have:
         print("(khisti_is: no per-position loop reference is written here; compare with softmax)")
 
