@@ -1,8 +1,12 @@
 """``multidraft`` command line: one module per subcommand family.
 
 Each module in ``COMMANDS`` exposes ``register(subparsers)``, which adds its subcommands
-and sets ``func`` on them (``func(args) -> int``). User mistakes (``ValueError``,
-``FileNotFoundError``) print one clear line on stderr and exit 2, never a traceback.
+and sets ``func`` on them (``func(args) -> int``). Every failure the user can cause or fix
+prints ONE line on stderr, never a traceback: a mistake in the input (``ValueError``, a
+missing, misplaced or unwritable path) exits 2, any other I/O error (disk full) exits 1,
+naming the path; Ctrl-C at any point of :func:`main` (imports and model loading
+included) prints ``interrupted`` and exits 130. Results files are written row by row, so
+an interrupted run keeps complete rows only and resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import sys
 
 # subcommand modules, in help order
 COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "decode", "demo"]
+
+# OSErrors that are the user's to fix (a path that is missing, a file, a directory, read-only)
+_USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 
 
 class UserError(Exception):
@@ -32,20 +39,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def os_error_message(exc: OSError) -> str:
+    """``PATH: reason`` for an OSError that carries a path, else its text (one line)."""
+    if getattr(exc, "filename", None):
+        reason = exc.strerror or str(exc)
+        return _one_line(f"{exc.filename}: {reason}")
+    return _one_line(str(exc))
+
+
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
+    prog = "multidraft"
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        prog = f"multidraft {args.command}"
         return int(args.func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError, NotADirectoryError) as exc:
-        print(f"multidraft {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("multidraft: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except (UserError, ValueError) as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: error: {os_error_message(exc)}", file=sys.stderr)
+        return 2 if isinstance(exc, _USER_OS_ERRORS) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,41 +3,15 @@
 ``acceptance`` and ``temperature`` collect (target, draft) next-token distributions once
 into ``RUN_DIR/positions/`` (the only step that runs the models) and evaluate alpha* and
 every verifier on them; ``blocks`` decodes end to end. All write JSONL rows to RUN_DIR,
-skip what is already there, and can be interrupted and rerun.
+skip what is already there, and can be interrupted and rerun. A run directory is bound to
+its settings: rerunning with other settings is refused (naming them), except for adding
+values of --k, --laws, --verifiers, --datasets or temperatures, which extends the run.
 """
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-
-def _list(s: str, name: str, cast=str) -> list:
-    try:
-        out = [cast(x.strip()) for x in str(s).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{name}: expected a comma-separated list, got {s!r}") from None
-    if not out:
-        raise ValueError(f"{name} is empty")
-    return out
-
-
-def _ks(s: str, name: str = "--ks") -> list[int]:
-    out = []
-    for part in _list(s, name):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            try:
-                out += list(range(int(a), int(b) + 1))
-            except ValueError:
-                raise ValueError(f"{name}: bad range {part!r}") from None
-        else:
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise ValueError(f"{name}: {part!r} is not an integer") from None
-    if min(out) < 1:
-        raise ValueError(f"{name}: every value must be >= 1, got {s!r}")
-    return sorted(set(out))
+from ._args import float_list, k_list, name_list
 
 
 def _log(msg: str) -> None:
@@ -100,14 +74,14 @@ def register(sub) -> None:
 
     a = es.add_parser("acceptance", help="alpha* and each verifier's acceptance vs K per draft law")
     _common(a)
-    a.add_argument("--ks", default="1-8", help="numbers of drafts (default 1-8)")
+    a.add_argument("--k", default="1-8", help="numbers of drafts, e.g. 1-8 or 2,4 (default 1-8)")
     a.add_argument("--target-temperature", type=float, default=1.0)
     a.add_argument("--draft-temperature", type=float, default=1.0)
     a.set_defaults(func=run_acceptance)
 
     t = es.add_parser("temperature", help="the acceptance experiment over draft and target temperature sweeps")
     _common(t)
-    t.add_argument("--ks", default="2,4,8", help="numbers of drafts (default 2,4,8)")
+    t.add_argument("--k", default="2,4,8", help="numbers of drafts (default 2,4,8)")
     t.add_argument("--draft-temperatures", default="0.4,0.7,1.0,1.3,1.6")
     t.add_argument("--target-temperatures", default="0,0.4,0.7,1.0,1.3")
     t.add_argument("--fixed-target-temperature", type=float, default=1.0, help="target T during the draft sweep")
@@ -116,7 +90,7 @@ def register(sub) -> None:
 
     b = es.add_parser("blocks", help="end-to-end block efficiency and tokens/s vs K and depth per verifier")
     _common(b, positions=False)
-    b.add_argument("--ks", default="1,2,4", help="numbers of drafts (default 1,2,4)")
+    b.add_argument("--k", default="1,2,4", help="numbers of drafts (default 1,2,4)")
     b.add_argument("--depths", default="1,3", help="draft depths (default 1,3)")
     b.add_argument("--prompts", type=int, default=2, help="HumanEval prompts (default 2)")
     b.add_argument("--max-new-tokens", type=int, default=32)
@@ -127,93 +101,69 @@ def register(sub) -> None:
     b.set_defaults(func=run_blocks)
 
 
-def _config(args, names: dict) -> dict:
-    cfg = {k: v for k, v in vars(args).items() if k not in ("func", "run_dir", "no_progress")}
-    cfg["models"] = names
-    return cfg
-
-
-def _evaluate(args, configs, ks, file: str) -> Path:
-    from ..experiments import acceptance, collect, report, store
-
-    names = _model_names(args)
-    from ..drafts import parse_laws
-
-    laws = parse_laws(args.laws, acceptance.LAWS, "--laws")
-    verifiers = _list(args.verifiers, "--verifiers") if args.verifiers else None
-    if verifiers:
-        from .. import verifiers as V
-
-        for n in verifiers:
-            V.get(n)
-    if args.draws < 2:
-        raise ValueError(f"--draws must be >= 2, got {args.draws}")
-    paths = collect.collect(
-        args.run_dir, models=_models(args), model_names=names, datasets=_list(args.datasets, "--datasets"),
-        configs=configs, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,
-        positions_per_text=args.positions_per_text, max_tokens=args.max_tokens, eps=args.eps,
-        k_max=max(ks), seed=args.seed, log=_log, progress=_progress(args),
+def _positions_kw(args) -> dict:
+    return dict(
+        models=_models(args), model_names=_model_names(args), datasets=name_list(args.datasets, "--datasets"),
+        ks=k_list(args.k), laws=name_list(args.laws, "--laws"),
+        verifiers=name_list(args.verifiers, "--verifiers") if args.verifiers else None,
+        draws=args.draws, eval_support=args.eval_support, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,
+        positions_per_text=args.positions_per_text, max_tokens=args.max_tokens, eps=args.eps, seed=args.seed,
+        log=_log, progress=_progress(args),
     )
-    stores = list(paths.values())
-    # the truncation bound in force
-    for s in stores:
-        ps = store.load(s)
-        _log(f"{s.name}: {len(ps)} positions, eps = {args.eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
-             f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= {float(ps.p_tail.max()):.3g} (iid, greedy)")
-    path = acceptance.run(
-        args.run_dir, stores, file=file, config=_config(args, names), seed=args.seed,
-        laws=laws, ks=ks, verifiers=verifiers, draws=args.draws, eval_support=args.eval_support, log=_log, progress=_progress(args),
-    )
-    from ..experiments.records import read_jsonl
 
-    _, rows = read_jsonl(path)
-    lines: list[str] = []
-    if file == "acceptance.jsonl":
-        findings = report._acceptance_section(rows, Path(args.run_dir), False, lines)
-        print("\n".join(lines + ["## Findings", ""] + findings))
-    else:
-        report._temperature_section(rows, Path(args.run_dir), False, lines)
-        print("\n".join(lines))
-    print(f"results: {path}  (make the report with: multidraft report {args.run_dir})")
-    return path
+
+def _print(rows, path, kind: str, run_dir) -> None:
+    from ..experiments.report import summary
+
+    print(summary(rows, kind))
+    print(f"results: {path}  (make the report with: multidraft report {run_dir})")
 
 
 def run_acceptance(args) -> int:
-    _evaluate(args, [(args.target_temperature, args.draft_temperature)], _ks(args.ks), "acceptance.jsonl")
+    from ..experiments.acceptance import run_experiment
+
+    kw = _positions_kw(args)
+    res = run_experiment(args.run_dir, temperatures=[(args.target_temperature, args.draft_temperature)], **kw)
+    _print(res.rows, res.path, "acceptance", args.run_dir)
     return 0
 
 
 def run_temperature(args) -> int:
-    from ..experiments.temperature import sweep_configs
+    from ..experiments.temperature import run_experiment
 
-    configs = sweep_configs(
-        _list(args.draft_temperatures, "--draft-temperatures", float),
-        _list(args.target_temperatures, "--target-temperatures", float),
-        fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature,
+    res = run_experiment(
+        args.run_dir, draft_temperatures=float_list(args.draft_temperatures, "--draft-temperatures"),
+        target_temperatures=float_list(args.target_temperatures, "--target-temperatures"),
+        fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature, **_positions_kw(args),
     )
-    _evaluate(args, configs, _ks(args.ks), "temperature.jsonl")
+    _print(res.rows, res.path, "temperature", args.run_dir)
     return 0
 
 
 def run_blocks(args) -> int:
     from .. import verifiers as V
     from ..drafts import parse_laws
-    from ..experiments import blocks, report
+    from ..experiments import blocks
     from ..experiments.records import read_jsonl
 
     names = _model_names(args)
-    verifiers = _list(args.verifiers, "--verifiers") if args.verifiers else [n for n in V.names() if n != "lp_optimal"]
+    verifiers = name_list(args.verifiers, "--verifiers") if args.verifiers else [n for n in V.names() if n != "lp_optimal"]
     for n in verifiers:
         V.get(n)
+    laws = list(parse_laws(args.laws, name="--laws"))
+    ks, depths = k_list(args.k), k_list(args.depths, "--depths")
+    config = {
+        "experiment": "blocks", "models": names, "verifiers": verifiers, "laws": laws, "k": ks, "depths": depths,
+        "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
+        "temperature": args.temperature, "draft_temperature": args.draft_temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "no_baseline": args.no_baseline,
+    }
     path = blocks.run(
-        args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=parse_laws(args.laws, name="--laws"),
-        ks=_ks(args.ks), depths=_ks(args.depths, "--depths"), n_prompts=args.prompts,
+        args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=laws,
+        ks=ks, depths=depths, n_prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, draft_temperature=args.draft_temperature,
-        top_k=args.top_k, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, config=_config(args, names), baseline=not args.no_baseline, log=_log, progress=_progress(args),
+        top_k=args.top_k, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, config=config,
+        baseline=not args.no_baseline, log=_log, progress=_progress(args),
     )
-    _, rows = read_jsonl(path)
-    lines: list[str] = []
-    report._blocks_section(rows, Path(args.run_dir), False, lines)
-    print("\n".join(lines))
-    print(f"results: {path}  (make the report with: multidraft report {args.run_dir})")
+    _print(read_jsonl(path)[1], path, "blocks", args.run_dir)
     return 0

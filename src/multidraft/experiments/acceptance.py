@@ -6,18 +6,24 @@ greedy) and K:
 * ``alpha*`` exactly, batched (``multidraft.optimal_acceptance``);
 * each verifier's acceptance ``P(output in drafts)`` by Rao-Blackwellised Monte Carlo:
   draw ``draws`` draft tuples from the law and average the *exact* conditional acceptance
-  ``P(output in drafts | drafts)`` from ``v.output_distribution`` (plain Monte Carlo on
-  ``v.verify`` for a verifier without an exact output law). The standard error is the one
-  of the mean over the stored positions, ``sqrt(sum_i var_i / draws) / N``.
+  ``P(output in drafts | drafts)`` from ``v.output_distribution`` (every registered
+  verifier has an exact output law). The standard error is the one of the mean over the
+  stored positions, ``sqrt(sum_i var_i / draws) / N``.
 
-One JSONL row per (dataset, temperatures, law, K, verifier) with ``verifier = "alpha*"``
-for the optimum. Finished rows are skipped on a rerun (``done_keys``).
+One JSONL row per (dataset, temperatures, law, K, verifier) with fields ``law``, ``K``,
+``verifier``, ``acceptance``, ``se`` (``verifier = "alpha*"`` for the optimum). The file is
+bound to the run's config (:mod:`.records`): a rerun with the same settings skips the
+finished rows, a rerun that only adds Ks, laws, verifiers, datasets or temperatures
+(``KEYED``) extends it, any other change is refused naming the keys.
+:func:`run_experiment` is the whole experiment (collect, evaluate) behind
+``multidraft experiment acceptance|temperature``.
 """
 from __future__ import annotations
 
 import math
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -26,12 +32,17 @@ import torch
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from ..exact import acceptance_given
+from ..limits import optimal_acceptance
+from . import collect as _collect
 from . import store
-from .records import JsonlWriter, done_keys, row_key
+from .records import JsonlWriter, read_jsonl, resume, row_key
 
-__all__ = ["KEY", "LAWS", "DEFAULT_EXCLUDE", "optimal", "make_law", "verifier_acceptance", "evaluate", "default_verifiers"]
+__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "optimal", "make_law", "verifier_acceptance", "evaluate",
+           "default_verifiers", "run", "run_experiment", "ExperimentResult", "experiment_config"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
+# config keys that only choose which rows exist (each row carries them in KEY): may grow on a resume
+KEYED = ("k", "laws", "verifiers", "datasets", "temperatures")
 LAWS = _drafts.SHARED_Q_KINDS  # a stored position holds one draft distribution
 # lp_optimal solves an LP over all V^K tuples: reference for tiny V only
 DEFAULT_EXCLUDE = ("lp_optimal",)
@@ -42,18 +53,6 @@ def default_verifiers() -> list[str]:
     return [n for n in _verifiers.names() if n not in DEFAULT_EXCLUDE]
 
 
-def _optimal_fn():
-    import multidraft as md
-
-    fn = getattr(md, "optimal_acceptance", None)
-    if fn is None:
-        try:
-            from ..limits import optimal_acceptance as fn  # type: ignore[no-redef]
-        except ImportError:
-            raise RuntimeError("multidraft.optimal_acceptance is not available in this installation") from None
-    return fn
-
-
 def make_law(Q: torch.Tensor, law: str, k: int):
     """The draft law object of kind ``law`` for draft probs Q ``[..., V]``."""
     return _drafts.make(_drafts.parse_laws([law], LAWS, "law")[0], Q, k)
@@ -61,7 +60,7 @@ def make_law(Q: torch.Tensor, law: str, k: int):
 
 def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:
     """alpha* per position, float64 ``[n]``.  P, Q ``[n, V]``."""
-    out = _optimal_fn()(P, make_law(Q, law, k))
+    out = optimal_acceptance(P, make_law(Q, law, k))
     return torch.as_tensor(out, dtype=torch.float64).reshape(P.shape[:-1])
 
 
@@ -69,16 +68,14 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
     """Per-position acceptance estimate and its variance ``([n], [n], estimator)``.
 
     P, Q ``[n, V]`` float64. The per-draw value is the exact conditional acceptance
-    ``P(output in drafts | drafts)`` (Rao-Blackwell) when the verifier has an exact output
-    law, else the 0/1 outcome of ``verify``; the variance returned is the one of the
-    per-position mean (already divided by ``draws``). Draws are taken in chunks of
+    ``P(output in drafts | drafts)`` (Rao-Blackwell); the variance returned is the one of
+    the per-position mean (already divided by ``draws``). Draws are taken in chunks of
     ``CHUNK_ELEMS`` float64 elements.
     """
     if draws < 2:
         raise ValueError(f"draws must be >= 2 (for a standard error), got {draws}")
     n, V = P.shape
     law_obj = make_law(Q, law, k)
-    exact = bool(getattr(v, "exact_output", True))
     chunk = max(1, min(draws, CHUNK_ELEMS // max(1, n * V)))
     s1 = torch.zeros(n, dtype=torch.float64)
     s2 = torch.zeros(n, dtype=torch.float64)
@@ -88,17 +85,14 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
         x = law_obj.sample(generator, num_samples=c)  # [c, n, K]
         Pc = P.unsqueeze(0).expand(c, n, V)
         Qc = Q.unsqueeze(0).expand(c, n, V)
-        if exact:
-            out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
-            a = acceptance_given(out, x)  # [c, n]
-        else:
-            a = (v.verify(Pc, Qc, x, generator, law=law).accepted_index >= 0).double()
+        out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
+        a = acceptance_given(out, x)  # [c, n]
         s1 += a.sum(0)
         s2 += (a * a).sum(0)
         done += c
     mean = s1 / draws
     var = ((s2 - draws * mean * mean) / (draws - 1)).clamp_min(0.0)
-    return mean, var / draws, "rao-blackwell" if exact else "monte-carlo"
+    return mean, var / draws, "rao-blackwell"
 
 
 def _seed_for(seed: int, key: tuple) -> int:
@@ -135,8 +129,8 @@ def evaluate(
             f"per model; tail mass now p <= {float(ps.p_tail.max()):.3g}, q <= {float(ps.q_tail.max()):.3g}")
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
-    jobs = [(law, k) for law in laws for k in ks]
     laws = _drafts.parse_laws(laws, LAWS, "laws")
+    jobs = [(law, k) for law in laws for k in ks]
     written = 0
     it: Iterable = jobs if progress is None else progress(jobs, total=len(jobs), desc=f"acceptance {info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}")
     for law, k in it:
@@ -153,7 +147,7 @@ def evaluate(
         bound = store.alpha_bounds(Qk, ps.p_tail[idx], ps.q_tail[idx], law, k)
         if key_a not in done:
             writer.write(
-                **base, law=law, K=k, verifier="alpha*", mean=float(alpha.mean()), se=0.0,
+                **base, law=law, K=k, verifier="alpha*", acceptance=float(alpha.mean()), se=0.0,
                 sd_positions=float(alpha.std()) if alpha.numel() > 1 else 0.0, n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator="exact", lump_bound_mean=float(bound.mean()), lump_bound_max=float(bound.max()),
                 values=[round(float(a), 6) for a in alpha], seconds=time.perf_counter() - t0,
@@ -174,7 +168,7 @@ def evaluate(
             se = math.sqrt(float(var.sum())) / mean.numel()
             am = float(alpha.mean())
             writer.write(
-                **base, law=law, K=k, verifier=name, mean=m, se=se,
+                **base, law=law, K=k, verifier=name, acceptance=m, se=se,
                 sd_positions=float(mean.std()) if mean.numel() > 1 else 0.0, n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator=est, draws=draws, alpha_star=am,
                 gap_pct=100.0 * (am - m) / am if am > 0 else 0.0,
@@ -193,12 +187,102 @@ def run(
     file: str = "acceptance.jsonl",
     config: dict,
     seed: int,
+    keyed: Sequence[str] = KEYED,
     **kw,
 ) -> Path:
-    """Evaluate every store into ``RUN_DIR/file`` (appending, resuming); returns the path."""
+    """Evaluate every store into ``RUN_DIR/file`` (appending, resuming); returns the path.
+
+    The file is bound to ``(config, seed)``: a file of another run is refused (ValueError)."""
     path = Path(run_dir) / file
-    done = done_keys(path, KEY)
-    with JsonlWriter(path, config, seed) as w:
+    with JsonlWriter(path, config, seed, keyed=keyed) as w:
+        done = w.done(KEY)
         for s in stores:
             evaluate(store.load(s), w, done=done, seed=seed, **kw)
     return path
+
+
+@dataclass
+class ExperimentResult:
+    path: Path            # the JSONL results file
+    rows: list            # every row of it (this run's, old and new)
+    stores: list          # position stores evaluated
+    written: int          # rows written by this call
+
+
+def experiment_config(*, model_names: dict, datasets, temperatures, ks, laws, verifiers, draws, eval_support,
+                      top_k, top_p, n_texts, positions_per_text, max_tokens, eps, experiment: str) -> dict:
+    """The config a results file is bound to (JSON-ready; ``KEYED`` keys may grow on a resume)."""
+    return {
+        "experiment": experiment, "models": dict(model_names), "datasets": list(datasets),
+        "temperatures": [[float(a), float(b)] for a, b in temperatures], "k": [int(x) for x in ks],
+        "laws": list(laws), "verifiers": list(verifiers) if verifiers is not None else None,
+        "draws": int(draws), "eval_support": eval_support, "top_k": top_k, "top_p": top_p, "texts": int(n_texts),
+        "positions_per_text": int(positions_per_text), "max_tokens": int(max_tokens), "eps": float(eps),
+    }
+
+
+def run_experiment(
+    run_dir: str | Path,
+    *,
+    models: Callable[[], tuple],
+    model_names: dict,
+    datasets: Sequence[str],
+    temperatures: Sequence[tuple[float, float]],
+    ks: Sequence[int] = tuple(range(1, 9)),
+    laws: Sequence[str] = LAWS,
+    verifiers: Sequence[str] | None = None,
+    draws: int = 200,
+    eval_support: int | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    n_texts: int = 4,
+    positions_per_text: int = 8,
+    max_tokens: int = 256,
+    eps: float = 1e-4,
+    seed: int = 0,
+    file: str = "acceptance.jsonl",
+    experiment: str = "acceptance",
+    log: Callable[[str], None] = lambda _m: None,
+    progress=None,
+) -> ExperimentResult:
+    """The acceptance experiment: collect position stores (the only model calls, skipped when
+    the stores exist) for every dataset x (t_target, t_draft) pair, then write the missing rows
+    of ``RUN_DIR/file``. Every argument is checked, and the run directory checked writable and
+    bound to this config, before ``models()`` is called."""
+    laws = _drafts.parse_laws(laws, LAWS, "laws")
+    if verifiers is not None:
+        verifiers = list(verifiers)
+        for n in verifiers:
+            _verifiers.get(n)  # unknown name -> ValueError
+    ks = sorted({int(k) for k in ks})
+    if not ks or ks[0] < 1:
+        raise ValueError(f"ks must be numbers of drafts >= 1, got {ks}")
+    if int(draws) < 2:
+        raise ValueError(f"draws must be >= 2 (for a standard error), got {draws}")
+    if eval_support is not None and int(eval_support) < 2:
+        raise ValueError(f"eval_support must be >= 2 tokens, got {eval_support}")
+    config = experiment_config(
+        model_names=model_names, datasets=datasets, temperatures=temperatures, ks=ks, laws=laws, verifiers=verifiers,
+        draws=draws, eval_support=eval_support, top_k=top_k, top_p=top_p, n_texts=n_texts,
+        positions_per_text=positions_per_text, max_tokens=max_tokens, eps=eps, experiment=experiment,
+    )
+    path = Path(run_dir) / file
+    resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuse a foreign file before any model call
+    paths = _collect.collect(
+        run_dir, models=models, model_names=model_names, datasets=datasets, configs=temperatures, top_k=top_k,
+        top_p=top_p, n_texts=n_texts, positions_per_text=positions_per_text, max_tokens=max_tokens, eps=eps,
+        k_max=max(ks), seed=seed, log=log, progress=progress,
+    )
+    stores = list(paths.values())
+    written = 0
+    with JsonlWriter(path, config, seed, keyed=KEYED) as w:
+        done = w.done(KEY)
+        for s in stores:
+            ps = store.load(s)
+            log(f"{s.name}: {len(ps)} positions, eps = {eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
+                f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= "
+                f"{float(ps.p_tail.max()):.3g} (iid, greedy)")
+            written += evaluate(ps, w, done=done, laws=laws, ks=ks, verifiers=verifiers, draws=draws, seed=seed,
+                                eval_support=eval_support, log=log, progress=progress)
+    _, rows = read_jsonl(path)
+    return ExperimentResult(path=path, rows=rows, stores=stores, written=written)

@@ -12,26 +12,49 @@ from pathlib import Path
 
 from ..drafts import SHARED_Q_KINDS
 from . import plots
-from .records import read_jsonl
+from .records import ensure_dir, io_error, read_jsonl, require_fields
 
-__all__ = ["FILES", "build", "load_run"]
+__all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "summary"]
 
 FILES = ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl")
+KINDS = tuple(f.split(".")[0] for f in FILES)
 HEADLINE = ("specinfer", "rrs_wor", "spectr", "khisti_is")
 ALPHA = "alpha*"
 
+# fields the report reads: (every row, numbers among them, verifier rows only)
+_ACC = (("dataset", "t_target", "t_draft", "law", "K", "verifier", "acceptance", "se"),
+        ("t_target", "t_draft", "K", "acceptance", "se"), ("alpha_star", "gap_pct"))
+FIELDS = {
+    "acceptance": _ACC,
+    "temperature": _ACC,
+    "blocks": (("verifier", "law", "K", "depth", "temperature", "prompt", "block_efficiency", "tokens_per_s"),
+               ("K", "depth", "temperature", "block_efficiency", "tokens_per_s"), ()),
+}
+
+
+def check_rows(path, rows, lines, kind: str) -> None:
+    """``ValueError('file:line: missing field X')`` unless every row has what the report reads."""
+    every, numeric, per_verifier = FIELDS[kind]
+    require_fields(path, rows, lines, every, numeric=numeric)
+    if per_verifier:
+        require_fields(path, rows, lines, per_verifier, numeric=per_verifier, when=lambda r: r.get("verifier") != ALPHA)
+
 
 def load_run(run_dir: str | Path) -> dict[str, tuple[dict | None, list[dict]]]:
+    """``{file name: (meta, rows)}`` for the results files of a run, each checked
+    (:func:`check_rows`); ``ValueError`` naming ``file:line`` for a bad row."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+        raise FileNotFoundError(2, "run directory does not exist", str(run_dir))
     if not run_dir.is_dir():
-        raise NotADirectoryError(f"{run_dir} is not a directory")
+        raise NotADirectoryError(20, "run directory is a file, not a directory", str(run_dir))
     out = {}
     for f in FILES:
         if (run_dir / f).exists():
-            meta, rows = read_jsonl(run_dir / f)
-            rows = [r for r in rows if r.get("type", "row") == "row"]
+            meta, rows, lines = read_jsonl(run_dir / f, line_numbers=True)
+            keep = [i for i, r in enumerate(rows) if r.get("type", "row") == "row"]
+            rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
+            check_rows(run_dir / f, rows, lines, f.split(".")[0])
             if rows:
                 out[f] = (meta, rows)
     if not out:
@@ -88,19 +111,19 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         lines.append(
             f"{n_pos} positions. Cells: mean acceptance ± Monte-Carlo standard error "
             f"(gap to alpha* in percent of alpha*). Single-draft SD acceptance sum min(p, q) (= alpha* at K = 1): "
-            f"{_num(sd['mean']) if sd else '-'}.\n"
+            f"{_num(sd['acceptance']) if sd else '-'}.\n"
         )
         for law in laws:
             lines.append(f"**{law} drafts**\n")
             lines.append("| verifier | " + " | ".join(f"K={k}" for k in ks) + " |")
             lines.append("|---|" + "---|" * len(ks))
-            a_cells = [_num(by[(law, k, ALPHA)]["mean"]) if (law, k, ALPHA) in by else "" for k in ks]
+            a_cells = [_num(by[(law, k, ALPHA)]["acceptance"]) if (law, k, ALPHA) in by else "" for k in ks]
             lines.append(f"| **alpha*** | " + " | ".join(a_cells) + " |")
             for n in names:
                 cells = []
                 for k in ks:
                     r = by.get((law, k, n))
-                    cells.append("" if r is None else f"{_num(r['mean'])} ± {_num(r['se'], 4)} ({r['gap_pct']:.1f}%)")
+                    cells.append("" if r is None else f"{_num(r['acceptance'])} ± {_num(r['se'], 4)} ({r['gap_pct']:.1f}%)")
                 if any(cells):
                     lines.append(f"| {n} | " + " | ".join(cells) + " |")
             bounds = [by[(law, k, ALPHA)].get("lump_bound_max") for k in ks if (law, k, ALPHA) in by]
@@ -108,10 +131,10 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
             if bounds:
                 lines.append(f"\nTruncation: |alpha*_stored - alpha*_full| <= {max(bounds):.2g} at every position (proved bound, max over K).\n")
             if make_plots:
-                series = {ALPHA: ([k for k in ks if (law, k, ALPHA) in by], [by[(law, k, ALPHA)]["mean"] for k in ks if (law, k, ALPHA) in by], None)}
+                series = {ALPHA: ([k for k in ks if (law, k, ALPHA) in by], [by[(law, k, ALPHA)]["acceptance"] for k in ks if (law, k, ALPHA) in by], None)}
                 for n in names:
                     kk = [k for k in ks if (law, k, n) in by]
-                    series[n] = (kk, [by[(law, k, n)]["mean"] for k in kk], [by[(law, k, n)]["se"] for k in kk])
+                    series[n] = (kk, [by[(law, k, n)]["acceptance"] for k in kk], [by[(law, k, n)]["se"] for k in kk])
                 p = plots.lines(out_dir / "plots" / f"acceptance_{_slug(ds, tt, td, law)}.png", series,
                                 title=f"acceptance vs K, {law} drafts ({label})", xlabel="K (drafts)",
                                 ylabel="acceptance P(output in drafts)", emphasize=[ALPHA])
@@ -123,11 +146,11 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
                 for law in SHARED_Q_KINDS:
                     kk = [k for k in ks if (law, k, ALPHA) in by]
                     if kk:
-                        series[f"alpha* {law}"] = (kk, [by[(law, k, ALPHA)]["mean"] for k in kk], None)
+                        series[f"alpha* {law}"] = (kk, [by[(law, k, ALPHA)]["acceptance"] for k in kk], None)
                 for n, law in (("specinfer", "iid"), ("rrs_wor", "wor"), ("greedy_optimal", "greedy")):
                     kk = [k for k in ks if (law, k, n) in by]
                     if kk:
-                        series[f"{n} ({law})"] = (kk, [by[(law, k, n)]["mean"] for k in kk], [by[(law, k, n)]["se"] for k in kk])
+                        series[f"{n} ({law})"] = (kk, [by[(law, k, n)]["acceptance"] for k in kk], [by[(law, k, n)]["se"] for k in kk])
                 p = plots.lines(out_dir / "plots" / f"laws_{_slug(ds, tt, td)}.png", series,
                                 title=f"with vs without replacement ({label})", xlabel="K (drafts)", ylabel="acceptance")
                 lines.append(f"![with vs without replacement](plots/{p.name})\n")
@@ -149,7 +172,7 @@ def _findings(label, by, laws, ks, names, sd) -> list[str]:
         else:
             out.append(f"- {law} drafts: none of {', '.join(HEADLINE)} supports this law in this run")
     if "iid" in laws and "wor" in laws:
-        diffs = [(k, by[("wor", k, ALPHA)]["mean"] - by[("iid", k, ALPHA)]["mean"]) for k in multi if ("wor", k, ALPHA) in by and ("iid", k, ALPHA) in by]
+        diffs = [(k, by[("wor", k, ALPHA)]["acceptance"] - by[("iid", k, ALPHA)]["acceptance"]) for k in multi if ("wor", k, ALPHA) in by and ("iid", k, ALPHA) in by]
         if diffs:
             wins = sum(d > 0 for _, d in diffs)
             dmax = max(diffs, key=lambda t: t[1])
@@ -157,14 +180,14 @@ def _findings(label, by, laws, ks, names, sd) -> list[str]:
                 f"- without vs with replacement: alpha*(wor) - alpha*(iid) > 0 at {wins}/{len(diffs)} values of K "
                 f"(largest +{dmax[1]:.4f} at K = {dmax[0]})"
             )
-        vd = [(k, by[("wor", k, "rrs_wor")]["mean"] - by[("iid", k, "specinfer")]["mean"]) for k in multi
+        vd = [(k, by[("wor", k, "rrs_wor")]["acceptance"] - by[("iid", k, "specinfer")]["acceptance"]) for k in multi
               if ("wor", k, "rrs_wor") in by and ("iid", k, "specinfer") in by]
         if vd:
             out.append(
                 "- rrs_wor (wor) - specinfer (iid): " + ", ".join(f"K={k}: {d:+.4f}" for k, d in vd)
             )
     if sd is not None:
-        s = sd["mean"]
+        s = sd["acceptance"]
         for law in laws:
             parts = []
             for n in names:
@@ -173,15 +196,15 @@ def _findings(label, by, laws, ks, names, sd) -> list[str]:
                 fr = []
                 for k in multi:
                     r, a = by.get((law, k, n)), by.get((law, k, ALPHA))
-                    if r and a and a["mean"] - s > 1e-9:
-                        fr.append((r["mean"] - s) / (a["mean"] - s))
+                    if r and a and a["acceptance"] - s > 1e-9:
+                        fr.append((r["acceptance"] - s) / (a["acceptance"] - s))
                 if fr:
                     parts.append(f"`{n}` {100 * sum(fr) / len(fr):.0f}%")
             if parts:
                 out.append(
                     f"- position between single-draft SD (0%) and alpha* (100%), {law} drafts, mean over K: " + ", ".join(parts)
                 )
-    above = [(k, n) for (law, k, n), r in by.items() if n != ALPHA and r.get("mean", 0) > r.get("alpha_star", 1) + 3 * r.get("se", 0) + 1e-9]
+    above = [(k, n) for (law, k, n), r in by.items() if n != ALPHA and r.get("acceptance", 0) > r.get("alpha_star", 1) + 3 * r.get("se", 0) + 1e-9]
     out.append("- no verifier is above alpha* beyond 3 standard errors" if not above else f"- ABOVE alpha* (check!): {above}")
     return out + [""]
 
@@ -215,14 +238,14 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                     cells = []
                     for n in names:
                         r = get(v, n)
-                        cells.append("" if r is None else (_num(r["mean"]) if n == ALPHA else f"{_num(r['mean'])} ± {_num(r['se'], 4)}"))
+                        cells.append("" if r is None else (_num(r["acceptance"]) if n == ALPHA else f"{_num(r['acceptance'])} ± {_num(r['se'], 4)}"))
                     lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
                 lines.append("")
                 if make_plots:
                     series = {}
                     for n in names:
                         xs = [v for v in pts if get(v, n)]
-                        series[n] = (xs, [get(v, n)["mean"] for v in xs], None if n == ALPHA else [get(v, n)["se"] for v in xs])
+                        series[n] = (xs, [get(v, n)["acceptance"] for v in xs], None if n == ALPHA else [get(v, n)["se"] for v in xs])
                     p = plots.lines(out_dir / "plots" / f"temperature_{_slug(ds, sweep, law, k)}.png", series,
                                     title=f"{ds}: acceptance vs {sweep} temperature ({fixed_name} T={fv:g}, {law}, K={k})",
                                     xlabel=f"{sweep} temperature", ylabel="acceptance", emphasize=[ALPHA])
@@ -265,11 +288,31 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> 
             lines.append(f"![block efficiency, depth {d}](plots/{p.name})\n")
 
 
+def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, make_plots: bool = False) -> str:
+    """The Markdown section of one kind of results (``acceptance``, with its findings first;
+    ``temperature``; ``blocks``) for rows as read by :func:`records.read_jsonl`. Plots go to
+    ``out_dir/plots`` when ``make_plots``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    rows = [r for r in rows if r.get("type", "row") == "row"]
+    if not rows:
+        return f"(no {kind} rows)"
+    out = Path(out_dir) if out_dir is not None else Path(".")
+    lines: list[str] = []
+    if kind == "acceptance":
+        findings = _acceptance_section(rows, out, make_plots, lines)
+        return "\n".join(["## Findings", ""] + findings + lines)
+    if kind == "temperature":
+        _temperature_section(rows, out, make_plots, lines)
+    else:
+        _blocks_section(rows, out, make_plots, lines)
+    return "\n".join(lines)
+
+
 def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True) -> Path:
     """Write ``report.md`` (and plots) for a run; returns the report path."""
     run = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(Path(out_dir) if out_dir is not None else Path(run_dir), "output directory")
     no_mpl = make_plots and not plots.available()
     make_plots = make_plots and not no_mpl
     lines = ["# multidraft experiment report\n"]
@@ -300,5 +343,8 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     if no_mpl:
         lines.append("_(plots skipped: matplotlib is not installed; `pip install multidraft[plots]`)_\n")
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise io_error(exc, path, "write the report") from None
     return path

@@ -184,8 +184,26 @@ def alpha_bounds(Q: torch.Tensor, p_tail: torch.Tensor, q_tail: torch.Tensor, la
 def save(ps: PositionSet, path: str | os.PathLike) -> None:
     """Write atomically (a temporary file renamed), so an interrupt never leaves a torn store."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from .records import ensure_dir
+
+    ensure_dir(path.parent, "position store directory")
     tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        _save(ps, tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot write the position store ({exc.strerror or exc})", str(path)) from None
+        if isinstance(exc, RuntimeError):  # torch's stream writer reports a full disk this way
+            raise OSError(f"{path}: cannot write the position store ({' '.join(str(exc).split())[:200]})") from None
+        raise
+
+
+def _save(ps: PositionSet, tmp: Path) -> None:
     torch.save(
         {
             "format": FORMAT,
@@ -195,18 +213,23 @@ def save(ps: PositionSet, path: str | os.PathLike) -> None:
         },
         tmp,
     )
-    os.replace(tmp, path)
 
 
 def load(path: str | os.PathLike) -> PositionSet:
     """Read a store; ``ValueError`` naming the file when it is not a valid one."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no position store at {path}")
+        raise FileNotFoundError(2, "no position store", str(path))
     try:
-        d = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"{path} is not a readable position store (corrupt or truncated): {exc}") from None
+        with open(path, "rb") as f:
+            d = torch.load(f, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot read the position store ({exc.strerror or exc})", str(path)) from None
+    except Exception:  # noqa: BLE001
+        # never relay torch's text: for a non-tensor pickle it suggests weights_only=False,
+        # i.e. unpickling an untrusted file. Only tensors, dicts and strings are ever read.
+        raise ValueError(f"{path} is not a readable position store (corrupt, truncated or not made by multidraft); "
+                         "delete it to collect it again") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ValueError(f"{path} is not a multidraft position store (expected format {FORMAT!r})")
     try:

@@ -1,0 +1,130 @@
+"""`multidraft experiment` through multidraft.cli.main: binding, resume, one-line errors, Ctrl-C."""
+from __future__ import annotations
+
+import pytest
+
+from multidraft import cli
+from multidraft.cli import main
+from multidraft.experiments import acceptance, records
+from multidraft.experiments.records import read_jsonl
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    pytest.importorskip("transformers")
+    import multidraft.models as dm
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    t, d = tiny_pair(vocab_size=32, seed=0)
+    calls = []
+    monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: calls.append(1) or (t, d, tiny_tokenizer()))
+    return calls
+
+
+@pytest.fixture
+def textfile(tmp_path):
+    f = tmp_path / "corpus.txt"
+    f.write_text("in the beginning god created the heaven and the earth.\n\n"
+                 "and the earth was without form, and void; and darkness was upon the face of the deep.\n", encoding="utf-8")
+    return f
+
+
+def _argv(run_dir, textfile, *extra):
+    return ["experiment", "acceptance", str(run_dir), "--datasets", f"file:{textfile}", "--texts", "2",
+            "--positions-per-text", "2", "--k", "1-2", "--draws", "20", "--verifiers", "naive,nss", "--no-progress", *extra]
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def _key(r):
+    return tuple(r[f] for f in acceptance.KEY)
+
+
+def test_changed_config_resume_refused_and_k_extends(tiny, textfile, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_argv(run, textfile)) == 0
+    _, rows = read_jsonl(run / "acceptance.jsonl")
+    capsys.readouterr()
+    assert main(_argv(run, textfile, "--draws", "30", "--eval-support", "8")) == 2
+    _one_line_error(capsys, "draws 20 -> 30", "eval_support null -> 8", "acceptance.jsonl")
+    assert tiny == [1]  # refused before the models were loaded (stores exist: never loaded again)
+    assert read_jsonl(run / "acceptance.jsonl")[1] == rows  # nothing appended
+    # another verifier (a keyed option: rows carry it): the run is extended, nothing recomputed or duplicated
+    argv = _argv(run, textfile)
+    argv[argv.index("--verifiers") + 1] = "naive,nss,specinfer"
+    assert main(argv) == 0
+    _, more = read_jsonl(run / "acceptance.jsonl")
+    assert more[: len(rows)] == rows and {r["verifier"] for r in more[len(rows):]} == {"specinfer"}
+    assert len({_key(r) for r in more}) == len(more)
+    # a K beyond what the stores were collected for is refused by the collector, naming k_max
+    argv[argv.index("--k") + 1] = "1-3"
+    capsys.readouterr()
+    assert main(argv) == 2
+    _one_line_error(capsys, "k_max")
+
+
+def test_kill_and_resume_through_the_cli(tiny, textfile, tmp_path, capsys, monkeypatch):
+    assert main(_argv(tmp_path / "ref", textfile)) == 0
+    _, ref = read_jsonl(tmp_path / "ref" / "acceptance.jsonl")
+    real, calls = acceptance.verifier_acceptance, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(acceptance, "verifier_acceptance", interrupted)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(_argv(run, textfile)) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "multidraft experiment: interrupted"
+    _, partial = read_jsonl(run / "acceptance.jsonl")
+    assert 0 < len(partial) < len(ref)
+    monkeypatch.setattr(acceptance, "verifier_acceptance", real)
+    assert main(_argv(run, textfile)) == 0
+    _, rows = read_jsonl(run / "acceptance.jsonl")
+    assert rows[: len(partial)] == partial
+    assert sorted(map(_key, rows)) == sorted(map(_key, ref)) and len(set(map(_key, rows))) == len(rows)
+    assert [r["acceptance"] for r in sorted(rows, key=_key)] == [r["acceptance"] for r in sorted(ref, key=_key)]
+
+
+def test_run_dir_errors_are_one_line(tiny, textfile, tmp_path, capsys, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(_argv(afile, textfile)) == 2
+    _one_line_error(capsys, str(afile), "is a file")
+    # a read-only run directory (simulated: the tests may run as root, where chmod does not bind)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_access = records.os.access
+    monkeypatch.setattr(records.os, "access", lambda p, m: False if str(p) == str(ro) else real_access(p, m))
+    assert main(_argv(ro, textfile)) == 2
+    _one_line_error(capsys, str(ro), "not writable")
+    assert tiny == []  # no model was loaded for either
+
+
+def test_ctrl_c_during_start_up_and_model_loading(tiny, textfile, tmp_path, capsys, monkeypatch):
+    import multidraft.models as dm
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dm, "resolve_pair", ctrl_c)
+    assert main(_argv(tmp_path / "r", textfile)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "multidraft experiment: interrupted"
+    monkeypatch.setattr(cli, "build_parser", ctrl_c)  # during the imports of the subcommands
+    assert main(["compare"]) == 130
+    assert capsys.readouterr().err.strip() == "multidraft: interrupted"
+
+
+def test_bad_k_is_one_line(tmp_path, capsys):
+    assert main(["experiment", "acceptance", str(tmp_path), "--k", "abc"]) == 2
+    _one_line_error(capsys, "--k")
