@@ -4,14 +4,21 @@ For each case (a built-in pair or the user's ``.npy`` files), each draft law and
 the runner records one row per verifier that supports the law: its acceptance (exact by
 enumerating every draft tuple when the tuple count is small, otherwise Monte-Carlo with a
 printed standard error), the certificate error ``max_y |P(out = y) - p(y)|`` when exact,
-and the optimal acceptance alpha* (the LP where it is small enough, otherwise the dual).
+and the optimal acceptance alpha* (the LP where it is small enough, otherwise the exact
+dual ``optimal_acceptance``; the ``method`` column says which).
+
+Sizes are estimated before any work (:func:`plan`): the tuple count of every (law, K)
+decides exact enumeration vs Monte Carlo and LP vs dual, and ``lp_optimal`` (a verifier
+that solves the LP for every instance) is skipped with a note where its LP is too large,
+or refused up front when it was asked for by name. Rows have fields ``case``, ``V``,
+``law``, ``K``, ``verifier``, ``acceptance``, ``se``, ``method``, ``certificate_error``.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -20,10 +27,18 @@ from .. import drafts as D
 from .. import exact
 from .. import verifiers as V
 from .._validate import as_probs
+from ..limits import lp_optimal_acceptance, optimal_acceptance
 from .progress import progress
+from .records import JsonlWriter, row_key
+
+__all__ = ["EXACT_MAX_TUPLES", "LP_MAX_VARIABLES", "KEY", "KEYED", "Settings", "Cell", "Plan", "builtin_cases",
+           "load_case", "n_tuples", "plan", "run", "jsonl_config", "write_jsonl", "format_table"]
 
 EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many
 LP_MAX_VARIABLES = 60_000   # tuples x V for the coupling LP
+KEY = ("case", "law", "K", "verifier")
+KEYED = ("k", "laws", "verifiers")  # --out may be extended with more of these (rows are keyed by them)
+LP_VERIFIERS = ("lp_optimal",)      # verifiers that solve the coupling LP for every instance
 
 
 def _softmax(x, t=1.0):
@@ -73,27 +88,105 @@ class Settings:
     seed: int = 0
 
 
-def _alpha_star(p, law) -> tuple[float | None, str]:
-    n_tuples = law.V ** law.k if law.kind == "iid" else math.perm(law.V, law.k) if law.kind == "wor" else law.V
-    if n_tuples * law.V <= LP_MAX_VARIABLES:
-        try:
-            from ..limits import lp_optimal_acceptance
-        except ImportError:
-            lp_optimal_acceptance = None
-        if lp_optimal_acceptance is not None:
-            return float(lp_optimal_acceptance(p, law)), "lp"
-    try:
-        from .. import optimal_acceptance  # type: ignore[attr-defined]
-    except ImportError:
-        return None, "-"
-    return float(optimal_acceptance(p, law)), "dual"
+def n_tuples(q: torch.Tensor, law: str, k: int) -> int:
+    """Number of draft tuples of positive probability of the law (exact integer, any size)."""
+    n = int((q > 0).sum())
+    if law == "iid":
+        return n ** k
+    if law == "wor":
+        return math.perm(n, k) if n >= k else 0
+    if law == "greedy":
+        return max(0, n - (k - 1))
+    raise ValueError(f"law must be one of {', '.join(D.SHARED_Q_KINDS)}, got {law!r}")
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**12 else f"about 10^{len(str(n)) - 1}"
+
+
+@dataclass
+class Cell:
+    case: str
+    law: str
+    k: int
+    tuples: int
+    alpha_method: str               # "lp" or "dual"
+    verifiers: list = field(default_factory=list)  # [(name, "exact" | "mc")]
+
+
+@dataclass
+class Plan:
+    cells: list
+    notes: list                     # one line per skipped combination or fallback
+
+    @property
+    def n_exact(self) -> int:
+        return sum(m == "exact" for c in self.cells for _, m in c.verifiers)
+
+    @property
+    def n_monte_carlo(self) -> int:
+        return sum(m == "mc" for c in self.cells for _, m in c.verifiers)
+
+    def describe(self, samples: int) -> str:
+        """One line: what will be computed, before it is."""
+        lp = sum(c.alpha_method == "lp" for c in self.cells)
+        big = max((c.tuples for c in self.cells), default=0)
+        return (f"compare: {len(self.cells)} (case, law, K) cells, up to {_count(big)} draft tuples; alpha* by LP in {lp}, "
+                f"by the dual in {len(self.cells) - lp}; {self.n_exact} exact certificates, "
+                f"{self.n_monte_carlo} Monte-Carlo runs of {samples:,} draws")
+
+
+def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings) -> Plan:
+    """Sizes first: how every (case, law, K, verifier) will be computed, without computing it.
+
+    ``ValueError`` when a verifier asked for by name cannot run at some K (``lp_optimal``
+    over more than ``LP_MAX_VARIABLES`` tuples x tokens)."""
+    explicit = s.verifiers is not None
+    names = list(s.verifiers) if explicit else V.names()
+    for n in names:
+        V.get(n)  # unknown name -> ValueError
+    laws = D.parse_laws(s.laws, D.SHARED_Q_KINDS, "--laws")
+    if not s.ks or min(s.ks) < 1:
+        raise ValueError(f"--k: every K must be >= 1, got {list(s.ks)}")
+    if s.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {s.samples}")
+    cells, notes = [], []
+    for case, (p, q) in cases.items():
+        Vn = q.shape[-1]
+        for law_name in laws:
+            for k in s.ks:
+                if law_name in ("wor", "greedy") and int((q > 0).sum()) < k:
+                    notes.append(f"{case}: the {law_name} law needs K <= {int((q > 0).sum())} tokens with q > 0; K = {k} skipped")
+                    continue
+                nt = n_tuples(q, law_name, k)
+                lp_ok = nt * Vn <= LP_MAX_VARIABLES
+                cell = Cell(case, law_name, k, nt, "lp" if lp_ok else "dual")
+                law = D.make(law_name, q, k)
+                for name in names:
+                    v = V.get(name)
+                    if not v.supports(law):
+                        continue
+                    if name in LP_VERIFIERS and not lp_ok:
+                        msg = (f"{name} at {law_name} K = {k} (case {case}) needs an LP over {_count(nt)} draft tuples x {Vn} tokens "
+                               f"(limit {LP_MAX_VARIABLES:,}); alpha* comes from the exact dual instead")
+                        if explicit:
+                            raise ValueError(f"--verifiers: {msg}; lower --k or leave {name} out")
+                        notes.append(f"skipped {msg}")
+                        continue
+                    cell.verifiers.append((name, "exact" if nt <= EXACT_MAX_TUPLES else "mc"))
+                cells.append(cell)
+    return Plan(cells, notes)
+
+
+def _alpha_star(p, law, method: str) -> float:
+    return float(lp_optimal_acceptance(p, law) if method == "lp" else optimal_acceptance(p, law))
 
 
 def _monte_carlo(v, p, law, n: int, g: torch.Generator) -> tuple[float, float]:
     """Acceptance and its standard error from n batched draws of drafts + verdicts."""
     hits = 0
     done = 0
-    chunk = max(1, min(n, 2_000_000 // max(1, law.V)))
+    chunk = max(1, min(n, 2_000_000 // max(1, law.V * law.k)))
     while done < n:
         m = min(chunk, n - done)
         q = law.q.expand(m, *law.q.shape).contiguous()
@@ -106,37 +199,52 @@ def _monte_carlo(v, p, law, n: int, g: torch.Generator) -> tuple[float, float]:
     return a, math.sqrt(max(a * (1 - a), 1.0 / n) / n)
 
 
-def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings, *, show_progress: bool = True) -> list[dict]:
+def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings, *, show_progress: bool = True,
+        log: Callable[[str], None] = lambda _m: None, the_plan: Plan | None = None) -> list[dict]:
     """All rows, one per (case, law, K, verifier), plus one 'alpha*' row per (case, law, K)."""
-    names = list(s.verifiers) if s.verifiers else V.names()
-    for n in names:
-        V.get(n)  # unknown name -> ValueError
-    laws = D.parse_laws(s.laws, D.SHARED_Q_KINDS, "--laws")
+    pl = the_plan if the_plan is not None else plan(cases, s)
+    for note in pl.notes:
+        log(note)
     g = torch.Generator().manual_seed(s.seed)
-    jobs = [(c, law, k) for c in cases for law in laws for k in s.ks]
+    steps = [(c, nv) for c in pl.cells for nv in [None] + c.verifiers]  # cell by cell, alpha* first
     rows: list[dict] = []
-    for case, law_name, k in progress(jobs, desc="compare", enabled=show_progress):
-        p, q = cases[case]
-        if law_name in ("wor", "greedy") and int((q > 0).sum()) < k:
+    for cell, nv in progress(steps, total=len(steps), desc="compare", enabled=show_progress):
+        p, q = cases[cell.case]
+        law = D.make(cell.law, q, cell.k)
+        base = dict(case=cell.case, V=law.V, law=cell.law, K=cell.k)
+        if nv is None:
+            rows.append(dict(base, verifier="alpha*", acceptance=_alpha_star(p, law, cell.alpha_method), se=0.0,
+                             method="lp" if cell.alpha_method == "lp" else "dual (LP too large)",
+                             certificate_error=None, tuples=cell.tuples))
             continue
-        law = D.make(law_name, q, k)
-        a_star, how = _alpha_star(p, law)
-        rows.append(dict(case=case, V=law.V, draft_law=law_name, K=k, verifier="alpha*", acceptance=a_star,
-                         stderr=0.0, method=how, certificate_error=None))
-        n_tuples = law.V ** k
-        for name in names:
-            v = V.get(name)
-            if not v.supports(law):
-                continue
-            if n_tuples <= EXACT_MAX_TUPLES and v.exact_output:
-                cert = exact.certify(v, p, law)
-                rows.append(dict(case=case, V=law.V, draft_law=law_name, K=k, verifier=name, acceptance=cert.acceptance,
-                                 stderr=0.0, method="exact", certificate_error=cert.max_abs_error))
-            else:
-                a, se = _monte_carlo(v, p, law, s.samples, g)
-                rows.append(dict(case=case, V=law.V, draft_law=law_name, K=k, verifier=name, acceptance=a,
-                                 stderr=se, method=f"mc{s.samples}", certificate_error=None))
+        name, how = nv
+        v = V.get(name)
+        if how == "exact":
+            cert = exact.certify(v, p, law)
+            rows.append(dict(base, verifier=name, acceptance=cert.acceptance, se=0.0, method="exact",
+                             certificate_error=cert.max_abs_error, tuples=cell.tuples))
+        else:
+            a, se = _monte_carlo(v, p, law, s.samples, g)
+            rows.append(dict(base, verifier=name, acceptance=a, se=se, method=f"mc{s.samples}",
+                             certificate_error=None, tuples=cell.tuples))
     return rows
+
+
+def jsonl_config(cases: dict, s: Settings) -> dict:
+    """The config a ``--out`` file is bound to (``KEYED`` keys may grow)."""
+    return dict(k=list(s.ks), laws=list(s.laws), verifiers=list(s.verifiers) if s.verifiers else None,
+                samples=s.samples, cases={k: {"p": v[0].tolist(), "q": v[1].tolist()} for k, v in cases.items()})
+
+
+def write_jsonl(path: str | Path, rows: list[dict], cases: dict, s: Settings) -> int:
+    """Append the rows missing from ``path`` (bound to the cases, samples and seed; more Ks,
+    laws or verifiers may be added to an existing file); returns how many were written."""
+    with JsonlWriter(path, jsonl_config(cases, s), s.seed, keyed=KEYED) as w:
+        done = w.done(KEY)
+        new = [r for r in rows if row_key(r, KEY) not in done]
+        for r in new:
+            w.write(**r)
+    return len(new)
 
 
 def format_table(rows: Iterable[dict]) -> str:
@@ -145,7 +253,7 @@ def format_table(rows: Iterable[dict]) -> str:
     out = []
     blocks: dict[tuple, list[dict]] = {}
     for r in rows:
-        blocks.setdefault((r["case"], r["draft_law"]), []).append(r)
+        blocks.setdefault((r["case"], r["law"]), []).append(r)
     for (case, law), rs in blocks.items():
         ks = sorted({r["K"] for r in rs})
         order = {n: i for i, n in enumerate(["alpha*"] + V.names())}
@@ -163,14 +271,19 @@ def format_table(rows: Iterable[dict]) -> str:
                     cells.append(f"{'-':>16}")
                     continue
                 txt = f"{r['acceptance']:.4f}"
-                if r["stderr"]:
-                    txt += f"±{r['stderr']:.4f}"
+                if r["se"]:
+                    txt += f"±{r['se']:.4f}"
                 elif n == "alpha*":
-                    txt += f" ({r['method']})"
+                    txt += f" ({r['method'].split()[0]})"
                 cells.append(f"{txt:>16}")
                 if r["certificate_error"] is not None:
                     errs.append(r["certificate_error"])
             err = f"{max(errs):.1e}" if errs else ("-" if n != "alpha*" else "")
             out.append(f"  {n:<16}" + "".join(cells) + f"  {err:>16}")
+        dual = [r for r in rs if r["verifier"] == "alpha*" and str(r["method"]).startswith("dual")]
+        if dual:
+            out.append("  alpha* (dual): the exact dual optimal_acceptance, the LP being too large at "
+                       + ", ".join(f"K={r['K']} ({_count(r['tuples'])} tuples)" if isinstance(r.get("tuples"), int)
+                                   else f"K={r['K']}" for r in dual))
         out.append("")
     return "\n".join(out)
