@@ -128,3 +128,21 @@ def test_ctrl_c_during_start_up_and_model_loading(tiny, textfile, tmp_path, caps
 def test_bad_k_is_one_line(tmp_path, capsys):
     assert main(["experiment", "acceptance", str(tmp_path), "--k", "abc"]) == 2
     _one_line_error(capsys, "--k")
+
+
+def test_temperature_sweep_through_the_cli(tiny, textfile, tmp_path, capsys):
+    argv = ["experiment", "temperature", str(tmp_path), "--datasets", f"file:{textfile}", "--texts", "2",
+            "--positions-per-text", "2", "--k", "2", "--draws", "10", "--verifiers", "naive,specinfer", "--laws", "iid",
+            "--draft-temperatures", "0.5,1", "--target-temperatures", "0.7", "--no-progress"]
+    assert main(argv) == 0
+    assert "temperature sweep" in capsys.readouterr().out
+    meta, rows = read_jsonl(tmp_path / "temperature.jsonl")
+    assert meta["config"]["temperatures"] == [[1.0, 0.5], [1.0, 1.0], [0.7, 1.0]]
+    assert {(r["t_target"], r["t_draft"]) for r in rows} == {(1.0, 0.5), (1.0, 1.0), (0.7, 1.0)}
+    assert all(r["K"] == 2 and "acceptance" in r and "mean" not in r for r in rows)
+    # one more draft temperature extends the run (temperatures are keyed), nothing duplicated
+    argv[argv.index("--draft-temperatures") + 1] = "0.5,1,1.5"
+    assert main(argv) == 0
+    _, more = read_jsonl(tmp_path / "temperature.jsonl")
+    assert more[: len(rows)] == rows and {r["t_draft"] for r in more[len(rows):]} == {1.5}
+    assert tiny == [1, 1]  # the models were loaded again only for the new store
