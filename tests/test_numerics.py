@@ -204,3 +204,54 @@ def test_lp_size_check_names_k_and_the_tuple_count():
     with pytest.raises(ValueError, match="k = 6"):
         check_lp_size(D.iid(q, 6))  # 46,656 tuples: minutes of HiGHS
     assert check_lp_size(D.iid(q, 6), max_tuples=10**5) == 6**6
+
+
+# ---- 5. certify counts bytes before it enumerates; mixes in bounded chunks -----------------
+def test_certify_size_guard_counts_bytes_before_enumerating(monkeypatch):
+    from multidraft import exact
+
+    V = 1000
+    q = torch.full((V,), 1.0 / V, dtype=torch.float64)
+    law = D.iid(q, 2)  # 1,000,000 tuples x 1000 x 8 bytes = 8 GB of output laws
+
+    def boom(*a, **k):
+        raise AssertionError("enumerated before the size guard")
+
+    monkeypatch.setattr(law, "enumerate", boom)
+    for fn, limit in ((exact.certify, exact.MAX_CERTIFY_BYTES), (exact.output_law, exact.MAX_OUTPUT_LAW_BYTES)):
+        with pytest.raises(ValueError, match=r"1,000,000 per-tuple output laws of V = 1000 \(7\.45 GiB.*limit is") as ei:
+            fn("specinfer", q, law)
+        assert f"{limit / 2**30:.3g} GiB" in str(ei.value)
+    # a law under the certify limit but over the output_law one: only output_law refuses
+    monkeypatch.setattr(exact, "MAX_OUTPUT_LAW_BYTES", 1000)
+    small = D.iid(torch.full((5,), 0.2, dtype=torch.float64), 3)  # 125 tuples x 5 x 8 = 5000 bytes
+    with pytest.raises(ValueError, match="125 per-tuple output laws of V = 5"):
+        exact.output_law("specinfer", small.q, small)
+    assert exact.certify("specinfer", small.q, small).max_abs_error <= 1e-12
+
+
+@pytest.mark.parametrize("name,kind", [("specinfer", "iid"), ("spectr", "iid"), ("rrs_wor", "wor"), ("lp_optimal", "iid")])
+def test_certify_in_chunks_equals_one_shot(monkeypatch, name, kind):
+    from multidraft import exact
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(5, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(5, generator=g, dtype=torch.float64), -1)
+    law = D.make(kind, q, 3)
+    tuples, probs, out, p64 = exact.output_law(name, p, law)
+    one_shot_acc = float(probs @ exact.acceptance_given(out, tuples))
+    calls = []
+    v = md.verifiers.get(name)
+    orig = type(v).output_distribution
+
+    def counted(self, *a, **k):
+        calls.append(a[2].shape[0])
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(type(v), "output_distribution", counted)
+    monkeypatch.setattr(exact, "CHUNK_BYTES", 7 * 8 * 5)  # 7 tuples per call
+    cert = exact.certify(name, p, law)
+    assert max(calls) == 7 and sum(calls) == tuples.shape[0]
+    assert torch.allclose(cert.output, probs @ out, atol=1e-15, rtol=0)
+    assert cert.acceptance == pytest.approx(one_shot_acc, abs=1e-15)
+    assert cert.max_abs_error <= 1e-12
