@@ -28,14 +28,14 @@ from .. import exact
 from .. import verifiers as V
 from .._validate import as_probs
 from ..limits import lp_optimal_acceptance, optimal_acceptance
+from ..limits.lp import MAX_LP_TUPLES, tuple_count
 from .progress import progress
 from .records import JsonlWriter, row_key
 
-__all__ = ["EXACT_MAX_TUPLES", "LP_MAX_VARIABLES", "KEY", "KEYED", "Settings", "Cell", "Plan", "builtin_cases",
-           "load_case", "n_tuples", "plan", "run", "jsonl_config", "write_jsonl", "format_table"]
+__all__ = ["EXACT_MAX_TUPLES", "KEY", "KEYED", "Settings", "Cell", "Plan", "builtin_cases",
+           "load_case", "plan", "run", "jsonl_config", "write_jsonl", "format_table"]
 
-EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many
-LP_MAX_VARIABLES = 60_000   # tuples x V for the coupling LP
+EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many (the LP limit is limits.lp.MAX_LP_TUPLES)
 KEY = ("case", "law", "K", "verifier")
 KEYED = ("k", "laws", "verifiers")  # --out may be extended with more of these (rows are keyed by them)
 LP_VERIFIERS = ("lp_optimal",)      # verifiers that solve the coupling LP for every instance
@@ -88,18 +88,6 @@ class Settings:
     seed: int = 0
 
 
-def n_tuples(q: torch.Tensor, law: str, k: int) -> int:
-    """Number of draft tuples of positive probability of the law (exact integer, any size)."""
-    n = int((q > 0).sum())
-    if law == "iid":
-        return n ** k
-    if law == "wor":
-        return math.perm(n, k) if n >= k else 0
-    if law == "greedy":
-        return max(0, n - (k - 1))
-    raise ValueError(f"law must be one of {', '.join(D.SHARED_Q_KINDS)}, got {law!r}")
-
-
 def _count(n: int) -> str:
     return f"{n:,}" if n < 10**12 else f"about 10^{len(str(n)) - 1}"
 
@@ -140,7 +128,7 @@ def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings) -> Pl
     """Sizes first: how every (case, law, K, verifier) will be computed, without computing it.
 
     ``ValueError`` when a verifier asked for by name cannot run at some K (``lp_optimal``
-    over more than ``LP_MAX_VARIABLES`` tuples x tokens)."""
+    over more than ``limits.lp.MAX_LP_TUPLES`` draft tuples)."""
     explicit = s.verifiers is not None
     names = list(s.verifiers) if explicit else V.names()
     for n in names:
@@ -152,23 +140,22 @@ def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings) -> Pl
         raise ValueError(f"--samples must be >= 1, got {s.samples}")
     cells, notes = [], []
     for case, (p, q) in cases.items():
-        Vn = q.shape[-1]
         for law_name in laws:
             for k in s.ks:
                 if law_name in ("wor", "greedy") and int((q > 0).sum()) < k:
                     notes.append(f"{case}: the {law_name} law needs K <= {int((q > 0).sum())} tokens with q > 0; K = {k} skipped")
                     continue
-                nt = n_tuples(q, law_name, k)
-                lp_ok = nt * Vn <= LP_MAX_VARIABLES
-                cell = Cell(case, law_name, k, nt, "lp" if lp_ok else "dual")
                 law = D.make(law_name, q, k)
+                nt = tuple_count(law)
+                lp_ok = nt <= MAX_LP_TUPLES
+                cell = Cell(case, law_name, k, nt, "lp" if lp_ok else "dual")
                 for name in names:
                     v = V.get(name)
                     if not v.supports(law):
                         continue
                     if name in LP_VERIFIERS and not lp_ok:
-                        msg = (f"{name} at {law_name} K = {k} (case {case}) needs an LP over {_count(nt)} draft tuples x {Vn} tokens "
-                               f"(limit {LP_MAX_VARIABLES:,}); alpha* comes from the exact dual instead")
+                        msg = (f"{name} at {law_name} K = {k} (case {case}) needs an LP over {_count(nt)} draft tuples "
+                               f"(limit {MAX_LP_TUPLES:,}); alpha* comes from the exact dual instead")
                         if explicit:
                             raise ValueError(f"--verifiers: {msg}; lower --k or leave {name} out")
                         notes.append(f"skipped {msg}")
