@@ -74,8 +74,11 @@ def test_unsupported_law_and_k(name):
 def test_generator_is_required(name):
     v = md.verifiers.get(name)
     k, law, d = _drafts_for(v)
-    with pytest.raises(ValueError, match="generator must be"):
-        v.verify(P, Q, d, law=law)
+    with pytest.raises(TypeError, match="generator"):
+        v.verify(P, Q, d, law=law)  # no default: randomness is always explicit
+    for bad in (None, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="generator must be"):
+            v.verify(P, Q, d, bad, law=law)
 
 
 @pytest.mark.parametrize("name", md.verifiers.names())

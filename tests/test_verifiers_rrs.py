@@ -358,10 +358,15 @@ def test_bad_input_errors_name_the_argument():
     si, wor, st = (md.verifiers.get(n) for n in ("specinfer", "rrs_wor", "spectr"))
     with pytest.raises(ValueError, match="drafts"):
         wor.verify(p, q, torch.tensor([[0, 0], [2, 3], [4, 5], [1, 0]]), generator=0)
+    per = torch.stack([q, q.roll(1, -1)], 1)  # [4, 2, 6]: rows differ, so not one shared q
     with pytest.raises(ValueError, match="draft_probs"):
-        st.verify(p, q.unsqueeze(1).expand(4, 2, 6), drafts, generator=0)
+        st.verify(p, per, drafts, generator=0)
     with pytest.raises(ValueError, match="draft_probs"):
-        wor.verify(p, q.unsqueeze(1).expand(4, 2, 6), drafts, generator=0)
+        wor.verify(p, per, drafts, generator=0)
+    # identical per-draft rows are one shared q: accepted, same law as q [..., V]
+    for v in (st, wor):
+        same = v.output_distribution(p, q.unsqueeze(1).expand(4, 2, 6), drafts)
+        assert torch.equal(same, v.output_distribution(p, q, drafts))
     with pytest.raises(ValueError, match="law"):
         st.verify(p, q, drafts, generator=0, law="wor")
     with pytest.raises(ValueError, match="law"):

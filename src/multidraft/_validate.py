@@ -6,8 +6,15 @@ repaired except the documented renormalisation of half-precision inputs.
 Tolerance on ``sum(x) == 1`` along the last dimension, by dtype (``SUM_TOLERANCE``):
 float64 1e-6, float32 1e-4, float16 1e-2, bfloat16 2e-2. Inputs in float16/bfloat16 are
 cast to float32 and divided by their sum; float32 and float64 inputs are used as given.
+
+Integers: wherever a count is expected (``k``, ``num_samples``, a seed) any integer type is
+accepted through ``operator.index`` (Python ``int``, ``numpy.int64``, a 0-d integer tensor);
+``bool`` and floats (even ``2.0``) are refused.
+
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -67,18 +74,28 @@ def as_probs64(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True)
 
 
+def as_int(x, name: str, *, minimum: int | None = None, what: str = "an integer") -> int:
+    """``x`` as a Python int via ``operator.index`` (int, numpy integer, 0-d integer tensor);
+    ``ValueError`` naming ``name`` for bool, float or anything else, or when below ``minimum``."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dtype == torch.bool or x.numel() != 1)):
+        raise ValueError(f"{name} must be {what}, got {x!r}")
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {x!r}") from None
+    if type(x).__name__ == "bool_":  # numpy.bool_ (operator.index accepts it on old numpy)
+        raise ValueError(f"{name} must be {what}, got {x!r}")
+    if minimum is not None and n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return int(n)
+
+
 def as_k(k, name: str = "k") -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        try:
-            if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point():
-                k = int(k)
-            else:
-                raise TypeError
-        except TypeError:
-            raise ValueError(f"{name} must be a positive integer, got {k!r}") from None
+    """A number of drafts: an integer >= 1 (any integer type, see the module notes)."""
+    k = as_int(k, name, what="a positive integer (number of drafts)")
     if k < 1:
         raise ValueError(f"{name} must be >= 1 (number of drafts), got {k}")
-    return int(k)
+    return k
 
 
 def as_tokens(drafts, name: str, V: int) -> torch.Tensor:
@@ -101,11 +118,130 @@ def as_generator(generator, device=None) -> torch.Generator:
     """An explicit ``torch.Generator`` or an integer seed; never the global RNG."""
     if isinstance(generator, torch.Generator):
         return generator
-    if isinstance(generator, int) and not isinstance(generator, bool):
-        g = torch.Generator(device=device or "cpu")
-        g.manual_seed(generator)
-        return g
-    raise ValueError(
-        "generator must be a torch.Generator or an integer seed "
-        "(randomness is always explicit), got " + repr(type(generator).__name__)
-    )
+    try:
+        seed = as_int(generator, "generator", what="a torch.Generator or an integer seed")
+    except ValueError:
+        raise ValueError(
+            "generator must be a torch.Generator or an integer seed "
+            "(randomness is always explicit), got " + repr(type(generator).__name__)
+        ) from None
+    g = torch.Generator(device=device or "cpu")
+    g.manual_seed(seed)
+    return g
+
+
+# draft law <-> (draft_probs, drafts) consistency: the one place every verifier goes through
+SHARED_Q_KINDS = ("iid", "wor", "greedy")  # the same tuple as drafts.SHARED_Q_KINDS
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b broadcast to one shape hold identical values (no copy of the broadcast)."""
+    try:
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+    except RuntimeError:
+        return False
+    return bool(torch.equal(a.expand(shape), b.expand(shape)))
+
+
+def _law_q_matches(law, q: torch.Tensor, per: bool) -> bool:
+    """Whether draft_probs ``q`` (``[..., V]``, or ``[..., K, V]`` when ``per``) is the q the law
+    was built from: the very tensor, or equal values (to the law's q in its own dtype, or to
+    its float64 renormalised form ``law._q64()`` for a float64 q)."""
+    if q is law.q:
+        return True
+    refs = []
+    if q.dtype == law.q.dtype:
+        refs.append(law.q)
+    elif q.dtype == torch.float64:
+        refs.append(law._q64())
+    for r in refs:
+        if law.kind == "independent":  # law.q is [..., K, V]
+            ok = _same_values(r, q if per else q.unsqueeze(-2))
+        else:  # law.q is [..., V]
+            ok = _same_values(r.unsqueeze(-2), q) if per else _same_values(r, q)
+        if ok:
+            return True
+    return False
+
+
+def is_law_object(law) -> bool:
+    return hasattr(law, "kind") and hasattr(law, "q") and hasattr(law, "batch_shape")
+
+
+def check_law_shape(law, V: int, K: int, batch, drafts_shape=None) -> None:
+    """A law object's K, V and batch shape against the call's (drafts ``[*batch, K]``, V)."""
+    if law.k != K:
+        shown = f" (shape {tuple(drafts_shape)})" if drafts_shape is not None else ""
+        raise ValueError(
+            f"law: the {law.kind!r} law was built for K = {law.k} drafts but drafts has K = {K}{shown}; "
+            f"expected drafts of shape [..., {law.k}]"
+        )
+    if law.V != V:
+        raise ValueError(f"law: the law has V = {law.V} but target_probs and draft_probs have V = {V}")
+    lb, batch = torch.Size(law.batch_shape), torch.Size(batch)
+    try:
+        ok = torch.broadcast_shapes(lb, batch) == batch
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"law: batch shape {tuple(lb)} does not broadcast to the batch shape {tuple(batch)} of "
+            f"target_probs and drafts; expected a law over {tuple(batch)} (or an unbatched one)"
+        )
+
+
+def check_law(law, kind: str, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, *,
+              validate: bool, law_given: bool) -> torch.Tensor:
+    """Check that ``(q, drafts)`` can come from the draft law and return draft_probs as the
+    verifier should read it: ``[..., V]`` for the single-q laws (per-draft rows collapsed),
+    as given otherwise.
+
+    p ``[..., V]``, q ``[..., V]`` or ``[..., K, V]``, drafts ``[..., K]`` (shapes already
+    checked against each other); ``law`` a DraftLaw object or a name, ``kind`` its kind.
+    Cheap checks (K, V, batch of a law object; distinct drafts under 'wor'/'greedy') always
+    run; the ones that read the full vocabulary (q equal to the law's q, identical per-draft
+    rows, the greedy top set) only with ``validate``.
+    """
+    V, K = p.shape[-1], drafts.shape[-1]
+    if is_law_object(law):
+        check_law_shape(law, V, K, p.shape[:-1], drafts.shape)
+        if validate and not _law_q_matches(law, q, q.ndim == p.ndim + 1):
+            raise ValueError(
+                "draft_probs: not the q the law was built from (law.q); pass law.q (or its values) "
+                "as draft_probs, or build the law on this draft_probs"
+            )
+    per = q.ndim == p.ndim + 1
+    if kind in SHARED_Q_KINDS and per:
+        if validate and q.stride(-2) != 0 and K > 1 and not torch.equal(q, q[..., :1, :].expand_as(q)):
+            if law_given:
+                raise ValueError(
+                    f"draft_probs: the per-draft rows [..., K, V] differ across the K = {K} drafts, but the "
+                    f"{kind!r} law draws every draft from one q; pass one q [..., V], or law='independent' "
+                    "for drafts drawn from their own rows"
+                )
+            raise ValueError(
+                f"law: not given, and the per-draft rows of draft_probs [..., K, V] differ across the K = {K} "
+                "drafts, so the default 'iid' law does not hold; pass law='independent' (one row per draft)"
+            )
+        q = q[..., 0, :]
+    if kind in ("wor", "greedy") and K > 1:
+        eq = (drafts.unsqueeze(-1) == drafts.unsqueeze(-2)).triu(1)
+        if bool(eq.any()):
+            raise ValueError(
+                f"drafts: the {kind!r} law gives K distinct draft tokens, got a repeated token in a row; "
+                "expected distinct tokens in every row of drafts"
+            )
+    if kind == "greedy" and K > 1 and validate:
+        T = drafts[..., : K - 1]
+        top = torch.topk(q, K - 1, dim=-1).values  # [..., K-1], descending
+        qT = q.gather(-1, T).sort(-1, descending=True).values
+        bad = (qT != top).any(-1)
+        if bool(bad.any()):
+            i = bad.reshape(-1).nonzero()[0, 0]
+            got = T.reshape(-1, K - 1)[i].tolist()
+            want = torch.topk(q.reshape(-1, V)[i], K - 1).indices.tolist()
+            raise ValueError(
+                f"drafts: under the greedy law drafts[..., :K-1] are the top K-1 = {K - 1} tokens of "
+                f"draft_probs; a row has {got}, expected {want} (in any order; tied tokens may swap)"
+            )
+    return q

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ._validate import as_generator, as_k, as_probs, as_tokens
+from ._validate import as_generator, as_int, as_k, as_probs, as_tokens
 
 __all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind", "parse_laws"]
 
@@ -93,13 +93,15 @@ class DraftLaw:
 
     # interface --------------------------------------------------------------------------
     def sample(self, generator, num_samples: int | None = None) -> torch.Tensor:
-        """Draft tuples ``[..., K]`` (``[num_samples, ..., K]`` if num_samples is given)."""
-        g = as_generator(generator, self.q.device)
+        """Draft tuples ``[..., K]`` (``[num_samples, ..., K]`` if num_samples is given).
+
+        ``generator``: a ``torch.Generator`` or an integer seed; ``num_samples``: None or an
+        integer >= 1 (any integer type)."""
         q = self.q
         if num_samples is not None:
-            if int(num_samples) < 1:
-                raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-            q = q.unsqueeze(0).expand(int(num_samples), *q.shape)
+            n = as_int(num_samples, "num_samples", minimum=1, what="an integer >= 1 (or None)")
+            q = q.unsqueeze(0).expand(n, *q.shape)
+        g = as_generator(generator, self.q.device)
         return self._sample(q, g)
 
     def prob(self, drafts) -> torch.Tensor:

@@ -6,8 +6,11 @@ A verifier maps ``(p, q, drafts, randomness)`` to one output token whose law is 
 * ``_verify(p, q, drafts, g, law)`` -> output tokens ``[...]`` (batched, sampling path);
 * ``_output_distribution(p, q, drafts, law)`` -> float64 ``[..., V]`` (exact path).
 
-The base class validates input, resolves the law, and derives ``accepted_index`` from the
-output token: the lowest ``k`` with ``drafts[..., k] == token``, or -1. So acceptance is
+The base class validates input, resolves the law (``implied_law`` when none is given),
+checks that the drafts and draft_probs can come from it (``_validate.check_law``: K, V,
+batch and q of a law object, identical per-draft rows under a single-q law, distinct drafts
+under 'wor' and 'greedy', the top K-1 tokens under 'greedy'), and derives
+``accepted_index`` from the output token: the lowest ``k`` with ``drafts[..., k] == token``, or -1. So acceptance is
 always ``P(accepted_index >= 0) = P(output in drafts)``, whatever the rule's internals.
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .._validate import as_generator, as_probs, as_tokens
+from .._validate import as_generator, as_int, as_probs, as_tokens, check_law, check_law_shape
 from ..drafts import DraftLaw, law_kind
 
 __all__ = ["Verdict", "Verifier", "first_match", "per_draft"]
@@ -58,26 +61,63 @@ class Verifier:
         return f"<verifier {self.name!r} laws={self.laws}>"
 
     # law support ------------------------------------------------------------------------
-    def supports(self, law, k: int | None = None) -> bool:
-        """Whether the rule is lossless for drafts from ``law`` (a DraftLaw or kind name)."""
+    def _k_ok(self, k: int) -> bool:
+        return k >= self.min_k and (self.max_k is None or k <= self.max_k)
+
+    def supports(self, law, k=None) -> bool:
+        """Whether the rule is lossless for drafts from ``law`` (a DraftLaw or kind name),
+        with ``k`` drafts when given (a law object carries its own K)."""
         kind = law_kind(law)
         if isinstance(law, DraftLaw):
             k = law.k
         if kind not in self.laws:
             return False
-        if k is not None and (k < self.min_k or (self.max_k is not None and k > self.max_k)):
+        if k is not None and not self._k_ok(as_int(k, "k", what="an integer number of drafts")):
             return False
         return True
 
+    def laws_for(self, k) -> tuple[str, ...]:
+        """The law kinds (from ``drafts.LAW_KINDS``) this verifier is lossless for with K = k."""
+        k = as_int(k, "k", what="an integer number of drafts")
+        return tuple(kind for kind in self.laws if self._k_ok(k)) if k >= 1 else ()
+
+    def implied_law(self, k) -> str:
+        """The law used when none is given, for K = k drafts: the verifier's only law at this K
+        when it has exactly one (``rrs_wor`` -> 'wor', ``greedy_optimal`` and ``spechub`` ->
+        'greedy'), else ``default_law`` ('iid'). ``ValueError`` naming ``k`` when the verifier
+        takes no law at this K. For callers (decoder, CLI) that let the user omit the law."""
+        laws = self.laws_for(k)
+        if not laws:
+            raise ValueError(f"k: verifier {self.name!r} takes {self._k_range()} drafts, got K = {int(k)}")
+        if len(laws) == 1:
+            return laws[0]
+        return self.default_law if self.default_law in laws else laws[0]
+
+    def _k_range(self) -> str:
+        if self.max_k == self.min_k:
+            return f"K = {self.min_k}"
+        if self.max_k is None:
+            return f"K >= {self.min_k}"
+        return f"{self.min_k} <= K <= {self.max_k}"
+
     def _resolve_law(self, law, K: int) -> str:
-        kind = self.default_law if law is None else law_kind(law)
-        if not self.supports(kind, K):
-            krange = f"K in [{self.min_k}, {self.max_k if self.max_k is not None else 'inf'})"
-            raise ValueError(
-                f"law: verifier {self.name!r} is not lossless for the {kind!r} draft law with K = {K} "
-                f"(it supports laws {list(self.laws)} with {krange})"
-            )
-        return kind
+        kind = self.implied_law(K) if law is None else law_kind(law)
+        if self.supports(kind, K):
+            return kind
+        here = self.laws_for(K)
+        if not here:
+            what = f"it takes {self._k_range()} drafts (laws {', '.join(map(repr, self.laws))})"
+        elif len(here) == 1:
+            what = f"it supports only the {here[0]!r} law with K = {K}"
+        else:
+            what = f"it supports the laws {', '.join(map(repr, here))} with K = {K}"
+        from .registry import get, names  # the registry imports this module
+
+        others = [n for n in names() if n != self.name and get(n).supports(kind, K)]
+        alt = f"; for {kind!r} with K = {K} use one of {', '.join(others)}" if others else ""
+        raise ValueError(
+            f"law: verifier {self.name!r} is not lossless for the {kind!r} draft law with K = {K}: {what}{alt}"
+        )
 
     # validation -------------------------------------------------------------------------
     def _check(self, p, q, drafts, law, validate: bool = True):
@@ -94,6 +134,8 @@ class Verifier:
         batch = p.shape[:-1]
         if drafts.shape[:-1] != batch:
             raise ValueError(f"drafts has batch shape {tuple(drafts.shape[:-1])} but target_probs has {tuple(batch)}")
+        if isinstance(law, DraftLaw):  # the law object first: its K, V, batch name the mistake
+            check_law_shape(law, V, K, batch, drafts.shape)
         if q.ndim == p.ndim + 1:
             if q.shape[:-2] != batch or q.shape[-2] != K:
                 raise ValueError(
@@ -108,14 +150,17 @@ class Verifier:
             if bool((qx <= 0).any()):
                 bad = drafts[qx <= 0].flatten()[0]
                 raise ValueError(f"drafts: token {int(bad)} has draft probability 0, so it cannot have been drawn from draft_probs")
+        q = check_law(law, kind, p, q, drafts, validate=validate, law_given=law is not None)
         return p, q, drafts, kind
 
     # public API -------------------------------------------------------------------------
-    def verify(self, p, q, drafts, generator=None, *, law=None, validate: bool = True) -> Verdict:
+    def verify(self, p, q, drafts, generator, *, law=None, validate: bool = True) -> Verdict:
         """Sample the output token. p ``[..., V]``, q ``[..., V]`` or ``[..., K, V]``, drafts ``[..., K]``.
 
-        ``validate=False`` skips the full-vocabulary checks (for callers that already
-        validated, e.g. the decoder); shape checks are always done.
+        ``law``: a DraftLaw object (checked against drafts and q), a
+        law name, or None for ``implied_law(K)``. ``validate=False`` skips the
+        full-vocabulary checks (for callers that already validated, e.g. the decoder); shape
+        and law-shape checks are always done.
         """
         p, q, drafts, kind = self._check(p, q, drafts, law, validate)
         g = as_generator(generator, p.device)

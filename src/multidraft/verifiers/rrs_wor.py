@@ -22,17 +22,5 @@ class RRSWithoutReplacement(SpecInfer):
     laws = ("wor",)
     default_law = "wor"
     wor = True
-
-    def _check(self, p, q, drafts, law, validate=True):
-        p, q, drafts, kind = super()._check(p, q, drafts, law, validate)
-        if q.ndim == p.ndim + 1:
-            raise ValueError(
-                "draft_probs: rrs_wor needs the one draft distribution [..., V] the drafts were "
-                f"drawn from without replacement, got per-draft shape {tuple(q.shape)}"
-            )
-        K = drafts.shape[-1]
-        if K > 1:
-            eq = (drafts.unsqueeze(-1) == drafts.unsqueeze(-2)).triu(1)
-            if bool(eq.any()):
-                raise ValueError("drafts: the without-replacement law gives distinct draft tokens, got a repeated token in a row")
-        return p, q, drafts, kind
+    # distinct drafts and one shared q are checked for every 'wor' call in base._check
+    # (_validate.check_law); per-draft rows, identical by that check, arrive collapsed to [..., V]
