@@ -128,6 +128,8 @@ def _items(dataset: str, what: str) -> list[tuple[str, str]]:
 
 def _pick(items: list, n, seed, start, dataset: str) -> list:
     try:
+        if isinstance(n, bool) or isinstance(start, bool):
+            raise TypeError
         n = operator.index(n)
         start = operator.index(start)
     except TypeError:
