@@ -6,6 +6,7 @@ import torch
 
 import multidraft as md
 from multidraft import drafts as D
+from multidraft._validate import stream_seed
 
 
 def _q(V, seed, zeros=0):
@@ -58,9 +59,11 @@ def test_sampling_matches_enumeration(name, make):
 def test_sampling_is_reproducible_and_batched():
     q = torch.softmax(torch.randn(3, 7, 50, generator=torch.Generator().manual_seed(0)), -1)
     for law in (D.iid(q, 4), D.without_replacement(q, 4), D.greedy(q, 4)):
-        a = law.sample(torch.Generator().manual_seed(1))
-        b = law.sample(1)
+        a = law.sample(1)
+        b = law.sample(1)  # an integer seed names a stream: the same seed, the same drafts
         assert a.shape == (3, 7, 4) and torch.equal(a, b)
+        c = law.sample(torch.Generator().manual_seed(stream_seed(1, "drafts")))
+        assert torch.equal(a, c)  # ... the seed's "drafts" stream
         assert bool((law.prob(a) > 0).all())
     wor = D.without_replacement(q, 4).sample(2)
     assert bool((wor.sort(-1).values.diff(dim=-1) != 0).all())
@@ -155,3 +158,4 @@ def test_wor_sampler_exact_on_both_paths(q):
     exp = probs * n
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     assert chi2 < stats.chi2.ppf(1 - 1e-6, len(tuples) - 1), chi2
+

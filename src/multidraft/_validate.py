@@ -11,9 +11,20 @@ Integers: wherever a count is expected (``k``, ``num_samples``, a seed) any inte
 accepted through ``operator.index`` (Python ``int``, ``numpy.int64``, a 0-d integer tensor);
 ``bool`` and floats (even ``2.0``) are refused.
 
+Randomness (``as_generator``): a ``torch.Generator`` is used as given, so one generator
+passed to ``law.sample`` and then to ``verify`` is one stream read in order. An integer
+seed is never fed to ``manual_seed`` directly by a library entry point: it is turned into
+a stream for one *purpose* (``"drafts"`` for ``DraftLaw.sample``, ``"verify"`` for
+``Verifier.verify``) whose seed is ``stream_seed(seed, purpose)``, a 64-bit BLAKE2b hash of
+``(seed, purpose)``. So ``law.sample(generator=11)`` followed by ``verify(...,
+generator=11)`` draws the drafts and the acceptance coins from two independent streams
+(passing the same seed twice cannot correlate them), and the same seed still reproduces
+the same result. Note that ``law.sample(11)`` therefore differs from
+``law.sample(torch.Generator().manual_seed(11))``.
 """
 from __future__ import annotations
 
+import hashlib
 import operator
 
 import torch
@@ -114,8 +125,32 @@ def as_tokens(drafts, name: str, V: int) -> torch.Tensor:
     return drafts
 
 
-def as_generator(generator, device=None) -> torch.Generator:
-    """An explicit ``torch.Generator`` or an integer seed; never the global RNG."""
+PURPOSES = ("drafts", "verify")
+
+
+def stream_seed(seed, purpose: str) -> int:
+    """The seed of the stream for ``purpose`` derived from an integer ``seed``: the first 8
+    bytes of BLAKE2b over ``"multidraft/<purpose>/<seed>"`` (little endian), in [0, 2**64).
+
+    Distinct purposes give unrelated streams for the same seed, and distinct seeds give
+    unrelated streams for the same purpose (unlike ``seed + offset`` schemes, where seed 1's
+    second stream is seed 2's first)."""
+    seed = as_int(seed, "generator", what="a torch.Generator or an integer seed")
+    if not isinstance(purpose, str) or not purpose:
+        raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
+    digest = hashlib.blake2b(f"multidraft/{purpose}/{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def as_generator(generator, device=None, *, purpose: str | None = None) -> torch.Generator:
+    """An explicit ``torch.Generator`` (returned as is) or an integer seed; never the global RNG.
+
+    With ``purpose`` (``"drafts"``, ``"verify"``, ...) an integer seed gives a fresh generator
+    seeded with ``stream_seed(seed, purpose)``: one independent stream per purpose, so the same
+    integer passed to ``law.sample`` and to ``verify`` cannot correlate drafts and coins.
+    Without ``purpose`` (a caller that draws everything from the one generator it builds,
+    e.g. the decoder) the seed is used as is.
+    """
     if isinstance(generator, torch.Generator):
         return generator
     try:
@@ -126,7 +161,7 @@ def as_generator(generator, device=None) -> torch.Generator:
             "(randomness is always explicit), got " + repr(type(generator).__name__)
         ) from None
     g = torch.Generator(device=device or "cpu")
-    g.manual_seed(seed)
+    g.manual_seed(seed if purpose is None else stream_seed(seed, purpose))
     return g
 
 

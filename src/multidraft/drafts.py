@@ -7,7 +7,10 @@
                                token from q restricted to the rest and renormalised.
 ``independent(qs)``            draft j from its own q_j (qs is ``[..., K, V]``).
 
-Every law samples batched over leading dimensions with an explicit generator, gives the
+Every law samples batched over leading dimensions with an explicit generator (a
+``torch.Generator``, read in order, or an integer seed, which selects that seed's "drafts"
+stream: ``_validate.stream_seed``; ``verify`` reads a different stream for the same
+integer, so one seed passed to both cannot correlate drafts and acceptance), gives the
 probability of draft tuples (``prob``, float64) and, for an unbatched law, enumerates
 every tuple of positive probability (``enumerate``).
 """
@@ -95,13 +98,13 @@ class DraftLaw:
     def sample(self, generator, num_samples: int | None = None) -> torch.Tensor:
         """Draft tuples ``[..., K]`` (``[num_samples, ..., K]`` if num_samples is given).
 
-        ``generator``: a ``torch.Generator`` or an integer seed; ``num_samples``: None or an
-        integer >= 1 (any integer type)."""
+        ``generator``: a ``torch.Generator`` or an integer seed (its "drafts" stream, see the
+        module notes); ``num_samples``: None or an integer >= 1 (any integer type)."""
         q = self.q
         if num_samples is not None:
             n = as_int(num_samples, "num_samples", minimum=1, what="an integer >= 1 (or None)")
             q = q.unsqueeze(0).expand(n, *q.shape)
-        g = as_generator(generator, self.q.device)
+        g = as_generator(generator, self.q.device, purpose="drafts")
         return self._sample(q, g)
 
     def prob(self, drafts) -> torch.Tensor:

@@ -157,13 +157,16 @@ class Verifier:
     def verify(self, p, q, drafts, generator, *, law=None, validate: bool = True) -> Verdict:
         """Sample the output token. p ``[..., V]``, q ``[..., V]`` or ``[..., K, V]``, drafts ``[..., K]``.
 
-        ``law``: a DraftLaw object (checked against drafts and q), a
+        ``generator``: a ``torch.Generator`` (read in order, so the one that drew the drafts
+        may be passed again) or an integer seed, which selects the seed's "verify" stream
+        (``_validate.stream_seed``), independent of the "drafts" stream ``law.sample`` reads
+        for the same integer. ``law``: a DraftLaw object (checked against drafts and q), a
         law name, or None for ``implied_law(K)``. ``validate=False`` skips the
         full-vocabulary checks (for callers that already validated, e.g. the decoder); shape
         and law-shape checks are always done.
         """
         p, q, drafts, kind = self._check(p, q, drafts, law, validate)
-        g = as_generator(generator, p.device)
+        g = as_generator(generator, p.device, purpose="verify")
         token = self._verify(p, q, drafts, g, kind)
         return Verdict(token, first_match(drafts, token))
 
