@@ -159,3 +159,32 @@ def test_wor_sampler_exact_on_both_paths(q):
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     assert chi2 < stats.chi2.ppf(1 - 1e-6, len(tuples) - 1), chi2
 
+
+def test_wor_sampler_exact_in_chunks_of_rows(monkeypatch):
+    """Rows are sampled in chunks (bounded memory); with many chunks and both paths mixed in
+    one batch the law is still exactly successive sampling (chi-square per row kind)."""
+    from scipy import stats
+
+    flat = torch.tensor([0.3, 0.3, 0.2, 0.2], dtype=torch.float64)   # stream path
+    peaked = torch.tensor([0.9, 0.05, 0.03, 0.02], dtype=torch.float64)  # exponential race
+    monkeypatch.setattr(D.WithoutReplacement, "CHUNK_BYTES", 8 * 4 * 700)  # 700 rows per chunk
+    n = 15_000
+    q = torch.stack([flat, peaked]).repeat(n, 1)  # [2n, 4], alternating rows
+    s = D.without_replacement(q, 3).sample(torch.Generator().manual_seed(3))  # [2n, 3]
+    for j, row in enumerate((flat, peaked)):
+        tuples, probs = D.without_replacement(row, 3).enumerate()
+        counts = Counter(map(tuple, s[j::2].tolist()))
+        assert set(counts) <= {tuple(t) for t in tuples.tolist()}
+        obs = torch.tensor([counts[tuple(t)] for t in tuples.tolist()], dtype=torch.float64)
+        chi2 = float(((obs - probs * n) ** 2 / (probs * n)).sum())
+        assert chi2 < stats.chi2.ppf(1 - 1e-6, len(tuples) - 1), (j, chi2)
+
+
+def test_law_construction_does_not_build_count_tensors():
+    """_check_nnz reads the k-th largest entry per row (topk), and still names a bad row."""
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"q has only 2 token\(s\) with positive probability in some row; .* at least k = 3"):
+        D.without_replacement(q, 3)
+    with pytest.raises(ValueError, match="q has V = 3 tokens; the greedy law needs at least k = 4"):
+        D.greedy(q[1], 4)
+    assert D.without_replacement(q, 2).k == 2

@@ -147,10 +147,15 @@ def _multinomial(q: torch.Tensor, n: int, replacement: bool, g: torch.Generator)
 
 
 def _check_nnz(q: torch.Tensor, k: int, what: str) -> None:
-    nnz = (q > 0).sum(-1)
-    if bool((nnz < k).any()):
+    # the k-th largest entry of each row is positive iff the row has >= k positive entries;
+    # topk keeps the check at [..., k] (a (q > 0).sum(-1) would build [..., V] int64)
+    if k > q.shape[-1]:
+        raise ValueError(f"q has V = {q.shape[-1]} tokens; the {what} law needs at least k = {k} with positive probability")
+    kth = torch.topk(q, k, dim=-1).values[..., -1]
+    if bool((kth <= 0).any()):
+        row = q.reshape(-1, q.shape[-1])[(kth <= 0).reshape(-1).nonzero()[0, 0]]
         raise ValueError(
-            f"q has only {int(nnz.min())} token(s) with positive probability in some row; "
+            f"q has only {int((row > 0).sum())} token(s) with positive probability in some row; "
             f"the {what} law needs at least k = {k}"
         )
 
@@ -174,13 +179,19 @@ class IID(DraftLaw):
 class WithoutReplacement(DraftLaw):
     kind = "wor"
 
+    # rows per chunk of the sampler: at most CHUNK_BYTES of float64 [rows, V] work at a time
+    CHUNK_BYTES = 64 << 20
+    STREAM_MAX_TOP = 0.75
+
     def _sample(self, q, g):
         # The order of first appearance of distinct tokens in an i.i.d. stream from q is
         # exactly successive sampling without replacement. Rows whose top k-1 tokens hold at
         # most STREAM_MAX_TOP of the mass read a stream (cheap inverse-CDF draws, extended
         # until it shows k distinct tokens); the others (peaked q, where a stream would be
         # long) use the exponential race: token x arrives at E_x / q(x), first k in order.
-        # The split depends on q only, never on the draws, so both paths are exact.
+        # The split depends on q only, never on the draws, so both paths are exact. Rows are
+        # independent, so both paths run on chunks of rows (CHUNK_BYTES of float64 work
+        # each): the law is unchanged and peak memory is the input plus one chunk.
         V = q.shape[-1]
         flat = q.reshape(-1, V)
         n, k = flat.shape[0], self.k
@@ -190,15 +201,16 @@ class WithoutReplacement(DraftLaw):
         top = torch.topk(flat, k - 1, dim=-1).values.sum(-1)
         streamed = (top <= self.STREAM_MAX_TOP).nonzero().squeeze(-1)
         raced = (top > self.STREAM_MAX_TOP).nonzero().squeeze(-1)
-        if streamed.numel():
-            out[streamed] = self._stream(flat[streamed], k, g)
-        if raced.numel():
-            u = torch.rand(raced.numel(), V, generator=g, dtype=torch.float64, device=q.device)
-            keys = -torch.log1p(-u) / flat[raced].double()
-            out[raced] = torch.topk(keys, k, dim=-1, largest=False, sorted=True).indices
+        step = max(1, self.CHUNK_BYTES // (8 * V))
+        for s0 in range(0, streamed.numel(), step):
+            rows = streamed[s0 : s0 + step]
+            out[rows] = self._stream(flat.index_select(0, rows), k, g)
+        for s0 in range(0, raced.numel(), step):
+            rows = raced[s0 : s0 + step]
+            keys = torch.rand(rows.numel(), V, generator=g, dtype=torch.float64, device=q.device)
+            keys.neg_().log1p_().neg_().div_(flat.index_select(0, rows))  # E_x / q(x), in place
+            out[rows] = torch.topk(keys, k, dim=-1, largest=False, sorted=True).indices
         return out.reshape(*q.shape[:-1], k)
-
-    STREAM_MAX_TOP = 0.75
 
     @staticmethod
     def _stream(flat: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
