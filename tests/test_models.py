@@ -328,7 +328,7 @@ def test_demo_plan_covers_registered_multidraft_verifiers():
                 assert any(s.startswith(f"{name} K={k}") for s in skipped)
     for m in methods[2:]:
         assert md.verifiers.get(m.verifier).supports(m.law, m.k)
-        assert m.law == md.decoding.implied_law(m.verifier) or not md.verifiers.get(m.verifier).supports(md.decoding.implied_law(m.verifier), m.k)
+        assert m.law == md.verifiers.get(m.verifier).implied_law(m.k)
     with pytest.raises(ValueError, match="unknown verifier"):
         plan_methods((2,), ("no_such_verifier",))
 

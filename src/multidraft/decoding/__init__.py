@@ -7,13 +7,13 @@
 
 Modules: ``trees`` (tree shapes, the per-step draft tree), ``kv`` (tree attention masks,
 KV-cache compaction), ``engine`` (``generate``; ``check_settings`` checks every model-free
-argument before any model is loaded; ``implied_law`` is the draft law a verifier implies).
+argument before any model is loaded; without ``draft_law`` the verifier's
+``implied_law(k)`` is used).
 Logit processing lives in ``multidraft.sampling`` and model loading in ``multidraft.models``.
 """
 from __future__ import annotations
 
-from .engine import GenerationResult, Settings, check_settings, generate, implied_law, laws_that_work
+from .engine import GenerationResult, Settings, check_settings, generate
 from .trees import TreeShape, full_tree, parse_tree
 
-__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "implied_law", "laws_that_work",
-           "TreeShape", "full_tree", "parse_tree"]
+__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "TreeShape", "full_tree", "parse_tree"]

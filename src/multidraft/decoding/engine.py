@@ -44,7 +44,7 @@ from ..sampling import check_sampling_args, process_logits, sample_token
 from .kv import keep, new_cache, tree_attention_mask
 from .trees import DraftTree, TreeShape
 
-__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "implied_law", "laws_that_work", "score_tree"]
+__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree"]
 
 
 @dataclass
@@ -117,24 +117,9 @@ def _int_arg(x, name: str, lo: int = 1) -> int:
     return n
 
 
-def implied_law(verifier) -> str:
-    """The draft law ``generate`` uses when ``draft_law`` is not given: the one law a verifier
-    supports for K > 1 when it supports exactly one (``rrs_wor`` -> 'wor', ``spechub`` ->
-    'greedy'), else 'iid'. ``verifier`` is a registered name or a Verifier."""
-    v = _verifiers.get(verifier) if isinstance(verifier, str) else verifier
-    laws = tuple(v.laws)
-    return laws[0] if len(laws) == 1 else "iid"
-
-
-def laws_that_work(verifier, k: int) -> list[str]:
-    """The draft laws (in ``LAW_KINDS`` order) ``verifier`` is lossless for with k drafts per node."""
-    v = _verifiers.get(verifier) if isinstance(verifier, str) else verifier
-    return [law for law in _drafts.LAW_KINDS if v.supports(law, k)]
-
-
 def _unsupported(v, kind: str, k: int) -> str:
     """The message for a (verifier, law, K) the verifier is not lossless for; names what would work."""
-    ok = laws_that_work(v, k)
+    ok = v.laws_for(k)
     krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
     if ok:
         return (f"draft_law: verifier {v.name!r} is not lossless for the {kind!r} draft law with {k} drafts "
@@ -169,7 +154,8 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
     """Check every argument of ``generate`` that needs no model; ValueError naming the argument.
 
     The CLI calls this before loading any model; ``generate`` calls it first. ``draft_law=None``
-    means :func:`implied_law` of the verifier ('independent' when ``draft_temperature`` is a list).
+    means the law the verifier implies (``Verifier.implied_law``; 'independent' when
+    ``draft_temperature`` is a list).
     """
     check_sampling_args(temperature, top_k, top_p, "temperature")
     top_k = None if top_k is None else operator.index(top_k)
@@ -181,8 +167,9 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
     K = _int_arg(k, "k")
     L = _int_arg(depth, "depth")
     listed = isinstance(draft_temperature, (list, tuple))
-    if draft_law is None:
-        kind = "independent" if listed else implied_law(v)
+    shape = TreeShape.from_args(tree, K, L)
+    if draft_law is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
+        kind = "independent" if listed else v.implied_law(shape.k)
     else:
         kind = _drafts.law_kind(draft_law, "draft_law")
 
@@ -203,7 +190,6 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
     if kind == "independent" and len(temps) == 1:
         temps = temps * K
 
-    shape = TreeShape.from_args(tree, K, L)
     if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
         raise ValueError(f"tree has a node with {shape.k} children but only {len(temps)} draft temperatures")
     ks = {shape.k} if shape.mode == "sequences" else {n for n in shape.children.values() if n > 0}
@@ -296,8 +282,8 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
                     with ``tree="sequences"`` K draft sequences of length L merged into a
                     trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both).
     draft_law       a name from ``multidraft.drafts.LAW_KINDS``; None (default) means the law
-                    the verifier implies (:func:`implied_law`: 'wor' for ``rrs_wor``, 'greedy'
-                    for ``spechub`` and ``greedy_optimal``, else 'iid'); a list
+                    the verifier implies (``Verifier.implied_law``: 'wor' for ``rrs_wor``,
+                    'greedy' for ``spechub`` and ``greedy_optimal``, else 'iid'); a list
                     ``draft_temperature=[t1, ..., tK]`` means the independent law (draft j at
                     temperature t_j).
     temperature     target temperature (0 = greedy); ``draft_temperature`` defaults to it.

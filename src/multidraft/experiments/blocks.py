@@ -16,7 +16,7 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..datasets import load_prompts
-from ..decoding import check_settings, generate, implied_law, laws_that_work
+from ..decoding import check_settings, generate
 from .records import JsonlWriter, resume, row_key
 
 __all__ = ["KEY", "run"]
@@ -55,7 +55,7 @@ def run(
 ) -> Path:
     """Run the missing (prompt, verifier, law, K, depth) cells into ``RUN_DIR/blocks.jsonl``.
 
-    ``laws=None`` gives each verifier the law it implies (``decoding.implied_law``); with a
+    ``laws=None`` gives each verifier the law it implies (``Verifier.implied_law``); with a
     list, each verifier runs the listed laws it is lossless for at each K. ValueError (naming
     the laws that would work) when no cell is left.
     """
@@ -66,15 +66,16 @@ def run(
     cells = []
     for name in verifiers:
         v = _verifiers.get(name)
-        for law in (laws if laws is not None else [implied_law(v)]):
-            for k in ks:
-                if v.supports(law, k):
+        for k in ks:
+            here = v.laws_for(k)
+            for law in (laws if laws is not None else [v.implied_law(k)] if here else []):
+                if law in here:
                     for depth in depths:
                         cells.append((name, law, int(k), int(depth)))
     if not cells:
-        works = "; ".join(f"{name}: " + (", ".join(f"K={k} {'/'.join(laws_that_work(name, k))}" for k in ks
-                                                  if laws_that_work(name, k)) or "none at these K")
-                          for name in verifiers)
+        lf = {name: _verifiers.get(name).laws_for for name in verifiers}
+        works = "; ".join(f"{name}: " + (", ".join(f"K={k} {'/'.join(lf[name](k))}" for k in ks if lf[name](k))
+                                         or "none at these K") for name in verifiers)
         raise ValueError(f"laws: no (verifier, law, K) combination is supported for laws {list(laws or [])} "
                          f"and K in {list(ks)}; laws that would work: {works}")
     for name, law, k, depth in cells:  # every argument checked before any model is loaded

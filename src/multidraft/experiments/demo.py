@@ -6,7 +6,7 @@ prompts at temperature 1, every method decodes every prompt with the same seed:
 * ``target-only``: the target alone, one token per forward pass (the reference);
 * ``SD``: single-draft speculative decoding (verifier ``naive``, K = 1, a chain of depth L);
 * each registered multi-draft verifier at K = 2 and 4 (a full K-ary draft tree of depth L,
-  the draft law the verifier implies, ``decoding.implied_law``), skipping the ones that do
+  the draft law the verifier implies, ``Verifier.implied_law``), skipping the ones that do
   not support that K.
 
 Runs are interleaved (for each prompt, every method in turn), so slow phases of a shared
@@ -31,7 +31,7 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..datasets import encode_prompt, load_prompts
-from ..decoding import check_settings, generate, implied_law, laws_that_work
+from ..decoding import check_settings, generate
 from .progress import progress as _progress
 from .records import JsonlWriter
 
@@ -109,14 +109,11 @@ def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> t
             continue
         v = _verifiers.get(name)
         for k in ks:
-            law = implied_law(v)
-            if not v.supports(law, k):
-                ok = [x for x in laws_that_work(v, k) if x != "independent"]
-                if not ok:
-                    krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
-                    skipped.append(f"{name} K={k}: not supported (laws {', '.join(v.laws)} with {krange})")
-                    continue
-                law = ok[0]
+            if not [x for x in v.laws_for(k) if x != "independent"]:
+                krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
+                skipped.append(f"{name} K={k}: not supported (laws {', '.join(v.laws)} with {krange})")
+                continue
+            law = v.implied_law(k)
             methods.append(Method(f"{name} K={k}", name, k, law))
     return methods, skipped
 
