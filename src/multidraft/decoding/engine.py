@@ -39,7 +39,7 @@ import torch
 
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
-from .._validate import as_generator
+from .._validate import as_generator, as_int
 from ..sampling import check_sampling_args, process_logits, sample_token
 from .kv import keep, new_cache, tree_attention_mask
 from .trees import DraftTree, TreeShape
@@ -104,19 +104,6 @@ def _model_dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def _int_arg(x, name: str, lo: int = 1) -> int:
-    """A Python or numpy integer >= lo (bools refused)."""
-    if isinstance(x, bool) or getattr(x, "dtype", None) == bool:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
-    try:
-        n = operator.index(x)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}") from None
-    if n < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
-    return n
-
-
 def _unsupported(v, kind: str, k: int) -> str:
     """The message for a (verifier, law, K) the verifier is not lossless for; names what would work."""
     ok = v.laws_for(k)
@@ -160,12 +147,12 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
     check_sampling_args(temperature, top_k, top_p, "temperature")
     top_k = None if top_k is None else operator.index(top_k)
     top_p = None if top_p is None else float(top_p)
-    max_new_tokens = _int_arg(max_new_tokens, "max_new_tokens")
+    max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=1)
     if verifier is None or (isinstance(verifier, str) and verifier.lower() == "none"):
         return Settings(None, "iid", None, 0, 0, float(temperature), (), top_k, top_p, max_new_tokens)
     v = _verifiers.get(verifier)
-    K = _int_arg(k, "k")
-    L = _int_arg(depth, "depth")
+    K = as_int(k, "k", minimum=1, what="an integer number of drafts")
+    L = as_int(depth, "depth", minimum=1)
     listed = isinstance(draft_temperature, (list, tuple))
     shape = TreeShape.from_args(tree, K, L)
     if draft_law is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
