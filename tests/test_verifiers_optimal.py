@@ -99,7 +99,7 @@ def test_fit_closed_forms_at_larger_v():
         assert torch.allclose(fit.r.sum(-1), torch.ones(B, dtype=torch.float64), atol=1e-12)
         assert float(fit.fit_error_max.max()) <= 1e-9
         assert float(fit.shortfall.abs().max()) <= 1e-9
-        assert bool((fit.n_layers >= 1).all()) and fit.iterations <= 200
+        assert bool((fit.n_layers >= 1).all()) and fit.iterations <= 500
 
 
 def test_rule_of_a_row_does_not_depend_on_the_batch():
@@ -189,7 +189,7 @@ def test_sampling_path_matches_exact_path_many():
     for k in (2, 3, 5, 8):
         p = _dirichlet(40, g, 0.5)
         q = _dirichlet(40, g, 0.5)
-        pval, acc, _ = _chi2_check(p, q, k, 200000, 90 + k)
+        pval, acc, _ = _chi2_check(p, q, k, 40000, 90 + k)
         assert pval > 1e-4, f"K={k}: chi-square p-value {pval}"
         a = md.optimal_acceptance(p, md.drafts.iid(q, k))
-        assert abs(acc - a) <= 5 * (a * (1 - a) / 200000) ** 0.5 + 1e-9
+        assert abs(acc - a) <= 5 * (a * (1 - a) / 40000) ** 0.5 + 1e-9

@@ -57,7 +57,7 @@ from .registry import register
 __all__ = ["Optimal", "OptimalFit", "chord"]
 
 DEFAULT_LEVELS = 32
-DEFAULT_MAX_ITER = 200
+DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-13
 UNIT_CHUNK_ELEMS = 1 << 22  # bound on units x levels held at once in the fit
 
