@@ -55,7 +55,6 @@ class Verifier:
     default_law: ClassVar[str] = "iid"
     min_k: ClassVar[int] = 1
     max_k: ClassVar[int | None] = None
-    exact_output: ClassVar[bool] = True  # output_distribution is available
 
     def __repr__(self) -> str:
         return f"<verifier {self.name!r} laws={self.laws}>"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from .registry import register
 from ._residual import inverse_cdf_blocked, rows_per_chunk
 from .base import Verifier
 
