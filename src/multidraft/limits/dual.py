@@ -34,6 +34,7 @@ import torch
 
 from .._validate import as_probs64
 from ..drafts import DraftLaw
+from .wor import wor_prefix_min
 
 __all__ = ["optimal_acceptance", "prefix_order", "dual_objective"]
 
@@ -102,16 +103,14 @@ def _greedy(p, law):
 
 
 # ---- without replacement ---------------------------------------------------------------
-def _wor(p, law):
-    K = law.k
-    q = law._q64().expand_as(p)
-    if K == 1:
-        return _iid(p, q, 1)
-    batch = p.shape[:-1]
-    V = p.shape[-1]
-    P = p.reshape(-1, V)
-    Qd = q.reshape(-1, V)
-    B = P.shape[0]
+def _wor_bounds(P, Qd, K):
+    """Sorted masses, prefix sums and the candidate prefixes of the without-replacement dual.
+
+    P, Qd ``[B, V]``. Returns order, cp, qs, r (q outside each prefix), cand (bool: not excluded
+    by q(H)^K >= Q(H) >= prod_i (q(H) - M_i)/(1 - M_i)), one (bool: 1 - Q(H) <= 1e-15 proven),
+    upper_g ``[B]`` (an achievable value).
+    """
+    B, V = P.shape
     order = prefix_order(P, Qd)
     ps = P.gather(-1, order)
     qs = Qd.gather(-1, order)
@@ -135,10 +134,43 @@ def _wor(p, law):
     lower_g = cp - cq**K                            # g(n) >= this
     cand = lower_g <= upper_g.unsqueeze(-1) + 1e-15
     cand &= qs > 0  # adding a q = 0 token only adds p
-    idx = torch.arange(V).expand(B, V)
-    n_max = int(torch.where(cand, idx + 1, torch.zeros_like(idx)).amax()) if V else 0
     # prefixes proven to have Q within _ONE_TOL of 1: 1 - Q <= sum_i r/(1 - M_i) <= K r/(1 - M_{K-1})
     one = (r <= 0) | (K * r <= _ONE_TOL * out_top[:, -1:])
+    return order, ps, qs, cp, r, cand, one, upper_g
+
+
+def _wor(p, law):
+    """alpha* without replacement: bounds, then the exact fast path of wor.py on the candidates
+    (rows it cannot take: the token-by-token scan below)."""
+    K = law.k
+    q = law._q64().expand_as(p)
+    if K == 1:
+        return _iid(p, q, 1)
+    batch = p.shape[:-1]
+    V = p.shape[-1]
+    P = p.reshape(-1, V)
+    Qd = q.reshape(-1, V)
+    order, ps, qs, cp, r, cand, one, upper_g = _wor_bounds(P, Qd, K)
+    lam = torch.cumsum(qs, -1)
+    g, slow = wor_prefix_min(ps, qs, cp, r, lam, cand & ~one, upper_g, K)
+    g = torch.where(one & cand, cp - 1.0, g)
+    gmin, arg = g.min(-1)
+    n = torch.where(gmin < 0, arg + 1, torch.zeros_like(arg))
+    alpha = 1.0 + gmin.clamp(max=0.0)
+    H = _mask_from_prefix(order, n)
+    if slow:
+        a_s, H_s = _wor_scan(P[slow], Qd[slow], K)
+        alpha[slow] = a_s
+        H[slow] = H_s
+    return alpha.reshape(batch), H.reshape(*batch, V)
+
+
+def _wor_scan(P, Qd, K):
+    """The token-by-token Poisson-binomial scan over all candidate prefixes (P, Qd ``[B, V]``, K >= 2)."""
+    B, V = P.shape
+    order, ps, qs, cp, r, cand, one, upper_g = _wor_bounds(P, Qd, K)
+    idx = torch.arange(V).expand(B, V)
+    n_max = int(torch.where(cand, idx + 1, torch.zeros_like(idx)).amax()) if V else 0
     g = torch.full((B, V), math.inf, dtype=torch.float64)
     if n_max > 0:
         need = cand[:, :n_max] & ~one[:, :n_max]
@@ -181,8 +213,7 @@ def _wor(p, law):
     gmin, arg = g.min(-1)
     n = torch.where(gmin < 0, arg + 1, torch.zeros_like(arg))
     alpha = 1.0 + gmin.clamp(max=0.0)
-    H = _mask_from_prefix(order, n)
-    return alpha.reshape(batch), H.reshape(*batch, V)
+    return alpha, _mask_from_prefix(order, n)
 
 
 # ---- independent drafts: exact submodular minimisation -------------------------------
