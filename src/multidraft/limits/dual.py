@@ -127,8 +127,9 @@ def _wor_bounds(P, Qd, K):
     out_top = torch.cat([tail + rest, rest], -1)  # [B, K]: q outside the top i, i = 0..K-1
     # bounds on Q along prefixes: lower = prod_i (q(H) - M_i)/(1 - M_i) = prod_i (1 - r/(1 - M_i))+,
     # upper = q(H)^K
-    frac = r.unsqueeze(-1) / out_top.unsqueeze(-2)  # [B, V, K]; 0/0 (nothing outside) -> nan
-    lowQ = (1.0 - frac).nan_to_num_(nan=1.0).clamp_(0.0, 1.0).prod(-1)
+    lowQ = torch.ones_like(r)
+    for i in range(K):  # one [B, V] factor at a time; 0/0 (nothing outside) -> nan -> 1
+        lowQ.mul_((1.0 - r / out_top[:, i : i + 1]).nan_to_num_(nan=1.0).clamp_(0.0, 1.0))
     lowQ = torch.where(r <= 0, torch.ones_like(lowQ), lowQ)
     upper_g = (cp - lowQ).amin(-1).clamp(max=0.0)  # an achievable value (upper bound on the min)
     lower_g = cp - cq**K                            # g(n) >= this

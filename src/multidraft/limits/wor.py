@@ -41,7 +41,7 @@ import torch
 __all__ = ["wor_prefix_min", "THETA", "H_STEP"]
 
 THETA = 0.125     # light tokens: q t <= THETA at every node
-H_STEP = 0.25     # trapezoid step in s = log t
+H_STEP = 0.125    # trapezoid step in s = log t
 _TAIL = 1e-17     # each cut tail
 _MARGIN = 1e-12   # pruning margin (> twice the evaluation error bound)
 HEAVY_MAX = 4096  # rows needing more heavy tokens fall back to the token-by-token scan
@@ -97,11 +97,12 @@ def _choose_T(qs, rr, lam, cand_idx, K):
     Returns (T, heavy bool [V]) or None when the row needs more than HEAVY_MAX heavy tokens."""
     r = rr[cand_idx]
     la = lam[cand_idx]
+    qs = qs[: int(cand_idx.max()) + 1]
     for i in range(3, 64):
         T = float(2.0**i)
         tau = THETA / T
         heavy = qs > tau
-        if int(heavy[: int(cand_idx.max()) + 1].sum()) > HEAVY_MAX:
+        if int(heavy.sum()) > HEAVY_MAX:
             return None
         light_mass = torch.cumsum(torch.where(heavy, 0.0, qs), 0)[cand_idx]
         nh = torch.cumsum(heavy.double(), 0)[cand_idx]
@@ -149,11 +150,20 @@ def _row_eval(ps_row, qs_row, rr, lam, cp, cand_idx, K, T, heavy):
     y = (tau * t).unsqueeze(0) ** torch.arange(1, D + 1, dtype=torch.float64).unsqueeze(-1)  # [D, M]
     Bm = (A[:, 1:].unsqueeze(-1) * y.unsqueeze(0)).permute(1, 2, 0).reshape(D, Mn * (K - 1))  # [D, M*(K-1)]
     light_mass = torch.cumsum(torch.where(hv, 0.0, qs), 0)
-    # prefix power sums of the light tokens, [n_hi, D] (nonnegative cumsums)
-    PW = torch.cumsum(x.unsqueeze(-1) ** torch.arange(1, D + 1, dtype=torch.float64), 0)
+    # prefix power sums of the light tokens (q/tau)^k, k = 1..D, at the prefixes of the window
+    # [lo, n_hi): the tokens before it as one sum per power, the window as cumsums (all terms >= 0)
+    lo = int(cand_idx.min())
+    PW = torch.empty(n_hi - lo, D, dtype=torch.float64)
+    xb, xw = x[:lo].clone(), x[lo:].clone()
+    pb, pwn = xb.clone(), xw.clone()
+    for k in range(D):
+        if k:
+            pb.mul_(xb)
+            pwn.mul_(xw)
+        PW[:, k] = torch.cumsum(pwn, 0) + pb.sum()
 
     def evaluate(idx):  # idx: LongTensor [n] of prefix end indices
-        pm = (PW[idx] @ Bm).reshape(-1, Mn, K - 1)  # [n, M, K-1]: p_m(t)
+        pm = (PW[idx - lo] @ Bm).reshape(-1, Mn, K - 1)  # [n, M, K-1]: p_m(t)
         Lt = light_mass[idx].unsqueeze(-1) * t  # [n, M]
         g = [torch.exp(-Lt)]
         for j in range(1, K):
