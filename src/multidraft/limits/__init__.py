@@ -10,7 +10,7 @@ See docs/optimal_acceptance.md for the derivations.
 """
 from __future__ import annotations
 
-from .dual import dual_objective, optimal_acceptance, prefix_order
+from .dual import AcceptanceBounds, dual_objective, optimal_acceptance, prefix_order
 from .k2 import k2_optimal_acceptance, unit_acceptance_possible
 from .lp import (
     MAX_LP_TUPLES,
@@ -31,6 +31,7 @@ __all__ = [
     "unit_acceptance_possible",
     "dual_objective",
     "prefix_order",
+    "AcceptanceBounds",
     "solve_coupling",
     "coupling_rows",
     "CouplingSolution",

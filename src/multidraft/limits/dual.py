@@ -29,14 +29,16 @@ LP; a max-flow/min-cut argument):
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from .._validate import as_probs64
 from ..drafts import DraftLaw
+from .independent import independent_bounds
 from .wor import wor_prefix_min
 
-__all__ = ["optimal_acceptance", "prefix_order", "dual_objective"]
+__all__ = ["optimal_acceptance", "prefix_order", "dual_objective", "AcceptanceBounds"]
 
 _TRAP_H = 0.25          # trapezoid step in log t
 _TAIL = 1e-16           # mass left in each cut tail
@@ -285,36 +287,67 @@ def _indep_row(p, qs):
     return best.clamp(max=0.0), best_mask
 
 
+EXACT_INDEPENDENT_MAX_V = 64  # rows with a duality gap left: exact branch and bound up to this V
+
+
 def _independent(p, law):
+    """Returns (alpha [...], H, lower [...], upper [...], exact bool [...]): certified bounds by the
+    AM-GM lagrangian (independent.py); rows whose bounds do not meet (gap > 1e-12) and with
+    V <= EXACT_INDEPENDENT_MAX_V are solved exactly by the branch and bound."""
     qs = law._q64()
     K, V = qs.shape[-2], qs.shape[-1]
-    if K == 1:
-        return _iid(p, qs[..., 0, :].expand_as(p), 1)
     batch = p.shape[:-1]
+    if K == 1:
+        a, H = _iid(p, qs[..., 0, :].expand_as(p), 1)
+        return a, H, a, a, torch.ones_like(a, dtype=torch.bool)
     P = p.reshape(-1, V)
     Q = qs.expand(*batch, K, V).reshape(-1, K, V)
-    vals, masks = [], []
+    lower, upper, H, gap = independent_bounds(P, Q)
+    exact = gap <= 1e-12
+    same = (Q == Q[:, :1]).all(-1).all(-1)
     for i in range(P.shape[0]):
-        if bool((Q[i] == Q[i, :1]).all()):
+        if bool(same[i]):
             # identical draft distributions: the law is iid, whose sorted-prefix rule is exact
             v, m = _iid(P[i], Q[i, 0], K)
             v = v - 1.0
-        else:
+        elif not bool(exact[i]) and V <= EXACT_INDEPENDENT_MAX_V:
             v, m = _indep_row(P[i], Q[i])
-        vals.append(v)
-        masks.append(m)
-    alpha = 1.0 + torch.stack(vals)
-    return alpha.reshape(batch), torch.stack(masks).reshape(*batch, V)
+        else:
+            continue
+        upper[i], lower[i], H[i], exact[i] = v, v, m, True
+    alpha = (1.0 + upper).clamp(0.0, 1.0)
+    lo = (1.0 + lower).clamp(0.0, 1.0)
+    lo = torch.where(exact, alpha, lo)
+    return (alpha.reshape(batch), H.reshape(*batch, V), lo.reshape(batch), alpha.reshape(batch),
+            exact.reshape(batch))
 
 
-def optimal_acceptance(p, law: DraftLaw, *, return_set: bool = False):
-    """Exact alpha* = 1 + min_H [p(H) - Q(all K drafts in H)] for the law, any V.
+class AcceptanceBounds(NamedTuple):
+    """alpha* with its certificate: ``lower <= alpha* <= upper``; ``value`` is ``upper`` (the dual
+    value of the returned set); ``exact`` where the bounds meet (to rounding, 1e-12)."""
+
+    value: object
+    lower: object
+    upper: object
+    exact: object
+
+
+def optimal_acceptance(p, law: DraftLaw, *, return_set: bool = False, return_bounds: bool = False):
+    """alpha* = 1 + min_H [p(H) - Q(all K drafts in H)] for the law, any V.
+
+    Exact (error < 1e-12) for iid, greedy and wor. For ``independent`` the value is the upper
+    bound 1 + f(H) of a set H, certified against a lower bound (AM-GM lagrangian, see
+    limits/independent.py): the two meet (exact) on most rows; otherwise alpha* lies in
+    ``[lower, value]`` (``return_bounds=True``), and small V (<= 64) is solved exactly.
 
     p is ``[..., V]`` (broadcast against the law's batch shape). Returns a float for an
-    unbatched problem, else a float64 tensor ``[...]``; with ``return_set=True`` also the
-    minimising set H (bool ``[..., V]``), a certificate: ``1 + p(H) - Q(all in H)`` is alpha*.
+    unbatched problem, else a float64 tensor ``[...]``; with ``return_set=True`` also the set H
+    (bool ``[..., V]``), a certificate: ``1 + p(H) - Q(all in H)`` is the returned value; with
+    ``return_bounds=True`` an ``AcceptanceBounds(value, lower, upper, exact)`` in place of the value
+    (floats / bool for an unbatched problem, tensors otherwise).
     """
     p, batch = _check(p, law)
+    lower = upper = exact = None
     if law.kind == "iid":
         alpha, H = _iid(p, law._q64().expand_as(p), law.k)
     elif law.kind == "greedy":
@@ -322,9 +355,16 @@ def optimal_acceptance(p, law: DraftLaw, *, return_set: bool = False):
     elif law.kind == "wor":
         alpha, H = _wor(p, law)
     elif law.kind == "independent":
-        alpha, H = _independent(p, law)
+        alpha, H, lower, upper, exact = _independent(p, law)
     else:  # pragma: no cover
         raise ValueError(f"law: unknown draft law kind {law.kind!r}")
     alpha = alpha.clamp(0.0, 1.0)
     out = float(alpha) if len(batch) == 0 else alpha
+    if return_bounds:
+        if lower is None:
+            lower, upper, exact = alpha, alpha, torch.ones_like(alpha, dtype=torch.bool)
+        if len(batch) == 0:
+            out = AcceptanceBounds(float(alpha), float(lower), float(upper), bool(exact))
+        else:
+            out = AcceptanceBounds(alpha, lower, upper, exact)
     return (out, H) if return_set else out
