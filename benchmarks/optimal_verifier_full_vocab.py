@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,23 +42,81 @@ def texts(n):
 
 
 @torch.no_grad()
-def collect(positions, max_len, seed):
+def collect(positions, max_len, n_texts, cache):
+    """(p, q) float32 [N, V] from teacher forcing, cached in ``cache`` (a .pt file) keyed by the settings."""
+    key = {"positions": positions, "max_len": max_len, "n_texts": n_texts}
+    path = Path(cache) if cache else None
+    if path is not None and path.is_file():
+        obj = torch.load(path)
+        if obj.get("key") == key:
+            print(f"positions from cache {path}")
+            return obj["p"], obj["q"], obj["meta"], None
     target, draft, tok = load_pair()
-    ps, qs = [], []
-    need = positions
-    for text in texts(16):
+    ps, qs, meta = [], [], []
+    per = -(-positions // n_texts)  # positions taken from each text (the first ones after the prompt start)
+    for i, text in enumerate(texts(n_texts)):
         ids = tok(text, return_tensors="pt").input_ids[:, :max_len]
         lt = target(ids).logits[0].float()
         ld = draft(ids).logits[0].float()
         V = min(lt.shape[-1], ld.shape[-1])
-        ps.append(torch.softmax(lt[:, :V], -1))
-        qs.append(torch.softmax(ld[:, :V], -1))
-        need -= ids.shape[1]
-        if need <= 0:
-            break
-    p = torch.cat(ps)[:positions]
-    q = torch.cat(qs)[:positions]
-    return p, q
+        n = min(per, ids.shape[1])
+        # spread the positions over the whole text (prompt and solution)
+        take = torch.linspace(0, ids.shape[1] - 1, n).round().long().unique()
+        ps.append(torch.softmax(lt[take, :V], -1))
+        qs.append(torch.softmax(ld[take, :V], -1))
+        meta += [(i, int(t)) for t in take]
+    p = torch.cat(ps)[:positions].contiguous()
+    q = torch.cat(qs)[:positions].contiguous()
+    meta = meta[:positions]
+    if path is not None:
+        torch.save({"key": key, "p": p, "q": q, "meta": meta}, path)
+    return p, q, meta, (target, draft, tok)
+
+
+@torch.no_grad()
+def node_cost(models, p, q, k, prefix, repeats, seed):
+    """ms of one target forward (one token, KV cache of ``prefix`` tokens) vs one ``optimal`` verify of one [V] row."""
+    from multidraft.decoding import kv
+
+    target, draft, tok = models if models is not None else load_pair()
+    text = texts(1)[0]
+    ids = tok(text, return_tensors="pt").input_ids
+    while ids.shape[1] < prefix + 1:
+        ids = torch.cat([ids, ids], 1)
+    ids = ids[:, : prefix + 1]
+    cache = kv.new_cache(target)
+    target(ids[:, :prefix], past_key_values=cache, use_cache=True)
+    empty = torch.zeros(0, dtype=torch.long)
+
+    def fwd():
+        target(ids[:, prefix:], past_key_values=cache, use_cache=True)
+        kv.keep(cache, prefix, empty)
+
+    t_fwd = timed(fwd, repeats)
+    v = md.verifiers.get("optimal")
+    g = torch.Generator().manual_seed(seed)
+    out = {"prefix_tokens": prefix, "target_forward_ms": t_fwd}
+    for kk in k:
+        rows = []
+        for i in range(min(repeats, p.shape[0])):
+            pi, qi = p[i].float().contiguous(), q[i].float().contiguous()
+            dr = md.drafts.iid(qi, kk).sample(g)
+            rows.append(timed(lambda: v.verify(pi, qi, dr, generator=g, law="iid", validate=False), 1))
+        rows.sort()
+        out[f"verify_ms_k{kk}"] = rows[len(rows) // 2]
+        out[f"ratio_k{kk}"] = rows[len(rows) // 2] / t_fwd
+    return out
+
+
+def timed(fn, repeats):
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return 1e3 * ts[len(ts) // 2]
 
 
 def chi_square(p, tokens, top=10):
@@ -76,8 +136,13 @@ def chi_square(p, tokens, top=10):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--positions", type=int, default=200)
-    ap.add_argument("--max-len", type=int, default=160)
+    ap.add_argument("--positions", type=int, default=240)
+    ap.add_argument("--max-len", type=int, default=256, help="tokens of each text teacher-forced")
+    ap.add_argument("--texts", type=int, default=4, help="HumanEval texts (prompt + canonical solution); positions spread evenly")
+    ap.add_argument("--cache", default="/tmp/multidraft_full_vocab_positions.pt", help="cache of the (p, q) rows ('' for none)")
+    ap.add_argument("--draws", type=int, default=1, help="draft tuples per position (rows repeated)")
+    ap.add_argument("--node-cost", action="store_true", help="also time one optimal verify of one [V] row vs one target forward")
+    ap.add_argument("--prefix", type=int, default=200, help="KV-cache length for --node-cost")
     ap.add_argument("--k", default="2,4,8")
     ap.add_argument("--verifiers", default="optimal,specinfer,spectr,khisti_is")
     ap.add_argument("--chunk", type=int, default=25, help="positions per verify call")
@@ -88,13 +153,25 @@ def main(argv=None):
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    p, q = collect(args.positions, args.max_len, args.seed)
-    N, V = p.shape
-    print(f"collected {N} positions, V = {V}, in {time.perf_counter() - t0:.1f} s")
+    p, q, meta, models = collect(args.positions, args.max_len, args.texts, args.cache)
+    n_pos, V = p.shape
+    print(f"collected {n_pos} positions from {len(set(t for t, _ in meta))} texts, V = {V}, in {time.perf_counter() - t0:.1f} s", flush=True)
+    ks = [int(x) for x in args.k.split(",")]
+    nc = None
+    if args.node_cost:
+        nc = node_cost(models, p, q, ks, args.prefix, 9, args.seed)
+        print("node cost: " + ", ".join(f"{a} {b:.3g}" for a, b in nc.items()), flush=True)
+    del models
+    # float32 softmax rows over 151,936 tokens sum to 1 only to ~1e-4: renormalise in float64
+    p, q = p.double(), q.double()
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    if args.draws > 1:
+        p, q = p.repeat(args.draws, 1), q.repeat(args.draws, 1)
+    N = p.shape[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for k in [int(x) for x in args.k.split(",")]:
+    for k in ks:
         g = torch.Generator().manual_seed(args.seed + k)
         drafts = md.drafts.iid(q, k).sample(g)
         alpha = md.optimal_acceptance(p, md.drafts.iid(q, k)).double()
@@ -119,7 +196,8 @@ def main(argv=None):
             row = {
                 "k": k, "verifier": name, "positions": N, "V": V, "acceptance": float(a.mean()),
                 "alpha_star": float(alpha.mean()), "paired_gap": float(gap.mean()), "gap_se": se,
-                "chi2": chi, "chi2_dof": dof, "chi2_p": pval, "ms_per_position": ms,
+                "chi2": chi, "chi2_dof": dof, "chi2_p": pval, "ms_per_position": ms, "draws": args.draws,
+                "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0],
             }
             if fits:
                 fe = torch.cat([f.fit_error_max.reshape(-1) for f in fits])
@@ -142,7 +220,11 @@ def main(argv=None):
                          f" iters max {row['iterations_max']}, layers {row['layers_mean']:.0f} (fitted {row['fitted_layers_mean']:.2f})")
             print(f"K={k} {name:<10} acc {row['acceptance']:.4f} alpha* {row['alpha_star']:.4f} gap {row['paired_gap']:+.4f} +- {se:.4f}"
                   f" chi2 {chi:.1f}/{dof} (p {pval:.2f}) {ms:.1f} ms/pos{extra}", flush=True)
+    if nc is not None:
+        rows.append({"node_cost": nc, "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0]})
     with out.open("w") as fh:
+        fh.write(json.dumps({"command": "benchmarks/optimal_verifier_full_vocab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                             "positions": n_pos, "texts": args.texts, "max_len": args.max_len, "V": V}) + "\n")
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     print(f"wrote {out} ({len(rows)} rows) in {time.perf_counter() - t0:.0f} s total")
