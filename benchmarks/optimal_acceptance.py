@@ -62,12 +62,12 @@ def main() -> int:
                     help="rows timed for wor and independent (default: the whole batch)")
     ap.add_argument("--cap", type=float, default=90.0, help="skip larger K of a law once one run took longer (s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-lp", action="store_true", help="skip the LP size search")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.slow_batch is None:
         args.slow_batch = args.batch
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-lp", action="store_true", help="skip the LP size search")
     p, q = realistic(args.batch, args.V, args.seed)
     t_sort = timeit(lambda: torch.sort(p, -1, descending=True), 3)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B = {args.batch}, V = {args.V}")
