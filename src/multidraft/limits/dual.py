@@ -10,21 +10,12 @@ LP; a max-flow/min-cut argument):
   blocks), so alpha* costs one sort and a prefix scan.
 * ``greedy``: Q(all in H) = [T in H] q'(H) with top set T and q' = q restricted to the
   rest and renormalised, so alpha* = p(T) + sum_{x not in T} min(p(x), q'(x)).
-* ``wor``: Q(all K in H) is evaluated exactly along the sorted prefixes through the
-  exponential race: with arrival rates q_x and r = q(outside H),
-  Q(H) = int_0^inf r e^{-rt} P(N_H(t) >= K) dt, where N_H(t) counts H-tokens arrived by
-  t (a Poisson-binomial updated token by token along the prefix, in nonnegative
-  arithmetic). The integral is a trapezoid rule in s = log t (each rate times t formed as
-  exp(log rate + s): subnormal masses put t near 1e322 without overflow), whose error for this entire
-  integrand decays like exp(-pi^2 / h) (h = 0.25: below 1e-16); the two tails are cut
-  where proven bounds put them below 1e-16. Prefixes that cannot be the minimum (by the
-  bounds q(H)^K >= Q(H) >= prod_i (q(H) - M_i)/(1 - M_i), M_i the i largest q) are not
-  evaluated. That the minimiser is a sorted prefix is checked against the LP in the tests.
-* ``independent``: Q(all in H) = prod_j q_j(H). The sorted-prefix rule is NOT exact
-  (counterexamples in tests/test_limits.py), so the submodular objective is minimised
-  exactly by lattice pruning (x joins every minimiser when its marginal at the current
-  lower set is < 0, leaves every minimiser when its marginal at the upper set is > 0) and
-  branch and bound on what remains, bounded by f(A) + sum of marginals at the upper set.
+* ``wor``: exact fast path in wor.py (Poissonised race: the iid value minus a correction;
+  heavy tokens exactly, light ones by prefix power sums; bracketing by monotonicity); the
+  token-by-token scan below is the fallback and the test reference.
+* ``independent``: certified AM-GM lagrangian bounds (independent.py); the returned value is
+  the upper bound, exact where the bounds meet; lattice pruning + branch and bound for rows of
+  V <= 64 with a gap.
 """
 from __future__ import annotations
 
