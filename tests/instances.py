@@ -67,3 +67,12 @@ def make_law(kind: str, q: torch.Tensor, k: int, seed: int = 0):
             qs.append(w / w.sum())
         return D.independent(torch.stack(qs))
     raise ValueError(kind)
+
+
+def perturbed_pair(B, V, seed, noise=0.7, temp=1.2, dtype=torch.float64):
+    """(p, q) ``[B, V]``: q a noisy, tempered copy of p (most first drafts accepted)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(B, V, generator=g, dtype=torch.float64) * 2
+    p = torch.softmax(z, -1)
+    q = torch.softmax((z + noise * torch.randn(B, V, generator=g, dtype=torch.float64)) / temp, -1)
+    return p.to(dtype), q.to(dtype)

@@ -13,29 +13,14 @@ import torch
 from scipy import stats
 
 import multidraft as md
-from instances import instances
+from instances import instances, perturbed_pair
 from multidraft.verifiers._residual import inverse_cdf, inverse_cdf_blocked
 from multidraft.verifiers.specinfer import rrs_sample
 
 D = md.drafts
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # these tests run many small chunked ops; on a shared 2-core machine, intra-op threads
-    # waiting on each other dominate their time, so run them single-threaded
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _pair(B, V, seed, noise=0.7, temp=1.2, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(B, V, generator=g, dtype=torch.float64) * 2
-    p = torch.softmax(z, -1)
-    q = torch.softmax((z + noise * torch.randn(B, V, generator=g, dtype=torch.float64)) / temp, -1)
-    return p.to(dtype), q.to(dtype)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("name", ["specinfer", "rrs_wor", "spectr"])
@@ -115,7 +100,7 @@ def _ref_rrs(p, q, drafts, u, u_res, wor):
 @pytest.mark.parametrize("wor,kind", [(False, "iid"), (False, "independent"), (True, "wor")])
 def test_rrs_fast_path_equals_reference(V, wor, kind):
     B, K = 96, 4
-    p, q = _pair(B, V, seed=V + K, noise=1.0, temp=1.3)
+    p, q = perturbed_pair(B, V, seed=V + K, noise=1.0, temp=1.3)
     g = torch.Generator().manual_seed(11)
     if kind == "independent":
         q = torch.stack([q, torch.softmax(torch.log(q) * 0.7, -1), q.roll(1, -1), torch.softmax(torch.log(q) * 1.3, -1)], 1)
@@ -218,7 +203,7 @@ def test_large_vocab_output_law_is_p():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_half_precision_inputs(name, kind, dtype):
     v = md.verifiers.get(name)
-    p, q = _pair(2000, 10, seed=9, noise=1.0)
+    p, q = perturbed_pair(2000, 10, seed=9, noise=1.0)
     ph, qh = p.to(dtype), q.to(dtype)
     g = torch.Generator().manual_seed(1)
     law = D.without_replacement(q, 3) if kind == "wor" else D.iid(q, 3)
@@ -234,7 +219,7 @@ def test_half_precision_inputs(name, kind, dtype):
 
 
 def test_leading_batch_dims_and_seed_reproducibility():
-    p, q = _pair(12, 30, seed=1)
+    p, q = perturbed_pair(12, 30, seed=1)
     P, Q = p.view(3, 4, 30), q.view(3, 4, 30)
     for name, kind in (("specinfer", "iid"), ("rrs_wor", "wor"), ("spectr", "iid")):
         law = D.without_replacement(Q, 2) if kind == "wor" else D.iid(Q, 2)
@@ -253,7 +238,7 @@ def test_leading_batch_dims_and_seed_reproducibility():
 
 # bad input ---------------------------------------------------------------------------------
 def test_bad_input_errors_name_the_argument():
-    p, q = _pair(4, 6, seed=2)
+    p, q = perturbed_pair(4, 6, seed=2)
     drafts = torch.tensor([[0, 1], [2, 3], [4, 5], [1, 0]])
     si, wor, st = (md.verifiers.get(n) for n in ("specinfer", "rrs_wor", "spectr"))
     with pytest.raises(ValueError, match="drafts"):

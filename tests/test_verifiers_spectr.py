@@ -12,26 +12,12 @@ import torch
 import multidraft as md
 from multidraft.verifiers._residual import inverse_cdf
 from multidraft.verifiers.spectr import k_seq_f, kseq_sample, solve_rho
+from instances import perturbed_pair
 
 D = md.drafts
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # these tests run many small chunked ops; on a shared 2-core machine, intra-op threads
-    # waiting on each other dominate their time, so run them single-threaded
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _pair(B, V, seed, noise=0.7, temp=1.2, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(B, V, generator=g, dtype=torch.float64) * 2
-    p = torch.softmax(z, -1)
-    q = torch.softmax((z + noise * torch.randn(B, V, generator=g, dtype=torch.float64)) / temp, -1)
-    return p.to(dtype), q.to(dtype)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _f_direct(p, q, rho, K):
@@ -44,7 +30,7 @@ def _f_direct(p, q, rho, K):
 @pytest.mark.parametrize("V", [1, 2, 6, 50, 3000])
 @pytest.mark.parametrize("K", [2, 3, 4, 8])
 def test_spectr_rho_is_the_smallest_root_in_1_K(V, K):
-    p, q = _pair(16, V, seed=V * 10 + K, noise=1.5, temp=1.5)
+    p, q = perturbed_pair(16, V, seed=V * 10 + K, noise=1.5, temp=1.5)
     rho = solve_rho(p, q, K)
     assert bool(((rho >= 1) & (rho <= K)).all())
     f = _f_direct(p, q, rho, K)
@@ -91,7 +77,7 @@ def test_spectr_rho_corner_cases():
 
 def test_k_seq_f_signs():
     # f(1) <= 0 <= f(K) for any pair (Bernoulli), so [1, K] brackets the root
-    p, q = _pair(64, 40, seed=3, noise=2.0, temp=2.0)
+    p, q = perturbed_pair(64, 40, seed=3, noise=2.0, temp=2.0)
     for K in (2, 4, 7):
         S1 = torch.minimum(p, q).sum(-1)
         SK = torch.minimum(p, K * q).sum(-1)
@@ -123,7 +109,7 @@ def _ref_kseq(p, q, drafts, u, u_res):
 @pytest.mark.parametrize("V", [9, 6000])
 def test_spectr_fast_path_equals_reference(V, dtype):
     B, K = 96, 4
-    p, q = _pair(B, V, seed=2 * V, noise=1.2, temp=1.4, dtype=dtype)
+    p, q = perturbed_pair(B, V, seed=2 * V, noise=1.2, temp=1.4, dtype=dtype)
     g = torch.Generator().manual_seed(12)
     drafts = D.iid(q, K).sample(g)
     u = torch.rand(B, K, generator=g, dtype=torch.float64)
