@@ -311,9 +311,12 @@ def test_real_pair_smoke():
 # ---------------------------------------------------------------------------------------
 def test_demo_plan_covers_registered_multidraft_verifiers():
     import multidraft as md
-    from multidraft.experiments.demo import EXCLUDED, plan_methods
+    from multidraft.experiments.demo import DEFAULT_VERIFIERS, EXCLUDED, plan_methods
 
-    methods, skipped = plan_methods((2, 4))
+    default, _ = plan_methods((2,))
+    assert [m.verifier for m in default[2:]] == [n for n in md.verifiers.names() if n in DEFAULT_VERIFIERS]
+    assert len(default) == 2 + len(DEFAULT_VERIFIERS)
+    methods, skipped = plan_methods((2, 4), ("all",))
     labels = [m.label for m in methods]
     assert labels[:2] == ["target-only", "SD naive K=1"]
     for name in md.verifiers.names():
