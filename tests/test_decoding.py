@@ -102,6 +102,26 @@ def test_greedy_llama_and_target_only():
     assert base.target_calls == 10 and base.block_efficiency == 1.0 and base.draft_calls == 0
 
 
+def test_prompt_cache_gives_the_same_decoding_and_stays_intact(pair):
+    t, d = pair
+    pc = md.decoding.PromptCache(max_entries=2)
+    runs = [("specinfer", 2), ("rrs_wor", 2), ("naive", 1), (None, 1)]
+    for ids in PROMPTS[:2]:
+        for verifier, k in runs + runs:  # the second round reads the cache after other methods used it
+            kw = dict(verifier=verifier, k=k, depth=3, temperature=1.0, max_new_tokens=9)
+            ref = md.generate(t, d, ids, generator=5, **kw)
+            got = md.generate(t, d, ids, generator=5, prompt_cache=pc, **kw)
+            assert got.tokens.tolist() == ref.tokens.tolist()
+            assert got.accepted_lengths == ref.accepted_lengths
+            assert ref.prefill_seconds > 0 or ids.shape[1] == 1
+    # per prompt 8 target lookups and 6 draft lookups (target-only needs no draft), 2 misses each
+    assert pc.misses == 4 and pc.hits == 2 * (8 + 6) - 4
+    with pytest.raises(ValueError, match="prompt_cache"):
+        md.generate(t, d, PROMPTS[0], verifier="nss", max_new_tokens=2, generator=0, prompt_cache={})
+    with pytest.raises(ValueError, match="max_entries"):
+        md.decoding.PromptCache(0)
+
+
 def test_draft_equal_to_target_accepts_everything(pair):
     t, _ = pair
     r = md.generate(t, t, PROMPTS[0], verifier="naive", k=1, depth=4, temperature=1.0,

@@ -32,25 +32,25 @@ def register(subparsers) -> None:
         help="end-to-end speed: target-only vs single-draft SD vs multi-draft verifiers",
         description="Decode a few HumanEval prompts with the target alone, single-draft SD and every "
                     "multi-draft verifier at each K; print block efficiency, tokens/s and speedup, and "
-                    "save JSONL, Markdown and PNG results. The defaults (3 prompts x 32 tokens, five "
+                    "save JSONL, Markdown and PNG results. The defaults (2 prompts x 32 tokens, three "
                     "verifiers at K=2) take about 3 minutes on 2 CPU cores.",
     )
     d.add_argument("--target", default=None, help="local target model directory or .gguf (default: Qwen2.5-Coder-1.5B-Instruct)")
     d.add_argument("--draft", default=None, help="local draft model directory or .gguf (default: Qwen2.5-Coder-0.5B-Instruct)")
-    d.add_argument("--prompts", type=int, default=3, help="number of HumanEval prompts (default 3)")
-    d.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per prompt (default 32)")
+    d.add_argument("--prompts", type=int, default=2, help="number of HumanEval prompts (default 2)")
+    d.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
     d.add_argument("--depth", type=int, default=3, help="draft tree depth L (default 3)")
     d.add_argument("--k", default="2", help="drafts per node for the multi-draft rows, e.g. 2,4 or 2-4 (default 2)")
     d.add_argument("--temperature", type=float, default=1.0, help="target and draft temperature (default 1)")
     d.add_argument("--verifiers", default=None, help="comma-separated verifiers, or 'all' for every registered one "
-                   "(default: specinfer,spectr,rrs_wor,greedy_optimal,optimal)")
+                   "(default: specinfer,spectr,optimal)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="results/demo", help="output directory (default results/demo)")
     d.add_argument("--cache-dir", default=None, help="model cache directory")
     d.add_argument("--no-chat", action="store_true", help="feed the raw code prompt instead of the chat template")
     d.add_argument("--no-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    d.add_argument("--time-budget", type=float, default=480.0,
-                   help="seconds of decoding after which no new prompt round starts (default 480; 0 = none)")
+    d.add_argument("--time-budget", type=float, default=180.0,
+                   help="seconds of decoding after which no new prompt round starts (default 180; 0 = none)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=run)
 

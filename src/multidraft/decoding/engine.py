@@ -41,7 +41,7 @@ from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from .._validate import as_generator, as_int
 from ..sampling import check_sampling_args, process_logits, sample_token
-from .kv import keep, new_cache, tree_attention_mask
+from .kv import PromptCache, fresh_prefill, keep, tree_attention_mask
 from .trees import DraftTree, TreeShape
 
 __all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree"]
@@ -63,6 +63,10 @@ class GenerationResult:
     ``accepted_lengths``  per step, the number of accepted draft tokens.
     ``draft_depths``      per step, the depth of the draft tree (0 for target-only steps).
     ``stop_reason``       'max_new_tokens', 'eos' or 'context' (the context window is full).
+    ``seconds``           wall time of the decoding steps, the prompt prefill excluded;
+                          ``tokens_per_s = new_tokens / seconds`` (decoding speed).
+    ``prefill_seconds``   model time of the prompt prefill (target and draft); 0.0 when a
+                          ``PromptCache`` supplied it.
     """
 
     tokens: torch.Tensor
@@ -76,6 +80,7 @@ class GenerationResult:
     accepted_lengths: list = field(default_factory=list)
     draft_depths: list = field(default_factory=list)
     stop_reason: str = "max_new_tokens"
+    prefill_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "tokens"}
@@ -258,7 +263,8 @@ def score_tree(model, cache, tree: DraftTree, rootpos: int) -> torch.Tensor:
 
 def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, draft_law=None,
              tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
-             max_new_tokens=128, eos_token_id=None, generator=None, progress=None) -> GenerationResult:
+             max_new_tokens=128, eos_token_id=None, generator=None, progress=None,
+             prompt_cache: PromptCache | None = None) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
@@ -277,6 +283,9 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
     top_k, top_p    applied to both target and draft distributions (see ``sampling``).
     generator       a ``torch.Generator`` or an integer seed (required; all randomness).
     progress        optional callable ``progress(tokens_done, max_new_tokens)`` after each step.
+    prompt_cache    optional ``PromptCache``: the prompt prefill of each model is computed
+                    once per prompt and copied for later calls (e.g. several methods on one
+                    prompt); the result is the same either way.
 
     Every model-free argument is checked by :func:`check_settings` (also usable alone, before
     loading models); an unsupported (verifier, law, K) names the laws that would work.
@@ -288,13 +297,17 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
     plan = _make_plan(target, draft, input_ids, settings, eos_token_id)
     if progress is not None and not callable(progress):
         raise ValueError("progress must be None or a callable progress(done, total)")
+    if prompt_cache is not None and not isinstance(prompt_cache, PromptCache):
+        raise ValueError(f"prompt_cache must be None or a multidraft.decoding.PromptCache, got {type(prompt_cache).__name__}")
     with torch.inference_mode():
-        return _Decoder(target, draft if plan.verifier is not None else None, plan, g, progress).run(input_ids)
+        return _Decoder(target, draft if plan.verifier is not None else None, plan, g, progress,
+                        prompt_cache).run(input_ids)
 
 
 class _Decoder:
-    def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress):
+    def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress, prompt_cache=None):
         self.t, self.d, self.plan, self.g, self.progress = target, draft, plan, g, progress
+        self.prompt_cache = prompt_cache
         self.t_dtype = _model_dtype(target)
         self.d_dtype = _model_dtype(draft) if draft is not None else None
         self.ctx = _context(target) if draft is None else min(_context(target), _context(draft))
@@ -319,18 +332,16 @@ class _Decoder:
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
         plan = self.plan
-        t0 = time.perf_counter()
         ids = input_ids.to(self.device).long()
         T = ids.shape[1]
-        self.tcache = new_cache(self.t)
-        if T > 1:
-            self.t(input_ids=ids[:, :-1], cache=self.tcache, use_cache=True, logits_to_keep=1)
+        prefill = self.prompt_cache.prefill if self.prompt_cache is not None else fresh_prefill
+        self.tcache, prefill_s = prefill(self.t, ids[:, :-1])
         if self.d is not None:
-            self.dcache = new_cache(self.d)
-            if T > 1:
-                self.d(input_ids=ids[:, :-1], cache=self.dcache, use_cache=True, logits_to_keep=1)
+            self.dcache, ds = prefill(self.d, ids[:, :-1])
+            prefill_s += ds
             self.dbase = T - 1
             self.pending: list[int] = []
+        t0 = time.perf_counter()
         root = int(ids[0, -1])
         rootpos = T - 1
         out: list[int] = []
@@ -373,6 +384,7 @@ class _Decoder:
             accepted_lengths=accepted,
             draft_depths=depths,
             stop_reason=stop,
+            prefill_seconds=prefill_s,
         )
 
     # one step ---------------------------------------------------------------------------

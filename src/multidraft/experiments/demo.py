@@ -7,14 +7,18 @@ prompts at temperature 1, every method decodes every prompt with the same seed:
 * ``SD``: single-draft speculative decoding (verifier ``naive``, K = 1, a chain of depth L);
 * multi-draft verifiers at each K (a full K-ary draft tree of depth L, the draft law the
   verifier implies, ``Verifier.implied_law``), skipping the ones that do not support that K.
-  The default is one verifier per draft-law family plus the optimal one (``DEFAULT_VERIFIERS``)
-  at K = 2, sized so that a clean clone sets up and finishes the demo in about 6 minutes on
-  2 cores; ``verifiers=("all",)`` takes every registered verifier.
+  The default (``DEFAULT_VERIFIERS``) is specinfer, spectr and optimal at K = 2, sized so
+  that a clean clone sets up and finishes the demo in about 6 minutes on 2 cores;
+  ``verifiers=("all",)`` takes every registered verifier. (The without-replacement and
+  greedy laws draw K distinct tokens, so their trees keep every node; on a CPU whose tree
+  pass costs about one single-token pass per node they are the slowest rows.)
 
 Runs are interleaved (for each prompt, every method in turn), so slow phases of a shared
 machine hit all methods alike. Per method the summary pools the prompts:
 ``block_efficiency = sum new tokens / sum target calls``, ``tokens_per_s = sum new tokens /
-sum seconds`` and ``speedup = tokens_per_s / tokens_per_s(target-only)``. Output: a JSONL
+sum seconds`` (decoding time; each prompt's prefill is computed once, shared by every method
+through a ``PromptCache`` and reported apart as ``prefill_seconds``) and
+``speedup = tokens_per_s / tokens_per_s(target-only)``. Output: a JSONL
 file (a row per run and a summary row per method), a Markdown table and a PNG plot.
 
 ``time_budget_s`` bounds the decoding time: before starting another prompt round the
@@ -33,7 +37,7 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..datasets import encode_prompt, load_prompts
-from ..decoding import check_settings, generate
+from ..decoding import PromptCache, check_settings, generate
 from .progress import progress as _progress
 from .records import JsonlWriter
 
@@ -43,8 +47,8 @@ __all__ = ["DEFAULT_VERIFIERS", "DemoConfig", "Method", "plan_methods", "run_dem
 # LP coupling enumerates V^K draft tuples (small vocabularies only)
 EXCLUDED = {"naive": "single-draft baseline (its own row)", "lp_optimal": "linear program over V^K tuples: small V only"}
 
-# the default multi-draft rows: iid (specinfer, spectr, optimal), wor (rrs_wor), greedy (greedy_optimal)
-DEFAULT_VERIFIERS = ("specinfer", "spectr", "rrs_wor", "greedy_optimal", "optimal")
+# the default multi-draft rows (i.i.d. drafts): the SpecInfer baseline, SpecTr's transport and the optimum
+DEFAULT_VERIFIERS = ("specinfer", "spectr", "optimal")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class Method:
 class DemoConfig:
     target: str | None = None
     draft: str | None = None
-    prompts: int = 3
+    prompts: int = 2
     max_new_tokens: int = 32
     depth: int = 3
     ks: tuple[int, ...] = (2,)
@@ -75,7 +79,7 @@ class DemoConfig:
     cache_dir: str | None = None
     chat: bool = True
     stop_at_eos: bool = True
-    time_budget_s: float | None = 480.0
+    time_budget_s: float | None = 180.0
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
@@ -251,11 +255,14 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
     for note in skipped:
         log(f"demo skips {note}")
 
-    # warm-up (first calls allocate): a few tokens with the target alone and with one draft tree
+    # warm-up (first calls allocate): a few tokens with the target alone and with one draft tree;
+    # the prompt cache makes these prefills the first prompt's
+    prompt_cache = PromptCache(max_entries=2)  # target and draft prefill of the current prompt
     ids0 = encoded[0][1]
-    generate(target, draft, ids0, verifier=None, max_new_tokens=2, temperature=cfg.temperature, generator=cfg.seed)
+    generate(target, draft, ids0, verifier=None, max_new_tokens=2, temperature=cfg.temperature, generator=cfg.seed,
+             prompt_cache=prompt_cache)
     generate(target, draft, ids0, verifier="naive", k=1, depth=cfg.depth, max_new_tokens=2,
-             temperature=cfg.temperature, generator=cfg.seed)
+             temperature=cfg.temperature, generator=cfg.seed, prompt_cache=prompt_cache)
 
     jsonl = out_dir / "demo.jsonl"
     if jsonl.exists():
@@ -278,7 +285,7 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
             tid, ids = encoded[pi]
             g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + pi)
             r = generate(target, draft, ids, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                         eos_token_id=eos, generator=g, **m.kwargs(cfg.depth))
+                         eos_token_id=eos, generator=g, prompt_cache=prompt_cache, **m.kwargs(cfg.depth))
             row = {
                 "kind": "run", "method": m.label, "verifier": m.verifier, "K": m.k,
                 "law": m.law, "depth": cfg.depth if m.verifier else 0, "prompt": tid,
@@ -286,6 +293,7 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
                 "target_calls": int(r.target_calls), "draft_calls": int(r.draft_calls),
                 "block_efficiency": float(r.block_efficiency), "acceptance_rate": float(r.acceptance_rate),
                 "seconds": float(r.seconds), "tokens_per_s": float(r.tokens_per_s),
+                "prefill_seconds": float(r.prefill_seconds),
                 "stop_reason": r.stop_reason,
             }
             rows.append(row)
