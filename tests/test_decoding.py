@@ -206,6 +206,11 @@ def test_two_token_law_multidraft_fast(small_pair):
               temperature=1.0, draft_temperature=1.4)
 
 
+def test_two_token_law_optimal_fast(small_pair):
+    # the optimal verifier through the decoder: its fitted selection law at every tree node
+    _law_case(small_pair, 300, 13, verifier="optimal", k=3, depth=2, temperature=1.0, draft_temperature=1.3)
+
+
 def test_two_token_law_single_draft_fast(small_pair):
     _law_case(small_pair, 300, 12, verifier="naive", k=1, depth=2, temperature=0.8, draft_temperature=1.2)
 
