@@ -204,16 +204,47 @@ def _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo_out, frac_out, K,
     m_unit = torch.minimum(n_u, torch.full_like(n_u, M))  # a layer of n tokens gets min(M, n) levels
     ct = torch.cat([torch.zeros(R, 1, dtype=dt, device=dev), torch.cumsum(qsel_s, -1)], -1)  # [R, V+1]
     c = torch.where(qs > 0, qsel_s / torch.where(qs > 0, qs, torch.ones_like(qs)), torch.full_like(qs, torch.inf))
-    iters_max, conv_all = 0, True
-    for Mu in torch.unique(m_unit).tolist():
-        sel = (m_unit == Mu).nonzero().squeeze(-1)
+    res_u = torch.zeros(u_flat.numel(), dtype=dt, device=dev)  # final fixed-point residual per unit
+    iters_max = _fit_groups(torch.arange(u_flat.numel(), device=dev), m_unit, qs, c, Qc, ct, u_row, u_a, u_b,
+                            r_s, lo_out, frac_out, K, max(1, max_iter // 4), tol, res_u)
+    # a unit that stalls at one level count (a quarter of max_iter) is refitted with half, then
+    # twice as many levels, max_iter each (any placement is exact; the one with the lower
+    # residual is kept, token by token of the unit)
+    for alt in (max(M // 2, 2), 2 * M):
+        bad = (res_u > tol).nonzero().squeeze(-1)
+        if bad.numel() == 0:
+            break
+        m_alt = torch.minimum(n_u[bad], torch.full_like(n_u[bad], alt))
+        lens = n_u[bad]
+        uid = torch.repeat_interleave(torch.arange(bad.numel(), device=dev), lens)
+        off = torch.cumsum(lens, 0) - lens
+        tflat = u_row[bad][uid] * V + u_a[bad][uid] + torch.arange(int(lens.sum()), device=dev) - off[uid]
+        saved = (r_s.view(-1)[tflat].clone(), lo_out.view(-1)[tflat].clone(), frac_out.view(-1)[tflat].clone())
+        res_alt = res_u.clone()
+        it = _fit_groups(bad, m_alt, qs, c, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_out, K, max_iter, tol, res_alt)
+        iters_max = max(iters_max, it)
+        worse = res_alt[bad] >= res_u[bad]
+        back = worse[uid]
+        r_s.view(-1)[tflat[back]] = saved[0][back]
+        lo_out.view(-1)[tflat[back]] = saved[1][back]
+        frac_out.view(-1)[tflat[back]] = saved[2][back]
+        res_u[bad] = torch.where(worse, res_u[bad], res_alt[bad])
+    return iters_max, bool((res_u <= tol).all())
+
+
+def _fit_groups(units, m_of, qs, c, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_out, K, max_iter, tol, res_out):
+    """Fit ``units`` (indices) with ``m_of[i]`` levels for units[i], grouped by level count, in
+    chunks bounded by UNIT_CHUNK_ELEMS; writes the placement and each unit's residual."""
+    iters_max = 0
+    for Mu in torch.unique(m_of).tolist():
+        sel = units[(m_of == Mu).nonzero().squeeze(-1)]
         per = max(1, UNIT_CHUNK_ELEMS // (Mu + 1))
         for u0 in range(0, sel.numel(), per):
             us = sel[u0 : u0 + per]
-            it, conv = _fit_chunk(qs, c, Qc, ct, u_row[us], u_a[us], u_b[us], r_s, lo_out, frac_out, K, int(Mu), max_iter, tol)
+            it, res = _fit_chunk(qs, c, Qc, ct, u_row[us], u_a[us], u_b[us], r_s, lo_out, frac_out, K, int(Mu), max_iter, tol)
+            res_out[us] = res
             iters_max = max(iters_max, it)
-            conv_all = conv_all and conv
-    return iters_max, conv_all
+    return iters_max
 
 
 def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter, tol):
@@ -333,7 +364,6 @@ def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter
         best[act] = torch.minimum(best[act], rn)
         stall[act] = torch.where(better, torch.zeros_like(stall[act]), stall[act] + 1)
         done = done | (res <= tol) | ((stall >= 8) & (res <= 1e3 * tol))
-    conv = bool((res <= tol).all())
     # placement of every token from the final levels D, then the exact r from the masses it induces
     W = chord(D[:, :-1], D[:, 1:], K)  # [U, M]
     pos = search(all_u, W)
@@ -366,7 +396,7 @@ def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter
     r_s.view(-1)[tflat] = qy * ((1.0 - f) * Wt[base + lo] + f * Wt[base + hi])
     lo_out.view(-1)[tflat] = lo
     frac_out.view(-1)[tflat] = f
-    return it, conv
+    return it, res
 
 
 def _shared_q(p, q, K):
