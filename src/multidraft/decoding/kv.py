@@ -9,6 +9,7 @@ supported (sliding-window layers drop entries and cannot be compacted this way).
 from __future__ import annotations
 
 import copy
+import time
 from collections import OrderedDict
 
 import torch
@@ -99,8 +100,6 @@ class PromptCache:
 
 def fresh_prefill(model, ids: torch.Tensor):  # ids [1, T]
     """``(cache, seconds)``: a new cache after one forward pass over ``ids`` (empty if T = 0)."""
-    import time
-
     cache = new_cache(model)
     t0 = time.perf_counter()
     if ids.shape[1] > 0:

@@ -59,6 +59,7 @@ __all__ = ["Optimal", "OptimalFit", "chord"]
 DEFAULT_LEVELS = 32
 DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-13
+FLOOR_TOL_FACTOR = 1e3  # a unit whose residual stopped improving within this factor of tol is done
 UNIT_CHUNK_ELEMS = 1 << 22  # bound on units x levels held at once in the fit
 
 
@@ -209,9 +210,10 @@ def _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo_out, frac_out, K,
                             r_s, lo_out, frac_out, K, max(1, max_iter // 4), tol, res_u)
     # a unit that stalls at one level count (a quarter of max_iter) is refitted with half, then
     # twice as many levels, max_iter each (any placement is exact; the one with the lower
-    # residual is kept, token by token of the unit)
+    # residual is kept, token by token of the unit). Units that _fit_chunk stopped at their
+    # rounding floor (residual <= FLOOR_TOL_FACTOR * tol) are done and not refitted.
     for alt in (max(M // 2, 2), 2 * M):
-        bad = (res_u > tol).nonzero().squeeze(-1)
+        bad = (res_u > FLOOR_TOL_FACTOR * tol).nonzero().squeeze(-1)
         if bad.numel() == 0:
             break
         m_alt = torch.minimum(n_u[bad], torch.full_like(n_u[bad], alt))
@@ -363,7 +365,7 @@ def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter
         better = rn < 0.5 * best[act]
         best[act] = torch.minimum(best[act], rn)
         stall[act] = torch.where(better, torch.zeros_like(stall[act]), stall[act] + 1)
-        done = done | (res <= tol) | ((stall >= 8) & (res <= 1e3 * tol))
+        done = done | (res <= tol) | ((stall >= 8) & (res <= FLOOR_TOL_FACTOR * tol))
     # placement of every token from the final levels D, then the exact r from the masses it induces
     W = chord(D[:, :-1], D[:, 1:], K)  # [U, M]
     pos = search(all_u, W)
