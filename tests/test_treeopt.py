@@ -1,0 +1,231 @@
+"""Cost model, acceptance statistics and the tree dynamic program (decoding.treeopt)."""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, choose_tree, expected_tokens,
+                                         level_counts, step_seconds)
+from multidraft.decoding.trees import parse_tree
+
+
+# brute force ---------------------------------------------------------------------------------
+def _compositions(total, parts):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+def _subtrees(n, depth, ks):
+    """Every ordered subtree of exactly n nodes and depth <= depth: lists of child paths (relative)."""
+    if n == 1:
+        return [[]]
+    if depth == 0:
+        return []
+    out = []
+    for k in ks:
+        if k > n - 1:
+            continue
+        for sizes in _compositions(n - 1, k):
+            options = [_subtrees(s, depth - 1, ks) for s in sizes]
+            for combo in itertools.product(*options):
+                paths = []
+                for i, sub in enumerate(combo):
+                    paths.append([i])
+                    paths.extend([[i] + p for p in sub])
+                out.append(paths)
+    return out
+
+
+def _brute_best(stats, n, depth):
+    best = 1.0
+    for m in range(2, n + 1):
+        for paths in _subtrees(m, depth, stats.ks):
+            best = max(best, expected_tokens(paths, stats))
+    return best
+
+
+def _random_stats(rng, kmax):
+    acc = {}
+    for k in range(1, kmax + 1):
+        w = [rng.random() for _ in range(k + 1)]
+        s = sum(w)
+        acc[k] = [x / s for x in w[:k]]
+    return AcceptStats(acc)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_equals_brute_force(seed):
+    rng = random.Random(seed)
+    stats = _random_stats(rng, 1 + seed % 4)
+    dp = TreeDP(stats, max_nodes=6, max_depth=4)
+    for depth in range(1, 5):
+        for n in range(1, 7):
+            paths, e = dp.best(n, depth)
+            assert e == pytest.approx(_brute_best(stats, n, depth), abs=1e-12)
+            if paths:
+                parse_tree(paths)  # a valid shape
+            assert len(paths) + 1 <= n and max((len(p) for p in paths), default=0) <= depth
+            assert expected_tokens(paths, stats) == pytest.approx(e, abs=1e-12)
+
+
+def test_dp_restricted_ks_equal_brute_force():
+    stats = AcceptStats({1: [0.5], 3: [0.3, 0.2, 0.1]})
+    dp = TreeDP(stats, max_nodes=6, max_depth=3)
+    for n in range(1, 7):
+        paths, e = dp.best(n, 3)
+        assert e == pytest.approx(_brute_best(stats, n, 3), abs=1e-12)
+        assert all(k in (0, 1, 3) for k in parse_tree(paths).values()) if paths else True
+
+
+def test_chain_when_single_draft_is_good_and_more_drafts_worthless():
+    stats = AcceptStats({1: [0.9], 2: [0.9, 0.0], 3: [0.9, 0.0, 0.0]})
+    dp = TreeDP(stats, max_nodes=16, max_depth=8)
+    paths, e = dp.best(6, 8)
+    assert paths == [[0] * d for d in range(1, 6)]
+    assert e == pytest.approx(sum(0.9 ** d for d in range(6)))
+    # beyond depth 8 the extra budget is not spent on worthless nodes
+    paths, _ = dp.best(16, 8)
+    assert paths == [[0] * d for d in range(1, 9)]
+
+
+def test_wide_when_each_slot_accepts_little():
+    stats = AcceptStats({k: [0.15] * k for k in range(1, 5)})
+    paths, e = TreeDP(stats, max_nodes=5, max_depth=4).best(5, 4)
+    assert paths == [[0], [1], [2], [3]]
+    assert e == pytest.approx(1.6)
+
+
+def test_children_of_one_node_get_different_subtree_sizes():
+    # slot 0 is much better than slot 1: it should carry the deeper subtree
+    stats = AcceptStats({1: [0.8], 2: [0.8, 0.15]})
+    paths, e = TreeDP(stats, max_nodes=6, max_depth=4).best(6, 4)
+    assert e == pytest.approx(_brute_best(stats, 6, 4), abs=1e-12)
+    depth_under = {i: max(len(p) for p in paths if p[0] == i) for i in {p[0] for p in paths}}
+    assert depth_under[0] > depth_under.get(1, 0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_monotone_in_budget_and_depth(seed):
+    stats = _random_stats(random.Random(100 + seed), 8)
+    dp = TreeDP(stats, max_nodes=64, max_depth=8)
+    for depth in range(1, 9):
+        es = [e for _, e in dp.table(depth)]
+        assert all(b >= a - 1e-12 for a, b in zip(es, es[1:]))
+    for n in (2, 10, 64):
+        es = [dp.best(n, d)[1] for d in range(1, 9)]
+        assert all(b >= a - 1e-12 for a, b in zip(es, es[1:]))
+    paths, e = dp.best()
+    assert len(paths) <= 63 and expected_tokens(paths, stats) == pytest.approx(e, abs=1e-10)
+
+
+# cost model -----------------------------------------------------------------------------------
+def test_cost_profile_interpolation_and_json():
+    pr = CostProfile([1, 4, 16], [0.2, 0.5, 2.0], [1, 2], [0.1, 0.12], meta={"cpu": "x"})
+    assert pr.target_seconds(1) == pytest.approx(0.2)
+    assert pr.target_seconds(2) == pytest.approx(0.3)
+    assert pr.target_seconds(10) == pytest.approx(1.25)
+    assert pr.target_seconds(20) == pytest.approx(2.5)     # along the last segment
+    assert pr.draft_seconds(0) == 0.0 and pr.draft_seconds(4) == pytest.approx(0.16)
+    back = CostProfile.from_json(pr.to_json())
+    assert back == pr and back.meta == {"cpu": "x"}
+    assert pr.target_only_rate() == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(target_nodes=[1, 1], target_times=[0.1, 0.2]),
+    dict(target_nodes=[0], target_times=[0.1]),
+    dict(target_nodes=[1], target_times=[-1.0]),
+    dict(target_nodes=[1, 2], target_times=[0.1]),
+    dict(target_nodes=[1], target_times=[float("nan")]),
+])
+def test_cost_profile_rejects_bad_points(bad):
+    kw = dict(target_nodes=[1], target_times=[0.1], draft_nodes=[1], draft_times=[0.1])
+    kw.update(bad)
+    with pytest.raises(ValueError, match="target"):
+        CostProfile(**kw)
+
+
+def test_profile_from_json_names_what_is_missing():
+    with pytest.raises(ValueError, match="profile"):
+        CostProfile.from_json(json.dumps({"target": {"nodes": [1]}}))
+    with pytest.raises(ValueError, match="profile"):
+        CostProfile.from_json("{not json")
+
+
+def test_level_counts_and_step_seconds():
+    paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    assert level_counts(paths) == [1, 2, 1]
+    pr = CostProfile([1, 64], [1.0, 64.0], [1, 8], [0.1, 0.8], per_node_seconds=0.01)
+    assert step_seconds(paths, pr) == pytest.approx(7.0 + 0.1 + 0.2 + 0.1 + 0.06)
+    assert step_seconds([], pr) == pytest.approx(1.0)
+
+
+# acceptance statistics --------------------------------------------------------------------
+def test_from_records_is_the_empirical_slot_law():
+    recs = [(2, 0)] * 5 + [(2, 1)] * 3 + [(2, None)] * 2 + [(3, 2, 1)] + [(3, -1, 0)]
+    st = AcceptStats.from_records(recs)
+    assert st.accept[2] == (0.5, 0.3) and st.alpha(2) == pytest.approx(0.8)
+    assert st.accept[3] == (0.0, 0.0, 0.5)
+    assert st.accept[1] == (0.5,) and st.counts[1] == 0 and st.counts[2] == 10   # prefix of k = 2
+    assert AcceptStats.from_json(st.to_json()) == st
+    with pytest.raises(ValueError, match="slot"):
+        AcceptStats.from_records([(2, 2)])
+    with pytest.raises(ValueError, match="records"):
+        AcceptStats.from_records([])
+
+
+def test_from_alphas_spreads_increments():
+    st = AcceptStats.from_alphas([0.6, 0.75, 0.7])
+    assert st.accept[1] == pytest.approx((0.6,))
+    assert st.accept[2] == pytest.approx((0.6, 0.15))
+    assert st.accept[3] == pytest.approx((0.6, 0.1, 0.0))   # capped at alpha_3, still sums to it
+    assert st.alpha(3) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="alpha"):
+        AcceptStats.from_alphas([1.5])
+
+
+def test_accept_stats_validation():
+    with pytest.raises(ValueError, match="entries"):
+        AcceptStats({2: [0.5]})
+    with pytest.raises(ValueError, match="sums"):
+        AcceptStats({2: [0.6, 0.6]})
+    with pytest.raises(ValueError, match="statistics"):
+        expected_tokens([[0], [1]], AcceptStats({1: [0.5]}))
+
+
+# the chooser -------------------------------------------------------------------------------
+def test_target_only_when_every_node_costs_a_full_forward():
+    one = 0.22
+    pr = CostProfile(list(range(1, 65)), [one * n for n in range(1, 65)], [1, 8], [0.1, 0.3])
+    st = AcceptStats.from_alphas([0.7, 0.8, 0.85, 0.88])
+    c = choose_tree(pr, st)
+    assert not c.pays and c.speedup < 1
+    assert c.target_only_tokens_per_s == pytest.approx(1 / one)
+    # even with free drafting: E[tokens] <= n nodes, so n forwards never beat n single ones
+    pr0 = CostProfile(list(range(1, 65)), [one * n for n in range(1, 65)], [1], [1e-9])
+    assert not choose_tree(pr0, st).pays
+
+
+def test_chooser_pays_when_verify_is_cheap():
+    pr = CostProfile([1, 64], [0.1, 0.12], [1, 8], [0.01, 0.012])
+    st = AcceptStats.from_alphas([0.8, 0.9])
+    c = choose_tree(pr, st, max_nodes=32, max_depth=6)
+    assert c.pays and c.speedup > 2
+    t = c.tree
+    assert t.nodes <= 32 and t.depth <= 6
+    assert t.expected_tokens == pytest.approx(expected_tokens(t.paths, st))
+    assert t.tokens_per_s == pytest.approx(t.expected_tokens / step_seconds(t.paths, pr))
+    # no (budget, depth) best tree is faster
+    dp = TreeDP(st, 32, 6)
+    for d in range(1, 7):
+        for n in range(2, 33):
+            p, e = dp.best(n, d)
+            assert e / step_seconds(p, pr) <= t.tokens_per_s * (1 + 1e-9)
+    json.dumps(c.to_dict())
