@@ -90,3 +90,80 @@ def test_verifier_implies_its_law_in_the_cli(monkeypatch, capsys, tmp_path):
     assert obj["new_tokens"] == 6 == len(obj["tokens"])
     ids = tok("hellothere", return_tensors="pt")["input_ids"]
     assert obj["tokens"] == tm.greedy_reference(t, ids, 6).tolist()
+
+
+# --tree auto -----------------------------------------------------------------------------------
+def _profile_file(tmp_path, target_seconds, name="prof.json"):
+    from multidraft.decoding.treeopt import CostProfile
+
+    pr = CostProfile(list(range(1, 65)), [target_seconds(n) for n in range(1, 65)], [1, 8], [1e-3, 2e-3],
+                     meta={"dtype": "float32"})
+    path = tmp_path / name
+    path.write_text(pr.to_json())
+    return path
+
+
+@pytest.mark.parametrize("extra,words", [
+    ([], "--profile"),
+    (["--profile", "/no/such/file.json"], "--profile"),
+    (["--verifier", "none", "--profile", "x.json"], "--tree auto needs a --verifier"),
+    (["--profile", "PROF", "--max-nodes", "65"], "--max-nodes"),
+    (["--profile", "PROF", "--max-depth", "9"], "--max-depth"),
+    (["--profile", "PROF", "--accept-stats", "PROF"], "--accept-stats"),
+])
+def test_tree_auto_misuse_before_any_model(no_models, capsys, tmp_path, extra, words):
+    prof = _profile_file(tmp_path, lambda n: 0.1 * n)
+    extra = [str(prof) if x == "PROF" else x for x in extra]
+    assert main(BASE + ["--tree", "auto"] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert no_models == []
+
+
+def _auto_run(monkeypatch, capsys, tmp_path, prof, extra=()):
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    tok = tm.tiny_tokenizer()
+    monkeypatch.setattr(models, "resolve_pair", lambda *a, **kw: (t, d, tok))
+    argv = ["decode", "--prompt", "hellothere", "--ignore-eos", "--max-new-tokens", "8", "--verifier", "specinfer",
+            "--k", "3", "--tree", "auto", "--profile", str(prof), "--warmup-tokens", "12", "--max-nodes", "16",
+            "--max-depth", "4", "--temperature", "0", "--json", *extra]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    obj = json.loads(cap.out.strip().splitlines()[-1])
+    ids = tok("hellothere", return_tensors="pt")["input_ids"]
+    assert obj["tokens"] == tm.greedy_reference(t, ids, 8).tolist()
+    return obj, cap.err
+
+
+def test_tree_auto_decodes_with_a_tree_when_verify_is_cheap(monkeypatch, capsys, tmp_path):
+    prof = _profile_file(tmp_path, lambda n: 0.1 + 1e-4 * n)
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof)
+    auto = obj["settings"]["auto"]
+    assert auto["pays"] and auto["decoded_with"] == "tree" and not auto["forced"]
+    paths = auto["tree"]["paths"]
+    assert 1 <= len(paths) <= 15 and max(len(p) for p in paths) <= 4
+    assert obj["settings"]["depth"] == max(len(p) for p in paths) and obj["settings"]["K"] <= 3
+    assert auto["accept_stats"]["source"].startswith("warm-up decode")
+    assert "tree auto: best tree" in err
+    assert max(obj["draft_depths"]) >= 1
+
+
+def test_tree_auto_falls_back_to_target_only_and_force_tree(monkeypatch, capsys, tmp_path):
+    prof = _profile_file(tmp_path, lambda n: 0.1 * n)      # every node costs a full forward
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof)
+    auto = obj["settings"]["auto"]
+    assert not auto["pays"] and auto["decoded_with"] == "target-only"
+    assert obj["settings"]["verifier"] == "none" and obj["target_calls"] == obj["new_tokens"]
+    assert "no tree beats the target alone" in err
+    # the same statistics from a file (no warm-up), forced onto the best tree
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps(auto["accept_stats"]))
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof, ["--accept-stats", str(stats), "--force-tree"])
+    auto2 = obj["settings"]["auto"]
+    assert auto2["decoded_with"] == "tree" and auto2["forced"]
+    assert auto2["accept_stats"]["accept"] == auto["accept_stats"]["accept"]
+    assert auto2["tree"]["paths"] == auto["tree"]["paths"]
+    assert "decoding with the best tree anyway" in err

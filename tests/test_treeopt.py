@@ -229,3 +229,23 @@ def test_chooser_pays_when_verify_is_cheap():
             p, e = dp.best(n, d)
             assert e / step_seconds(p, pr) <= t.tokens_per_s * (1 + 1e-9)
     json.dumps(c.to_dict())
+
+
+def test_engine_node_log_matches_accepted_lengths():
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    from multidraft.decoding import generate
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=2)
+    ids = tm.tiny_tokenizer()("hello", return_tensors="pt")["input_ids"]
+    log: list = []
+    res = generate(t, d, ids, verifier="specinfer", tree=[[0], [1], [0, 0], [0, 0, 0]], temperature=1.0,
+                   max_new_tokens=20, generator=3, node_log=log)
+    assert log and all(len(r) == 3 for r in log)
+    assert sum(r[1] is not None for r in log) == sum(res.accepted_lengths)
+    assert {r[0] for r in log} <= {1, 2} and all(r[1] is None or 0 <= r[1] < r[0] for r in log)
+    st = AcceptStats.from_records(log)
+    assert set(st.ks) <= {1, 2} and all(0 <= st.alpha(k) <= 1 for k in st.ks)
+    with pytest.raises(ValueError, match="node_log"):
+        generate(t, d, ids, verifier="specinfer", max_new_tokens=2, generator=0, node_log=())

@@ -33,7 +33,21 @@ def register(sub) -> None:
     p.add_argument("--k", default="2", metavar="K", help="drafts per tree node (default 2)")
     p.add_argument("--depth", type=int, default=4, metavar="L", help="draft tree depth (default 4)")
     p.add_argument("--tree", default="full",
-                   help="'full' (K-ary tree), 'sequences' (K sequences merged into a trie) or a JSON list of paths")
+                   help="'full' (K-ary tree), 'sequences' (K sequences merged into a trie), a JSON list of paths, "
+                        "or 'auto' (the fastest tree for --profile and the acceptance statistics; K = --k at most)")
+    p.add_argument("--profile", metavar="FILE", default=None,
+                   help="--tree auto: cost profile JSON written by `multidraft profile` (required)")
+    p.add_argument("--accept-stats", metavar="FILE", default=None,
+                   help="--tree auto: acceptance statistics JSON ({'accept': {k: [slot probabilities]}}, e.g. the "
+                        "'accept_stats' object of a previous `decode --tree auto --json`); default: a warm-up decode")
+    p.add_argument("--warmup-tokens", type=int, default=32, metavar="N",
+                   help="--tree auto without --accept-stats: tokens of the warm-up decode (K-ary tree of depth 2) "
+                        "on the prompt that measures per-node acceptance (default 32)")
+    p.add_argument("--max-nodes", type=int, default=64, metavar="N", help="--tree auto: node budget, root included (<= 64)")
+    p.add_argument("--max-depth", type=int, default=8, metavar="L", help="--tree auto: largest depth (<= 8)")
+    p.add_argument("--force-tree", action="store_true",
+                   help="--tree auto: decode with the best tree even when it is predicted slower than the target alone "
+                        "(default: decode target-only then)")
     p.add_argument("--draft-law", default=None, metavar="LAW",
                    help=f"joint law of the drafts at a node: {', '.join(LAW_KINDS)} "
                         "(default: the law the verifier implies; 'iid' for most)")
@@ -62,8 +76,8 @@ def _draft_temperature(raw):
 def _tree(raw):
     if raw in (None, "full"):
         return None
-    if raw == "sequences":
-        return "sequences"
+    if raw in ("sequences", "auto"):
+        return raw
     try:
         val = json.loads(raw)
     except json.JSONDecodeError:
@@ -114,15 +128,91 @@ def check_args(args):
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
     out = _check_out(args.out)
+    if tree == "auto" and verifier is None:
+        raise ValueError("--tree auto needs a --verifier (with 'none' there is no tree to choose)")
     try:
         settings = check_settings(
-            verifier=verifier, k=ks[0], depth=args.depth, draft_law=args.draft_law, tree=tree,
+            verifier=verifier, k=ks[0], depth=args.depth, draft_law=args.draft_law, tree=None if tree == "auto" else tree,
             temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
             top_p=args.top_p, max_new_tokens=args.max_new_tokens,
         )
     except ValueError as exc:
         raise ValueError(_flag(str(exc))) from None
     return settings, draft_temperature, tree, out
+
+
+def check_auto(args, settings):
+    """--tree auto: ``(profile, stats or None, ks)`` with ``ks`` the numbers of drafts per node the
+    verifier takes with the resolved law (1 always: the decoder verifies it with 'naive'), all <= --k."""
+    from ..decoding.treeopt import MAX_DEPTH, MAX_NODES, AcceptStats, CostProfile
+
+    if args.profile is None:
+        raise ValueError("--tree auto needs --profile FILE (write one with `multidraft profile --out FILE`)")
+    if not 2 <= args.max_nodes <= MAX_NODES:
+        raise ValueError(f"--max-nodes must be in [2, {MAX_NODES}], got {args.max_nodes}")
+    if not 1 <= args.max_depth <= MAX_DEPTH:
+        raise ValueError(f"--max-depth must be in [1, {MAX_DEPTH}], got {args.max_depth}")
+    if args.warmup_tokens < 1:
+        raise ValueError(f"--warmup-tokens must be >= 1, got {args.warmup_tokens}")
+    loaded = []
+    for flag, path, cls in (("--profile", args.profile, CostProfile), ("--accept-stats", args.accept_stats, AcceptStats)):
+        if path is None:
+            loaded.append(None)
+            continue
+        try:
+            text = Path(path).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            loaded.append(cls.from_json(text))
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {path}: {exc}") from None
+    v = settings.verifier
+    ks = [k for k in range(1, settings.k + 1) if k == 1 or v.supports(settings.law, k)]
+    return loaded[0], loaded[1], ks
+
+
+def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
+    """Acceptance statistics (given or from a warm-up decode) and the tree choice: ``(tree or None, info)``."""
+    from .._validate import stream_seed
+    from ..decoding import full_tree, generate
+    from ..decoding.treeopt import AcceptStats, choose_tree
+
+    profile, stats, ks = auto
+    if stats is None:
+        records: list = []
+        generate(target, draft, input_ids, verifier=settings.verifier.name, k=settings.k, depth=2,
+                 draft_law=settings.law, tree=full_tree(settings.k, 2), temperature=args.temperature,
+                 draft_temperature=_draft_temperature(args.draft_temperature), top_k=args.top_k, top_p=args.top_p,
+                 max_new_tokens=args.warmup_tokens, eos_token_id=eos,
+                 generator=stream_seed(args.seed, "tree-auto-warmup"), node_log=records)
+        if not records:
+            raise ValueError("--tree auto: the warm-up decode verified no tree node (it stopped at once); "
+                             "give --accept-stats FILE or a longer prompt")
+        stats = AcceptStats.from_records(records, max_k=settings.k, source=f"warm-up decode, {len(records)} nodes")
+    usable = [k for k in ks if k in stats.accept]
+    if not usable:
+        raise ValueError(f"--accept-stats: no statistics for any k the verifier takes here ({ks}); have {list(stats.ks)}")
+    stats = stats.restrict(usable)
+    choice = choose_tree(profile, stats, max_nodes=args.max_nodes, max_depth=args.max_depth)
+    use = choice.tree is not None and (choice.pays or args.force_tree)
+    info = {**choice.to_dict(), "accept_stats": stats.to_dict(), "profile": args.profile,
+            "decoded_with": "tree" if use else "target-only", "forced": bool(args.force_tree and not choice.pays)}
+    if log is not None:
+        pm = profile.meta.get("dtype")
+        if pm and pm != args.dtype:
+            log(f"tree auto: note: the profile was measured in {pm}, decoding in {args.dtype}")
+        base = choice.target_only_tokens_per_s
+        t = choice.tree
+        if t is not None:
+            log(f"tree auto: best tree {t.nodes} nodes, depth {t.depth}, E[tokens/step] {t.expected_tokens:.3f}, "
+                f"predicted {t.tokens_per_s:.2f} tok/s vs target-only {base:.2f} tok/s ({choice.speedup:.2f}x): "
+                f"{json.dumps(t.paths, separators=(',', ':'))}")
+        if not choice.pays:
+            log("tree auto: no tree beats the target alone under this profile; "
+                + ("decoding with the best tree anyway (--force-tree)" if use else
+                   "decoding target-only (--force-tree decodes with the best tree)"))
+    return (choice.tree.paths if use else None), info
 
 
 _FLAGS = {"draft_law": "--draft-law", "draft_temperature": "--draft-temperature", "k": "--k", "tree": "--tree",
@@ -153,6 +243,7 @@ def _progress(enabled: bool):
 
 def run(args) -> int:
     settings, draft_temperature, tree, out = check_args(args)
+    auto = check_auto(args, settings) if tree == "auto" else None
 
     import torch
 
@@ -171,6 +262,11 @@ def run(args) -> int:
         raise ValueError("--prompt encodes to no tokens")
     eos = None if args.ignore_eos else tok.eos_token_id
     verifier = settings.verifier.name if settings.verifier is not None else None
+    auto_info = None
+    if auto is not None:
+        tree, auto_info = _auto_tree(args, settings, auto, target, draft, input_ids, eos, log)
+        if tree is None:
+            verifier = None
     cb, close = _progress(not args.quiet)
     try:
         res = generate(
@@ -206,6 +302,11 @@ def run(args) -> int:
                 "prompt_tokens": int(input_ids.shape[1]),
             },
         }
+        if auto_info is not None:
+            obj["settings"]["auto"] = auto_info
+            if tree is not None:
+                obj["settings"]["K"] = max(p[-1] for p in tree) + 1
+                obj["settings"]["depth"] = max(len(p) for p in tree)
         line = json.dumps(obj)
         if out is not None:
             try:

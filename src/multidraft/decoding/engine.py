@@ -264,7 +264,7 @@ def score_tree(model, cache, tree: DraftTree, rootpos: int) -> torch.Tensor:
 def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, draft_law=None,
              tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
              max_new_tokens=128, eos_token_id=None, generator=None, progress=None,
-             prompt_cache: PromptCache | None = None) -> GenerationResult:
+             prompt_cache: PromptCache | None = None, node_log: list | None = None) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
@@ -286,6 +286,10 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
     prompt_cache    optional ``PromptCache``: the prompt prefill of each model is computed
                     once per prompt and copied for later calls (e.g. several methods on one
                     prompt); the result is the same either way.
+    node_log        optional list; every verified tree node appends ``(k, slot, depth)``: its
+                    number of drafts, the draft slot the walk entered (the first slot holding
+                    the output token) or None, and its depth (acceptance statistics for
+                    ``treeopt.AcceptStats.from_records``). Decoding is unchanged.
 
     Every model-free argument is checked by :func:`check_settings` (also usable alone, before
     loading models); an unsupported (verifier, law, K) names the laws that would work.
@@ -299,15 +303,18 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
         raise ValueError("progress must be None or a callable progress(done, total)")
     if prompt_cache is not None and not isinstance(prompt_cache, PromptCache):
         raise ValueError(f"prompt_cache must be None or a multidraft.decoding.PromptCache, got {type(prompt_cache).__name__}")
+    if node_log is not None and not isinstance(node_log, list):
+        raise ValueError(f"node_log must be None or a list, got {type(node_log).__name__}")
     with torch.inference_mode():
         return _Decoder(target, draft if plan.verifier is not None else None, plan, g, progress,
-                        prompt_cache).run(input_ids)
+                        prompt_cache, node_log).run(input_ids)
 
 
 class _Decoder:
-    def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress, prompt_cache=None):
+    def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress, prompt_cache=None, node_log=None):
         self.t, self.d, self.plan, self.g, self.progress = target, draft, plan, g, progress
         self.prompt_cache = prompt_cache
+        self.node_log = node_log
         self.t_dtype = _model_dtype(target)
         self.d_dtype = _model_dtype(draft) if draft is not None else None
         self.ctx = _context(target) if draft is None else min(_context(target), _context(draft))
@@ -410,6 +417,8 @@ class _Decoder:
                 v = self._verifier_for(len(nd.drafts))
                 y = int(v.verify(p, nd.q, dr, generator=self.g, law=plan.kind, validate=False).token)
                 c = nd.child.get(y)
+                if self.node_log is not None:
+                    self.node_log.append((len(nd.drafts), None if c is None else nd.drafts.index(y), nd.depth))
                 if c is not None:
                     path.append(c)
                     i = c
