@@ -2,7 +2,8 @@
 
 Measures the target forward time for n tree tokens (``--nodes``, default 1,2,4,...,64) and
 the draft forward time of one tree level of m nodes (``--draft-nodes``, default 1-8) over a
-``--prefix``-token cached prompt (median of ``--repeats`` after ``--warmup``), prints a
+``--prefix``-token cached prompt (median, or ``--statistic min``, of ``--repeats`` interleaved over the sizes after ``--warmup``
+rounds), prints a
 table and writes the :class:`~multidraft.decoding.treeopt.CostProfile` JSON (with cpu,
 cores, torch/transformers versions and dtype) to ``--out``.
 """
@@ -29,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--prefix", type=int, default=128, metavar="T", help="cached prompt tokens before the tree (default 128)")
     p.add_argument("--repeats", type=int, default=5, help="timed forwards per point, median kept (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed forwards before each point (default 1)")
+    p.add_argument("--statistic", default="median", choices=("median", "min"),
+                   help="per point: median of the repeats (default) or min (the uncontended cost on a shared machine)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     p.add_argument("--out", metavar="FILE", default="profile.json", help="JSON output file (default profile.json)")
     p.add_argument("--quiet", action="store_true", help="no loading messages on stderr")
@@ -68,7 +71,7 @@ def run(args) -> int:
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     target, draft, _ = resolve_pair(args.target, args.draft, getattr(torch, args.dtype), log=log)
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,
-                           repeats=args.repeats, warmup=args.warmup,
+                           repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
                            meta={"target": args.target or "default", "draft": args.draft or "default"})
     try:
         out.write_text(prof.to_json() + "\n", encoding="utf-8")
@@ -77,7 +80,8 @@ def run(args) -> int:
     one = prof.target_seconds(1)
     m = prof.meta
     print(f"# {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads), torch {m['torch']}, "
-          f"transformers {m['transformers']}, {m['dtype']}, prefix {args.prefix}, median of {args.repeats}")
+          f"transformers {m['transformers']}, {m['dtype']}, prefix {args.prefix}, {args.statistic} of {args.repeats}, "
+          f"load average {m['load_average_before']} -> {m['load_average']}")
     print(f"{'target n':>9} {'ms':>10} {'x n=1':>7} {'ms/node':>9}")
     for n, s in zip(prof.target_nodes, prof.target_times):
         print(f"{n:>9} {1e3 * s:>10.2f} {s / one:>7.2f} {1e3 * s / n:>9.2f}")
