@@ -5,6 +5,15 @@ Models default to the default pair (``multidraft.models.resolve_pair``);
 tokenizer. ``--verifier none`` runs the target alone (the baseline). ``--draft-law``
 defaults to the law the verifier implies (``rrs_wor`` -> wor, ``spechub`` -> greedy, ...).
 
+``--tree auto --profile FILE`` picks the tree (node budget ``--max-nodes``, depth
+``--max-depth``, at most ``--k`` drafts per node) that maximises the predicted tokens per
+second (``decoding.treeopt.choose_tree``) from the cost profile written by ``multidraft
+profile`` and per-node acceptance statistics: ``--accept-stats FILE``, or a warm-up decode of
+``--warmup-tokens`` on the prompt with a K-ary tree of depth 2 (its own seed stream, so the
+choice is independent of the decode's randomness and the decode stays lossless). It prints
+the tree, its expected tokens per step and the predicted tokens/s against the target alone;
+when no tree is predicted faster it decodes target-only, unless ``--force-tree``.
+
 Every argument is checked before any model is loaded or built (``decoding.check_settings``);
 a mistake is one line on stderr and exit status 2.
 """
