@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from .._scan import argsort_desc_stable
 from .._validate import as_probs64
 from ..drafts import DraftLaw
 from .independent import independent_bounds
@@ -53,8 +54,9 @@ def _check(p, law):
 
 def prefix_order(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Token order by q/p decreasing: p = 0 < q first (ratio inf), q = 0 last. p, q ``[..., V]``."""
-    ratio = torch.where(p > 0, q / torch.where(p > 0, p, 1.0), torch.where(q > 0, torch.inf, 0.0))
-    return torch.sort(ratio, dim=-1, descending=True, stable=True).indices
+    ratio = torch.nan_to_num_(q / p, nan=0.0, posinf=torch.inf)  # q / 0 = inf for q > 0; 0 / 0 -> 0
+    V = ratio.shape[-1]
+    return argsort_desc_stable(ratio.reshape(-1, V)).reshape(ratio.shape)  # = torch's stable sort
 
 
 def dual_objective(p, law, H) -> torch.Tensor:

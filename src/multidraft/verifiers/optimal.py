@@ -32,8 +32,12 @@ See docs/optimal_verifier.md for the derivation. Per row:
    law is p for ANY level placement (Khisti et al.'s two-step form); only the acceptance
    ``sum_y min(p(y), r(y))`` depends on the fit, and equals alpha* when r = q_sel.
 
-Per-row cost: one stable sort of V float64 ratios, a constant number of O(V) passes (prefix
-sums, minima, the final placement), and ``iterations x layers x M log V`` for the fit. The
+Per-row cost: one stable sort of V float64 ratios (``_scan.argsort_desc_stable``), about 25
+O(V) elementwise passes (prefix sums and minima, q_sel, boundaries, r of one-token layers,
+ranks), O(n) passes over the n tokens of multi-token layers (their placement), and
+``iterations x units x M log n`` for the fit. Layers are kept as the sorted list of their
+boundaries (a draft's layer is a binary search), and the full-V diagnostics of ``OptimalFit``
+(r, q_sel in token order, fit errors) are computed only when read. The
 fit diagnostics (``fit``) report r, q_sel, alpha*, the acceptance reached, the fit error
 and iterations; a fit that stops short is reported (``OptimalFit.shortfall``, a warning
 from ``verify``), never silently, and the output law stays exactly p.
@@ -44,11 +48,12 @@ Ties in q/p follow the stable sort; equal psi values are not records (strict min
 """
 from __future__ import annotations
 
+import functools
 import warnings
-from dataclasses import dataclass
 
 import torch
 
+from .._scan import cummin, ipow, rev_cummin
 from ..limits.dual import prefix_order
 from ._residual import sample_rows
 from .base import Verifier
@@ -64,46 +69,87 @@ UNIT_CHUNK_ELEMS = 1 << 22  # bound on units x levels held at once in the fit
 
 
 def chord(lo: torch.Tensor, hi: torch.Tensor, K: int) -> torch.Tensor:
-    """(hi^K - lo^K) / (hi - lo) = sum_i hi^i lo^(K-1-i), with the limit K lo^(K-1) at hi = lo."""
-    s = torch.zeros_like(lo)
-    hp = torch.ones_like(hi)
-    for i in range(K):
-        s = s + hp * lo ** (K - 1 - i)
-        hp = hp * hi
+    """(hi^K - lo^K) / (hi - lo) = sum_i hi^i lo^(K-1-i), with the limit K lo^(K-1) at hi = lo.
+
+    Horner in hi (c_1 = 1, c_n = hi c_{n-1} + lo^(n-1)): positive terms only, no cancellation,
+    3 (K - 1) elementwise operations in place (two temporaries of the input's size)."""
+    s = torch.ones_like(torch.broadcast_tensors(lo, hi)[0])
+    lp = torch.ones_like(s)
+    for _ in range(K - 1):
+        lp.mul_(lo)
+        s.mul_(hi).add_(lp)
     return s
 
 
-@dataclass
 class OptimalFit:
-    """Diagnostics of the fitted selection rule, one entry per row (leading dims flattened).
+    """Diagnostics of the fitted selection rule, one entry per row (leading dims ``batch``).
 
     ``r`` / ``q_sel`` are ``[..., V]`` float64 in token order; the rest are ``[...]``.
     ``acceptance`` is the exact acceptance of the fitted rule, ``sum_y min(p, r)``;
-    ``shortfall = alpha_star - acceptance`` (>= 0 up to rounding).
+    ``shortfall = alpha_star - acceptance`` (>= 0 up to rounding). The full-V fields (``r``,
+    ``q_sel``, the fit errors) are computed on first access, so decoding does not pay for them.
     """
 
-    r: torch.Tensor             # [..., V] selection law induced by the fitted levels (exact)
-    q_sel: torch.Tensor         # [..., V] target selection law (closed form)
-    alpha_star: torch.Tensor    # [...]
-    acceptance: torch.Tensor    # [...]
-    fit_error_max: torch.Tensor  # [...] max_y |r - q_sel|
-    fit_error_l1: torch.Tensor  # [...] sum_y |r - q_sel|
-    n_layers: torch.Tensor      # [...] number of layers
-    n_fitted: torch.Tensor      # [...] layers with more than one drafted token (fitted)
-    largest_layer: torch.Tensor  # [...] tokens in the largest layer
-    iterations: int             # fixed-point iterations run (shared by the batch)
-    converged: bool             # the level masses stopped moving (to tol) before max_iter
-    levels: int
+    def __init__(self, *, batch, order, r_sorted, qsel_sorted, alpha_star, acceptance, n_layers,
+                 n_fitted, largest_layer, iterations, converged, levels):
+        self._batch = tuple(batch)
+        self._order = order  # [R, V] sorted position -> token
+        self._r_sorted = r_sorted  # [R, V]
+        self._qsel_sorted = qsel_sorted  # [R, V]
+        self.alpha_star = alpha_star.reshape(self._batch)  # [...]
+        self.acceptance = acceptance.reshape(self._batch)  # [...]
+        self.n_layers = n_layers.reshape(self._batch)  # [...] number of layers
+        self.n_fitted = n_fitted.reshape(self._batch)  # [...] layers with more than one drafted token
+        self.largest_layer = largest_layer.reshape(self._batch)  # [...] tokens in the largest layer
+        self.iterations = iterations  # fixed-point iterations run (the most over the batch's units)
+        self.converged = converged  # every unit reached tol before max_iter
+        self.levels = levels
+
+    def _tokens(self, x):
+        out = torch.empty_like(x).scatter_(-1, self._order, x)
+        return out.reshape(*self._batch, x.shape[-1])
+
+    @functools.cached_property
+    def r(self) -> torch.Tensor:  # [..., V] selection law induced by the fitted levels (exact)
+        return self._tokens(self._r_sorted)
+
+    @functools.cached_property
+    def q_sel(self) -> torch.Tensor:  # [..., V] target selection law (closed form)
+        return self._tokens(self._qsel_sorted)
+
+    @functools.cached_property
+    def fit_error_max(self) -> torch.Tensor:  # [...] max_y |r - q_sel|
+        return (self._r_sorted - self._qsel_sorted).abs().amax(-1).reshape(self._batch)
+
+    @functools.cached_property
+    def fit_error_l1(self) -> torch.Tensor:  # [...] sum_y |r - q_sel|
+        return (self._r_sorted - self._qsel_sorted).abs().sum(-1).reshape(self._batch)
 
     @property
     def shortfall(self) -> torch.Tensor:
         return self.alpha_star - self.acceptance
 
+    def rebatch(self, batch) -> "OptimalFit":
+        """The same fit with rows shaped as ``batch`` (leading dims)."""
+        return OptimalFit(
+            batch=batch, order=self._order, r_sorted=self._r_sorted, qsel_sorted=self._qsel_sorted,
+            alpha_star=self.alpha_star, acceptance=self.acceptance, n_layers=self.n_layers,
+            n_fitted=self.n_fitted, largest_layer=self.largest_layer, iterations=self.iterations,
+            converged=self.converged, levels=self.levels,
+        )
+
 
 class _Plan:
     """Everything verify / output_distribution need, in sorted position space. Rows are flat [R, ...]."""
 
-    __slots__ = ("order", "rank", "lid", "lo", "frac", "r_sorted", "fit")
+    __slots__ = ("order", "rank", "bnd_flat", "lo", "frac", "r_sorted", "fit")
+
+    def layer_id(self, pos: torch.Tensor) -> torch.Tensor:  # pos [R, K] sorted positions
+        """A layer identifier per position, increasing with the layer inside a row (comparable
+        within a row only): the number of boundaries at or before the layer's start."""
+        R, V = self.order.shape
+        rows = torch.arange(R, device=pos.device).unsqueeze(-1) * (V + 1)
+        return torch.searchsorted(self.bnd_flat, (rows + pos).reshape(-1), right=True).reshape(pos.shape)
 
 
 def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, tol: float) -> _Plan:
@@ -114,80 +160,101 @@ def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, 
     order = prefix_order(p, q)  # [R, V]
     ps = p.gather(-1, order)
     qs = q.gather(-1, order)
-    zero = torch.zeros(R, 1, dtype=dt, device=dev)
-    P = torch.cat([zero, torch.cumsum(ps, -1)], -1)  # [R, V+1]
-    Qc = torch.cat([zero, torch.cumsum(qs, -1)], -1)  # [R, V+1]
-    psi = P - Qc**K
+    Qc = torch.empty(R, V + 1, dtype=dt, device=dev)  # [R, V+1] prefix sums Q_0..Q_V
+    Qc[:, 0] = 0.0
+    torch.cumsum(qs, -1, out=Qc[:, 1:])
+    psi = torch.empty_like(Qc)  # [R, V+1] P_j - Q_j^K (temporaries of [R, V] are kept few: at
+    psi[:, 0] = 0.0  # B = 64 each is 78 MB of fresh pages)
+    torch.cumsum(ps, -1, out=psi[:, 1:])
+    psi.sub_(ipow(Qc, K))
     psi[:, 0] = 0.0
     psi[:, V] = 0.0
     jstar = psi.argmin(-1)  # first minimiser
-    m = torch.cummin(psi, -1).values
-    s = torch.flip(torch.cummin(torch.flip(psi, [-1]), -1).values, [-1])
+    m = cummin(psi)  # prefix minimum
+    s = rev_cummin(psi)  # suffix minimum
     idx = torch.arange(V + 1, device=dev)
     js = jstar.unsqueeze(-1)
     # q_sel on sorted positions (token j = position i + 1)
-    jj = idx[1:]
-    below = jj.unsqueeze(0) <= js  # [R, V]
-    qsel_s = torch.where(below, ps + m[:, :-1] - m[:, 1:], ps - (s[:, 1:] - s[:, :-1]))
+    below = idx[1:].unsqueeze(0) <= js  # [R, V]
+    dm = (m[:, :-1] - m[:, 1:]).add_(ps)  # p_j + m_{j-1} - m_j
+    ds = (s[:, :-1] - s[:, 1:]).add_(ps)  # p_j - (s_j - s_{j-1})
+    qsel_s = torch.where(below, dm, ds)
+    del dm, ds
     # boundaries: records of the prefix minimum on 1..j*, of the suffix minimum on j*..V-1
-    bnd = torch.zeros(R, V + 1, dtype=torch.bool, device=dev)
     if K == 1:
-        bnd[:] = True  # every token alone: r = q, single-draft SD
+        bnd = torch.ones(R, V + 1, dtype=torch.bool, device=dev)  # every token alone: r = q, single-draft SD
     else:
-        rec_m = torch.zeros_like(bnd)
-        rec_m[:, 1:] = (m[:, 1:] < m[:, :-1]) & (idx[1:].unsqueeze(0) <= js)
-        rec_s = torch.zeros_like(bnd)
-        rec_s[:, :-1] = (s[:, :-1] < s[:, 1:]) & (idx[:-1].unsqueeze(0) >= js)
-        bnd = rec_m | rec_s
+        bnd = torch.empty(R, V + 1, dtype=torch.bool, device=dev)
+        bnd[:, 1:] = (m[:, 1:] < m[:, :-1]) & below
         bnd[:, 0] = True
+        bnd[:, :-1] |= (s[:, :-1] < s[:, 1:]) & (idx[:-1].unsqueeze(0) >= js)
         bnd[:, V] = True
-    cb = torch.cumsum(bnd[:, :V].to(torch.int64), -1)  # [R, V]
-    lid = cb - 1  # layer index of sorted position i (token j = i + 1), monotone
-    n_layers = cb[:, -1]
-    a_pos = torch.cummax(torch.where(bnd[:, :V], idx[:V], torch.zeros_like(idx[:V])), -1).values  # [R, V]
-    bb = torch.where(bnd[:, 1:], idx[1:], torch.full_like(idx[1:], V))
-    b_pos = torch.flip(torch.cummin(torch.flip(bb, [-1]), -1).values, [-1])  # [R, V]
-    Qa = Qc.gather(-1, a_pos)
-    Qb = Qc.gather(-1, b_pos)
-    size = b_pos - a_pos
-    # default (one level per layer): r = q * chord(Qa, Qb)
-    W1 = chord(Qa, Qb, K)
-    r_s = qs * W1
+    # a one-token layer (j-1, j] has r = q_j chord(Q_{j-1}, Q_j) = Q_j^K - Q_{j-1}^K = q_sel; so has a
+    # layer without draft mass (r = 0); multi-token layers with mass are fitted below and overwritten
+    r_s = chord(Qc[:, :-1], Qc[:, 1:], K).mul_(qs)  # [R, V]
+    bnd_flat = bnd.reshape(-1).nonzero().squeeze(-1)  # [nb] increasing: row * (V+1) + position
+    gaps = bnd_flat[1:] - bnd_flat[:-1]  # a row's last boundary (V) and the next row's first (0) are 1 apart
+    brow = bnd_flat // (V + 1)
+    n_layers = torch.bincount(brow, minlength=R) - 1
+    largest = torch.zeros(R, dtype=torch.int64, device=dev).scatter_reduce_(
+        0, brow[:-1], torch.where(brow[1:] == brow[:-1], gaps, torch.zeros_like(gaps)), "amax")
+    multi = (gaps >= 2).nonzero().squeeze(-1)
+    a_flat, b_flat = bnd_flat[multi], bnd_flat[multi + 1]
+    Qflat = Qc.reshape(-1)
+    keep = Qflat[b_flat] > Qflat[a_flat]  # layers to fit: two tokens or more and positive draft mass
+    a_flat, b_flat = a_flat[keep], b_flat[keep]
+    u_row = a_flat // (V + 1)
+    u_a, u_b = a_flat - u_row * (V + 1), b_flat - u_row * (V + 1)
     lo = torch.zeros(R, V, dtype=torch.int64, device=dev)
     frac = torch.zeros(R, V, dtype=dt, device=dev)
-    # layers to fit: two tokens or more and positive draft mass
-    unit_tok = (size >= 2) & (Qb > Qa)
     iters, conv = 0, True
-    if bool(unit_tok.any()):
-        iters, conv = _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo, frac, K, levels, max_iter, tol)
+    if u_row.numel():
+        iters, conv = _fit_units(qs, qsel_s, Qc, u_row, u_a, u_b, r_s, lo, frac, K, levels, max_iter, tol)
     plan = _Plan()
     plan.order = order
     rank = torch.empty_like(order)
-    rank.scatter_(-1, order, idx[:V].expand(R, V).contiguous())
+    rank.scatter_(-1, order, idx[:V].expand(R, V))
     plan.rank = rank
-    plan.lid = lid
+    plan.bnd_flat = bnd_flat
     plan.lo = lo
     plan.frac = frac
     plan.r_sorted = r_s
-    # diagnostics (exact, O(V))
-    err = (r_s - qsel_s).abs()
-    acc = torch.minimum(ps, r_s).sum(-1)
-    alpha = (1.0 + psi.gather(-1, js).squeeze(-1)).clamp(0.0, 1.0)
-    r_tok = torch.empty_like(r_s).scatter_(-1, order, r_s)
-    qsel_tok = torch.empty_like(qsel_s).scatter_(-1, order, qsel_s)
-    largest = torch.zeros(R, dtype=torch.int64, device=dev)
-    largest = size.amax(-1)
-    n_fit = (unit_tok & (idx[:V].unsqueeze(0) == a_pos)).sum(-1)
     plan.fit = OptimalFit(
-        r=r_tok, q_sel=qsel_tok, alpha_star=alpha, acceptance=acc, fit_error_max=err.amax(-1),
-        fit_error_l1=err.sum(-1), n_layers=n_layers, n_fitted=n_fit, largest_layer=largest,
+        batch=(R,), order=order, r_sorted=r_s, qsel_sorted=qsel_s,
+        alpha_star=(1.0 + psi.gather(-1, js).squeeze(-1)).clamp(0.0, 1.0),
+        acceptance=torch.minimum(ps, r_s).sum(-1), n_layers=n_layers,
+        n_fitted=torch.bincount(u_row, minlength=R), largest_layer=largest,
         iterations=iters, converged=conv, levels=levels,
     )
     return plan
 
 
-def _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo_out, frac_out, K, M, max_iter, tol):
-    """Fit the level race of every multi-token layer (a "unit"); writes r_s, lo, frac in place.
+class _Tokens:
+    """The tokens of every unit, concatenated unit after unit (compact index space)."""
+
+    def __init__(self, qs, qsel_s, u_row, u_a, n_u):
+        V = qs.shape[-1]
+        dev = qs.device
+        self.off = torch.cumsum(n_u, 0) - n_u  # [U] compact index of each unit's first token
+        n = int(n_u.sum())
+        uid = torch.repeat_interleave(torch.arange(n_u.numel(), device=dev), n_u)
+        self.flat = u_row[uid] * V + u_a[uid] + torch.arange(n, device=dev) - self.off[uid]  # [n] into [R, V]
+        self.q = qs.reshape(-1)[self.flat]
+        t = qsel_s.reshape(-1)[self.flat]
+        pos = self.q > 0
+        self.c = torch.where(pos, t / torch.where(pos, self.q, torch.ones_like(self.q)), torch.full_like(t, torch.inf))
+
+    def of(self, off, lens):
+        """(compact indices of the tokens of units with these offsets/lengths, unit-local id of each)."""
+        dev = off.device
+        cl = torch.cumsum(lens, 0) - lens
+        uid = torch.repeat_interleave(torch.arange(lens.numel(), device=dev), lens)
+        return off[uid] + torch.arange(int(lens.sum()), device=dev) - cl[uid], uid
+
+
+def _fit_units(qs, qsel_s, Qc, u_row, u_a, u_b, r_s, lo_out, frac_out, K, M, max_iter, tol):
+    """Fit the level race of every multi-token layer with draft mass (a "unit": row u_row,
+    sorted positions [u_a, u_b)); writes r_s, lo, frac in place.
 
     Every quantity of a unit is computed from its own row only (row-wise prefix sums, a
     binary search inside the unit's range, per-unit convergence), so the rule a row gets
@@ -195,19 +262,13 @@ def _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo_out, frac_out, K,
     processed in chunks bounded by UNIT_CHUNK_ELEMS."""
     R, V = qs.shape
     dev = qs.device
-    dt = torch.float64
-    starts_mask = unit_tok & (torch.arange(V, device=dev).unsqueeze(0) == a_pos)
-    u_flat = starts_mask.reshape(-1).nonzero().squeeze(-1)  # flat sorted position of each unit's first token
-    u_row = u_flat // V
-    u_a = u_flat % V
-    u_b = b_pos.reshape(-1)[u_flat]
     n_u = u_b - u_a
     m_unit = torch.minimum(n_u, torch.full_like(n_u, M))  # a layer of n tokens gets min(M, n) levels
-    ct = torch.cat([torch.zeros(R, 1, dtype=dt, device=dev), torch.cumsum(qsel_s, -1)], -1)  # [R, V+1]
-    c = torch.where(qs > 0, qsel_s / torch.where(qs > 0, qs, torch.ones_like(qs)), torch.full_like(qs, torch.inf))
-    res_u = torch.zeros(u_flat.numel(), dtype=dt, device=dev)  # final fixed-point residual per unit
-    iters_max = _fit_groups(torch.arange(u_flat.numel(), device=dev), m_unit, qs, c, Qc, ct, u_row, u_a, u_b,
-                            r_s, lo_out, frac_out, K, max(1, max_iter // 4), tol, res_u)
+    ct = torch.cat([torch.zeros(R, 1, dtype=qs.dtype, device=dev), torch.cumsum(qsel_s, -1)], -1)  # [R, V+1]
+    tok = _Tokens(qs, qsel_s, u_row, u_a, n_u)
+    res_u = torch.zeros(u_row.numel(), dtype=qs.dtype, device=dev)  # final fixed-point residual per unit
+    fit = (qs, tok, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_out, K, tol)
+    iters_max = _fit_groups(torch.arange(u_row.numel(), device=dev), m_unit, fit, max(1, max_iter // 4), res_u)
     # a unit that stalls at one level count (a quarter of max_iter) is refitted with half, then
     # twice as many levels, max_iter each (any placement is exact; the one with the lower
     # residual is kept, token by token of the unit). Units that _fit_chunk stopped at their
@@ -217,13 +278,11 @@ def _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo_out, frac_out, K,
         if bad.numel() == 0:
             break
         m_alt = torch.minimum(n_u[bad], torch.full_like(n_u[bad], alt))
-        lens = n_u[bad]
-        uid = torch.repeat_interleave(torch.arange(bad.numel(), device=dev), lens)
-        off = torch.cumsum(lens, 0) - lens
-        tflat = u_row[bad][uid] * V + u_a[bad][uid] + torch.arange(int(lens.sum()), device=dev) - off[uid]
+        cidx, uid = tok.of(tok.off[bad], n_u[bad])
+        tflat = tok.flat[cidx]
         saved = (r_s.view(-1)[tflat].clone(), lo_out.view(-1)[tflat].clone(), frac_out.view(-1)[tflat].clone())
         res_alt = res_u.clone()
-        it = _fit_groups(bad, m_alt, qs, c, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_out, K, max_iter, tol, res_alt)
+        it = _fit_groups(bad, m_alt, fit, max_iter, res_alt)
         iters_max = max(iters_max, it)
         worse = res_alt[bad] >= res_u[bad]
         back = worse[uid]
@@ -234,7 +293,7 @@ def _fit_units(qs, qsel_s, Qc, a_pos, b_pos, unit_tok, r_s, lo_out, frac_out, K,
     return iters_max, bool((res_u <= tol).all())
 
 
-def _fit_groups(units, m_of, qs, c, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_out, K, max_iter, tol, res_out):
+def _fit_groups(units, m_of, fit, max_iter, res_out):
     """Fit ``units`` (indices) with ``m_of[i]`` levels for units[i], grouped by level count, in
     chunks bounded by UNIT_CHUNK_ELEMS; writes the placement and each unit's residual."""
     iters_max = 0
@@ -243,42 +302,41 @@ def _fit_groups(units, m_of, qs, c, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_o
         per = max(1, UNIT_CHUNK_ELEMS // (Mu + 1))
         for u0 in range(0, sel.numel(), per):
             us = sel[u0 : u0 + per]
-            it, res = _fit_chunk(qs, c, Qc, ct, u_row[us], u_a[us], u_b[us], r_s, lo_out, frac_out, K, int(Mu), max_iter, tol)
+            it, res = _fit_chunk(fit, us, int(Mu), max_iter)
             res_out[us] = res
             iters_max = max(iters_max, it)
     return iters_max
 
 
-def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter, tol):
-    """Units (row, [ua, ub)) of the sorted rows with M levels each. qs, c [R, V]; Qc, ct [R, V+1]
-    prefix sums of q and q_sel. Writes the placement and the exact r of their tokens."""
+def _fit_chunk(fit, us, M, max_iter):
+    """Units ``us`` of the sorted rows with M levels each. Writes the placement and the exact r
+    of their tokens; returns (iterations, residual per unit)."""
+    qs, tok, Qc, ct, u_row, u_a, u_b, r_s, lo_out, frac_out, K, tol = fit
     R, V = qs.shape
     dev = qs.device
     dt = torch.float64
+    row, ua, ub = u_row[us], u_a[us], u_b[us]
     U = row.numel()
     Qa = Qc[row, ua]
     Qb = Qc[row, ub]
-    cflat = c.reshape(-1)
     Qflat = Qc.reshape(-1)
     Tflat = ct.reshape(-1)
-    nbits = int(max(1, int((ub - ua).max()))).bit_length() + 1
+    cbase = tok.off[us] - ua  # compact index of sorted position x of unit u: cbase[u] + x
+    nbits = int((ub - ua).max()).bit_length()  # 2^nbits > the longest unit
     grid = torch.linspace(0.0, 1.0, M + 1, dtype=dt, device=dev)
     D = Qa.unsqueeze(-1) + (Qb - Qa).unsqueeze(-1) * grid  # [U, M+1]
     all_u = torch.arange(U, device=dev)
 
     def search(ui, W):
-        """Positions pos [N, M] in [ua, ub]: the first token of the unit with c >= W (binary search)."""
-        lo = ua[ui].unsqueeze(-1).expand_as(W).clone()
-        hi = ub[ui].unsqueeze(-1).expand_as(W).clone()
-        base = (row[ui] * V).unsqueeze(-1)
-        for _ in range(nbits):
-            act = lo < hi
-            mid = (lo + hi) // 2
-            cm = cflat[(base + mid.clamp(max=V - 1))]
-            go_right = act & (cm < W)
-            lo = torch.where(go_right, mid + 1, lo)
-            hi = torch.where(act & ~go_right, mid, hi)
-        return lo
+        """Positions pos [N, M] in [ua, ub]: the first token of the unit with c >= W (binary
+        lifting in compact index space: the last token with c < W, plus one)."""
+        pc = (cbase[ui] + ua[ui] - 1).unsqueeze(-1).expand_as(W)  # [N, M] compact index, "before the unit"
+        end = (cbase[ui] + ub[ui]).unsqueeze(-1)
+        for b in range(nbits - 1, -1, -1):
+            cand = pc + (1 << b)
+            ok = cand < end
+            pc = torch.where(ok & (tok.c[torch.where(ok, cand, 0)] < W), cand, pc)
+        return pc + 1 - cbase[ui].unsqueeze(-1)
 
     def step(D, ui):
         """The level masses induced by placing each token by interpolation in W(D): new D [N, M+1]."""
@@ -305,11 +363,6 @@ def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter
             mu[:, 1:] += qi - to_lo
         q0 = Qa[ui].unsqueeze(-1)
         return torch.cat([q0, q0 + torch.cumsum(mu, -1)], -1)
-
-    def project(D):
-        D = torch.minimum(torch.maximum(D, Qa.unsqueeze(-1)), Qb.unsqueeze(-1))
-        D[:, 0] = Qa
-        return torch.cummax(D, -1).values
 
     # fixed-point steps, then Newton on the interior levels (finite-difference Jacobian, all
     # units at once), kept per unit only where it lowers the residual; converged units freeze
@@ -370,11 +423,10 @@ def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter
     W = chord(D[:, :-1], D[:, 1:], K)  # [U, M]
     pos = search(all_u, W)
     lens = ub - ua
-    off = torch.cumsum(lens, 0) - lens  # local index of each unit's first token
-    n = int(lens.sum())
-    uid = torch.repeat_interleave(all_u, lens)
-    tpos = torch.arange(n, device=dev) - off[uid] + ua[uid]  # sorted position of each token
-    tflat = row[uid] * V + tpos
+    cidx, uid = tok.of(tok.off[us], lens)  # the chunk's tokens, unit by unit
+    n = cidx.numel()
+    off = torch.cumsum(lens, 0) - lens  # chunk-local index of each unit's first token
+    tflat = tok.flat[cidx]
     cnt = torch.zeros(n + 1, dtype=torch.int64, device=dev)
     cnt.index_add_(0, (off.unsqueeze(-1) + pos - ua.unsqueeze(-1)).reshape(-1), torch.ones(U * M, dtype=torch.int64, device=dev))
     bucket = torch.cumsum(cnt, 0)[:n] - M * uid  # number of W_l at or before the token
@@ -384,8 +436,8 @@ def _fit_chunk(qs, c, Qc, ct, row, ua, ub, r_s, lo_out, frac_out, K, M, max_iter
     Wf = W.reshape(-1)
     base = uid * M
     wl, wh = Wf[base + lo], Wf[base + hi]
-    cy = cflat[tflat]
-    qy = qs.reshape(-1)[tflat]
+    cy = tok.c[cidx]
+    qy = tok.q[cidx]
     gap = wh - wl
     f = torch.where(inside & (gap > 0), (cy - wl) / torch.where(gap > 0, gap, torch.ones_like(gap)), torch.zeros_like(cy))
     f = torch.nan_to_num(f, nan=0.0).clamp(0.0, 1.0)
@@ -453,7 +505,7 @@ class Optimal(Verifier):
             raise ValueError(f"draft_probs has shape {tuple(q.shape)}; expected {tuple(p.shape)} (shared q)")
         batch, V = p.shape[:-1], p.shape[-1]
         plan = _plan(_norm64(p).reshape(-1, V), _norm64(q).reshape(-1, V), k, self.levels, self.max_iter, self.tol)
-        return _reshape_fit(plan.fit, batch, V)
+        return plan.fit.rebatch(batch)
 
     def _make_plan(self, p, q, K):
         q = _shared_q(p, q, K)
@@ -461,7 +513,7 @@ class Optimal(Verifier):
         p64 = _norm64(p).reshape(-1, V)
         q64 = _norm64(q).reshape(-1, V)
         plan = _plan(p64, q64, K, self.levels, self.max_iter, self.tol)
-        self.last_fit = _reshape_fit(plan.fit, p.shape[:-1], V)
+        self.last_fit = plan.fit.rebatch(p.shape[:-1])
         short = float(plan.fit.shortfall.max())
         if short > self.warn_shortfall:
             warnings.warn(
@@ -473,7 +525,7 @@ class Optimal(Verifier):
     @staticmethod
     def _draft_info(plan, drafts):
         pos = plan.rank.gather(-1, drafts)  # [R, K]
-        return pos, plan.lid.gather(-1, pos), plan.lo.gather(-1, pos), plan.frac.gather(-1, pos), plan.r_sorted.gather(-1, pos)
+        return pos, plan.layer_id(pos), plan.lo.gather(-1, pos), plan.frac.gather(-1, pos), plan.r_sorted.gather(-1, pos)
 
     # sampling path ---------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law):
@@ -566,15 +618,3 @@ def _win_probs(lid, lo, f):
         integ = (poly / torch.arange(1, K + 1, dtype=dt, device=lid.device)).sum(-1)
         out = out + w * integ
     return out
-
-
-def _reshape_fit(fit: OptimalFit, batch, V) -> OptimalFit:
-    def rs(x):
-        return x.reshape(*batch, V) if x.ndim == 2 else x.reshape(batch)
-
-    return OptimalFit(
-        r=rs(fit.r), q_sel=rs(fit.q_sel), alpha_star=rs(fit.alpha_star), acceptance=rs(fit.acceptance),
-        fit_error_max=rs(fit.fit_error_max), fit_error_l1=rs(fit.fit_error_l1), n_layers=rs(fit.n_layers),
-        n_fitted=rs(fit.n_fitted), largest_layer=rs(fit.largest_layer), iterations=fit.iterations,
-        converged=fit.converged, levels=fit.levels,
-    )
