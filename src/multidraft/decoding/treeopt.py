@@ -81,6 +81,14 @@ def _interp(ns, ss, n: float) -> float:
     return max(ss[a] + (n - ns[a]) * (ss[b] - ss[a]) / (ns[b] - ns[a]), 0.0)
 
 
+def _load_json(text: str, what: str):
+    """json.loads with a one-line ValueError naming what was being read."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
 @dataclass(frozen=True)
 class CostProfile:
     """Measured seconds of one target forward over n tree tokens and one draft forward over m nodes.
@@ -149,11 +157,7 @@ class CostProfile:
 
     @classmethod
     def from_json(cls, text: str) -> "CostProfile":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"profile: not JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(obj)
+        return cls.from_dict(_load_json(text, "profile"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,11 +293,7 @@ class AcceptStats:
 
     @classmethod
     def from_json(cls, text: str) -> "AcceptStats":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"accept stats: not JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(obj)
+        return cls.from_dict(_load_json(text, "accept stats"))
 
 
 # ---------------------------------------------------------------------------------------------
