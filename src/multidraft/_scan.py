@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["argsort_desc_stable", "cummin", "rev_cummin", "ipow"]
+__all__ = ["argsort_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search"]
 
 
 def _np_ok(x: torch.Tensor) -> bool:
@@ -75,3 +75,45 @@ def ipow(x: torch.Tensor, k: int) -> torch.Tensor:
         if k:
             base = base * base
     return torch.ones_like(x) if out is None else out
+
+
+def segment_search(c: torch.Tensor, first: torch.Tensor, end: torch.Tensor, w: torch.Tensor, nbits: int | None = None) -> torch.Tensor:
+    """Per query, the first index of its segment whose key is >= the query, by binary lifting.
+
+    c ``[n]`` keys, nondecreasing inside each segment; first, end ``[N, 1]`` (or ``[N, M]``) the
+    segment ``[first, end)`` of each query row; w ``[N, M]`` queries. Returns ``[N, M]`` int64 in
+    ``[first, end]``: one plus the last index reached by lifting with ``c < w`` (``first`` when
+    none). ``nbits`` (default: the fewest with 2^nbits > the longest segment) fixes the lifting
+    steps. The CPU route runs the same lifting in numpy (fewer, cheaper small-array operations:
+    the fit of ``verifiers.optimal`` calls this a few dozen times per row) and returns the same
+    integers as the torch route, keys out of order included."""
+    if nbits is None:
+        nbits = int((end - first).max()).bit_length() if end.numel() else 0
+    if c.device.type == "cpu" and w.device.type == "cpu" and not w.requires_grad:
+        return _lift_numpy(c, first, end, w, nbits)
+    return _lift_torch(c, first, end, w, nbits)
+
+
+def _lift_numpy(c, first, end, w, nbits):
+    cn = c.detach().numpy()
+    wn = w.detach().numpy()
+    en = np.broadcast_to(end.numpy(), wn.shape)
+    pc = np.array(np.broadcast_to(first.numpy() - 1, wn.shape))  # last index known to have c < w
+    cand = np.empty_like(pc)
+    ok = np.empty(wn.shape, dtype=bool)
+    for b in range(nbits - 1, -1, -1):
+        np.add(pc, 1 << b, out=cand)
+        np.less(cand, en, out=ok)
+        idx = np.where(ok, cand, 0)
+        ok &= cn[idx] < wn
+        np.copyto(pc, cand, where=ok)
+    return torch.from_numpy(pc + 1)
+
+
+def _lift_torch(c, first, end, w, nbits):
+    pc = (first - 1).expand_as(w)
+    for b in range(nbits - 1, -1, -1):
+        cand = pc + (1 << b)
+        ok = cand < end
+        pc = torch.where(ok & (c[torch.where(ok, cand, 0)] < w), cand, pc)
+    return pc + 1

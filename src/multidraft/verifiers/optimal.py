@@ -53,7 +53,7 @@ import warnings
 
 import torch
 
-from .._scan import cummin, ipow, rev_cummin
+from .._scan import cummin, ipow, rev_cummin, segment_search
 from ..limits.dual import prefix_order
 from ._residual import sample_rows
 from .base import Verifier
@@ -329,14 +329,9 @@ def _fit_chunk(fit, us, M, max_iter):
 
     def search(ui, W):
         """Positions pos [N, M] in [ua, ub]: the first token of the unit with c >= W (binary
-        lifting in compact index space: the last token with c < W, plus one)."""
-        pc = (cbase[ui] + ua[ui] - 1).unsqueeze(-1).expand_as(W)  # [N, M] compact index, "before the unit"
-        end = (cbase[ui] + ub[ui]).unsqueeze(-1)
-        for b in range(nbits - 1, -1, -1):
-            cand = pc + (1 << b)
-            ok = cand < end
-            pc = torch.where(ok & (tok.c[torch.where(ok, cand, 0)] < W), cand, pc)
-        return pc + 1 - cbase[ui].unsqueeze(-1)
+        lifting in compact index space, see _scan.segment_search)."""
+        first = tok.off[us][ui].unsqueeze(-1)
+        return segment_search(tok.c, first, first + (ub - ua)[ui].unsqueeze(-1), W, nbits) - cbase[ui].unsqueeze(-1)
 
     def step(D, ui):
         """The level masses induced by placing each token by interpolation in W(D): new D [N, M+1]."""
