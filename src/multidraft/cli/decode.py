@@ -14,6 +14,11 @@ choice is independent of the decode's randomness and the decode stays lossless).
 the tree, its expected tokens per step and the predicted tokens/s against the target alone;
 when no tree is predicted faster it decodes target-only, unless ``--force-tree``.
 
+``--tree dynamic`` builds each step's tree level by level: a node gets 0..``--k-max`` drafts
+chosen from the draft distribution at that node before its drafts are drawn (more where the
+draft is uncertain), under a node budget ``--max-nodes`` (default 16, root included) and depth
+``--max-depth`` (``decoding.trees.allocate``; lossless, see ``decoding.trees``).
+
 Every argument is checked before any model is loaded or built (``decoding.check_settings``);
 a mistake is one line on stderr and exit status 2.
 """
@@ -43,7 +48,9 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, default=4, metavar="L", help="draft tree depth (default 4)")
     p.add_argument("--tree", default="full",
                    help="'full' (K-ary tree), 'sequences' (K sequences merged into a trie), a JSON list of paths, "
-                        "or 'auto' (the fastest tree for --profile and the acceptance statistics; K = --k at most)")
+                        "'auto' (the fastest tree for --profile and the acceptance statistics; K = --k at most), "
+                        "or 'dynamic' (per step, drafts per node from the draft distribution; --k-max, --max-nodes, "
+                        "--max-depth)")
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="--tree auto: cost profile JSON written by `multidraft profile` (required)")
     p.add_argument("--accept-stats", metavar="FILE", default=None,
@@ -52,8 +59,12 @@ def register(sub) -> None:
     p.add_argument("--warmup-tokens", type=int, default=32, metavar="N",
                    help="--tree auto without --accept-stats: tokens of the warm-up decode (K-ary tree of depth 2) "
                         "on the prompt that measures per-node acceptance (default 32)")
-    p.add_argument("--max-nodes", type=int, default=64, metavar="N", help="--tree auto: node budget, root included (<= 64)")
-    p.add_argument("--max-depth", type=int, default=8, metavar="L", help="--tree auto: largest depth (<= 8)")
+    p.add_argument("--max-nodes", type=int, default=None, metavar="N",
+                   help="--tree auto / dynamic: node budget per step, root included (auto: <= 64, default 64; "
+                        "dynamic: default 16)")
+    p.add_argument("--max-depth", type=int, default=8, metavar="L", help="--tree auto / dynamic: largest depth (<= 8)")
+    p.add_argument("--k-max", type=int, default=4, metavar="K",
+                   help="--tree dynamic: most drafts at one node (default 4)")
     p.add_argument("--force-tree", action="store_true",
                    help="--tree auto: decode with the best tree even when it is predicted slower than the target alone "
                         "(default: decode target-only then)")
@@ -85,7 +96,7 @@ def _draft_temperature(raw):
 def _tree(raw):
     if raw in (None, "full"):
         return None
-    if raw in ("sequences", "auto"):
+    if raw in ("sequences", "auto", "dynamic"):
         return raw
     try:
         val = json.loads(raw)
@@ -139,14 +150,37 @@ def check_args(args):
     out = _check_out(args.out)
     if tree == "auto" and verifier is None:
         raise ValueError("--tree auto needs a --verifier (with 'none' there is no tree to choose)")
+    dyn = {}
+    if tree == "dynamic":
+        if verifier is None:
+            raise ValueError("--tree dynamic needs a --verifier (with 'none' there is no tree)")
+        if args.max_nodes is None:
+            args.max_nodes = 16
+        from ..decoding.trees import MAX_DYNAMIC_NODES
+        if not 2 <= args.max_nodes <= MAX_DYNAMIC_NODES:
+            raise ValueError(f"--max-nodes must be in [2, {MAX_DYNAMIC_NODES}], got {args.max_nodes}")
+        if not 1 <= args.max_depth <= 8:
+            raise ValueError(f"--max-depth must be in [1, 8], got {args.max_depth}")
+        if args.k_max < 1:
+            raise ValueError(f"--k-max must be >= 1, got {args.k_max}")
+        dyn = dict(k=args.k_max, depth=args.max_depth, max_nodes=args.max_nodes)
+    elif args.max_nodes is None:
+        args.max_nodes = 64
     try:
         settings = check_settings(
-            verifier=verifier, k=ks[0], depth=args.depth, draft_law=args.draft_law, tree=None if tree == "auto" else tree,
+            verifier=verifier, **({"k": ks[0], "depth": args.depth} | dyn), draft_law=args.draft_law,
+            tree=None if tree == "auto" else tree,
             temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
             top_p=args.top_p, max_new_tokens=args.max_new_tokens,
         )
     except ValueError as exc:
-        raise ValueError(_flag(str(exc))) from None
+        msg = str(exc)
+        if dyn:  # in dynamic mode k and depth come from --k-max and --max-depth
+            head = msg.split(":", 1)[0].split(" ", 1)[0]
+            flag = {"k": "--k-max", "depth": "--max-depth", "max_nodes": "--max-nodes"}.get(head)
+            if flag:
+                raise ValueError(flag + msg[len(head):]) from None
+        raise ValueError(_flag(msg)) from None
     return settings, draft_temperature, tree, out
 
 
@@ -283,6 +317,7 @@ def run(args) -> int:
             verifier=verifier, k=settings.k or 1, depth=settings.depth or 1, draft_law=settings.law, tree=tree,
             temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, eos_token_id=eos, generator=args.seed, progress=cb,
+            max_nodes=settings.shape.budget if tree == "dynamic" else None,
         )
     finally:
         close()
@@ -300,6 +335,7 @@ def run(args) -> int:
                 "K": settings.k if verifier is not None else None,
                 "depth": settings.depth if verifier is not None else None,
                 "tree": args.tree,
+                "max_nodes": settings.shape.budget if tree == "dynamic" else None,
                 "temperature": args.temperature,
                 "draft_temperature": draft_temperature,
                 "top_k": args.top_k,

@@ -42,7 +42,7 @@ from .. import verifiers as _verifiers
 from .._validate import as_generator, as_int
 from ..sampling import check_sampling_args, process_logits, sample_token
 from .kv import PromptCache, fresh_prefill, keep, tree_attention_mask
-from .trees import DraftTree, TreeShape
+from .trees import MAX_DYNAMIC_NODES, DraftTree, TreeShape, allocate
 
 __all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree"]
 
@@ -142,12 +142,14 @@ class Settings:
 
 
 def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
-                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128) -> Settings:
+                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None) -> Settings:
     """Check every argument of ``generate`` that needs no model; ValueError naming the argument.
 
     The CLI calls this before loading any model; ``generate`` calls it first. ``draft_law=None``
     means the law the verifier implies (``Verifier.implied_law``; 'independent' when
-    ``draft_temperature`` is a list).
+    ``draft_temperature`` is a list). ``tree="dynamic"``: ``k`` is the most drafts per node,
+    ``depth`` the largest depth and ``max_nodes`` (default 16) the node budget per step, root
+    included; the verifier must be lossless for the law at every k in 2..k.
     """
     check_sampling_args(temperature, top_k, top_p, "temperature")
     top_k = None if top_k is None else operator.index(top_k)
@@ -159,7 +161,17 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
     K = as_int(k, "k", minimum=1, what="an integer number of drafts")
     L = as_int(depth, "depth", minimum=1)
     listed = isinstance(draft_temperature, (list, tuple))
-    shape = TreeShape.from_args(tree, K, L)
+    dynamic = isinstance(tree, str) and tree == "dynamic"
+    if max_nodes is not None and not dynamic:
+        raise ValueError(f"max_nodes applies only to tree='dynamic', got tree={tree!r}")
+    if dynamic and max_nodes is not None:
+        max_nodes = as_int(max_nodes, "max_nodes", minimum=2)
+        if max_nodes > MAX_DYNAMIC_NODES:
+            raise ValueError(f"max_nodes must be <= {MAX_DYNAMIC_NODES}, got {max_nodes}")
+    shape = TreeShape.from_args(tree, K, L, max_nodes)
+    if dynamic and (listed or draft_law is not None and _drafts.law_kind(draft_law, "draft_law") == "independent"):
+        raise ValueError("draft_law: tree='dynamic' supports the iid, wor and greedy laws, not 'independent' "
+                         "(a list of draft temperatures)")
     if draft_law is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
         kind = "independent" if listed else v.implied_law(shape.k)
     else:
@@ -184,7 +196,12 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
 
     if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
         raise ValueError(f"tree has a node with {shape.k} children but only {len(temps)} draft temperatures")
-    ks = {shape.k} if shape.mode == "sequences" else {n for n in shape.children.values() if n > 0}
+    if shape.mode == "sequences":
+        ks = {shape.k}
+    elif shape.mode == "dynamic":
+        ks = set(range(1, shape.k + 1))  # the allocator may choose any k <= K
+    else:
+        ks = {n for n in shape.children.values() if n > 0}
     for n in sorted(ks):
         if n != 1 and not v.supports(kind, n):
             raise ValueError(_unsupported(v, kind, n))
@@ -264,7 +281,8 @@ def score_tree(model, cache, tree: DraftTree, rootpos: int) -> torch.Tensor:
 def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, draft_law=None,
              tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
              max_new_tokens=128, eos_token_id=None, generator=None, progress=None,
-             prompt_cache: PromptCache | None = None, node_log: list | None = None) -> GenerationResult:
+             prompt_cache: PromptCache | None = None, node_log: list | None = None,
+             max_nodes: int | None = None) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
@@ -273,7 +291,10 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
     verifier        a registered verifier name (``multidraft.verifiers.names()``) or None.
     k, depth        K drafts per node and tree depth L: the full K-ary tree of depth L, or
                     with ``tree="sequences"`` K draft sequences of length L merged into a
-                    trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both).
+                    trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both);
+                    ``tree="dynamic"`` a per-step tree whose node v gets 0..k drafts chosen from
+                    the draft distribution at v before its drafts are drawn (``trees.allocate``),
+                    depth <= ``depth``, at most ``max_nodes`` nodes (default 16, root included).
     draft_law       a name from ``multidraft.drafts.LAW_KINDS``; None (default) means the law
                     the verifier implies (``Verifier.implied_law``: 'wor' for ``rrs_wor``,
                     'greedy' for ``spechub`` and ``greedy_optimal``, else 'iid'); a list
@@ -297,7 +318,7 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
     g = as_generator(generator)
     settings = check_settings(verifier=verifier, k=k, depth=depth, draft_law=draft_law, tree=tree,
                               temperature=temperature, draft_temperature=draft_temperature, top_k=top_k,
-                              top_p=top_p, max_new_tokens=max_new_tokens)
+                              top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes)
     plan = _make_plan(target, draft, input_ids, settings, eos_token_id)
     if progress is not None and not callable(progress):
         raise ValueError("progress must be None or a callable progress(done, total)")
@@ -451,9 +472,22 @@ class _Decoder:
         past = self.dbase + len(self.pending) + 1  # entries every tree node sees
         fed: list[int] = []
         level = [0]
+        dynamic = tree.shape.mode == "dynamic"
         while True:
+            if dynamic:
+                self._allocate_level(tree, level, logits)  # every k of the level, before any draw
             new = self._sample_level(tree, level, logits)
-            nxt = [i for i in new if tree.n_children(i) > 0]
+            if dynamic:
+                for i in new:
+                    nd = tree.nodes[i]
+                    par = tree.nodes[nd.parent]
+                    nd.reach = par.reach * float(par.q[nd.token])
+                room = tree.shape.budget - len(tree)
+                cand = sorted((i for i in new if tree.nodes[i].depth < tree.depth_cap),
+                              key=lambda i: -tree.nodes[i].reach)
+                nxt = sorted(cand[:max(0, room)])  # at most `room` nodes can receive a draft
+            else:
+                nxt = [i for i in new if tree.n_children(i) > 0]
             if not nxt:
                 return
             n = len(nxt)
@@ -468,6 +502,18 @@ class _Decoder:
                 tree.nodes[i].fed = len(fed)
                 fed.append(i)
             level = nxt
+
+    def _allocate_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> None:
+        """Dynamic trees: the drafts of every node of ``level`` (logits ``[len(level), V]``) from
+        its q and reach, all decided here before ``_sample_level`` draws any of them."""
+        plan = self.plan
+        room = tree.shape.budget - len(tree)
+        q = process_logits(logits, plan.draft_temps[0], plan.top_k, plan.top_p)  # [n, V]
+        reach = torch.tensor([tree.nodes[i].reach for i in level], dtype=torch.float64)
+        cap = [i for i in level if tree.nodes[i].depth < tree.depth_cap]
+        ks = allocate(q, reach, tree.shape.k, room, plan.kind).tolist()
+        for r, i in enumerate(level):
+            tree.nodes[i].k = int(ks[r]) if i in cap else 0
 
     def _sample_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> list[int]:
         """Draw the drafts of every node in ``level`` (logits ``[len(level), V]``); return new node ids."""

@@ -25,6 +25,24 @@ are, given the path, m draws from q at that node (iid, or each from its own temp
 for the ``independent`` law); m is fixed by earlier levels, so the verifier at that node
 is run with a law it is lossless for. By induction the walk outputs each token with the
 target's law given the path (the property the tests check end to end).
+
+Dynamic trees (``TreeShape`` mode ``dynamic``; ``generate(..., tree="dynamic", k=K_MAX,
+depth=L_MAX, max_nodes=N)``). The tree is built level by level; after the draft forward of
+a level every frontier node v has its draft distribution q_v, and ``allocate`` decides, for
+the whole level at once and before any draft of the level is drawn, how many drafts k_v
+(0..K_MAX) each node gets: node v has reach r(v) (the product of q along its path, the
+proxy for "the walk gets here"; the root has r = 1), the j-th draft at v is worth
+r(v) * (c_j(q_v) - c_{j-1}(q_v)) with c_k the coverage proxy (iid / wor:
+sum_x q(x) (1 - (1 - q(x))^k); greedy: the mass of the k most likely tokens), and the
+largest values across the level win until the step's node budget (``N`` nodes, root
+included) is spent. A node with k_v = 0 is a leaf. Lossless because k_v is a function of
+information fixed before v's drafts are drawn (the path, the q's of this and earlier
+levels, tokens drawn at earlier levels, the remaining budget): given that information the
+verifier at v receives a fresh draw of the law with k_v drafts, for which it is lossless
+(``check_settings`` refuses a verifier that is not lossless for some k <= K_MAX), and by
+induction over depth the walk outputs the target's law. What must not happen, and cannot
+here since the engine assigns every k of a level before it samples the level: k_v depending
+on v's own drafts or on any draw at v's level or later.
 """
 from __future__ import annotations
 
@@ -32,7 +50,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeShape", "full_tree", "parse_tree", "DraftTree", "Node"]
+__all__ = ["TreeShape", "full_tree", "parse_tree", "DraftTree", "Node", "coverage", "allocate"]
 
 
 def full_tree(k: int, depth: int) -> list[list[int]]:
@@ -84,22 +102,80 @@ def parse_tree(tree) -> dict[tuple[int, ...], int]:
     return children
 
 
+DEFAULT_MAX_NODES = 16
+MAX_DYNAMIC_NODES = 256
+
+
+def coverage(q: torch.Tensor, k_max: int, kind: str = "iid") -> torch.Tensor:
+    """Coverage proxy ``c_k(q)`` for k = 1..k_max: ``[n, V] -> [n, k_max]`` (one batched op).
+
+    iid / wor: ``sum_x q(x) (1 - (1 - q(x))^k)``, the chance that a draw from q lands among
+    k iid drafts (a lower bound for wor); greedy: the mass of the k most likely tokens.
+    Non-decreasing in k with non-increasing increments (concave), in [0, 1].
+    """
+    q = q.double()
+    if kind == "greedy":
+        kk = min(k_max, q.shape[-1])
+        top = torch.topk(q, kk, dim=-1).values.cumsum(-1)
+        if kk < k_max:
+            top = torch.cat([top, top[:, -1:].expand(-1, k_max - kk)], dim=-1)
+        return top
+    ks = torch.arange(1, k_max + 1, dtype=q.dtype, device=q.device)  # [k_max]
+    miss = (1 - q).clamp_min(0).unsqueeze(-1) ** ks  # [n, V, k_max]
+    return (q.unsqueeze(-1) * (1 - miss)).sum(-2)
+
+
+def allocate(q: torch.Tensor, reach: torch.Tensor, k_max: int, budget: int, kind: str = "iid") -> torch.Tensor:
+    """Drafts per frontier node, decided for a whole level at once: ``ks`` ``[n]`` (long).
+
+    q      ``[n, V]`` draft distributions of the level's nodes (known before any of their
+           drafts is drawn); reach ``[n]`` their reach scores r(v).
+    The j-th draft at row v is worth ``reach[v] * (c_j - c_{j-1})`` (``coverage``); the
+    ``budget`` largest positive values across the level are granted (increments are
+    non-increasing, so granting the top values gives each row a prefix 1..k_v). A row
+    gets at most k_max drafts and never more than its number of nonzero tokens for the
+    wor / greedy laws; the sum of ``ks`` is at most ``budget``.
+    """
+    n = q.shape[0]
+    if n == 0 or budget <= 0 or k_max <= 0:
+        return torch.zeros(n, dtype=torch.long)
+    c = coverage(q, k_max, kind)  # [n, k_max]
+    inc = torch.diff(c, dim=-1, prepend=torch.zeros_like(c[:, :1]))  # [n, k_max]
+    gain = reach.double().to(c.device).view(n, 1) * inc
+    if kind in ("wor", "greedy"):
+        nnz = (q > 0).sum(-1, keepdim=True)  # [n, 1]
+        j = torch.arange(1, k_max + 1, device=c.device).view(1, -1)
+        gain = gain.masked_fill(j > nnz, 0.0)
+    flat = gain.flatten()
+    m = min(int(budget), flat.numel())
+    vals, idx = torch.topk(flat, m)
+    idx = idx[vals > 0]
+    ks = torch.bincount(idx // k_max, minlength=n)
+    return ks.cpu().long()
+
+
 @dataclass(frozen=True)
 class TreeShape:
-    """A static tree shape: ``mode`` is 'paths' (``children`` map) or 'sequences' (K, depth)."""
+    """A tree shape: ``mode`` is 'paths' (``children`` map), 'sequences' (K, depth) or
+    'dynamic' (at most ``k`` drafts per node, depth ``depth``, ``budget`` nodes root included)."""
 
     mode: str
     depth: int
     k: int  # the largest number of drafts at any node
     children: dict = field(default_factory=dict)  # paths mode: {path: n_children}
+    budget: int = 0  # dynamic mode: node budget of a step's tree, root included
 
     @classmethod
-    def from_args(cls, tree, k: int, depth: int) -> "TreeShape":
+    def from_args(cls, tree, k: int, depth: int, max_nodes: int | None = None) -> "TreeShape":
         if tree is None:
             return cls("paths", depth, k, parse_tree(full_tree(k, depth)))
         if isinstance(tree, str):
-            if tree != "sequences":
-                raise ValueError(f"tree must be None, 'sequences' or a list of paths, got {tree!r}")
+            if tree not in ("sequences", "dynamic"):
+                raise ValueError(f"tree must be None, 'sequences', 'dynamic' or a list of paths, got {tree!r}")
+            if tree == "dynamic":
+                if max_nodes is None:
+                    max_nodes = DEFAULT_MAX_NODES
+                return cls("dynamic", depth, k, {}, max_nodes)
             return cls("sequences", depth, k)
         ch = parse_tree(tree)
         return cls("paths", max(len(p) for p in ch), max(ch.values()), ch)
@@ -108,6 +184,8 @@ class TreeShape:
         """An upper bound on the node count of a step's tree, root included."""
         if self.mode == "sequences":
             return 1 + self.k * self.depth
+        if self.mode == "dynamic":
+            return self.budget
         return len(self.children)
 
 
@@ -122,6 +200,8 @@ class Node:
     child: dict = field(default_factory=dict)       # token -> node id (first slot)
     q: object = None          # draft distribution its drafts came from: [V], or [k, V] (independent)
     fed: int = -1             # index among the tree entries fed to the draft cache, -1 if not fed
+    k: int = 0                # dynamic mode: drafts allotted by ``allocate`` (0 = leaf)
+    reach: float = 1.0        # dynamic mode: product of q along the path (root 1)
 
 
 class DraftTree:
@@ -147,6 +227,8 @@ class DraftTree:
             return 0
         if self.shape.mode == "sequences":
             return len(nd.cols)
+        if self.shape.mode == "dynamic":
+            return nd.k
         return self.shape.children.get(nd.slot, 0)
 
     def draft_cols(self, i: int, k: int) -> tuple:
