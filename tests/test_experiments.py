@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import json
 
 import pytest
@@ -364,3 +365,133 @@ def test_relump_keeps_the_bound(law):
         Qi = torch.cat([Ql[i, :m], Ql[i, -1:]])
         lump = brute_alpha(Pi, acceptance.make_law(Qi, law, K))
         assert abs(lump - full) <= float(bound[i]) + 1e-9
+
+
+# ---------------------------------------------------------------------------------------
+# errors over positions, paired gaps, Monte-Carlo fallback (issue 12 item 3)
+# ---------------------------------------------------------------------------------------
+def test_position_errors_equal_numpy():
+    np = pytest.importorskip("numpy")
+    g = torch.Generator().manual_seed(5)
+    a = torch.rand(11, generator=g, dtype=torch.float64)
+    alpha = a + torch.rand(11, generator=g, dtype=torch.float64) * 0.1
+    var = torch.rand(11, generator=g, dtype=torch.float64) * 1e-4
+    e = acceptance.position_errors(a, alpha, var)
+    an, aln = a.numpy(), alpha.numpy()
+    assert e["se"] == pytest.approx(np.std(an, ddof=1) / np.sqrt(11), rel=1e-12)
+    assert e["se_mc"] == pytest.approx(np.sqrt(var.numpy().sum()) / 11, rel=1e-12)
+    d = aln - an
+    assert e["gap"] == pytest.approx(d.mean(), rel=1e-12)
+    assert e["gap_se"] == pytest.approx(np.std(d, ddof=1) / np.sqrt(11), rel=1e-12)
+    assert e["gap_pct"] == pytest.approx(100 * d.mean() / aln.mean(), rel=1e-12)
+    assert e["gap_pct_se"] == pytest.approx(100 * np.std(d, ddof=1) / np.sqrt(11) / aln.mean(), rel=1e-12)
+
+
+def test_rows_carry_errors_over_positions_and_paired_gaps(tmp_path):
+    np = pytest.importorskip("numpy")
+    ps, _, _ = _position_set(n=7, V=6, seed=11)
+    path = tmp_path / "acceptance.jsonl"
+    with JsonlWriter(path, {}, 0) as w:
+        acceptance.evaluate(ps, w, done=set(), laws=("iid", "wor"), ks=(2, 3), verifiers=["specinfer", "rrs_wor", "spectr"],
+                            draws=50, seed=1)
+    _, rows = read_jsonl(path)
+    alpha = {(r["law"], r["K"]): r for r in rows if r["verifier"] == "alpha*"}
+    checked = 0
+    for r in rows:
+        v = np.array(r["values"])
+        n = len(v)
+        assert r["n_positions"] == n == 7
+        # se over positions = sd of the per-position estimates / sqrt(n) (values are rounded to 1e-6)
+        assert r["se"] == pytest.approx(np.std(v, ddof=1) / np.sqrt(n), abs=2e-6)
+        if r["verifier"] == "alpha*":
+            assert r["se_mc"] == 0.0 and r["lump_bound_max"] >= 0.0
+            continue
+        assert 0 < r["se_mc"] and r["estimator"] == "rao-blackwell"
+        d = np.array(alpha[(r["law"], r["K"])]["values"]) - v  # paired: same positions, same order
+        assert r["gap"] == pytest.approx(d.mean(), abs=2e-6)
+        assert r["gap_se"] == pytest.approx(np.std(d, ddof=1) / np.sqrt(n), abs=2e-6)
+        am = alpha[(r["law"], r["K"])]["acceptance"]
+        assert r["gap_pct"] == pytest.approx(100 * r["gap"] / am, rel=1e-9)
+        assert r["gap_pct_se"] == pytest.approx(100 * r["gap_se"] / am, rel=1e-9)
+        # pairing removes the between-position spread: the paired error is below the unpaired one
+        assert r["gap_se"] < math.hypot(r["se"], alpha[(r["law"], r["K"])]["se"])
+        checked += 1
+    assert checked >= 4
+
+
+def test_se_over_positions_shrinks_like_one_over_sqrt_n(tmp_path):
+    se = {}
+    for n in (16, 256):
+        ps, _, _ = _position_set(n=n, V=6, seed=1000)  # iid positions (independent random pairs)
+        with JsonlWriter(tmp_path / f"a{n}.jsonl", {}, 0) as w:
+            acceptance.evaluate(ps, w, done=set(), laws=("iid",), ks=(2,), verifiers=["specinfer"], draws=8, seed=2)
+        _, rows = read_jsonl(tmp_path / f"a{n}.jsonl")
+        se[n] = next(r["se"] for r in rows if r["verifier"] == "specinfer")
+    ratio = se[16] / se[256]  # sqrt(256 / 16) = 4
+    assert 2.5 < ratio < 6.5, (se, ratio)
+
+
+class _NoExactLaw:
+    """A verifier without an exact output law: specinfer's sampling, output_distribution raises."""
+
+    def __init__(self):
+        self._v = md.verifiers.get("specinfer")
+
+    def supports(self, law, k=None):
+        return self._v.supports(law, k)
+
+    def verify(self, *a, **kw):
+        return self._v.verify(*a, **kw)
+
+    def output_distribution(self, *a, **kw):
+        raise NotImplementedError("no exact output law")
+
+
+def test_monte_carlo_fallback_without_output_distribution():
+    ps, P, Q = _position_set(n=5, V=5, seed=21)
+    P, Q = store.lumped(ps)
+    g = torch.Generator().manual_seed(9)
+    mean, var, est = acceptance.verifier_acceptance(_NoExactLaw(), P, Q, "iid", 2, 400, g)
+    assert est == "monte-carlo"
+    # plain MC: each per-draw value is an indicator, so each per-position mean is a multiple of 1/draws
+    assert torch.allclose(mean * 400, (mean * 400).round(), atol=1e-9)
+    ex = torch.tensor([_exact_acceptance("specinfer", P[i], Q[i], "iid", 2) for i in range(len(ps))], dtype=torch.float64)
+    se_mc = math.sqrt(float(var.sum())) / len(ps)
+    assert se_mc > 0
+    assert abs(float(mean.mean()) - float(ex.mean())) <= 4 * se_mc, (float(mean.mean()), float(ex.mean()), se_mc)
+    # the Rao-Blackwellised estimate of the same verifier has a smaller Monte-Carlo error
+    m2, v2, est2 = acceptance.verifier_acceptance(md.verifiers.get("specinfer"), P, Q, "iid", 2, 400,
+                                                  torch.Generator().manual_seed(9))
+    assert est2 == "rao-blackwell" and float(v2.sum()) < float(var.sum())
+
+
+def test_eval_support_is_flagged_in_rows(tmp_path):
+    ps, _, _ = _position_set(n=3, V=8, seed=4, k_max=2)
+    with JsonlWriter(tmp_path / "a.jsonl", {}, 0) as w:
+        acceptance.evaluate(ps, w, done=set(), laws=("iid",), ks=(2,), verifiers=["specinfer"], draws=4, eval_support=3)
+    _, rows = read_jsonl(tmp_path / "a.jsonl")
+    assert rows and all(r["eval_support"] == 3 and "WARNING" in r["eval_support_warning"] for r in rows)
+    with JsonlWriter(tmp_path / "b.jsonl", {}, 0) as w:
+        acceptance.evaluate(ps, w, done=set(), laws=("iid",), ks=(2,), verifiers=["specinfer"], draws=4)
+    _, rows = read_jsonl(tmp_path / "b.jsonl")
+    assert rows and all(r["eval_support"] is None and "eval_support_warning" not in r for r in rows)
+
+
+def test_default_study_stores_tails_at_most_1e_4():
+    import inspect
+
+    from multidraft.cli import experiment as cli_exp
+
+    assert inspect.signature(acceptance.run_experiment).parameters["eps"].default == 1e-4
+    assert "default=1e-4" in inspect.getsource(cli_exp).replace(" ", "")
+    # with the default eps the stored tails are <= 1e-4 wherever the needed support fits the cap (peaked rows, like
+    # an LM's); a row that needs more than store._MAX_SUPPORT tokens exceeds eps, which the rows' p/q_tail_max and
+    # the report's "tail <= X" line then show (never hidden)
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(2, 50_000, generator=g, dtype=torch.float64) * 6.0
+    P, Q = torch.softmax(lp, -1), torch.softmax(lp + 0.3 * torch.randn(2, 50_000, generator=g, dtype=torch.float64), -1)
+    for ids, _, _, pt, qt in store.truncate(P, Q, eps=1e-4, k_max=8):
+        assert pt <= 1e-4 and qt <= 1e-4 and ids.numel() < store._MAX_SUPPORT
+    flat = torch.full((1, 50_000), 1 / 50_000, dtype=torch.float64)
+    (_, _, _, pt, qt), = store.truncate(flat, flat, eps=1e-4, k_max=8)
+    assert pt > 1e-4 and qt > 1e-4

@@ -74,3 +74,47 @@ def test_summary_is_public_and_reads_new_names(tmp_path):
         report.summary(rows, "nope")
     assert main(["report", str(run), "--no-plots"]) == 0
     assert json.loads((run / "acceptance.jsonl").read_text().splitlines()[1])["acceptance"] == 0.6
+
+
+def test_paired_difference_from_values():
+    np = pytest.importorskip("numpy")
+    a, b = [0.9, 0.8, 0.7, 0.95], [0.85, 0.82, 0.6, 0.9]
+    m, se, n = report.paired_difference({"values": a}, {"values": b})
+    d = np.array(a) - np.array(b)
+    assert n == 4 and m == pytest.approx(d.mean()) and se == pytest.approx(np.std(d, ddof=1) / 2)
+    assert report.paired_difference({"values": a}, {"values": b[:3]}) is None
+    assert report.paired_difference({}, {"values": b}) is None
+
+
+NEW = dict(ROW, se=0.02, se_mc=0.005, gap=0.1, gap_se=0.03, gap_pct=16.7, gap_pct_se=5.0, values=[0.4, 0.5, 0.6],
+           p_tail_max=8e-5, q_tail_max=9e-5, lump_bound_max=8e-5, eval_support=None)
+
+
+def test_report_prints_bounds_paired_columns_and_old_rows(tmp_path):
+    with JsonlWriter(tmp_path / "acceptance.jsonl", {}, 0) as w:
+        w.write(**{**NEW, "verifier": "alpha*", "acceptance": 0.6, "se": 0.05, "se_mc": 0.0, "values": [0.5, 0.6, 0.7],
+                   "lump_bound_mean": 5e-5})
+        w.write(**{**NEW, "verifier": "specinfer", "values": [0.45, 0.5, 0.55]})
+        w.write(**NEW)  # naive
+    _, rows = read_jsonl(tmp_path / "acceptance.jsonl")
+    text = report.summary(rows, "acceptance")
+    assert "0.600 ± 0.0001" in text  # alpha* ± its lump bound
+    assert "0.500 ± 0.0200 (16.7 ± 5.0%)" in text  # acceptance ± se over positions (paired gap ± gap_pct_se)
+    assert "tail <= 9e-05 of the mass" in text and "<= 8e-05 at every position" in text
+    assert "minus specinfer" in text
+    d = report.paired_difference(NEW, {"values": [0.45, 0.5, 0.55]})
+    assert f"{d[0]:+.4f} ± {d[1]:.4f}" in text and "WARNING" not in text and "†" not in text
+    # --eval-support is reported loudly
+    with JsonlWriter(tmp_path / "e" / "acceptance.jsonl", {}, 0) as w:
+        w.write(**{**NEW, "verifier": "alpha*", "acceptance": 0.6, "eval_support": 64,
+                   "eval_support_warning": "WARNING: --eval-support 64: relumped"})
+        w.write(**{**NEW, "eval_support": 64})
+    _, rows = read_jsonl(tmp_path / "e" / "acceptance.jsonl")
+    text = report.summary(rows, "acceptance")
+    assert "**WARNING: --eval-support 64: relumped**" in text and "evaluated with --eval-support 64" in text
+    # an old run (no se_mc, gap_se, tails, bounds): still renders, with '-' and the Monte-Carlo-only mark
+    old = _run(tmp_path / "old", ROW)
+    _, rows = read_jsonl(old / "acceptance.jsonl")
+    text = report.summary(rows, "acceptance")
+    assert "0.600 ± -" in text and "0.500 ± 0.0100† (16.7 ± -%)" in text and "record no tail masses" in text
+    assert main(["report", str(old), "--no-plots"]) == 0

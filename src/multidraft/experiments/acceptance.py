@@ -4,14 +4,35 @@ For each position (a lumped (p, q) pair, see :mod:`.store`), each draft law (iid
 greedy) and K:
 
 * ``alpha*`` exactly, batched (``multidraft.optimal_acceptance``);
-* each verifier's acceptance ``P(output in drafts)`` by Rao-Blackwellised Monte Carlo:
-  draw ``draws`` draft tuples from the law and average the *exact* conditional acceptance
-  ``P(output in drafts | drafts)`` from ``v.output_distribution`` (every registered
-  verifier has an exact output law). The standard error is the one of the mean over the
-  stored positions, ``sqrt(sum_i var_i / draws) / N``.
+* each verifier's acceptance ``P(output in drafts)`` per position: draw ``draws`` draft
+  tuples from the law and average the *exact* conditional acceptance
+  ``P(output in drafts | drafts)`` from ``v.output_distribution`` (Rao-Blackwell,
+  ``estimator = "rao-blackwell"``); a verifier whose ``output_distribution`` raises
+  ``NotImplementedError`` is estimated by plain Monte Carlo, one ``v.verify`` per draw and
+  the indicator ``accepted_index >= 0`` (``estimator = "monte-carlo"``).
+
+Errors (every verifier row; the estimator of a cell is the mean over the n stored positions
+of the per-position estimates ``a_i``):
+
+* ``se``: standard error OVER POSITIONS, ``sd(a_i) / sqrt(n)`` (it contains the Monte-Carlo
+  error of each ``a_i``; this is the error bar a table shows);
+* ``se_mc``: the Monte-Carlo error alone, ``sqrt(sum_i var(a_i)) / n`` (the error of the
+  mean over *these* positions; ``se`` of rows written before this field existed);
+* ``gap``, ``gap_se``: the PAIRED gap to alpha*, ``gap_i = alpha*_i - a_i`` on the same
+  positions, ``gap = mean(gap_i)``, ``gap_se = sd(gap_i) / sqrt(n)``; ``gap_pct`` and
+  ``gap_pct_se`` are the same relative to mean alpha*, in percent.
+
+alpha* rows are exact per position (``se_mc = 0``); their ``se`` is the one over positions
+too, and ``lump_bound_mean/max`` is the proved bound on alpha* from lumping the tail,
+``p_tail_max``/``q_tail_max`` the largest tail masses in force. Every row carries
+``eval_support`` and, when it is set (relumping to at most N tokens, a hidden truncation),
+``eval_support_warning``. ``values`` are the per-position means rounded to 1e-6 (same
+positions, same order for every row of a (dataset, temperatures, law, K)), so paired
+differences between verifiers can be formed from the JSONL alone; all the errors above
+are computed from full-precision values.
 
 One JSONL row per (dataset, temperatures, law, K, verifier) with fields ``law``, ``K``,
-``verifier``, ``acceptance``, ``se`` (``verifier = "alpha*"`` for the optimum). The file is
+``verifier``, ``acceptance``, ``se``, ``se_mc`` (``verifier = "alpha*"`` for the optimum). The file is
 bound to the run's config (:mod:`.records`): a rerun with the same settings skips the
 finished rows, a rerun that only adds Ks, laws, verifiers, datasets or temperatures
 (``KEYED``) extends it, any other change is refused naming the keys.
@@ -38,7 +59,7 @@ from . import store
 from .records import JsonlWriter, read_jsonl, resume, row_key
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "optimal", "make_law", "verifier_acceptance", "evaluate",
-           "default_verifiers", "run", "run_experiment", "ExperimentResult", "experiment_config"]
+           "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
 # config keys that only choose which rows exist (each row carries them in KEY): may grow on a resume
@@ -80,19 +101,56 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
     s1 = torch.zeros(n, dtype=torch.float64)
     s2 = torch.zeros(n, dtype=torch.float64)
     done = 0
+    est = "rao-blackwell"
     while done < draws:
         c = min(chunk, draws - done)
         x = law_obj.sample(generator, num_samples=c)  # [c, n, K]
         Pc = P.unsqueeze(0).expand(c, n, V)
         Qc = Q.unsqueeze(0).expand(c, n, V)
-        out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
-        a = acceptance_given(out, x)  # [c, n]
+        a = None
+        if est == "rao-blackwell":
+            try:
+                out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
+                a = acceptance_given(out, x)  # [c, n]
+            except NotImplementedError:
+                est = "monte-carlo"
+                if done:  # never mix the two estimators within a cell
+                    s1.zero_(), s2.zero_()
+                    done = 0
+                    continue
+        if a is None:  # plain Monte Carlo: the indicator that the sampled output is a draft
+            verdict = v.verify(Pc, Qc, x, generator, law=law)
+            a = (verdict.accepted_index >= 0).to(torch.float64)  # [c, n]
         s1 += a.sum(0)
         s2 += (a * a).sum(0)
         done += c
     mean = s1 / draws
     var = ((s2 - draws * mean * mean) / (draws - 1)).clamp_min(0.0)
-    return mean, var / draws, "rao-blackwell"
+    return mean, var / draws, est
+
+
+def _sd(x: torch.Tensor) -> float:
+    """Sample standard deviation of ``x`` ``[n]`` (0 for n < 2)."""
+    return float(x.std()) if x.numel() > 1 else 0.0
+
+
+def position_errors(values: torch.Tensor, alpha: torch.Tensor | None = None, var_mc: torch.Tensor | None = None) -> dict:
+    """The error fields of one cell from full-precision per-position estimates.
+
+    values ``[n]`` (a_i), alpha ``[n]`` (alpha*_i on the same positions), var_mc ``[n]``
+    (Monte-Carlo variance of each a_i). Returns ``se`` = sd(a_i)/sqrt(n), ``se_mc`` =
+    sqrt(sum var_mc)/n and, with alpha, the paired ``gap``, ``gap_se``, ``gap_pct``, ``gap_pct_se``."""
+    values = values.to(torch.float64)
+    n = values.numel()
+    out = {"se": _sd(values) / math.sqrt(n),
+           "se_mc": math.sqrt(float(var_mc.sum())) / n if var_mc is not None else 0.0}
+    if alpha is not None:
+        d = alpha.to(torch.float64) - values  # [n] paired gaps
+        am = float(alpha.mean())
+        gap, gap_se = float(d.mean()), _sd(d) / math.sqrt(n)
+        out.update(gap=gap, gap_se=gap_se, gap_pct=100.0 * gap / am if am > 0 else 0.0,
+                   gap_pct_se=100.0 * gap_se / am if am > 0 else 0.0)
+    return out
 
 
 def _seed_for(seed: int, key: tuple) -> int:
@@ -122,11 +180,13 @@ def evaluate(
     }
     names = list(verifiers) if verifiers is not None else default_verifiers()
     vs = [_verifiers.get(n) for n in names]
+    warn = None
     if eval_support is not None:
         k_cap = max(ks)
         ps = store.relump(ps, eps=float(settings.get("eps") or 0.0), k_max=k_cap, max_support=int(eval_support))
-        log(f"{info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}: evaluated on at most {eval_support} tokens "
-            f"per model; tail mass now p <= {float(ps.p_tail.max()):.3g}, q <= {float(ps.q_tail.max()):.3g}")
+        warn = (f"WARNING: --eval-support {eval_support}: positions relumped to at most {eval_support} tokens per model "
+                f"(hidden truncation); tail mass now p <= {float(ps.p_tail.max()):.3g}, q <= {float(ps.q_tail.max()):.3g}")
+        log(f"{info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}: {warn}")
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
     laws = _drafts.parse_laws(laws, LAWS, "laws")
@@ -147,11 +207,13 @@ def evaluate(
         bound = store.alpha_bounds(Qk, ps.p_tail[idx], ps.q_tail[idx], law, k)
         if key_a not in done:
             writer.write(
-                **base, law=law, K=k, verifier="alpha*", acceptance=float(alpha.mean()), se=0.0,
-                sd_positions=float(alpha.std()) if alpha.numel() > 1 else 0.0, n_positions=int(idx.numel()),
+                **base, law=law, K=k, verifier="alpha*", acceptance=float(alpha.mean()),
+                **position_errors(alpha, var_mc=torch.zeros_like(alpha)),
+                sd_positions=_sd(alpha), n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator="exact", lump_bound_mean=float(bound.mean()), lump_bound_max=float(bound.max()),
                 values=[round(float(a), 6) for a in alpha], seconds=time.perf_counter() - t0,
                 p_tail_max=float(ps.p_tail[idx].max()), q_tail_max=float(ps.q_tail[idx].max()), eval_support=eval_support,
+                **({"eval_support_warning": warn} if warn else {}),
             )
             done.add(key_a)
             written += 1
@@ -165,13 +227,14 @@ def evaluate(
             g = torch.Generator().manual_seed(_seed_for(seed, key))
             mean, var, est = verifier_acceptance(v, Pk, Qk, law, k, draws, g)
             m = float(mean.mean())
-            se = math.sqrt(float(var.sum())) / mean.numel()
             am = float(alpha.mean())
             writer.write(
-                **base, law=law, K=k, verifier=name, acceptance=m, se=se,
-                sd_positions=float(mean.std()) if mean.numel() > 1 else 0.0, n_positions=int(idx.numel()),
+                **base, law=law, K=k, verifier=name, acceptance=m, **position_errors(mean, alpha, var),
+                sd_positions=_sd(mean), n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator=est, draws=draws, alpha_star=am,
-                gap_pct=100.0 * (am - m) / am if am > 0 else 0.0,
+                lump_bound_max=float(bound.max()), p_tail_max=float(ps.p_tail[idx].max()),
+                q_tail_max=float(ps.q_tail[idx].max()), eval_support=eval_support,
+                **({"eval_support_warning": warn} if warn else {}),
                 above_alpha_positions=int((mean > alpha + 1e-9).sum()),
                 values=[round(float(a), 6) for a in mean], seconds=time.perf_counter() - t0,
             )
@@ -282,6 +345,9 @@ def run_experiment(
             log(f"{s.name}: {len(ps)} positions, eps = {eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
                 f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= "
                 f"{float(ps.p_tail.max()):.3g} (iid, greedy)")
+            if max(float(ps.p_tail.max()), float(ps.q_tail.max())) > eps * (1 + 1e-9):
+                log(f"WARNING: {s.name}: stored tails exceed eps = {eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
+                    "the report states the tails in force")
             written += evaluate(ps, w, done=done, laws=laws, ks=ks, verifiers=verifiers, draws=draws, seed=seed,
                                 eval_support=eval_support, log=log, progress=progress)
     _, rows = read_jsonl(path)

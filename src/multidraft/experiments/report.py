@@ -14,7 +14,7 @@ from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .records import ensure_dir, io_error, read_jsonl, require_fields
 
-__all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "summary"]
+__all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "summary", "paired_difference", "tail_note"]
 
 FILES = ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl")
 KINDS = tuple(f.split(".")[0] for f in FILES)
@@ -66,6 +66,50 @@ def _num(x, nd=3) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}f}"
 
 
+def _pm(r, field="acceptance", err="se", nd=3, end=4) -> str:
+    """``value ± err`` of a row, ``-`` for a missing field (rows of older runs). A verifier row
+    without ``se_mc`` is from before errors over positions: its ``se`` is Monte-Carlo only (marked †)."""
+    old = field == "acceptance" and err == "se" and r.get("verifier") != ALPHA and "se_mc" not in r
+    return f"{_num(r.get(field), nd)} ± {_num(r.get(err), end)}" + ("†" if old else "")
+
+
+def _alpha_cell(r) -> str:
+    """alpha* value ± its proved lump bound (``-`` when the row has no bound)."""
+    return f"{_num(r.get('acceptance'))} ± {_num(r.get('lump_bound_max'), 4)}"
+
+
+def paired_difference(a: dict, b: dict) -> tuple[float, float, int] | None:
+    """Paired difference ``a - b`` of two rows over the same positions, from their ``values``
+    (same positions, same order): ``(mean(d_i), sd(d_i)/sqrt(n), n)``; None when either row
+    lacks ``values`` or their lengths differ."""
+    va, vb = a.get("values"), b.get("values")
+    if not va or not vb or len(va) != len(vb):
+        return None
+    d = [x - y for x, y in zip(va, vb)]
+    n = len(d)
+    m = sum(d) / n
+    sd = (sum((x - m) ** 2 for x in d) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return m, sd / n ** 0.5, n
+
+
+def tail_note(rows) -> str:
+    """One line stating, from the rows, the largest tail masses in force and the alpha* lump bound."""
+    def mx(f):
+        xs = [r[f] for r in rows if isinstance(r.get(f), (int, float))]
+        return max(xs) if xs else None
+    pt, qt, lb = mx("p_tail_max"), mx("q_tail_max"), mx("lump_bound_max")
+    if pt is None and qt is None and lb is None:
+        return "Truncation: these rows record no tail masses or lump bound (older run): - ."
+    tail = max(x for x in (pt, qt) if x is not None) if (pt is not None or qt is not None) else None
+    s = (f"Truncation: tail <= {'-' if tail is None else format(tail, '.3g')} of the mass "
+         f"(max p tail {'-' if pt is None else format(pt, '.3g')}, max q tail {'-' if qt is None else format(qt, '.3g')}); "
+         f"proved |alpha*_stored - alpha*_full| <= {'-' if lb is None else format(lb, '.3g')} at every position.")
+    es = sorted({r["eval_support"] for r in rows if r.get("eval_support") is not None})
+    if es:
+        s += f" **WARNING: evaluated with --eval-support {', '.join(map(str, es))} (relumped: hidden truncation).**"
+    return s
+
+
 def _group(rows, fields):
     g = defaultdict(list)
     for r in rows:
@@ -109,27 +153,50 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         sd = sd or next((by[(law, 1, "naive")] for law in laws if (law, 1, "naive") in by), None)
         n_pos = max(r.get("n_positions", 0) for r in grp)
         lines.append(
-            f"{n_pos} positions. Cells: mean acceptance ± Monte-Carlo standard error "
-            f"(gap to alpha* in percent of alpha*). Single-draft SD acceptance sum min(p, q) (= alpha* at K = 1): "
+            f"{n_pos} positions. Cells: mean acceptance ± standard error over positions "
+            f"(paired gap to alpha* in percent of alpha* ± its paired standard error); alpha* cells: value ± proved "
+            f"lump bound. Single-draft SD acceptance sum min(p, q) (= alpha* at K = 1): "
             f"{_num(sd['acceptance']) if sd else '-'}.\n"
         )
+        for w in sorted({r["eval_support_warning"] for r in grp if r.get("eval_support_warning")}):
+            lines.append(f"**{w}**\n")
         for law in laws:
             lines.append(f"**{law} drafts**\n")
             lines.append("| verifier | " + " | ".join(f"K={k}" for k in ks) + " |")
             lines.append("|---|" + "---|" * len(ks))
-            a_cells = [_num(by[(law, k, ALPHA)]["acceptance"]) if (law, k, ALPHA) in by else "" for k in ks]
+            a_cells = [_alpha_cell(by[(law, k, ALPHA)]) if (law, k, ALPHA) in by else "" for k in ks]
             lines.append(f"| **alpha*** | " + " | ".join(a_cells) + " |")
             for n in names:
                 cells = []
                 for k in ks:
                     r = by.get((law, k, n))
-                    cells.append("" if r is None else f"{_num(r['acceptance'])} ± {_num(r['se'], 4)} ({r['gap_pct']:.1f}%)")
+                    cells.append("" if r is None else f"{_pm(r)} ({_pm(r, 'gap_pct', 'gap_pct_se', 1, 1)}%)")
                 if any(cells):
                     lines.append(f"| {n} | " + " | ".join(cells) + " |")
-            bounds = [by[(law, k, ALPHA)].get("lump_bound_max") for k in ks if (law, k, ALPHA) in by]
-            bounds = [b for b in bounds if b is not None]
-            if bounds:
-                lines.append(f"\nTruncation: |alpha*_stored - alpha*_full| <= {max(bounds):.2g} at every position (proved bound, max over K).\n")
+            law_rows = [r for r in grp if r["law"] == law]
+            lines.append("\n" + tail_note(law_rows) + "\n")
+            if any(r["verifier"] != ALPHA and "se_mc" not in r for r in law_rows):
+                lines.append("† row of an older run: its error is the Monte-Carlo error only (no error over positions; "
+                             "paired gap errors -).\n")
+            base = "specinfer" if any((law, k, "specinfer") in by for k in ks) else None
+            if base:
+                diff_rows = []
+                for n in names:
+                    if n == base:
+                        continue
+                    cells = []
+                    for k in ks:
+                        a, b = by.get((law, k, n)), by.get((law, k, base))
+                        d = paired_difference(a, b) if a and b else None
+                        cells.append("" if a is None or b is None else ("-" if d is None else f"{d[0]:+.4f} ± {d[1]:.4f}"))
+                    if any(cells):
+                        diff_rows.append(f"| {n} | " + " | ".join(cells) + " |")
+                if diff_rows:
+                    lines.append(f"Each verifier minus {base}, {law} drafts (paired over the same positions, ± SE; "
+                                 "from the rows' rounded per-position values):\n")
+                    lines.append("| verifier | " + " | ".join(f"K={k}" for k in ks) + " |")
+                    lines.append("|---|" + "---|" * len(ks))
+                    lines += diff_rows + [""]
             if make_plots:
                 series = {ALPHA: ([k for k in ks if (law, k, ALPHA) in by], [by[(law, k, ALPHA)]["acceptance"] for k in ks if (law, k, ALPHA) in by], None)}
                 for n in names:
@@ -232,15 +299,19 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                 fv, pts = best
                 get = (lambda v, n: by.get((fv, v, n))) if sweep == "draft" else (lambda v, n: by.get((v, fv, n)))
                 lines.append(f"### {ds}: {sweep} temperature sweep ({fixed_name} T = {fv:g}), {law} drafts, K = {k}\n")
+                lines.append("Cells: acceptance ± standard error over positions; alpha*: value ± proved lump bound.\n")
                 lines.append(f"| {sweep} T | " + " | ".join(names) + " |")
                 lines.append("|---|" + "---|" * len(names))
                 for v in pts:
                     cells = []
                     for n in names:
                         r = get(v, n)
-                        cells.append("" if r is None else (_num(r["acceptance"]) if n == ALPHA else f"{_num(r['acceptance'])} ± {_num(r['se'], 4)}"))
+                        cells.append("" if r is None else (_alpha_cell(r) if n == ALPHA else _pm(r)))
                     lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
-                lines.append("")
+                shown = [get(v, n) for v in pts for n in names if get(v, n)]
+                lines.append("\n" + tail_note(shown) + "\n")
+                if any(r["verifier"] != ALPHA and "se_mc" not in r for r in shown):
+                    lines.append("† row of an older run: its error is the Monte-Carlo error only.\n")
                 if make_plots:
                     series = {}
                     for n in names:
@@ -326,7 +397,7 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     if cfg.get("eps") is not None:
         lines.append(
             f"Stored distributions: top-mass support covering 1 - {cfg['eps']:g} of p and of q, tail lumped into one "
-            "token (bound on alpha* per table)."
+            "token (config; the tails in force, read from the rows, and the bound on alpha* are stated per table)."
         )
     lines.append("")
     findings: list[str] = []
