@@ -64,7 +64,8 @@ def _common(p, *, positions: bool = True) -> None:
         p.add_argument("--eps", type=float, default=1e-4, help="tail mass left out of the stored support (default 1e-4)")
         p.add_argument("--draws", type=int, default=200, help="draft tuples per position for Monte Carlo (default 200)")
         p.add_argument("--eval-support", type=int, default=None, metavar="N",
-                       help="evaluate on at most N tokens per model and position (coarser lumping, bounds reported)")
+                       help="evaluate on at most N tokens per model and position (coarser lumping: a hidden truncation, "
+                            "flagged in every row and as a WARNING line in the report; default: none)")
 
 
 def register(sub) -> None:
