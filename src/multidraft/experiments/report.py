@@ -271,8 +271,10 @@ def _findings(label, by, laws, ks, names, sd) -> list[str]:
                 out.append(
                     f"- position between single-draft SD (0%) and alpha* (100%), {law} drafts, mean over K: " + ", ".join(parts)
                 )
-    above = [(k, n) for (law, k, n), r in by.items() if n != ALPHA and r.get("acceptance", 0) > r.get("alpha_star", 1) + 3 * r.get("se", 0) + 1e-9]
-    out.append("- no verifier is above alpha* beyond 3 standard errors" if not above else f"- ABOVE alpha* (check!): {above}")
+    # paired gap error where the row has one (same positions), else the row's se
+    above = [(k, n) for (law, k, n), r in by.items() if n != ALPHA and r.get("acceptance", 0) > r.get("alpha_star", 1)
+             + 3 * (r["gap_se"] if r.get("gap_se") is not None else r.get("se", 0)) + 1e-9]
+    out.append("- no verifier is above alpha* beyond 3 (paired) standard errors" if not above else f"- ABOVE alpha* (check!): {above}")
     return out + [""]
 
 
