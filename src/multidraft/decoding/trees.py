@@ -120,9 +120,15 @@ def coverage(q: torch.Tensor, k_max: int, kind: str = "iid") -> torch.Tensor:
         if kk < k_max:
             top = torch.cat([top, top[:, -1:].expand(-1, k_max - kk)], dim=-1)
         return top
-    ks = torch.arange(1, k_max + 1, dtype=q.dtype, device=q.device)  # [k_max]
-    miss = (1 - q).clamp_min(0).unsqueeze(-1) ** ks  # [n, V, k_max]
-    return (q.unsqueeze(-1) * (1 - miss)).sum(-2)
+    # c_k = sum_x q(x) - sum_x q(x) (1 - q(x))^k: k_max passes over [n, V], no [n, V, k_max] temporary
+    keep = (1 - q).clamp_min(0)  # [n, V]
+    miss = q.clone()  # q (1 - q)^j, j = 0 .. k
+    out = torch.empty(q.shape[0], k_max, dtype=q.dtype, device=q.device)
+    total = q.sum(-1)
+    for j in range(k_max):
+        miss.mul_(keep)
+        out[:, j] = total - miss.sum(-1)
+    return out
 
 
 def allocate(q: torch.Tensor, reach: torch.Tensor, k_max: int, budget: int, kind: str = "iid") -> torch.Tensor:
