@@ -58,7 +58,8 @@ from . import collect as _collect
 from . import store
 from .records import JsonlWriter, read_jsonl, resume, row_key
 
-__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "optimal", "make_law", "verifier_acceptance", "evaluate",
+__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "make_law", "verifier_acceptance",
+           "blocks", "block_acceptance", "local_map", "cell_acceptance", "evaluate",
            "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
@@ -68,6 +69,9 @@ LAWS = _drafts.SHARED_Q_KINDS  # a stored position holds one draft distribution
 # lp_optimal solves an LP over all V^K tuples: reference for tiny V only
 DEFAULT_EXCLUDE = ("lp_optimal",)
 CHUNK_ELEMS = 1 << 21  # float64 elements per Monte-Carlo chunk (16 MiB)
+# positions per unit of work: each block of a cell draws from its own generator, seeded by
+# (seed, cell, block), so a run sharded over processes reproduces the single-process rows
+BLOCK = 64
 
 
 def default_verifiers() -> list[str]:
@@ -157,6 +161,42 @@ def _seed_for(seed: int, key: tuple) -> int:
     return (seed * 1_000_003 + zlib.crc32(repr(key).encode())) % (2**63 - 1)
 
 
+def blocks(n: int, block: int = BLOCK) -> list[tuple[int, int]]:
+    """The fixed position blocks ``[(start, stop), ...]`` of a cell of ``n`` positions."""
+    return [(a, min(a + block, n)) for a in range(0, n, block)]
+
+
+def block_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, seed: int,
+                     key: tuple, b: int):
+    """Block ``b`` of one cell: ``verifier_acceptance`` with the block's own generator.
+
+    P, Q ``[m, V]`` are the block's rows. The generator is seeded by (seed, cell key, b), so a
+    block's estimates do not depend on which process evaluates it or in which order: the
+    single-process run and a sharded one (``multidraft.experiments.distributed``) give the
+    same numbers. Returns ``(mean [m], var [m], estimator)``."""
+    g = torch.Generator().manual_seed(_seed_for(seed, tuple(key) + (b,)))
+    return verifier_acceptance(_verifiers.get(name), P, Q, law, k, draws, g)
+
+
+def local_map(tasks: Sequence[tuple]) -> list:
+    """Evaluate ``block_acceptance`` tasks in this process, in order (the default mapper)."""
+    return [block_acceptance(*t) for t in tasks]
+
+
+def cell_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, seed: int,
+                    key: tuple, mapper: Callable[[Sequence[tuple]], list] = local_map):
+    """Per-position estimates of one cell ``(mean [n], var [n], estimator)``, block by block.
+
+    P, Q ``[n, V]``. ``mapper`` evaluates the list of block tasks (arguments of
+    :func:`block_acceptance`) and returns their results in order."""
+    tasks = [(name, P[a:b], Q[a:b], law, k, draws, seed, key, i) for i, (a, b) in enumerate(blocks(P.shape[0]))]
+    res = mapper(tasks)
+    ests = {r[2] for r in res}
+    if len(ests) != 1:
+        raise RuntimeError(f"{name}: blocks of one cell used different estimators {sorted(ests)}")
+    return torch.cat([r[0] for r in res]), torch.cat([r[1] for r in res]), ests.pop()
+
+
 def evaluate(
     ps: store.PositionSet,
     writer: JsonlWriter,
@@ -168,10 +208,14 @@ def evaluate(
     draws: int = 200,
     seed: int = 0,
     eval_support: int | None = None,
+    mapper: Callable[[Sequence[tuple]], list] = local_map,
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> int:
-    """Write the missing rows for one position store; returns the number of rows written."""
+    """Write the missing rows for one position store; returns the number of rows written.
+
+    ``mapper`` evaluates each cell's position blocks (:func:`cell_acceptance`); the default runs
+    them here, a distributed one elsewhere, with the same rows."""
     info = ps.info
     settings = info.get("settings", {})
     base = {
@@ -224,8 +268,7 @@ def evaluate(
             if key in done:
                 continue
             t0 = time.perf_counter()
-            g = torch.Generator().manual_seed(_seed_for(seed, key))
-            mean, var, est = verifier_acceptance(v, Pk, Qk, law, k, draws, g)
+            mean, var, est = cell_acceptance(name, Pk, Qk, law, k, draws, seed, key, mapper)
             m = float(mean.mean())
             am = float(alpha.mean())
             writer.write(
@@ -305,6 +348,7 @@ def run_experiment(
     seed: int = 0,
     file: str = "acceptance.jsonl",
     experiment: str = "acceptance",
+    mapper: Callable[[Sequence[tuple]], list] = local_map,
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> ExperimentResult:
@@ -349,6 +393,6 @@ def run_experiment(
                 log(f"WARNING: {s.name}: stored tails exceed eps = {eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
                     "the report states the tails in force")
             written += evaluate(ps, w, done=done, laws=laws, ks=ks, verifiers=verifiers, draws=draws, seed=seed,
-                                eval_support=eval_support, log=log, progress=progress)
+                                eval_support=eval_support, mapper=mapper, log=log, progress=progress)
     _, rows = read_jsonl(path)
     return ExperimentResult(path=path, rows=rows, stores=stores, written=written)
