@@ -193,3 +193,23 @@ def test_sampling_path_matches_exact_path_many():
         assert pval > 1e-4, f"K={k}: chi-square p-value {pval}"
         a = md.optimal_acceptance(p, md.drafts.iid(q, k))
         assert abs(acc - a) <= 5 * (a * (1 - a) / 40000) ** 0.5 + 1e-9
+
+
+def test_rows_repeated_along_the_first_dim_are_fitted_once_with_identical_results():
+    """The experiments pass [draws, positions, V] expanded views: the plan is fitted on the
+    distinct rows and tiled; exact laws and sampled tokens equal those of the materialised input."""
+    g = torch.Generator().manual_seed(1)
+    n, V, c, K = 6, 40, 5, 3
+    P = torch.softmax(torch.randn(n, V, generator=g, dtype=torch.float64) * 2, -1)
+    Q = torch.softmax(torch.log(P) + torch.randn(n, V, generator=g, dtype=torch.float64), -1)
+    x = md.drafts.iid(Q, K).sample(g, num_samples=c)  # [c, n, K]
+    v = md.verifiers.get("optimal")
+    Pc, Qc = P.unsqueeze(0).expand(c, n, V), Q.unsqueeze(0).expand(c, n, V)
+    a = v.output_distribution(Pc, Qc, x, law="iid")
+    assert v.last_fit.alpha_star.shape == (n,)  # fitted once per distinct row
+    b = v.output_distribution(Pc.contiguous(), Qc.contiguous(), x, law="iid")
+    assert v.last_fit.alpha_star.shape == (c, n)
+    assert torch.equal(a, b)
+    ta = v.verify(Pc, Qc, x, torch.Generator().manual_seed(5), law="iid").token
+    tb = v.verify(Pc.contiguous(), Qc.contiguous(), x, torch.Generator().manual_seed(5), law="iid").token
+    assert torch.equal(ta, tb)

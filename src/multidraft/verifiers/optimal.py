@@ -229,6 +229,18 @@ def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, 
     return plan
 
 
+def _tile(plan: _Plan, c: int) -> _Plan:
+    """The plan of ``c`` stacked copies of the plan's rows (row i of copy j is row j * R + i)."""
+    R, V = plan.order.shape
+    out = _Plan()
+    for name in ("order", "rank", "lo", "frac", "r_sorted"):
+        setattr(out, name, getattr(plan, name).repeat(c, 1))
+    shift = torch.arange(c, device=plan.bnd_flat.device).unsqueeze(1) * (R * (V + 1))
+    out.bnd_flat = (plan.bnd_flat.unsqueeze(0) + shift).reshape(-1)
+    out.fit = plan.fit
+    return out
+
+
 class _Tokens:
     """The tokens of every unit, concatenated unit after unit (compact index space)."""
 
@@ -505,10 +517,18 @@ class Optimal(Verifier):
     def _make_plan(self, p, q, K):
         q = _shared_q(p, q, K)
         V = p.shape[-1]
-        p64 = _norm64(p).reshape(-1, V)
-        q64 = _norm64(q).reshape(-1, V)
+        # rows repeated along the first dim (an expanded view, stride 0: e.g. the experiments'
+        # [draws, positions, V]) are fitted once and the plan tiled: the same plan, row by row
+        rep = p.dim() >= 3 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
+        pu, qu = (p[0], q[0]) if rep else (p, q)
+        p64 = _norm64(pu).reshape(-1, V)
+        q64 = _norm64(qu).reshape(-1, V)
         plan = _plan(p64, q64, K, self.levels, self.max_iter, self.tol)
-        self.last_fit = plan.fit.rebatch(p.shape[:-1])
+        self.last_fit = plan.fit.rebatch(pu.shape[:-1])  # one entry per distinct row
+        if rep:
+            plan = _tile(plan, p.shape[0])
+            p64 = p64.repeat(p.shape[0], 1)
+            q64 = q64.repeat(p.shape[0], 1)
         short = float(plan.fit.shortfall.max())
         if short > self.warn_shortfall:
             warnings.warn(
