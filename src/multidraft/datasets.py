@@ -43,12 +43,13 @@ from pathlib import Path
 import torch
 
 __all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode_prompt", "humaneval_path", "check_dataset",
-           "instruction_for"]
+           "instruction_for", "prompt_ids", "CHAT_DATASETS"]
 
 DATASETS = ("humaneval", "kjv", "mtbench")
 INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 # prepended to a prompt sent as a chat message (encode_prompt); a set not named here: the prompt alone
 PROMPT_INSTRUCTIONS = {"humaneval": INSTRUCTION}
+CHAT_DATASETS = ("humaneval", "mtbench")  # instruction sets: prompts go through the chat template
 KJV_VERSES_PER_TEXT = 12
 MTBENCH_DIR = "fastchat/fastchat/llm_judge/data/mt_bench"
 # data-only packages pinned in requirements-models.txt (installed --no-deps beside the model parts)
@@ -227,6 +228,14 @@ def instruction_for(dataset: str) -> str:
     the HumanEval instruction for ``humaneval``, nothing for the others (an MT-bench question
     is itself the instruction)."""
     return PROMPT_INSTRUCTIONS.get(check_dataset(dataset), "")
+
+
+def prompt_ids(tokenizer, dataset: str, prompt: str) -> torch.Tensor:
+    """Token ids ``[1, T]`` a model continues for a prompt of ``dataset``: instruction sets
+    (``CHAT_DATASETS``: HumanEval, MT-bench) as one chat turn with :func:`instruction_for`,
+    the others (``kjv``, ``file:``) as raw text to be continued."""
+    chat = check_dataset(dataset) in CHAT_DATASETS
+    return encode_prompt(tokenizer, prompt, chat=chat, instruction=instruction_for(dataset))
 
 
 def encode_prompt(tokenizer, prompt: str, *, chat: bool = True, instruction: str = INSTRUCTION) -> torch.Tensor:

@@ -58,14 +58,16 @@ from . import collect as _collect
 from . import store
 from .records import JsonlWriter, read_jsonl, resume, row_key
 
-__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "make_law", "verifier_acceptance",
+__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "cell_acceptance", "evaluate",
            "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
 # config keys that only choose which rows exist (each row carries them in KEY): may grow on a resume
 KEYED = ("k", "laws", "verifiers", "datasets", "temperatures")
-LAWS = _drafts.SHARED_Q_KINDS  # a stored position holds one draft distribution
+# a stored position holds one draft distribution, and optionally J more (PositionSet.qs) for
+# the independent law: its K <= J drafts come from the store's independent temperatures t_1..t_K
+LAWS = tuple(_drafts.SHARED_Q_KINDS) + ("independent",)
 # lp_optimal solves an LP over all V^K tuples: reference for tiny V only
 DEFAULT_EXCLUDE = ("lp_optimal",)
 CHUNK_ELEMS = 1 << 21  # float64 elements per Monte-Carlo chunk (16 MiB)
@@ -84,9 +86,21 @@ def make_law(Q: torch.Tensor, law: str, k: int):
 
 
 def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:
-    """alpha* per position, float64 ``[n]``.  P, Q ``[n, V]``."""
-    out = optimal_acceptance(P, make_law(Q, law, k))
-    return torch.as_tensor(out, dtype=torch.float64).reshape(P.shape[:-1])
+    """alpha* per position, float64 ``[n]``.  P ``[n, V]``, Q ``[n, V]`` (``[n, K, V]`` for independent).
+
+    For the independent law this is the certified upper bound (see :func:`optimal_bounds`)."""
+    return optimal_bounds(P, Q, law, k)[0]
+
+
+def optimal_bounds(P: torch.Tensor, Q: torch.Tensor, law: str, k: int):
+    """``(alpha* [n], lower [n])`` float64: alpha* per position and a certified lower bound on it.
+
+    Exact laws (iid, wor, greedy) have ``lower == alpha*``; for ``independent`` alpha* is the
+    upper end of certified bounds (``optimal_acceptance(..., return_bounds=True)``)."""
+    out = optimal_acceptance(P, make_law(Q, law, k), return_bounds=True)
+    shape = P.shape[:-1]
+    value = torch.as_tensor(out.value, dtype=torch.float64).reshape(shape)
+    return value, torch.as_tensor(out.lower, dtype=torch.float64).reshape(shape)
 
 
 def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, generator: torch.Generator):
@@ -110,7 +124,7 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
         c = min(chunk, draws - done)
         x = law_obj.sample(generator, num_samples=c)  # [c, n, K]
         Pc = P.unsqueeze(0).expand(c, n, V)
-        Qc = Q.unsqueeze(0).expand(c, n, V)
+        Qc = Q.unsqueeze(0).expand(c, *Q.shape)  # [c, n, V] ([c, n, K, V] for independent)
         a = None
         if est == "rao-blackwell":
             try:
@@ -234,29 +248,39 @@ def evaluate(
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
     laws = _drafts.parse_laws(laws, LAWS, "laws")
-    jobs = [(law, k) for law in laws for k in ks]
+    ind_t = info.get("independent_temperatures") or []
+    Qs = store.lumped_qs(ps) if "independent" in laws and ps.qs is not None else None  # [n, J, M+1]
+    if "independent" in laws and Qs is None:
+        log(f"skip independent: {info['dataset']} was collected without independent temperatures")
+    jobs = [(law, k) for law in laws for k in ks
+            if law != "independent" or (Qs is not None and k <= Qs.shape[1])]
     written = 0
     it: Iterable = jobs if progress is None else progress(jobs, total=len(jobs), desc=f"acceptance {info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}")
     for law, k in it:
-        rows = (nnz >= k) if law != "iid" else torch.ones_like(nnz, dtype=torch.bool)
+        rows = (nnz >= k) if law not in ("iid", "independent") else torch.ones_like(nnz, dtype=torch.bool)
         idx = rows.nonzero().squeeze(-1)
         n_excl = int(len(ps) - idx.numel())
         if idx.numel() == 0:
             log(f"skip {law} K={k}: no position has {k} draft tokens of positive probability")
             continue
-        Pk, Qk = P[idx], Q[idx]
+        Pk, Qk = P[idx], (Q[idx] if law != "independent" else Qs[idx, :k])  # Qk [n, V] or [n, K, V]
+        extra = {"independent_temperatures": ind_t[:k]} if law == "independent" else {}
         key_a = row_key({**base, "law": law, "K": k, "verifier": "alpha*"}, KEY)
         t0 = time.perf_counter()
-        alpha = optimal(Pk, Qk, law, k)
-        bound = store.alpha_bounds(Qk, ps.p_tail[idx], ps.q_tail[idx], law, k)
+        alpha, alpha_lower = optimal_bounds(Pk, Qk, law, k)
+        q_tail_k = ps.q_tail[idx] if law != "independent" else ps.qs_tail[idx, :k].max(-1).values
+        bound = store.alpha_bounds(Q[idx], ps.p_tail[idx], q_tail_k, law, k)
+        a_extra = dict(extra)
+        if law == "independent":  # alpha* is certified to [lower, value]: the row states the width
+            a_extra.update(alpha_lower=float(alpha_lower.mean()), bound_width_max=float((alpha - alpha_lower).max()))
         if key_a not in done:
             writer.write(
-                **base, law=law, K=k, verifier="alpha*", acceptance=float(alpha.mean()),
+                **base, law=law, K=k, verifier="alpha*", acceptance=float(alpha.mean()), **a_extra,
                 **position_errors(alpha, var_mc=torch.zeros_like(alpha)),
                 sd_positions=_sd(alpha), n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator="exact", lump_bound_mean=float(bound.mean()), lump_bound_max=float(bound.max()),
                 values=[round(float(a), 6) for a in alpha], seconds=time.perf_counter() - t0,
-                p_tail_max=float(ps.p_tail[idx].max()), q_tail_max=float(ps.q_tail[idx].max()), eval_support=eval_support,
+                p_tail_max=float(ps.p_tail[idx].max()), q_tail_max=float(q_tail_k.max()), eval_support=eval_support,
                 **({"eval_support_warning": warn} if warn else {}),
             )
             done.add(key_a)
@@ -272,11 +296,11 @@ def evaluate(
             m = float(mean.mean())
             am = float(alpha.mean())
             writer.write(
-                **base, law=law, K=k, verifier=name, acceptance=m, **position_errors(mean, alpha, var),
+                **base, law=law, K=k, verifier=name, acceptance=m, **extra, **position_errors(mean, alpha, var),
                 sd_positions=_sd(mean), n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator=est, draws=draws, alpha_star=am,
                 lump_bound_max=float(bound.max()), p_tail_max=float(ps.p_tail[idx].max()),
-                q_tail_max=float(ps.q_tail[idx].max()), eval_support=eval_support,
+                q_tail_max=float(q_tail_k.max()), eval_support=eval_support,
                 **({"eval_support_warning": warn} if warn else {}),
                 above_alpha_positions=int((mean > alpha + 1e-9).sum()),
                 values=[round(float(a), 6) for a in mean], seconds=time.perf_counter() - t0,

@@ -1,10 +1,24 @@
 """Position collector: (target, draft) next-token distributions on real text.
 
-One forward pass of each model per text (teacher forcing) gives the next-token logits at
-every position; ``positions_per_text`` of them are sampled with an explicit seed, turned
-into distributions for every requested (target temperature, draft temperature) pair with
-the same top-k / top-p filter on both models, truncated and lumped (:mod:`.store`) and saved
-to ``RUN_DIR/positions/``. Later experiments read the stores and never call a model.
+Where the positions come from (``positions_from``, recorded in every store's settings):
+
+* ``"continuation"`` (what a decoder sees): each prompt of the dataset is continued by the
+  target alone, ``new_tokens`` tokens sampled at ``sample_temperature``
+  (:func:`multidraft.decoding.continuation.continuation_logits`); the positions are the
+  continuation's, with both models' logits there. Instruction sets (``humaneval``,
+  ``mtbench``) go through the chat template, ``kjv`` and ``file:`` passages are continued as
+  raw text (:func:`multidraft.datasets.prompt_ids`).
+* ``"teacher-forcing"``: one forward pass of each model over a reference text gives the
+  next-token logits at every position.
+
+``positions_per_text`` of a text's positions are sampled with an explicit seed (all of them
+when it is None), turned into distributions for every requested (target temperature, draft
+temperature) pair with the same top-k / top-p filter on both models, truncated and lumped
+(:mod:`.store`) and saved to ``RUN_DIR/positions/``. With ``independent_temperatures``
+(t_1, ..., t_J) each store also holds the draft at those temperatures on the same support
+(``PositionSet.qs``): the K <= J drafts of the ``independent`` law come from t_1..t_K, as in
+Khisti et al.'s experiments with drafts at different temperatures. Later experiments read
+the stores and never call a model.
 
 Peak memory: the logits of one text, ``[max_tokens, V]`` per model (fp32), plus
 ``[positions_per_text, V]`` float64 rows; disk: ``O(|S|)`` per position.
@@ -21,21 +35,30 @@ Datasets (read by :mod:`multidraft.datasets`):
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from ..datasets import check_dataset, load_texts
+from ..datasets import check_dataset, load_prompts, load_texts, prompt_ids
+from ..decoding.continuation import continuation_logits
 from ..sampling import check_sampling_args, process_logits
 from . import store
 
-__all__ = ["collect", "store_name"]
+__all__ = ["collect", "store_name", "POSITIONS_FROM"]
+
+POSITIONS_FROM = ("continuation", "teacher-forcing")
 
 
 def store_name(dataset: str, t_target: float, t_draft: float, top_k, top_p) -> str:
     ds = dataset.replace("/", "_").replace(":", "-")
     return f"{ds}__tt{t_target:g}__td{t_draft:g}__k{top_k or 0}__p{top_p or 1:g}.pt"
+
+
+def _text_seed(seed: int, text_id: str) -> int:
+    """The continuation's sampling seed for one text: depends on (seed, text id) only."""
+    return (seed * 1_000_003 + zlib.crc32(str(text_id).encode())) % (2**63 - 1)
 
 
 def _encode(tokenizer, text: str, max_tokens: int) -> torch.Tensor:
@@ -67,6 +90,10 @@ def collect(
     eps: float = 1e-4,
     k_max: int = 8,
     seed: int = 0,
+    positions_from: str = "teacher-forcing",
+    new_tokens: int = 64,
+    sample_temperature: float = 1.0,
+    independent_temperatures: Sequence[float] | None = None,
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> dict[tuple[str, float, float], Path]:
@@ -74,8 +101,8 @@ def collect(
 
     ``models()`` returns ``(target, draft, tokenizer)`` and is called only if some store is
     missing. Existing stores are reused after checking they were made by the same models and
-    settings (``ValueError`` otherwise: use another run directory).
-    Returns ``{(dataset, t_target, t_draft): path}``.
+    settings (``ValueError`` otherwise: use another run directory). ``positions_per_text=None``
+    keeps every position of a text. Returns ``{(dataset, t_target, t_draft): path}``.
     """
     for tt, td in configs:
         check_sampling_args(tt, top_k, top_p, "target temperature")
@@ -84,8 +111,20 @@ def collect(
             raise ValueError(f"draft temperature must be > 0 (the drafts are sampled), got {td}")
     for ds in datasets:
         check_dataset(ds)
-    if positions_per_text < 1:
-        raise ValueError(f"positions_per_text must be >= 1, got {positions_per_text}")
+    if positions_per_text is not None and positions_per_text < 1:
+        raise ValueError(f"positions_per_text must be None (all) or >= 1, got {positions_per_text}")
+    if positions_from not in POSITIONS_FROM:
+        raise ValueError(f"positions_from must be one of {list(POSITIONS_FROM)}, got {positions_from!r}")
+    cont = positions_from == "continuation"
+    if cont:
+        check_sampling_args(sample_temperature, top_k, top_p, "sample temperature")
+        if new_tokens < 1:
+            raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    ind = [float(t) for t in independent_temperatures] if independent_temperatures else None
+    for t in ind or ():
+        check_sampling_args(t, top_k, top_p, "independent temperature")
+        if not t > 0:
+            raise ValueError(f"independent temperatures must be > 0 (the drafts are sampled), got {t}")
     run_dir = Path(run_dir)
     pos_dir = run_dir / "positions"
     settings = {
@@ -93,6 +132,12 @@ def collect(
         "positions_per_text": positions_per_text, "max_tokens": max_tokens, "min_context": min_context,
         "eps": eps, "k_max": k_max, "seed": seed,
     }
+    # keys of newer options only when used, so stores of earlier runs keep matching
+    if cont:
+        settings.update(positions_from=positions_from, new_tokens=int(new_tokens), sample_temperature=float(sample_temperature))
+        del settings["max_tokens"], settings["min_context"]
+    if ind:
+        settings["independent_temperatures"] = ind
     paths: dict[tuple[str, float, float], Path] = {}
     todo: dict[str, list[tuple[float, float]]] = {}
     for ds in datasets:
@@ -116,30 +161,47 @@ def collect(
         return paths
     target, draft, tokenizer = models()
     for ds, cfgs in todo.items():
-        texts = load_texts(ds, n_texts, seed)
+        texts = load_prompts(ds, n_texts, seed=seed) if cont else load_texts(ds, n_texts, seed)
         rows: dict[tuple[float, float], list] = {c: [] for c in cfgs}
         sources: list[dict] = []
         g = torch.Generator().manual_seed(seed + 1)
         V = None
         it = texts if progress is None else progress(texts, total=len(texts), desc=f"collect {ds}")
         for tid, text in it:
-            ids = _encode(tokenizer, text, max_tokens)
-            if ids.numel() <= min_context:
-                continue
-            lt, ld = _logits(target, ids), _logits(draft, ids)
+            if cont:
+                ids = prompt_ids(tokenizer, ds, text)  # [1, T]
+                c = continuation_logits(target, draft, ids, max_new_tokens=new_tokens, temperature=sample_temperature,
+                                        top_k=top_k, top_p=top_p, generator=_text_seed(seed, tid),
+                                        eos_token_id=getattr(tokenizer, "eos_token_id", None))
+                lt, ld = c.target_logits, c.draft_logits
+                cand = torch.arange(len(c))
+                first = int(ids.shape[-1])  # position of the first continuation token
+            else:
+                ids = _encode(tokenizer, text, max_tokens)
+                if ids.numel() <= min_context:
+                    continue
+                lt, ld = _logits(target, ids), _logits(draft, ids)
+                cand = torch.arange(min_context, ids.numel())
+                first = 0
             if lt.shape[-1] != ld.shape[-1]:
                 raise ValueError(
                     f"mismatched vocabularies: target logits have V = {lt.shape[-1]}, draft logits V = {ld.shape[-1]}"
                 )
             V = int(lt.shape[-1])
-            cand = torch.arange(min_context, ids.numel())
-            pick = cand[torch.randperm(cand.numel(), generator=g)[:positions_per_text]].sort().values
+            pick = cand if positions_per_text is None else \
+                cand[torch.randperm(cand.numel(), generator=g)[:positions_per_text]].sort().values
             for t in pick.tolist():
-                sources.append({"text": tid, "position": t})
+                src = {"text": tid, "position": first + t}
+                if cont:
+                    src["token"] = int(c.tokens[t])
+                sources.append(src)
+            qs_all = None
+            if ind:
+                qs_all = torch.stack([process_logits(ld[pick], t, top_k, top_p, dtype=torch.float64) for t in ind], 1)
             for tt, td in cfgs:
                 P = process_logits(lt[pick], tt, top_k, top_p, dtype=torch.float64)
                 Q = process_logits(ld[pick], td, top_k, top_p, dtype=torch.float64)
-                rows[(tt, td)].extend(store.truncate(P, Q, eps=eps, k_max=k_max))
+                rows[(tt, td)].extend(store.truncate(P, Q, eps=eps, k_max=k_max, qs=qs_all))
             del lt, ld
         if not sources:
             raise ValueError(f"dataset {ds!r} gave no positions: every text is shorter than min_context + 1 = {min_context + 1} tokens")
@@ -148,6 +210,8 @@ def collect(
                 "dataset": ds, "t_target": tt, "t_draft": td, "settings": settings,
                 "V": V, "sources": sources,
             }
+            if ind:
+                info["independent_temperatures"] = ind
             ps = store.from_rows(rows[(tt, td)], info)
             store.save(ps, paths[(ds, tt, td)])
             log(

@@ -30,7 +30,7 @@ import torch
 FORMAT = "multidraft-positions/1"
 _MAX_SUPPORT = 16384
 
-__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "alpha_bounds", "save", "load"]
+__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "lumped_qs", "alpha_bounds", "save", "load"]
 
 
 @dataclass
@@ -44,6 +44,10 @@ class PositionSet:
     p_tail: torch.Tensor     # [N] float64, p(T)
     q_tail: torch.Tensor     # [N] float64, q(T)
     info: dict = field(default_factory=dict)  # dataset, config, models, V, eps, per-position source
+    # optional: J more draft distributions on the same support (the independent law's per-draft
+    # rows, the draft model at info["independent_temperatures"]) and their tails
+    qs: torch.Tensor | None = None       # [total, J] float32
+    qs_tail: torch.Tensor | None = None  # [N, J] float64
 
     def __len__(self) -> int:
         return int(self.offsets.numel() - 1)
@@ -53,7 +57,8 @@ class PositionSet:
         return self.offsets[1:] - self.offsets[:-1]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.ids, self.p, self.q, self.offsets, self.p_tail, self.q_tail))
+        parts = (self.ids, self.p, self.q, self.offsets, self.p_tail, self.q_tail, self.qs, self.qs_tail)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
 def _prefix_len(sorted_vals: torch.Tensor, eps: float, offset: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,13 +73,15 @@ def _prefix_len(sorted_vals: torch.Tensor, eps: float, offset: torch.Tensor | No
 
 
 def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int = _MAX_SUPPORT,
-             p_offset: torch.Tensor | None = None, q_offset: torch.Tensor | None = None):
+             p_offset: torch.Tensor | None = None, q_offset: torch.Tensor | None = None, qs: torch.Tensor | None = None):
     """Supports and lumped values for full distributions.
 
     p, q ``[R, V]`` float64 (rows normalised, or summing to ``1 - offset`` when
     ``p_offset``/``q_offset`` ``[R]`` give mass already lumped elsewhere). Returns a list of
     R tuples ``(ids int64 [m], p_S float64 [m], q_S float64 [m], p_tail, q_tail)`` where the
-    tails ``1 - sum(p_S)`` include the offsets.
+    tails ``1 - sum(p_S)`` include the offsets. With ``qs`` ``[R, J, V]`` (more draft
+    distributions, normalised), ``S`` also holds each one's smallest prefix with tail <= eps
+    and every tuple gets two more entries, ``qs_S float64 [J, m]`` and ``qs_tail float64 [J]``.
     """
     if p.shape != q.shape or p.ndim != 2:
         raise ValueError(f"target and draft probabilities must both be [R, V], got {tuple(p.shape)} and {tuple(q.shape)}")
@@ -83,25 +90,37 @@ def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_su
     R, V = p.shape
     k_max = max(1, min(int(k_max), V))
     ps, pi = torch.sort(p, dim=-1, descending=True, stable=True)
-    qs, qi = torch.sort(q, dim=-1, descending=True, stable=True)
+    q_sorted, qi = torch.sort(q, dim=-1, descending=True, stable=True)
     mp = _prefix_len(ps, eps, p_offset)
     # q prefix: at least k_max, tail <= eps and tail < the (k_max-1)-th largest q
-    qtail = torch.cat([qs.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(qs[:, :1])], -1)  # [R, V+1]
+    qtail = torch.cat([q_sorted.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(q_sorted[:, :1])], -1)  # [R, V+1]
     if q_offset is not None:
         qtail = qtail + q_offset.unsqueeze(-1)
-    kth = qs[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=qs.dtype)
+    kth = q_sorted[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=q.dtype)
     m_idx = torch.arange(V + 1).unsqueeze(0)
     okq = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (m_idx >= k_max)
     okq[:, -1] = True
     mq = okq.to(torch.int8).argmax(-1)
+    extra = []
+    if qs is not None:
+        if qs.ndim != 3 or qs.shape[0] != R or qs.shape[-1] != V:
+            raise ValueError(f"qs must be [R, J, V] = [{R}, J, {V}], got {tuple(qs.shape)}")
+        for j in range(qs.shape[1]):  # J is a handful of draft temperatures
+            sj, ij = torch.sort(qs[:, j], dim=-1, descending=True, stable=True)
+            extra.append((ij, _prefix_len(sj, eps)))
     out = []
     for r in range(R):  # R is the number of sampled positions in one text (small)
         a, b = int(min(int(mp[r]), max_support)), int(min(int(mq[r]), max_support))
-        ids = torch.unique(torch.cat([pi[r, :a], qi[r, :b]]))  # sorted by id
+        parts = [pi[r, :a], qi[r, :b]] + [ij[r, : int(min(int(mj[r]), max_support))] for ij, mj in extra]
+        ids = torch.unique(torch.cat(parts))  # sorted by id
         pS, qS = p[r, ids], q[r, ids]
         p_tail = float((1.0 - pS.sum()).clamp_min(0.0))
         q_tail = float((1.0 - qS.sum()).clamp_min(0.0))
-        out.append((ids, pS, qS, p_tail, q_tail))
+        if qs is None:
+            out.append((ids, pS, qS, p_tail, q_tail))
+        else:
+            qsS = qs[r][:, ids]  # [J, m]
+            out.append((ids, pS, qS, p_tail, q_tail, qsS, (1.0 - qsS.sum(-1)).clamp_min(0.0)))
     return out
 
 
@@ -111,6 +130,9 @@ def from_rows(rows, info: dict) -> PositionSet:
         raise ValueError("no positions to store (empty dataset)")
     sizes = torch.tensor([r[0].numel() for r in rows], dtype=torch.long)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError("rows must all have, or all lack, the extra draft distributions (qs)")
+    with_qs = len(rows[0]) == 7
     return PositionSet(
         ids=torch.cat([r[0] for r in rows]).to(torch.int32),
         p=torch.cat([r[1] for r in rows]).to(torch.float32),
@@ -119,6 +141,8 @@ def from_rows(rows, info: dict) -> PositionSet:
         p_tail=torch.tensor([r[3] for r in rows], dtype=torch.float64),
         q_tail=torch.tensor([r[4] for r in rows], dtype=torch.float64),
         info=dict(info),
+        qs=torch.cat([r[5].T for r in rows]).to(torch.float32) if with_qs else None,
+        qs_tail=torch.stack([torch.as_tensor(r[6], dtype=torch.float64) for r in rows]) if with_qs else None,
     )
 
 
@@ -126,6 +150,9 @@ def relump(ps: PositionSet, *, eps: float, k_max: int, max_support: int) -> Posi
     """A coarser lumping of a stored set: the old "other" token and everything dropped now
     form the new tail (a lumping of a lumping is a lumping, so the bounds hold with the new
     tails). Used to bound evaluation cost; the tails in force are reported."""
+    if ps.qs is not None:
+        raise ValueError("this position store holds independent-law draft rows (qs); relumping it "
+                         "(--eval-support) is not supported: evaluate it on its stored support")
     rows = []
     for i in range(len(ps)):
         a, b = int(ps.offsets[i]), int(ps.offsets[i + 1])
@@ -161,15 +188,30 @@ def lumped(ps: PositionSet, rows: torch.Tensor | None = None) -> tuple[torch.Ten
     return P, Q
 
 
+def lumped_qs(ps: PositionSet, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense lumped float64 extra draft distributions ``[n, J, M+1]``, columns as in :func:`lumped`
+    (same ``rows``, same support padding, column M the "other" token); ValueError without qs."""
+    if ps.qs is None:
+        raise ValueError("this position store has no independent-law draft rows (collect it with independent temperatures)")
+    idx = torch.arange(len(ps)) if rows is None else rows
+    M = int(ps.support_sizes[idx].max()) if idx.numel() else 0
+    out = torch.zeros(idx.numel(), ps.qs.shape[1], M + 1, dtype=torch.float64)
+    for j, i in enumerate(idx.tolist()):
+        a, b = int(ps.offsets[i]), int(ps.offsets[i + 1])
+        out[j, :, : b - a] = ps.qs[a:b].double().T
+    out[:, :, M] = ps.qs_tail[idx]
+    return out / out.sum(-1, keepdim=True)
+
+
 def alpha_bounds(Q: torch.Tensor, p_tail: torch.Tensor, q_tail: torch.Tensor, law: str, k: int) -> torch.Tensor:
     """Per position, the proved bound on ``|alpha*_lumped - alpha*_full|`` ``[n]``.
 
     Q ``[n, M+1]`` lumped draft probs (last column the tail), tails ``[n]``.
     """
-    if law in ("iid", "greedy") or k <= 1:
+    if law in ("iid", "greedy", "independent") or k <= 1:
         return p_tail.clone()
     if law != "wor":
-        raise ValueError(f"law must be 'iid', 'wor' or 'greedy', got {law!r}")
+        raise ValueError(f"law must be 'iid', 'wor', 'greedy' or 'independent', got {law!r}")
     qS = Q[:, :-1]
     top = torch.sort(qS, -1, descending=True).values[:, : k - 1]  # [n, K-1]
     mass_S = qS.sum(-1, keepdim=True)
@@ -210,6 +252,7 @@ def _save(ps: PositionSet, tmp: Path) -> None:
             "ids": ps.ids, "p": ps.p, "q": ps.q, "offsets": ps.offsets,
             "p_tail": ps.p_tail, "q_tail": ps.q_tail,
             "info": json.dumps(ps.info),
+            **({"qs": ps.qs, "qs_tail": ps.qs_tail} if ps.qs is not None else {}),
         },
         tmp,
     )
@@ -236,11 +279,14 @@ def load(path: str | os.PathLike) -> PositionSet:
         ps = PositionSet(
             ids=d["ids"], p=d["p"], q=d["q"], offsets=d["offsets"],
             p_tail=d["p_tail"], q_tail=d["q_tail"], info=json.loads(d["info"]),
+            qs=d.get("qs"), qs_tail=d.get("qs_tail"),
         )
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path} is a damaged position store (missing {exc})") from None
     n = len(ps)
     if n < 1 or int(ps.offsets[-1]) != ps.ids.numel() or ps.p.numel() != ps.ids.numel() or ps.q.numel() != ps.ids.numel() \
-            or ps.p_tail.numel() != n or ps.q_tail.numel() != n:
+            or ps.p_tail.numel() != n or ps.q_tail.numel() != n \
+            or (ps.qs is not None and (ps.qs_tail is None or ps.qs.shape[0] != ps.ids.numel()
+                                       or tuple(ps.qs_tail.shape) != (n, ps.qs.shape[1]))):
         raise ValueError(f"{path} is a damaged position store (inconsistent sizes)")
     return ps

@@ -1,0 +1,141 @@
+"""Positions along the target's own continuation, and the independent law's per-draft rows in the stores."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multidraft import datasets
+from multidraft.experiments import acceptance, collect, store
+from multidraft.experiments.records import JsonlWriter, read_jsonl
+from multidraft.sampling import process_logits
+
+TEMPS = [1.0, 0.7, 1.3, 0.5]
+
+
+@pytest.fixture
+def tiny():
+    pytest.importorskip("transformers")
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    t, d = tiny_pair(vocab_size=32, seed=0, init_scale=3.0)
+    return t, d, tiny_tokenizer()
+
+
+@pytest.fixture
+def textfile(tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("in the beginning god created\n\nand the earth was without form\n\ndef add(a, b):\n", encoding="utf-8")
+    return f
+
+
+def _continuation_stores(run_dir, tiny, textfile, **kw):
+    args = dict(models=lambda: tiny, model_names={"target": "t", "draft": "d"}, datasets=[f"file:{textfile}"],
+                configs=[(1.0, 1.0), (0.5, 1.0)], n_texts=3, positions_per_text=None, eps=1e-3, k_max=4, seed=0,
+                positions_from="continuation", new_tokens=12, independent_temperatures=TEMPS)
+    args.update(kw)
+    return collect.collect(run_dir, **args)
+
+
+def test_store_with_independent_rows_round_trips(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    R, V = 5, 50
+    lt = torch.randn(R, V, generator=g, dtype=torch.float64) * 3
+    ld = lt + torch.randn(R, V, generator=g, dtype=torch.float64)
+    P, Q = torch.softmax(lt, -1), torch.softmax(ld, -1)
+    qs = torch.stack([torch.softmax(ld / t, -1) for t in TEMPS], 1)  # [R, J, V]
+    rows = store.truncate(P, Q, eps=1e-3, k_max=3, qs=qs)
+    ps = store.from_rows(rows, {"dataset": "x", "t_target": 1.0, "t_draft": 1.0, "settings": {}})
+    store.save(ps, tmp_path / "s.pt")
+    back = store.load(tmp_path / "s.pt")
+    assert torch.equal(back.qs, ps.qs) and torch.equal(back.qs_tail, ps.qs_tail)
+    assert float(back.qs_tail.max()) <= 1e-3 + 1e-12  # every draft temperature's tail is within eps
+    Pl, Ql = store.lumped(back)
+    Qs = store.lumped_qs(back)  # [R, J, M+1], same columns as Ql
+    assert Qs.shape == (R, len(TEMPS), Pl.shape[-1])
+    assert torch.allclose(Qs.sum(-1), torch.ones(R, len(TEMPS), dtype=torch.float64), atol=1e-12)
+    for i in range(R):  # column j of row i is token ids[j]; the last column is the tail
+        a, b = int(back.offsets[i]), int(back.offsets[i + 1])
+        ids = back.ids[a:b].long()
+        assert torch.allclose(Qs[i, :, : b - a], qs[i][:, ids], atol=1e-6)
+        assert torch.allclose(Qs[i, 0, : b - a], Ql[i, : b - a], atol=1e-6)  # t_1 = the store's draft temperature
+    with pytest.raises(ValueError, match="relumping"):
+        store.relump(back, eps=1e-2, k_max=2, max_support=3)
+    plain = store.from_rows([r[:5] for r in rows], {"dataset": "x"})
+    with pytest.raises(ValueError, match="no independent-law"):
+        store.lumped_qs(plain)
+
+
+def test_continuation_positions_are_the_targets_own_sampled_tokens(tiny, textfile, tmp_path):
+    paths = _continuation_stores(tmp_path, tiny, textfile)
+    ps = store.load(paths[(f"file:{textfile}", 1.0, 1.0)])
+    info = ps.info
+    assert info["settings"]["positions_from"] == "continuation" and info["independent_temperatures"] == TEMPS
+    t, d, tok = tiny
+    prompts = dict(datasets.load_prompts(f"file:{textfile}", 3, seed=0))
+    by_text: dict = {}
+    for i, src in enumerate(info["sources"]):
+        by_text.setdefault(src["text"], []).append((i, src))
+    assert len(by_text) == 3
+    for tid, items in by_text.items():
+        ids = datasets.prompt_ids(tok, f"file:{textfile}", prompts[tid])[0]
+        cont = torch.tensor([s["token"] for _, s in items])
+        assert [s["position"] for _, s in items] == list(range(ids.numel(), ids.numel() + len(items)))
+        full = torch.cat([ids, cont])
+        with torch.no_grad():  # teacher-forced recompute over prompt + continuation
+            lt = t(input_ids=full[None]).logits[0].float()
+            ld = d(input_ids=full[None]).logits[0].float()
+        for i, src in items:
+            pos = src["position"] - 1  # logits at pos predict the token at src["position"]
+            a, b = int(ps.offsets[i]), int(ps.offsets[i + 1])
+            ids_s = ps.ids[a:b].long()
+            p = process_logits(lt[pos], 1.0, dtype=torch.float64)
+            q = process_logits(ld[pos], 1.0, dtype=torch.float64)
+            assert torch.allclose(ps.p[a:b].double(), p[ids_s], atol=2e-5)
+            assert torch.allclose(ps.q[a:b].double(), q[ids_s], atol=2e-5)
+            q3 = process_logits(ld[pos], TEMPS[2], dtype=torch.float64)
+            assert torch.allclose(ps.qs[a:b, 2].double(), q3[ids_s], atol=2e-5)
+            assert float(p[src["token"]]) > 0  # the token was sampled from p
+    # same seed, same continuation; another seed, another one
+    again = store.load(_continuation_stores(tmp_path / "again", tiny, textfile)[(f"file:{textfile}", 1.0, 1.0)])
+    assert again.info["sources"] == info["sources"]
+    other = store.load(_continuation_stores(tmp_path / "other", tiny, textfile, seed=7)[(f"file:{textfile}", 1.0, 1.0)])
+    assert other.info["sources"] != info["sources"]
+
+
+def test_continuation_settings_are_checked(tiny, textfile, tmp_path):
+    with pytest.raises(ValueError, match="positions_from"):
+        _continuation_stores(tmp_path, tiny, textfile, positions_from="reference")
+    with pytest.raises(ValueError, match="independent temperatures must be > 0"):
+        _continuation_stores(tmp_path, tiny, textfile, independent_temperatures=[1.0, 0.0])
+    _continuation_stores(tmp_path, tiny, textfile)
+    with pytest.raises(ValueError, match="different settings"):
+        _continuation_stores(tmp_path, lambda: None, textfile, new_tokens=5)
+
+
+def test_independent_law_rows(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    R, V = 10, 40
+    lt = torch.randn(R, V, generator=g, dtype=torch.float64) * 2
+    ld = lt + 0.7 * torch.randn(R, V, generator=g, dtype=torch.float64)
+    qs = torch.stack([torch.softmax(ld / t, -1) for t in TEMPS], 1)
+    rows = store.truncate(torch.softmax(lt, -1), qs[:, 0], eps=1e-6, k_max=4, qs=qs)
+    ps = store.from_rows(rows, {"dataset": "x", "t_target": 1.0, "t_draft": 1.0, "settings": {},
+                                "independent_temperatures": TEMPS})
+    with JsonlWriter(tmp_path / "a.jsonl", {"c": 1}, 0) as w:
+        acceptance.evaluate(ps, w, done=set(), laws=("iid", "independent"), ks=(1, 2, 4, 6), draws=64, seed=0,
+                            verifiers=["specinfer", "khisti_is", "nss", "spectr"])
+    got = {(r["law"], r["K"], r["verifier"]): r for r in read_jsonl(tmp_path / "a.jsonl")[1]}
+    assert ("independent", 6, "alpha*") not in got  # K = 6 > J = 4 draft temperatures
+    assert ("independent", 2, "spectr") not in got  # spectr needs identical drafts
+    a = got[("independent", 2, "alpha*")]
+    assert a["independent_temperatures"] == TEMPS[:2] and 0 <= a["bound_width_max"] <= 1e-4
+    # the K = 1 independent law is the iid law at t_1 (= the store's draft temperature)
+    assert got[("independent", 1, "alpha*")]["acceptance"] == pytest.approx(got[("iid", 1, "alpha*")]["acceptance"], abs=1e-12)
+    for k in (2, 4):
+        al = got[("independent", k, "alpha*")]["acceptance"]
+        for name in ("specinfer", "khisti_is", "nss"):
+            r = got[("independent", k, name)]
+            assert r["independent_temperatures"] == TEMPS[:k]
+            assert r["estimator"] == "rao-blackwell"
+            assert r["acceptance"] <= al + 4 * r["se_mc"] + 1e-9  # below the ceiling
+    assert got[("independent", 4, "specinfer")]["acceptance"] > got[("independent", 2, "specinfer")]["acceptance"]
