@@ -146,6 +146,8 @@ CASES = [
     ("khisti_is", md.drafts.iid, 2, {"s": 3}),
     ("khisti_is", md.drafts.iid, 3, {"s": 2}),
     ("khisti_is", md.drafts.iid, 2, {"s": 8}),
+    ("khisti_is", md.drafts.iid, 3, {"s": 4, "mass": 0.5}),
+    ("khisti_is", md.drafts.iid, 3, {"s": 2, "off": "rank"}),
     ("spechub", md.drafts.greedy, 2, {}),
     ("greedy_optimal", md.drafts.greedy, 3, {}),
 ]
@@ -194,5 +196,118 @@ def test_bad_input_names_the_argument():
         md.verifiers.get("greedy_optimal").verify(p, q, torch.tensor([0, 0]), generator=0, law="greedy")
     with pytest.raises(ValueError, match="s "):
         KI.KhistiIS(s=0)
+    with pytest.raises(ValueError, match="mass"):
+        KI.KhistiIS(mass=0.0)
+    with pytest.raises(ValueError, match="off"):
+        KI.KhistiIS(off="max")
+    with pytest.raises(ValueError, match="solver"):
+        KI.KhistiIS(solver="simplex")
     assert not md.verifiers.get("spechub").supports("greedy", 3)
     assert md.verifiers.get("khisti_is").supports("independent", 4)
+
+
+# --- issue 12 item 9: off-S rule, LP tie-break, S by mass --------------------------------
+
+
+def _step_acceptance(v, p, q, K):
+    """sum_y min(p(y), q_I(y)): the accept step's exact acceptance (no tuple sampling)."""
+    plan = v._plan(p[None], q[None], K)
+    qi = v._q_inf_full(q[None], plan, torch.arange(1), K)[0]
+    assert abs(float(qi.sum()) - 1) <= 1e-12
+    return float(torch.minimum(p, qi).sum())
+
+
+def _flat(V, seed):
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(V, generator=g, dtype=torch.float64) * 0.5
+    return torch.softmax(lp, -1), torch.softmax(lp + 0.5 * torch.randn(V, generator=g, dtype=torch.float64), -1)
+
+
+@pytest.mark.parametrize("k,old_max,new_min", [(2, 0.72, 0.85), (4, 0.55, 0.88)])
+def test_khisti_flat_rows_importance_rule_beats_rank_rule(k, old_max, new_min):
+    # flat rows: S holds almost no mass, so the off-S rule decides. Measured (V = 2000, seed 0):
+    # rank rule 0.690 (K=2) / 0.509 (K=4), importance weights 0.886 / 0.956
+    p, q = _flat(2000, 0)
+    old = _step_acceptance(KI.KhistiIS(off="rank", solver="lp"), p, q, k)
+    new = _step_acceptance(KI.KhistiIS(), p, q, k)
+    assert old <= old_max and new >= new_min, (old, new)
+    assert new <= float(md.optimal_acceptance(p, md.drafts.iid(q, k))) + 1e-12
+
+
+def test_khisti_lex_tournament_reaches_alpha_star_without_truncation():
+    # s >= V, K = 3: with the lexicographically optimal split at every match the tournament
+    # reached alpha* on every instance; HiGHS's vertex (the old code) falls short on some
+    # (instance random_26_V6: 6.9e-4 below alpha*)
+    worst = {"lex": 0.0, "lp": 0.0}
+    for label, p, q in instances(40, 77):
+        law = md.drafts.iid(q, 3)
+        a = float(md.optimal_acceptance(p, law))
+        for solver in worst:
+            cert = md.certify(KI.KhistiIS(s=law.V, solver=solver), p, law)
+            assert cert.max_abs_error <= 1e-12, label
+            worst[solver] = max(worst[solver], a - cert.acceptance)
+    assert worst["lex"] <= 1e-9, worst
+    assert worst["lp"] >= 1e-4, worst  # the test has power: the old solver misses
+
+
+def test_khisti_lex_split_is_an_lp_optimum_and_unique():
+    g = torch.Generator().manual_seed(12)
+    for t in range(60):
+        n = 2 + t % 7
+        def law(scale):
+            x = torch.rand(n, generator=g, dtype=torch.float64) ** 3
+            return x / x.sum() * scale
+        pS, rS, tS = law(0.9), law(0.8), law(0.7)
+        if t % 5 == 0:
+            pS[0] = 0.0
+        args = (pS[None], rS[None], (1 - rS.sum())[None], tS[None], (1 - tS.sum())[None])
+        _, m_lp = KI._solve_stage(*args, solver="lp")
+        W, m_lex = KI._solve_stage(*args, solver="lex")
+        v_lp = float(torch.minimum(pS, m_lp[0]).sum())
+        v_lex = float(torch.minimum(pS, m_lex[0]).sum())
+        assert v_lex >= v_lp - 1e-12, (t, v_lp, v_lex)
+        # unique in m: the same law on S whatever order the tokens come in
+        perm = torch.randperm(n, generator=g)
+        _, m_perm = KI._solve_stage(*(x[:, perm] if x.ndim == 2 and x.shape[-1] == n else x for x in args), solver="lex")
+        assert torch.allclose(m_perm[0], m_lex[0, perm], atol=1e-12, rtol=0), t
+
+
+def test_khisti_degenerate_lp_same_law_under_permutation():
+    # tied tokens (equal p and q) make the stage LPs degenerate; q_I must be permutation-equivariant
+    p = torch.tensor([0.2, 0.2, 0.2, 0.15, 0.15, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.1, 0.1, 0.3, 0.3, 0.1], dtype=torch.float64)
+    v = KI.KhistiIS(s=6)
+    base = None
+    g = torch.Generator().manual_seed(0)
+    for j in range(6):
+        perm = torch.randperm(6, generator=g) if j else torch.arange(6)
+        for k in (3, 4):
+            plan = v._plan(p[perm][None], q[perm][None], k)
+            qi = v._q_inf_full(q[perm][None], plan, torch.arange(1), k)[0]
+            inv = torch.empty_like(perm)
+            inv[perm] = torch.arange(6)
+            if base is None or k not in base:
+                base = (base or {}) | {k: qi[inv]}
+            assert torch.allclose(qi[inv], base[k], atol=1e-12, rtol=0), (j, k)
+            cert = md.certify(v, p[perm], md.drafts.iid(q[perm], k))
+            assert cert.max_abs_error <= 1e-12
+
+
+@pytest.mark.parametrize("kw", [{"off": "rank"}, {"mass": 0.6, "s": 4}, {"solver": "lp"}])
+@pytest.mark.parametrize("k", [2, 3])
+def test_khisti_options_are_exact(kw, k):
+    v = KI.KhistiIS(**kw)
+    for label, p, q in instances(10, 50 + k):
+        qs = torch.stack([q if j % 2 == 0 else _random(q.numel(), 3 + j, 0.5) for j in range(k)])
+        for law in (md.drafts.iid(q, k), md.drafts.independent(qs)):
+            cert = md.certify(v, p, law)
+            assert cert.max_abs_error <= 1e-12, (label, kw, k)
+
+
+def test_khisti_mass_prefix():
+    # S = the shortest score prefix with p(S) >= mass, capped at s
+    p = torch.tensor([0.5, 0.3, 0.1, 0.05, 0.05], dtype=torch.float64)
+    q = torch.full((5,), 0.2, dtype=torch.float64)
+    for mass, n in ((0.5, 1), (0.6, 2), (0.85, 3), (1.0, 4)):
+        plan = KI.KhistiIS(s=4, mass=mass)._plan(p[None], q[None], 2)
+        assert int(plan.active.sum()) == n, (mass, plan.active)
