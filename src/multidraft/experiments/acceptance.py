@@ -340,14 +340,20 @@ class ExperimentResult:
 
 
 def experiment_config(*, model_names: dict, datasets, temperatures, ks, laws, verifiers, draws, eval_support,
-                      top_k, top_p, n_texts, positions_per_text, max_tokens, eps, experiment: str) -> dict:
-    """The config a results file is bound to (JSON-ready; ``KEYED`` keys may grow on a resume)."""
-    return {
+                      top_k, top_p, n_texts, positions_per_text, max_tokens, eps, experiment: str,
+                      collect_kw: dict | None = None) -> dict:
+    """The config a results file is bound to (JSON-ready; ``KEYED`` keys may grow on a resume).
+
+    ``collect_kw`` (the collector's position options: ``positions_from``, ``new_tokens``, ...)
+    is bound too, under ``"positions"``, when given."""
+    extra = {"positions": dict(collect_kw)} if collect_kw else {}
+    return {**extra,
         "experiment": experiment, "models": dict(model_names), "datasets": list(datasets),
         "temperatures": [[float(a), float(b)] for a, b in temperatures], "k": [int(x) for x in ks],
         "laws": list(laws), "verifiers": list(verifiers) if verifiers is not None else None,
         "draws": int(draws), "eval_support": eval_support, "top_k": top_k, "top_p": top_p, "texts": int(n_texts),
-        "positions_per_text": int(positions_per_text), "max_tokens": int(max_tokens), "eps": float(eps),
+        "positions_per_text": None if positions_per_text is None else int(positions_per_text),
+        "max_tokens": int(max_tokens), "eps": float(eps),
     }
 
 
@@ -373,13 +379,16 @@ def run_experiment(
     file: str = "acceptance.jsonl",
     experiment: str = "acceptance",
     mapper: Callable[[Sequence[tuple]], list] = local_map,
+    collect_kw: dict | None = None,
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> ExperimentResult:
     """The acceptance experiment: collect position stores (the only model calls, skipped when
     the stores exist) for every dataset x (t_target, t_draft) pair, then write the missing rows
     of ``RUN_DIR/file``. Every argument is checked, and the run directory checked writable and
-    bound to this config, before ``models()`` is called."""
+    bound to this config, before ``models()`` is called. ``collect_kw``: more options of
+    :func:`multidraft.experiments.collect.collect` (where positions come from, continuation
+    length, independent temperatures, ...), bound into the config."""
     laws = _drafts.parse_laws(laws, LAWS, "laws")
     if verifiers is not None:
         verifiers = list(verifiers)
@@ -396,13 +405,14 @@ def run_experiment(
         model_names=model_names, datasets=datasets, temperatures=temperatures, ks=ks, laws=laws, verifiers=verifiers,
         draws=draws, eval_support=eval_support, top_k=top_k, top_p=top_p, n_texts=n_texts,
         positions_per_text=positions_per_text, max_tokens=max_tokens, eps=eps, experiment=experiment,
+        collect_kw=collect_kw,
     )
     path = Path(run_dir) / file
     resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuse a foreign file before any model call
     paths = _collect.collect(
         run_dir, models=models, model_names=model_names, datasets=datasets, configs=temperatures, top_k=top_k,
         top_p=top_p, n_texts=n_texts, positions_per_text=positions_per_text, max_tokens=max_tokens, eps=eps,
-        k_max=max(ks), seed=seed, log=log, progress=progress,
+        k_max=max(ks), seed=seed, log=log, progress=progress, **(collect_kw or {}),
     )
     stores = list(paths.values())
     written = 0

@@ -1,10 +1,15 @@
 """Blocks experiment: end-to-end block efficiency vs K and depth per verifier.
 
-For each HumanEval prompt, verifier, draft law, K and depth, ``multidraft.generate`` decodes
-``max_new_tokens`` tokens; one JSONL row per run with block efficiency (tokens per target
-forward pass), acceptance rate, target/draft calls and tokens/s. A target-only
-run of the same engine (``verifier=None``: one token per target call, KV cache) per prompt
-gives the tokens/s baseline (``verifier = "autoregressive"``, K = depth = 0).
+For each prompt (HumanEval by default), verifier, draft law, K and depth,
+``multidraft.generate`` decodes ``max_new_tokens`` tokens; one JSONL row per run with block
+efficiency (tokens per target forward pass), acceptance rate, target/draft calls and
+tokens/s. A target-only run of the same engine (``verifier=None``: one token per target
+call, KV cache) per prompt gives the tokens/s baseline (``verifier = "autoregressive"``,
+K = depth = 0). Each prompt's prefill runs once (``PromptCache``) and is left out of tokens/s.
+
+Tree shapes: the full K-ary tree of each depth (default), or with ``budget`` = B the
+``sequences`` trees of Khisti et al.'s and SpecTr's experiments at equal tree budget: K draft
+sequences of length L = B // K (at most B draft nodes), one depth per K.
 """
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ from typing import Callable, Sequence
 import torch
 
 from .. import verifiers as _verifiers
-from ..datasets import load_prompts
-from ..decoding import check_settings, generate
+from ..datasets import load_prompts, prompt_ids
+from ..decoding import PromptCache, check_settings, generate
 from .records import JsonlWriter, resume, row_key
 
 __all__ = ["KEY", "run"]
@@ -24,11 +29,6 @@ __all__ = ["KEY", "run"]
 KEY = ("verifier", "law", "K", "depth", "temperature", "prompt")
 # config keys that only choose which rows exist (rows carry them in KEY): may grow on a resume
 KEYED = ("verifiers", "laws", "k", "depths", "temperature", "no_baseline")
-
-
-def _encode(tokenizer, text: str) -> torch.Tensor:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if callable(tokenizer) else tokenizer.encode(text)
-    return torch.tensor([list(ids)], dtype=torch.long)
 
 
 def run(
@@ -50,6 +50,8 @@ def run(
     seed: int = 0,
     config: dict,
     baseline: bool = True,
+    budget: int | None = None,
+    dataset: str = "humaneval",
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> Path:
@@ -57,8 +59,12 @@ def run(
 
     ``laws=None`` gives each verifier the law it implies (``Verifier.implied_law``); with a
     list, each verifier runs the listed laws it is lossless for at each K. ValueError (naming
-    the laws that would work) when no cell is left.
+    the laws that would work) when no cell is left. ``budget``: equal-budget ``sequences``
+    trees (``depths`` is then ignored: depth = budget // K).
     """
+    if budget is not None and (int(budget) < 1 or any(int(k) > int(budget) for k in ks)):
+        raise ValueError(f"budget must be >= every K (K sequences of length budget // K), got budget={budget}, K={list(ks)}")
+    tree = "sequences" if budget is not None else None
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if any(int(d) < 1 for d in depths):
@@ -70,7 +76,7 @@ def run(
             here = v.laws_for(k)
             for law in (laws if laws is not None else [v.implied_law(k)] if here else []):
                 if law in here:
-                    for depth in depths:
+                    for depth in ([int(budget) // int(k)] if budget is not None else depths):
                         cells.append((name, law, int(k), int(depth)))
     if not cells:
         lf = {name: _verifiers.get(name).laws_for for name in verifiers}
@@ -79,9 +85,9 @@ def run(
         raise ValueError(f"laws: no (verifier, law, K) combination is supported for laws {list(laws or [])} "
                          f"and K in {list(ks)}; laws that would work: {works}")
     for name, law, k, depth in cells:  # every argument checked before any model is loaded
-        check_settings(verifier=name, k=k, depth=depth, draft_law=law, temperature=temperature,
+        check_settings(verifier=name, k=k, depth=depth, draft_law=law, tree=tree, temperature=temperature,
                        draft_temperature=draft_temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
-    prompts = load_prompts("humaneval", n_prompts, seed=seed)
+    prompts = load_prompts(dataset, n_prompts, seed=seed)
     jobs = [(pid, text, c) for pid, text in prompts for c in ([("autoregressive", "-", 0, 0)] if baseline else []) + cells]
     path = Path(run_dir) / "blocks.jsonl"
     done = resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuses another run's file
@@ -89,17 +95,18 @@ def run(
     if not todo:
         return path
     target, draft, tokenizer = models()
+    cache = PromptCache(max_entries=2)  # jobs are grouped by prompt: its prefill runs once
     with JsonlWriter(path, config, seed, keyed=KEYED, models=model_names) as w:
         it = todo if progress is None else progress(todo, total=len(todo), desc="blocks")
         for pid, text, (name, law, k, depth) in it:
-            ids = _encode(tokenizer, text)
+            ids = prompt_ids(tokenizer, dataset, text)
             if max_prompt_tokens is not None:
                 ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
             base = {**_key((pid, text, (name, law, k, depth)), temperature), "prompt_tokens": int(ids.shape[-1])}
             g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(f"{pid}|{name}|{law}|{k}|{depth}".encode())) % (2**63 - 1))
             if name == "autoregressive":
                 res = generate(target, None, ids, verifier=None, temperature=temperature, top_k=top_k, top_p=top_p,
-                               max_new_tokens=max_new_tokens, generator=g)
+                               max_new_tokens=max_new_tokens, generator=g, prompt_cache=cache)
                 w.write(**base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=0,
                         block_efficiency=float(res.block_efficiency), acceptance_rate=None, seconds=float(res.seconds),
                         tokens_per_s=float(res.tokens_per_s))
@@ -107,7 +114,7 @@ def run(
             res = generate(
                 target, draft, ids, verifier=name, k=k, depth=depth, draft_law=law,
                 temperature=temperature, draft_temperature=draft_temperature if draft_temperature is not None else temperature,
-                top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, generator=g,
+                top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, generator=g, tree=tree, prompt_cache=cache,
             )
             w.write(
                 **base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=int(res.draft_calls),

@@ -94,6 +94,7 @@ def collect(
     new_tokens: int = 64,
     sample_temperature: float = 1.0,
     independent_temperatures: Sequence[float] | None = None,
+    min_positions: int | None = None,
     log: Callable[[str], None] = lambda _m: None,
     progress=None,
 ) -> dict[tuple[str, float, float], Path]:
@@ -102,7 +103,10 @@ def collect(
     ``models()`` returns ``(target, draft, tokenizer)`` and is called only if some store is
     missing. Existing stores are reused after checking they were made by the same models and
     settings (``ValueError`` otherwise: use another run directory). ``positions_per_text=None``
-    keeps every position of a text. Returns ``{(dataset, t_target, t_draft): path}``.
+    keeps every position of a text. With ``min_positions`` (continuation only) prompts are taken
+    in a seeded random order until the dataset has at least that many positions (at most
+    ``n_texts`` prompts; fewer positions than asked is logged). Returns
+    ``{(dataset, t_target, t_draft): path}``.
     """
     for tt, td in configs:
         check_sampling_args(tt, top_k, top_p, "target temperature")
@@ -120,6 +124,8 @@ def collect(
         check_sampling_args(sample_temperature, top_k, top_p, "sample temperature")
         if new_tokens < 1:
             raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    if min_positions is not None and (not cont or min_positions < 1):
+        raise ValueError(f"min_positions must be None or >= 1 with positions_from='continuation', got {min_positions!r}")
     ind = [float(t) for t in independent_temperatures] if independent_temperatures else None
     for t in ind or ():
         check_sampling_args(t, top_k, top_p, "independent temperature")
@@ -138,6 +144,8 @@ def collect(
         del settings["max_tokens"], settings["min_context"]
     if ind:
         settings["independent_temperatures"] = ind
+    if min_positions is not None:
+        settings["min_positions"] = int(min_positions)
     paths: dict[tuple[str, float, float], Path] = {}
     todo: dict[str, list[tuple[float, float]]] = {}
     for ds in datasets:
@@ -161,13 +169,20 @@ def collect(
         return paths
     target, draft, tokenizer = models()
     for ds, cfgs in todo.items():
-        texts = load_prompts(ds, n_texts, seed=seed) if cont else load_texts(ds, n_texts, seed)
+        if min_positions is not None:  # every prompt, in a seeded random order, until enough positions
+            texts = load_prompts(ds, 1 << 30, seed=seed)
+            order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))
+            texts = [texts[i] for i in order.tolist()][:n_texts]
+        else:
+            texts = load_prompts(ds, n_texts, seed=seed) if cont else load_texts(ds, n_texts, seed)
         rows: dict[tuple[float, float], list] = {c: [] for c in cfgs}
         sources: list[dict] = []
         g = torch.Generator().manual_seed(seed + 1)
         V = None
         it = texts if progress is None else progress(texts, total=len(texts), desc=f"collect {ds}")
         for tid, text in it:
+            if min_positions is not None and len(sources) >= min_positions:
+                break
             if cont:
                 ids = prompt_ids(tokenizer, ds, text)  # [1, T]
                 c = continuation_logits(target, draft, ids, max_new_tokens=new_tokens, temperature=sample_temperature,
@@ -205,6 +220,8 @@ def collect(
             del lt, ld
         if not sources:
             raise ValueError(f"dataset {ds!r} gave no positions: every text is shorter than min_context + 1 = {min_context + 1} tokens")
+        if min_positions is not None and len(sources) < min_positions:
+            log(f"WARNING: {ds}: {len(sources)} positions from {len(texts)} prompts, fewer than min_positions = {min_positions}")
         for tt, td in cfgs:
             info = {
                 "dataset": ds, "t_target": tt, "t_draft": td, "settings": settings,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..drafts import SHARED_Q_KINDS
 from . import plots
+from .findings import claims_table, t95
 from .records import ensure_dir, io_error, read_jsonl, require_fields
 
 __all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "summary", "paired_difference", "tail_note"]
@@ -20,6 +21,7 @@ FILES = ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl")
 KINDS = tuple(f.split(".")[0] for f in FILES)
 HEADLINE = ("specinfer", "rrs_wor", "spectr", "khisti_is")
 ALPHA = "alpha*"
+LAW_ORDER = tuple(SHARED_Q_KINDS) + ("independent",)
 
 # fields the report reads: (every row, numbers among them, verifier rows only)
 _ACC = (("dataset", "t_target", "t_draft", "law", "K", "verifier", "acceptance", "se"),
@@ -74,8 +76,12 @@ def _pm(r, field="acceptance", err="se", nd=3, end=4) -> str:
 
 
 def _alpha_cell(r) -> str:
-    """alpha* value ± its proved lump bound (``-`` when the row has no bound)."""
-    return f"{_num(r.get('acceptance'))} ± {_num(r.get('lump_bound_max'), 4)}"
+    """alpha* value ± its proved lump bound (``-`` when the row has no bound); for the
+    independent law also the width of its certified bounds."""
+    s = f"{_num(r.get('acceptance'))} ± {_num(r.get('lump_bound_max'), 4)}"
+    if r.get("bound_width_max") is not None:
+        s += f" (width <= {r['bound_width_max']:.1e})"
+    return s
 
 
 def paired_difference(a: dict, b: dict) -> tuple[float, float, int] | None:
@@ -145,7 +151,7 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         label = _cfg_label(ds, tt, td, tk, tp)
         lines.append(f"### {label}\n")
         by = {(r["law"], r["K"], r["verifier"]): r for r in grp}
-        laws = [law for law in SHARED_Q_KINDS if any(k[0] == law for k in by)]
+        laws = [law for law in LAW_ORDER if any(k[0] == law for k in by)]
         ks = sorted({r["K"] for r in grp})
         names = _verifier_order(grp)
         # single-draft SD: its acceptance sum_x min(p, q) is exactly alpha* at K = 1 (any law)
@@ -161,7 +167,9 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         for w in sorted({r["eval_support_warning"] for r in grp if r.get("eval_support_warning")}):
             lines.append(f"**{w}**\n")
         for law in laws:
-            lines.append(f"**{law} drafts**\n")
+            temps = next((r.get("independent_temperatures") for r in grp if r["law"] == law and r.get("independent_temperatures")), None)
+            lines.append(f"**{law} drafts**" + (f" (draft k at temperature t_k, t = {', '.join(f'{t:g}' for t in temps)})"
+                                                 if law == "independent" and temps else "") + "\n")
             lines.append("| verifier | " + " | ".join(f"K={k}" for k in ks) + " |")
             lines.append("|---|" + "---|" * len(ks))
             a_cells = [_alpha_cell(by[(law, k, ALPHA)]) if (law, k, ALPHA) in by else "" for k in ks]
@@ -325,40 +333,55 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                     lines.append(f"![{sweep} temperature sweep](plots/{p.name})\n")
 
 
+def _mean_ci(xs) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for one value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, 0.0
+    sd = (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5
+    return m, t95(n) * sd / n ** 0.5
+
+
 def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> None:
     ar = [r for r in rows if r["verifier"] == "autoregressive"]
     ar_tps = sum(r["tokens_per_s"] for r in ar) / len(ar) if ar else None
     cells = _group([r for r in rows if r["verifier"] != "autoregressive"], ("verifier", "law", "K", "depth"))
     prompts = len({r["prompt"] for r in rows})
     temps = ", ".join(sorted({format(r["temperature"], "g") for r in rows}))
+    ar_ci = _mean_ci([r["tokens_per_s"] for r in ar]) if ar else None
     lines.append(
-        f"{prompts} prompt(s), temperature {temps}. Block efficiency = "
-        "tokens per target forward pass (mean ± standard error over prompts)."
-        + (f" Target-only autoregressive baseline: {ar_tps:.2f} tokens/s." if ar_tps else "") + "\n"
+        f"{prompts} prompt(s), temperature {temps}. Block efficiency = tokens per target forward pass; cells are "
+        "means over prompts ± the half-width of their 95% t-interval; speed-up = tokens/s over the target-only "
+        "baseline's mean."
+        + (f" Target-only autoregressive baseline: {ar_ci[0]:.2f} ± {ar_ci[1]:.2f} tokens/s." if ar_ci else "") + "\n"
     )
-    lines.append("| verifier | law | K | depth | block efficiency | acceptance rate | tokens/s | speed-up |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("| verifier | law | K | depth | prompts | block efficiency | acceptance rate | tokens/s | speed-up |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for (n, law, k, d), g in sorted(cells.items(), key=lambda t: (t[0][0], t[0][1], t[0][2], t[0][3])):
-        be = [r["block_efficiency"] for r in g]
-        m = sum(be) / len(be)
-        se = (sum((x - m) ** 2 for x in be) / (len(be) - 1)) ** 0.5 / len(be) ** 0.5 if len(be) > 1 else 0.0
+        be, be_ci = _mean_ci([r["block_efficiency"] for r in g])
         acc = [r["acceptance_rate"] for r in g if r.get("acceptance_rate") is not None]
-        tps = sum(r["tokens_per_s"] for r in g) / len(g)
+        tps, tps_ci = _mean_ci([r["tokens_per_s"] for r in g])
         lines.append(
-            f"| {n} | {law} | {k} | {d} | {m:.3f} ± {se:.3f} | {_num(sum(acc) / len(acc)) if acc else '-'} | "
-            f"{tps:.2f} | {(tps / ar_tps) if ar_tps else float('nan'):.2f}x |"
+            f"| {n} | {law} | {k} | {d} | {len(g)} | {be:.3f} ± {be_ci:.3f} | {_num(sum(acc) / len(acc)) if acc else '-'} | "
+            f"{tps:.2f} ± {tps_ci:.2f} | {(tps / ar_tps) if ar_tps else float('nan'):.2f}x |"
         )
     lines.append("")
     if make_plots:
-        for d in sorted({k[3] for k in cells}):
+        for d in sorted({k[3] for k in cells}) if len({k[3] for k in cells}) <= 3 else [None]:
             series = {}
-            for n, law in sorted({(k[0], k[1]) for k in cells if k[3] == d}):
-                kk = sorted(k[2] for k in cells if k[0] == n and k[1] == law and k[3] == d)
-                ys = [sum(r["block_efficiency"] for r in cells[(n, law, k, d)]) / len(cells[(n, law, k, d)]) for k in kk]
-                series[f"{n} ({law})"] = (kk, ys, None)
-            p = plots.lines(out_dir / "plots" / f"blocks_depth{d}.png", series, title=f"block efficiency vs K (depth {d})",
-                            xlabel="K (drafts)", ylabel="tokens per target call")
-            lines.append(f"![block efficiency, depth {d}](plots/{p.name})\n")
+            for n, law in sorted({(k[0], k[1]) for k in cells if d is None or k[3] == d}):
+                kk = sorted(k[2] for k in cells if k[0] == n and k[1] == law and (d is None or k[3] == d))
+                if d is None:  # equal-budget runs: one depth per K
+                    kd = {k[2]: k[3] for k in cells if k[0] == n and k[1] == law}
+                    stats = [_mean_ci([r["block_efficiency"] for r in cells[(n, law, k, kd[k])]]) for k in kk]
+                else:
+                    stats = [_mean_ci([r["block_efficiency"] for r in cells[(n, law, k, d)]]) for k in kk]
+                series[f"{n} ({law})"] = (kk, [m for m, _ in stats], [ci for _, ci in stats])
+            name = f"blocks_depth{d}.png" if d is not None else "blocks_equal_budget.png"
+            title = f"block efficiency vs K (depth {d})" if d is not None else "block efficiency vs K (equal tree budget)"
+            p = plots.lines(out_dir / "plots" / name, series, title=title, xlabel="K (drafts)", ylabel="tokens per target call")
+            lines.append(f"![{title}](plots/{p.name})\n")
 
 
 def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, make_plots: bool = False) -> str:
@@ -382,6 +405,32 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
     return "\n".join(lines)
 
 
+def _stages_section(run_dir: Path) -> list[str]:
+    """The time of each stage from ``stages.jsonl`` (written by ``multidraft experiment paper``), if any."""
+    path = run_dir / "stages.jsonl"
+    if not path.exists():
+        return []
+    _, rows = read_jsonl(path)
+    if not rows:
+        return []
+    tot = defaultdict(float)
+    done = {}
+    loads = defaultdict(list)
+    for r in rows:
+        tot[r["stage"]] += float(r.get("seconds") or 0.0)
+        done[r["stage"]] = bool(r.get("complete"))
+        if r.get("load_average"):
+            loads[r["stage"]].append(r["load_average"][0])
+    out = ["## Time of each stage\n", "Wall time on this machine, summed over every invocation (interrupted ones "
+           "included), from `stages.jsonl`; load = 1-minute load average at the end of each invocation.\n",
+           "| stage | seconds | minutes | finished | load |", "|---|---|---|---|---|"]
+    for st, secs in tot.items():
+        out.append(f"| {st} | {secs:.0f} | {secs / 60:.1f} | {'yes' if done[st] else 'no'} | "
+                   f"{', '.join(f'{x:.1f}' for x in loads[st]) or '-'} |")
+    out.append(f"| all | {sum(tot.values()):.0f} | {sum(tot.values()) / 60:.1f} | | |")
+    return out + [""]
+
+
 def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True) -> Path:
     """Write ``report.md`` (and plots) for a run; returns the report path."""
     run = load_run(run_dir)
@@ -403,10 +452,18 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
         )
     lines.append("")
     findings: list[str] = []
+    claims = claims_table(run["acceptance.jsonl"][1] if "acceptance.jsonl" in run else [],
+                          run["blocks.jsonl"][1] if "blocks.jsonl" in run else None)
+    if claims:
+        lines += ["## The papers' claims and our measurements\n",
+                  "Each claim of the two source papers (Hu et al. 2025; Khisti et al. 2024) beside our measurement at "
+                  "target and draft temperature 1. Differences are paired over the same positions (or prompts); a "
+                  "verdict needs the difference to clear 2 standard errors.\n"] + claims + [""]
+    lines += _stages_section(Path(run_dir))
     if "acceptance.jsonl" in run:
         body: list[str] = ["## Acceptance vs number of drafts\n"]
         findings = _acceptance_section(run["acceptance.jsonl"][1], out, make_plots, body)
-        lines += ["## Findings\n"] + findings + body
+        lines += ["## Findings by data set\n"] + findings + body
     if "temperature.jsonl" in run:
         lines.append("## Temperature sweeps\n")
         _temperature_section(run["temperature.jsonl"][1], out, make_plots, lines)

@@ -1,0 +1,116 @@
+"""``multidraft experiment paper``: the whole study on tiny models, resumable, and its report."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from multidraft.experiments import findings, paper, report
+from multidraft.experiments.records import read_jsonl
+
+TIMING = ("seconds", "tokens_per_s", "prefill_seconds", "time", "started")
+
+
+@pytest.fixture
+def tiny():
+    pytest.importorskip("transformers")
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    t, d = tiny_pair(vocab_size=32, seed=0, init_scale=3.0)
+    return t, d, tiny_tokenizer()
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("in the beginning god created\n\nand the earth was without form\n\ndef add(a, b):\n\nwhat is the sum of\n",
+                 encoding="utf-8")
+    return replace(paper.QUICK, datasets=(f"file:{f}",), min_positions=30, block_dataset=f"file:{f}")
+
+
+def _rows(run_dir):
+    out = {}
+    for name in ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl"):
+        _, rows = read_jsonl(run_dir / name)
+        out[name] = [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return out
+
+
+def _run(run_dir, tiny, cfg, **kw):
+    return paper.run(run_dir, models=lambda: tiny, model_names={"target": "t", "draft": "d"}, config=cfg, **kw)
+
+
+def test_paper_runs_every_stage_and_a_rerun_writes_nothing(tiny, cfg, tmp_path):
+    spent = _run(tmp_path / "a", tiny, cfg)
+    assert list(spent) == list(paper.STAGES)
+    rows = _rows(tmp_path / "a")
+    acc = rows["acceptance.jsonl"]
+    assert {r["law"] for r in acc} == {"iid", "wor", "greedy", "independent"}
+    assert {r["K"] for r in acc} == set(cfg.ks)
+    assert min(r["n_positions"] for r in acc) >= cfg.min_positions
+    assert {(r["t_target"], r["t_draft"]) for r in rows["temperature.jsonl"]} >= {(0.5, 1.0), (1.0, 0.5)}
+    blocks = rows["blocks.jsonl"]
+    assert {r["K"] for r in blocks if r["verifier"] != "autoregressive"} == set(cfg.block_ks)
+    assert all(r["depth"] == cfg.block_budget // r["K"] for r in blocks if r["verifier"] != "autoregressive")
+
+    def boom():
+        raise AssertionError("a finished run must not load the models again")
+
+    again = paper.run(tmp_path / "a", models=boom, model_names={"target": "t", "draft": "d"}, config=cfg)
+    assert list(again) == list(paper.STAGES)
+    assert _rows(tmp_path / "a") == rows
+    stages = read_jsonl(tmp_path / "a" / "stages.jsonl")[1]
+    assert [r["stage"] for r in stages] == list(paper.STAGES) * 2 and all(r["complete"] for r in stages)
+    assert [r["rows_written"] for r in stages[4:]] == [0, 0, 0, 0]
+    md = report.build(tmp_path / "a").read_text()
+    assert "The papers' claims" in md and "Time of each stage" in md and "independent drafts" in md
+
+
+def test_killed_and_resumed_run_loses_and_duplicates_nothing(tiny, cfg, tmp_path):
+    _run(tmp_path / "ref", tiny, cfg)
+    calls = {"n": 0}
+
+    def killer(it, total=None, desc=""):  # a progress wrapper that is interrupted mid-stage
+        for x in it:
+            calls["n"] += 1
+            if calls["n"] == 9:
+                raise KeyboardInterrupt
+            yield x
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "b", tiny, cfg, progress=killer)
+    stages = read_jsonl(tmp_path / "b" / "stages.jsonl")[1]
+    assert stages[-1]["complete"] is False  # the interrupted stage's time is recorded
+    _run(tmp_path / "b", tiny, cfg)
+    ref, got = _rows(tmp_path / "ref"), _rows(tmp_path / "b")
+    for name in ref:
+        key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+        assert sorted(map(key, got[name])) == sorted(map(key, ref[name])), name  # same rows, none twice
+
+
+def test_unknown_stage_is_refused(tiny, cfg, tmp_path):
+    with pytest.raises(ValueError, match="unknown"):
+        _run(tmp_path, tiny, cfg, stages=["collect", "nope"])
+
+
+def test_claims_table_verdicts_from_paired_values():
+    base = dict(dataset="d", t_target=1.0, t_draft=1.0, top_k=None, top_p=None)
+    n = 50
+    rows = [
+        {**base, "law": "iid", "K": 2, "verifier": "alpha*", "acceptance": 0.9, "values": [0.9] * (n - 10) + [1.0] * 10},
+        {**base, "law": "wor", "K": 2, "verifier": "alpha*", "acceptance": 0.95, "values": [0.95] * (n - 10) + [1.0] * 10},
+        {**base, "law": "iid", "K": 2, "verifier": "specinfer", "acceptance": 0.85,
+         "values": [0.85 + 0.01 * ((-1) ** i) for i in range(n - 10)] + [1.0] * 10},
+        {**base, "law": "iid", "K": 2, "verifier": "spectr", "acceptance": 0.85,
+         "values": [0.85 - 0.01 * ((-1) ** i) for i in range(n - 10)] + [1.0] * 10},
+    ]
+    lines = findings.claims_table(rows)
+    text = "\n".join(lines)
+    assert "| alpha*(wor) > alpha*(iid) (Hu et al. 2025) | d | K=2: +0.0400 ± 0.0029 | holds |" in text
+    assert "`specinfer` stays below alpha*(iid)" in text and "holds" in text
+    # spectr - specinfer alternates +-0.02: mean 0, within 2 se
+    assert "token acceptance `spectr` >= `specinfer`, iid (Khisti et al. 2024) | d | K=2: +0.0000" in text
+    assert "not resolved" in [ln for ln in lines if "`spectr` >= `specinfer`" in ln][0]
+    assert "20.0% ± 5.7% of 50 positions" in text  # alpha*(iid, K=2) = 1 at 10 of 50 positions
+    assert findings.paired(rows[0], {"values": [1.0]}) is None  # different positions: no paired difference
