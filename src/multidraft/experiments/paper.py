@@ -138,18 +138,23 @@ def run(
             return _acceptance.run_experiment(run_dir, temperatures=temps_sweep, ks=c.sweep_ks, laws=c.sweep_laws,
                                               verifiers=list(c.sweep_verifiers), file="temperature.jsonl",
                                               experiment="temperature", **eval_kw).written
-        bconf = {
-            "experiment": "blocks", "models": model_names, "verifiers": list(c.block_verifiers), "laws": None,
-            "k": list(c.block_ks), "depths": None, "budget": c.block_budget, "tree": "sequences",
-            "prompts": c.block_prompts, "max_new_tokens": c.block_new_tokens, "max_prompt_tokens": None,
-            "temperature": c.block_temperature, "draft_temperature": None, "top_k": None, "top_p": None,
-            "no_baseline": False, "dataset": c.block_dataset,
-        }
         before = _count(run_dir / "blocks.jsonl")
-        _blocks.run(run_dir, models=models_once, model_names=model_names, verifiers=list(c.block_verifiers),
-                    laws=None, ks=list(c.block_ks), depths=[1], budget=c.block_budget, n_prompts=c.block_prompts,
-                    max_new_tokens=c.block_new_tokens, temperature=c.block_temperature, seed=seed, config=bconf,
-                    dataset=c.block_dataset, log=log, progress=progress)
+        # K = 1 is single-draft SD for every verifier of the list: it runs once, as `naive`
+        multi = [k for k in c.block_ks if k > 1]
+        for names, ks in ((["naive"], [1] if 1 in c.block_ks else []), (list(c.block_verifiers), multi)):
+            if not ks:
+                continue
+            bconf = {
+                "experiment": "blocks", "models": model_names, "verifiers": names, "laws": None,
+                "k": ks, "depths": None, "budget": c.block_budget, "tree": "sequences",
+                "prompts": c.block_prompts, "max_new_tokens": c.block_new_tokens, "max_prompt_tokens": None,
+                "temperature": c.block_temperature, "draft_temperature": None, "top_k": None, "top_p": None,
+                "no_baseline": False, "dataset": c.block_dataset,
+            }
+            _blocks.run(run_dir, models=models_once, model_names=model_names, verifiers=names,
+                        laws=None, ks=ks, depths=[1], budget=c.block_budget, n_prompts=c.block_prompts,
+                        max_new_tokens=c.block_new_tokens, temperature=c.block_temperature, seed=seed, config=bconf,
+                        dataset=c.block_dataset, log=log, progress=progress)
         return _count(run_dir / "blocks.jsonl") - before
 
     spent: dict[str, float] = {}
