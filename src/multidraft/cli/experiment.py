@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from ..datasets import DATASETS, check_dataset
+from . import UserError
 from ._args import float_list, k_list, name_list
 
 
@@ -66,6 +67,11 @@ def _common(p, *, positions: bool = True) -> None:
         p.add_argument("--eval-support", type=int, default=None, metavar="N",
                        help="evaluate on at most N tokens per model and position (coarser lumping: a hidden truncation, "
                             "flagged in every row and as a WARNING line in the report; default: none)")
+        p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
+                       help="evaluate on a Ray cluster: each cell's 64-position blocks run as Ray tasks, with the same "
+                            "rows as a single-process run (same seeds). 'auto' connects to a running cluster (RAY_ADDRESS "
+                            "or the latest on this machine) or starts a local one; ADDRESS is HOST:PORT or ray://HOST:PORT. "
+                            "Collection still runs here. Needs: pip install 'multidraft[ray]' (default: one process)")
 
 
 def register(sub) -> None:
@@ -110,8 +116,26 @@ def _positions_kw(args) -> dict:
         verifiers=name_list(args.verifiers, "--verifiers") if args.verifiers else None,
         draws=args.draws, eval_support=args.eval_support, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,
         positions_per_text=args.positions_per_text, max_tokens=args.max_tokens, eps=args.eps, seed=args.seed,
-        log=_log, progress=_progress(args),
+        log=_log, progress=_progress(args), **_mapper_kw(args),
     )
+
+
+def _mapper_kw(args) -> dict:
+    """``{"mapper": RayMapper}`` for ``--ray``, else nothing (the single-process default)."""
+    if not args.ray:
+        return {}
+    from ..experiments.distributed import ray_mapper
+
+    try:
+        return {"mapper": ray_mapper(args.ray)}  # connects on the first cell, after collection
+    except ImportError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _close(kw: dict) -> None:
+    close = getattr(kw.get("mapper"), "close", None)
+    if close is not None:
+        close()  # shuts down a Ray session that --ray started
 
 
 def _print(rows, path, kind: str, run_dir) -> None:
@@ -125,7 +149,10 @@ def run_acceptance(args) -> int:
     from ..experiments.acceptance import run_experiment
 
     kw = _positions_kw(args)
-    res = run_experiment(args.run_dir, temperatures=[(args.target_temperature, args.draft_temperature)], **kw)
+    try:
+        res = run_experiment(args.run_dir, temperatures=[(args.target_temperature, args.draft_temperature)], **kw)
+    finally:
+        _close(kw)
     _print(res.rows, res.path, "acceptance", args.run_dir)
     return 0
 
@@ -133,11 +160,15 @@ def run_acceptance(args) -> int:
 def run_temperature(args) -> int:
     from ..experiments.temperature import run_experiment
 
-    res = run_experiment(
-        args.run_dir, draft_temperatures=float_list(args.draft_temperatures, "--draft-temperatures"),
-        target_temperatures=float_list(args.target_temperatures, "--target-temperatures"),
-        fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature, **_positions_kw(args),
-    )
+    kw = _positions_kw(args)
+    try:
+        res = run_experiment(
+            args.run_dir, draft_temperatures=float_list(args.draft_temperatures, "--draft-temperatures"),
+            target_temperatures=float_list(args.target_temperatures, "--target-temperatures"),
+            fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature, **kw,
+        )
+    finally:
+        _close(kw)
     _print(res.rows, res.path, "temperature", args.run_dir)
     return 0
 
