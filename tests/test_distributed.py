@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -106,8 +107,22 @@ def test_ray_rows_equal_single_process_rows(tmp_path):
     ps = _position_set(150)
     local = _rows(tmp_path, "local", acceptance.local_map, ps)
     # a fresh local cluster with 2 worker CPUs; max_in_flight 2 makes the task window slide
+    puts = []
     with distributed.ray_mapper("local", num_cpus=2, max_in_flight=2) as mapper:
+        # the ray module as the mapper sees it, with put counted
+        mapper._ray = SimpleNamespace(**{a: getattr(ray, a) for a in dir(ray) if not a.startswith("_")})
+        mapper._ray.put = lambda x: puts.append(1) or ray.put(x)
         remote = _rows(tmp_path, "ray", mapper, ps)
         assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 2
     assert not ray.is_initialized()  # the mapper started Ray, so it shut it down
     _assert_same_rows(local, remote)
+    # P and Q of each of the 3 blocks are put once per (law, K) and shared by its verifiers
+    assert len(puts) == 2 * 3 * 4 < 2 * 3 * sum(1 for r in remote if r["verifier"] != "alpha*")
+
+
+def test_workers_run_one_thread_and_inherit_a_pinned_cpu_capability(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    env = distributed.worker_env()
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1" and "ATEN_CPU_CAPABILITY" not in env
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert distributed.worker_env()["ATEN_CPU_CAPABILITY"] == "avx2"

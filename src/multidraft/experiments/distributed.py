@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-__all__ = ["RAY_EXTRA", "ray_mapper", "RayMapper", "import_ray"]
+__all__ = ["RAY_EXTRA", "ray_mapper", "RayMapper", "import_ray", "worker_env"]
 
 RAY_EXTRA = "pip install 'multidraft[ray]'"
 
@@ -46,6 +46,17 @@ def import_ray():
     except ImportError:
         raise ImportError(f"--ray needs Ray, which is not installed: {RAY_EXTRA}") from None
     return ray
+
+
+def worker_env() -> dict:
+    """Environment of the Ray workers: one OpenMP/BLAS thread, and the driver's
+    ``ATEN_CPU_CAPABILITY`` when it is set (torch's vectorised kernels can differ between CPU
+    capabilities in the last bits; pin it, e.g. ``avx2``, for identical rows on a cluster of
+    mixed CPUs)."""
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        env["ATEN_CPU_CAPABILITY"] = os.environ["ATEN_CPU_CAPABILITY"]
+    return env
 
 
 def _block_task(P, Q, name, law, k, draws, seed, key, b):
@@ -88,9 +99,7 @@ class RayMapper:
     def _connect(self):
         ray = self._ray
         if not ray.is_initialized():
-            kw = dict(include_dashboard=False, logging_level="WARNING",
-                      runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                                                 "OPENBLAS_NUM_THREADS": "1"}})
+            kw = dict(include_dashboard=False, logging_level="WARNING", runtime_env={"env_vars": worker_env()})
             if self.num_cpus is not None:
                 kw["num_cpus"] = int(self.num_cpus)
             # address None: RAY_ADDRESS, else the latest cluster on this machine, else a new local one
