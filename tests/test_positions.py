@@ -139,3 +139,42 @@ def test_independent_law_rows(tmp_path):
             assert r["estimator"] == "rao-blackwell"
             assert r["acceptance"] <= al + 4 * r["se_mc"] + 1e-9  # below the ceiling
     assert got[("independent", 4, "specinfer")]["acceptance"] > got[("independent", 2, "specinfer")]["acceptance"]
+
+
+def _reference_supports(p, q, eps, k_max, offset):
+    """The supports by full stable sorts (the definition in store.truncate's docstring)."""
+    R, V = p.shape
+    out = []
+    for r in range(R):
+        ps, pi = torch.sort(p[r], descending=True, stable=True)
+        qs, qi = torch.sort(q[r], descending=True, stable=True)
+        ptail = torch.cat([ps.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=p.dtype)]) + offset[r]
+        mp = next(m for m in range(V + 1) if ptail[m] <= eps or m == V)
+        qtail = torch.cat([qs.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=q.dtype)]) + offset[r]
+        kth = qs[max(0, k_max - 2)] if k_max >= 2 else float("inf")
+        mq = next(m for m in range(V + 1) if (qtail[m] <= eps and (qtail[m] < kth or qtail[m] == 0) and m >= k_max) or m == V)
+        cap = store._MAX_SUPPORT  # the support cap of truncate (the tail kept is then recorded)
+        out.append(torch.unique(torch.cat([pi[: min(mp, cap)], qi[: min(mq, cap)]])))
+    return out
+
+
+@pytest.mark.parametrize("V", [7, 300, 20000])
+def test_truncate_supports_equal_the_full_sort_definition(V):
+    g = torch.Generator().manual_seed(V)
+    for scale, zeros, ties in ((0.3, False, False), (3.0, True, False), (8.0, False, True), (30.0, True, True)):
+        x = torch.randn(5, V, generator=g, dtype=torch.float64) * scale
+        y = 0.8 * x + torch.randn(5, V, generator=g, dtype=torch.float64)
+        if ties:
+            x, y = x.round(), y.round()
+        p, q = torch.softmax(x, -1), torch.softmax(y, -1)
+        if zeros:
+            p[:, ::3] = 0
+            q[:, 1::4] = 0
+            p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+        for eps in (0.0, 1e-4, 1e-2):
+            for k_max in (1, 4, 8):
+                for off in (torch.zeros(5, dtype=torch.float64), torch.full((5,), 5e-5, dtype=torch.float64)):
+                    got = store.truncate(p, q, eps=eps, k_max=k_max, p_offset=off, q_offset=off)
+                    ref = _reference_supports(p, q, eps, k_max, off)
+                    for (ids, *_), want in zip(got, ref):
+                        assert torch.equal(ids, want), (scale, zeros, ties, eps, k_max)

@@ -72,6 +72,88 @@ def _prefix_len(sorted_vals: torch.Tensor, eps: float, offset: torch.Tensor | No
     return ok.to(torch.int8).argmax(-1)
 
 
+_NBINS = 2048  # the 11 exponent bits of a nonnegative float64 (bin 0: zeros and subnormals)
+
+
+def _top_candidates(x: torch.Tensor, eps: float, min_len: int, offset: torch.Tensor | None = None):
+    """The top of each row of ``x`` ``[R, V]`` (float64, >= 0) in the order of a stable descending sort,
+    cut where the rest cannot matter: ``(ids [R, C], vals [R, C], low [R], n [R])``, n the row's real tokens.
+
+    Tokens are binned by binary exponent (one pass over the bit patterns, which increase with
+    the value); a row keeps the tokens of every bin at or above the highest bin b such that
+    the mass of the bins below b is <= eps and at least ``min_len`` tokens are kept; ``low``
+    is that left-out mass. Every token left out is smaller than every token kept, so the kept
+    ones, stably sorted, are exactly the head of the full stable sort, and any prefix whose
+    tail is <= eps (tail = mass after it in the kept list + ``low`` + ``offset``, mass lumped
+    elsewhere ``[R]``) lies inside. Rows keeping more than V/8 tokens are sorted whole (low = 0).
+    Rows are padded to C with value 0 after their real tokens."""
+    R, V = x.shape
+    b = x.contiguous().view(torch.int64) >> 52  # [R, V] biased exponent, monotone in x >= 0
+    mass = torch.zeros(R, _NBINS, dtype=torch.float64).scatter_add_(1, b, x)
+    cnt = torch.bincount((b + torch.arange(R).unsqueeze(1) * _NBINS).reshape(-1), minlength=R * _NBINS).view(R, _NBINS)
+    below = mass.cumsum(-1) - mass  # [R, NB] mass of the bins strictly below
+    kept = cnt.flip(-1).cumsum(-1).flip(-1)  # [R, NB] tokens in the bins at or above
+    ok = ((below + offset.unsqueeze(-1) if offset is not None else below) <= eps) & (kept >= min(min_len, V))
+    ok[:, 0] = True  # keeping everything always satisfies both
+    bstar = (ok.to(torch.int64).cumsum(-1) * ok).argmax(-1, keepdim=True)  # [R, 1] highest ok bin (ok is a prefix)
+    low = below.gather(-1, bstar).squeeze(-1)
+    n_keep = kept.gather(-1, bstar).squeeze(-1)  # [R]
+    big = n_keep * 8 > V
+    C = V if bool(big.any()) else int(n_keep.max())
+    idx = torch.zeros(R, C, dtype=torch.int64)
+    vals = torch.zeros(R, C, dtype=x.dtype)
+    small = (~big).nonzero().squeeze(-1)
+    if small.numel():
+        c = int(n_keep[small].max())
+        xs = x[small]
+        key = torch.where(b[small] >= bstar[small], xs, torch.full_like(xs, -1.0))
+        ci = torch.topk(key, c, dim=-1, sorted=False).indices.sort(-1).values  # [r, c] candidates by id
+        cv = key.gather(-1, ci)
+        order = torch.sort(cv, dim=-1, descending=True, stable=True).indices  # (value desc, id asc)
+        idx[small, :c] = ci.gather(-1, order)
+        vals[small, :c] = cv.gather(-1, order).clamp_min(0.0)
+    if bool(big.any()):
+        rows = big.nonzero().squeeze(-1)
+        vals[rows], idx[rows] = torch.sort(x[rows], dim=-1, descending=True, stable=True)
+        low = torch.where(big, torch.zeros_like(low), low)
+        n_keep = torch.where(big, torch.full_like(n_keep, V), n_keep)
+    return idx, vals, low, n_keep
+
+
+def _q_prefix(q: torch.Tensor, eps: float, k_max: int, q_offset: torch.Tensor | None):
+    """``(ids [R, C], m [R])``: the draft's prefix (at least k_max tokens, tail <= eps and tail <
+    the (k_max-1)-th largest q, or 0) in stable descending order."""
+    R, V = q.shape
+    qi, q_sorted, low, n = _top_candidates(q, eps, k_max, q_offset)
+    C = q_sorted.shape[-1]
+    qtail = torch.cat([q_sorted.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(q_sorted[:, :1])], -1)  # [R, C+1]
+    qtail = qtail + (low + (q_offset if q_offset is not None else 0.0)).unsqueeze(-1)
+    kth = q_sorted[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=q.dtype)
+    m_idx = torch.arange(C + 1).unsqueeze(0)
+    okq = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (m_idx >= k_max)
+    okq[:, -1] |= n == V  # a row holding every token may take them all (as the full sort does)
+    found = okq.any(-1)
+    mq = okq.to(torch.int8).argmax(-1)
+    if bool(found.all()):
+        return qi, mq
+    # rows whose prefix reaches past the candidates (the kth condition): the full stable sort
+    rows = (~found).nonzero().squeeze(-1)
+    full_s, full_i = torch.sort(q[rows], dim=-1, descending=True, stable=True)
+    ft = torch.cat([full_s.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(full_s[:, :1])], -1)
+    if q_offset is not None:
+        ft = ft + q_offset[rows].unsqueeze(-1)
+    fk = full_s[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((rows.numel(), 1), float("inf"), dtype=q.dtype)
+    ok = (ft <= eps) & ((ft < fk) | (ft == 0)) & (torch.arange(V + 1).unsqueeze(0) >= k_max)
+    ok[:, -1] = True
+    width = V
+    out_i = torch.cat([qi, torch.zeros(R, width - C, dtype=qi.dtype)], -1) if width > C else qi
+    out_i = out_i.clone()
+    out_i[rows] = full_i
+    mq = mq.clone()
+    mq[rows] = ok.to(torch.int8).argmax(-1)
+    return out_i, mq
+
+
 def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int = _MAX_SUPPORT,
              p_offset: torch.Tensor | None = None, q_offset: torch.Tensor | None = None, qs: torch.Tensor | None = None):
     """Supports and lumped values for full distributions.
@@ -89,25 +171,17 @@ def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_su
         raise ValueError(f"eps must be in [0, 1), got {eps}")
     R, V = p.shape
     k_max = max(1, min(int(k_max), V))
-    ps, pi = torch.sort(p, dim=-1, descending=True, stable=True)
-    q_sorted, qi = torch.sort(q, dim=-1, descending=True, stable=True)
-    mp = _prefix_len(ps, eps, p_offset)
-    # q prefix: at least k_max, tail <= eps and tail < the (k_max-1)-th largest q
-    qtail = torch.cat([q_sorted.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(q_sorted[:, :1])], -1)  # [R, V+1]
-    if q_offset is not None:
-        qtail = qtail + q_offset.unsqueeze(-1)
-    kth = q_sorted[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=q.dtype)
-    m_idx = torch.arange(V + 1).unsqueeze(0)
-    okq = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (m_idx >= k_max)
-    okq[:, -1] = True
-    mq = okq.to(torch.int8).argmax(-1)
+    zero = torch.zeros(R, dtype=torch.float64)
+    pi, ps, p_low, _ = _top_candidates(p, eps, 1, p_offset)
+    mp = _prefix_len(ps, eps, p_low + (p_offset if p_offset is not None else zero))
+    qi, mq = _q_prefix(q, eps, k_max, q_offset)
     extra = []
     if qs is not None:
         if qs.ndim != 3 or qs.shape[0] != R or qs.shape[-1] != V:
             raise ValueError(f"qs must be [R, J, V] = [{R}, J, {V}], got {tuple(qs.shape)}")
         for j in range(qs.shape[1]):  # J is a handful of draft temperatures
-            sj, ij = torch.sort(qs[:, j], dim=-1, descending=True, stable=True)
-            extra.append((ij, _prefix_len(sj, eps)))
+            ij, sj, low, _ = _top_candidates(qs[:, j], eps, 1)
+            extra.append((ij, _prefix_len(sj, eps, low)))
     out = []
     for r in range(R):  # R is the number of sampled positions in one text (small)
         a, b = int(min(int(mp[r]), max_support)), int(min(int(mq[r]), max_support))
