@@ -149,10 +149,14 @@ def _reference_supports(p, q, eps, k_max, offset):
         ps, pi = torch.sort(p[r], descending=True, stable=True)
         qs, qi = torch.sort(q[r], descending=True, stable=True)
         ptail = torch.cat([ps.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=p.dtype)]) + offset[r]
-        mp = next(m for m in range(V + 1) if ptail[m] <= eps or m == V)
+        ok = ptail <= eps
+        ok[V] = True
+        mp = int(ok.nonzero()[0])
         qtail = torch.cat([qs.flip(0).cumsum(0).flip(0), torch.zeros(1, dtype=q.dtype)]) + offset[r]
         kth = qs[max(0, k_max - 2)] if k_max >= 2 else float("inf")
-        mq = next(m for m in range(V + 1) if (qtail[m] <= eps and (qtail[m] < kth or qtail[m] == 0) and m >= k_max) or m == V)
+        ok = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (torch.arange(V + 1) >= k_max)
+        ok[V] = True
+        mq = int(ok.nonzero()[0])
         cap = store._MAX_SUPPORT  # the support cap of truncate (the tail kept is then recorded)
         out.append(torch.unique(torch.cat([pi[: min(mp, cap)], qi[: min(mq, cap)]])))
     return out
