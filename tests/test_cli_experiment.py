@@ -146,3 +146,39 @@ def test_temperature_sweep_through_the_cli(tiny, textfile, tmp_path, capsys):
     _, more = read_jsonl(tmp_path / "temperature.jsonl")
     assert more[: len(rows)] == rows and {r["t_draft"] for r in more[len(rows):]} == {1.5}
     assert tiny == [1, 1]  # the models were loaded again only for the new store
+
+
+def test_acceptance_cli_continuation_and_independent_law(tiny, textfile, tmp_path, capsys):
+    run = tmp_path / "cont"
+    argv = ["experiment", "acceptance", str(run), "--datasets", f"file:{textfile}", "--texts", "2", "--new-tokens", "6",
+            "--k", "1-2", "--draws", "8", "--verifiers", "specinfer,nss", "--laws", "iid,independent",
+            "--independent-temperatures", "1,0.5", "--no-progress"]
+    assert main(argv) == 0
+    meta, rows = read_jsonl(run / "acceptance.jsonl")
+    assert meta["config"]["positions"] == {"positions_from": "continuation", "new_tokens": 6, "sample_temperature": 1.0,
+                                           "independent_temperatures": [1.0, 0.5]}
+    assert {(r["law"], r["K"], r["verifier"]) for r in rows} >= {("independent", 2, "specinfer"), ("independent", 2, "alpha*")}
+    assert all(r["n_positions"] <= 12 for r in rows)  # two prompts x at most 6 continuation positions
+    capsys.readouterr()
+    assert main(argv[:-3] + ["--no-progress"]) == 2  # --laws independent without its temperatures
+    _one_line_error(capsys, "--independent-temperatures")
+    assert main(argv + ["--positions-from", "teacher-forcing", "--min-positions", "5"]) == 2
+    _one_line_error(capsys, "--min-positions needs --positions-from continuation")
+
+
+def test_paper_cli_quick_runs_every_stage_and_writes_the_report(tiny, tmp_path, capsys, monkeypatch):
+    from dataclasses import replace
+
+    from multidraft.experiments import paper
+
+    f = tmp_path / "p.txt"
+    f.write_text("in the beginning\n\nand the earth was\n\ndef add(a, b):\n", encoding="utf-8")
+    monkeypatch.setattr(paper, "QUICK", replace(paper.QUICK, datasets=(f"file:{f}",), min_positions=20,
+                                                block_dataset=f"file:{f}", block_prompts=1))
+    run = tmp_path / "paper"
+    assert main(["experiment", "paper", str(run), "--quick", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert all(s in out for s in paper.STAGES) and "report:" in out
+    assert (run / "report.md").exists() and (run / "stages.jsonl").exists()
+    assert main(["experiment", "paper", str(run), "--quick", "--stages", "collect,nope", "--no-progress"]) == 2
+    _one_line_error(capsys, "unknown", "nope")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from ..datasets import DATASETS, check_dataset
+from ..experiments.collect import POSITIONS_FROM
 from . import UserError
 from ._args import float_list, k_list, name_list
 
@@ -59,8 +60,20 @@ def _common(p, *, positions: bool = True) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     if positions:
         p.add_argument("--datasets", default="humaneval,kjv", help=f"{', '.join(DATASETS)} and/or file:PATH, comma-separated (default humaneval,kjv)")
-        p.add_argument("--texts", type=int, default=4, help="texts per dataset (default 4)")
-        p.add_argument("--positions-per-text", type=int, default=8, help="sampled positions per text (default 8)")
+        p.add_argument("--positions-from", choices=POSITIONS_FROM, default="continuation",
+                       help="continuation: positions along the target's own sampled continuation of each prompt (what a "
+                            "decoder sees; default); teacher-forcing: positions of a reference text")
+        p.add_argument("--texts", type=int, default=4, help="prompts or texts per dataset (default 4; a cap with --min-positions)")
+        p.add_argument("--positions-per-text", type=int, default=None,
+                       help="sampled positions per text (default: every continuation position; 8 with teacher forcing)")
+        p.add_argument("--new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
+        p.add_argument("--sample-temperature", type=float, default=1.0,
+                       help="target temperature the continuations are sampled at (default 1)")
+        p.add_argument("--min-positions", type=int, default=None,
+                       help="continue prompts (seeded random order, at most --texts) until a dataset has this many positions")
+        p.add_argument("--independent-temperatures", default=None, metavar="T1,T2,...",
+                       help="also store the draft at these temperatures: the independent law's K <= J drafts use t_1..t_K "
+                            "(needed by --laws independent)")
         p.add_argument("--max-tokens", type=int, default=256, help="tokens per text, teacher-forced (default 256)")
         p.add_argument("--eps", type=float, default=1e-4, help="tail mass left out of the stored support (default 1e-4)")
         p.add_argument("--draws", type=int, default=200, help="draft tuples per position for Monte Carlo (default 200)")
@@ -108,15 +121,40 @@ def register(sub) -> None:
     b.add_argument("--no-baseline", action="store_true", help="skip the target-only autoregressive baseline")
     b.set_defaults(func=run_blocks)
 
+    from .paper import register as register_paper
+
+    register_paper(es)
+
+
+def _collect_kw(args) -> dict:
+    """The collector's position options (bound into the results' config); teacher forcing
+    without independent temperatures gives {} (the config of runs made before these options)."""
+    kw: dict = {}
+    if args.positions_from == "continuation":
+        kw.update(positions_from="continuation", new_tokens=args.new_tokens, sample_temperature=args.sample_temperature)
+        if args.min_positions is not None:
+            kw["min_positions"] = args.min_positions
+    elif args.min_positions is not None:
+        raise UserError("--min-positions needs --positions-from continuation")
+    if args.independent_temperatures:
+        kw["independent_temperatures"] = float_list(args.independent_temperatures, "--independent-temperatures")
+    return kw
+
 
 def _positions_kw(args) -> dict:
+    laws = name_list(args.laws, "--laws")
+    if "independent" in laws and not args.independent_temperatures:
+        raise UserError("--laws independent needs --independent-temperatures (one draft temperature per draft, e.g. 1,0.7,1.3,0.5)")
+    ppt = args.positions_per_text
+    if ppt is None and args.positions_from == "teacher-forcing":
+        ppt = 8
     return dict(
         models=_models(args), model_names=_model_names(args), datasets=[check_dataset(d) for d in name_list(args.datasets, "--datasets")],
-        ks=k_list(args.k), laws=name_list(args.laws, "--laws"),
+        ks=k_list(args.k), laws=laws,
         verifiers=name_list(args.verifiers, "--verifiers") if args.verifiers else None,
         draws=args.draws, eval_support=args.eval_support, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,
-        positions_per_text=args.positions_per_text, max_tokens=args.max_tokens, eps=args.eps, seed=args.seed,
-        log=_log, progress=_progress(args), **_mapper_kw(args),
+        positions_per_text=ppt, max_tokens=args.max_tokens, eps=args.eps, seed=args.seed,
+        collect_kw=_collect_kw(args) or None, log=_log, progress=_progress(args), **_mapper_kw(args),
     )
 
 
