@@ -59,7 +59,7 @@ from . import store
 from .records import JsonlWriter, read_jsonl, resume, row_key
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
-           "blocks", "block_acceptance", "local_map", "cell_acceptance", "evaluate",
+           "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
            "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
@@ -197,18 +197,60 @@ def local_map(tasks: Sequence[tuple]) -> list:
     return [block_acceptance(*t) for t in tasks]
 
 
+@dataclass
+class CellBlocks:
+    """The position blocks of one (store, law, K): ``parts`` is a list of ``(P_b, Q_b)``;
+    ``order`` ``[n]`` (or None) the position of each block row in the cell (rows sorted by
+    support size, so each block keeps only the columns its widest row needs)."""
+
+    parts: list
+    order: torch.Tensor | None = None
+
+
+def cell_blocks(P: torch.Tensor, Q: torch.Tensor, widths: torch.Tensor | None = None) -> CellBlocks:
+    """Cut a cell's rows into blocks of ``BLOCK``.  P ``[n, M+1]``, Q ``[n, M+1]`` or ``[n, K, M+1]``
+    (lumped: a row's support in its first columns, the tail in the last, zeros between).
+
+    Without ``widths`` ``[n]`` (support sizes) blocks are consecutive rows at full width. With
+    them rows are taken in order of support size (stable) and block b keeps columns
+    ``0..w_b-1`` and the tail, w_b its widest row: the columns dropped are zero in every row of
+    the block, so each row's (p, q) is unchanged and the cost follows the block's width, not
+    the store's widest position. The cut depends on the rows alone, so every verifier of the
+    cell, in any process, sees the same blocks."""
+    n = P.shape[0]
+    if widths is None:
+        return CellBlocks([(P[a:b], Q[a:b]) for a, b in blocks(n)])
+    order = torch.sort(widths, stable=True).indices
+    M = P.shape[-1] - 1
+    parts = []
+    for a, b in blocks(n):
+        rows = order[a:b]
+        w = int(widths[rows].max())
+        cols = torch.cat([torch.arange(min(w, M)), torch.tensor([M])])
+        parts.append((P[rows][:, cols], Q[rows][..., cols]))
+    return CellBlocks(parts, order)
+
+
 def cell_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, seed: int,
-                    key: tuple, mapper: Callable[[Sequence[tuple]], list] = local_map):
+                    key: tuple, mapper: Callable[[Sequence[tuple]], list] = local_map, *,
+                    parts: CellBlocks | None = None):
     """Per-position estimates of one cell ``(mean [n], var [n], estimator)``, block by block.
 
-    P, Q ``[n, V]``. ``mapper`` evaluates the list of block tasks (arguments of
-    :func:`block_acceptance`) and returns their results in order."""
-    tasks = [(name, P[a:b], Q[a:b], law, k, draws, seed, key, i) for i, (a, b) in enumerate(blocks(P.shape[0]))]
+    P, Q ``[n, V]`` (Q ``[n, K, V]`` for independent). ``parts``: the cell's blocks
+    (:func:`cell_blocks`; default: consecutive rows at full width). ``mapper`` evaluates the
+    list of block tasks (arguments of :func:`block_acceptance`) and returns their results in
+    order; estimates come back in the rows' order."""
+    parts = parts if parts is not None else cell_blocks(P, Q)
+    tasks = [(name, Pb, Qb, law, k, draws, seed, key, i) for i, (Pb, Qb) in enumerate(parts.parts)]
     res = mapper(tasks)
     ests = {r[2] for r in res}
     if len(ests) != 1:
         raise RuntimeError(f"{name}: blocks of one cell used different estimators {sorted(ests)}")
-    return torch.cat([r[0] for r in res]), torch.cat([r[1] for r in res]), ests.pop()
+    mean, var = torch.cat([r[0] for r in res]), torch.cat([r[1] for r in res])
+    if parts.order is not None:
+        mean = torch.empty_like(mean).index_copy_(0, parts.order, mean)
+        var = torch.empty_like(var).index_copy_(0, parts.order, var)
+    return mean, var, ests.pop()
 
 
 def evaluate(
@@ -285,6 +327,7 @@ def evaluate(
             )
             done.add(key_a)
             written += 1
+        parts = None
         for name, v in zip(names, vs):
             if not v.supports(law, k):
                 continue
@@ -292,7 +335,9 @@ def evaluate(
             if key in done:
                 continue
             t0 = time.perf_counter()
-            mean, var, est = cell_acceptance(name, Pk, Qk, law, k, draws, seed, key, mapper)
+            if parts is None:  # once per (law, K): every verifier of the cell shares these tensors
+                parts = cell_blocks(Pk, Qk, ps.support_sizes[idx])
+            mean, var, est = cell_acceptance(name, Pk, Qk, law, k, draws, seed, key, mapper, parts=parts)
             m = float(mean.mean())
             am = float(alpha.mean())
             writer.write(
