@@ -11,3 +11,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def tiny_sharp():
+    """(target, draft, tokenizer): the tiny related pair with sharper next-token laws (init_scale 3)."""
+    pytest.importorskip("transformers")
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    t, d = tiny_pair(vocab_size=32, seed=0, init_scale=3.0)
+    return t, d, tiny_tokenizer()
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    """A ``file:`` dataset of four short prompts (passages separated by blank lines)."""
+    f = tmp_path / "prompts.txt"
+    f.write_text("in the beginning god created\n\nand the earth was without form\n\ndef add(a, b):\n\nwhat is the sum of\n",
+                 encoding="utf-8")
+    return f

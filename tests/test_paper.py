@@ -13,19 +13,13 @@ TIMING = ("seconds", "tokens_per_s", "prefill_seconds", "time", "started")
 
 
 @pytest.fixture
-def tiny():
-    pytest.importorskip("transformers")
-    from tiny_models import tiny_pair, tiny_tokenizer
-
-    t, d = tiny_pair(vocab_size=32, seed=0, init_scale=3.0)
-    return t, d, tiny_tokenizer()
+def tiny(tiny_sharp):
+    return tiny_sharp
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    f = tmp_path / "prompts.txt"
-    f.write_text("in the beginning god created\n\nand the earth was without form\n\ndef add(a, b):\n\nwhat is the sum of\n",
-                 encoding="utf-8")
+def cfg(prompt_file):
+    f = prompt_file
     return replace(paper.QUICK, datasets=(f"file:{f}",), min_positions=30, block_dataset=f"file:{f}")
 
 

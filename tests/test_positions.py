@@ -13,19 +13,13 @@ TEMPS = [1.0, 0.7, 1.3, 0.5]
 
 
 @pytest.fixture
-def tiny():
-    pytest.importorskip("transformers")
-    from tiny_models import tiny_pair, tiny_tokenizer
-
-    t, d = tiny_pair(vocab_size=32, seed=0, init_scale=3.0)
-    return t, d, tiny_tokenizer()
+def tiny(tiny_sharp):
+    return tiny_sharp
 
 
 @pytest.fixture
-def textfile(tmp_path):
-    f = tmp_path / "prompts.txt"
-    f.write_text("in the beginning god created\n\nand the earth was without form\n\ndef add(a, b):\n", encoding="utf-8")
-    return f
+def textfile(prompt_file):
+    return prompt_file
 
 
 def _continuation_stores(run_dir, tiny, textfile, **kw):

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, t95
+from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
 from .records import ensure_dir, io_error, read_jsonl, require_fields
 
 __all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "summary", "paired_difference", "tail_note"]
@@ -82,20 +83,6 @@ def _alpha_cell(r) -> str:
     if r.get("bound_width_max") is not None:
         s += f" (width <= {r['bound_width_max']:.1e})"
     return s
-
-
-def paired_difference(a: dict, b: dict) -> tuple[float, float, int] | None:
-    """Paired difference ``a - b`` of two rows over the same positions, from their ``values``
-    (same positions, same order): ``(mean(d_i), sd(d_i)/sqrt(n), n)``; None when either row
-    lacks ``values`` or their lengths differ."""
-    va, vb = a.get("values"), b.get("values")
-    if not va or not vb or len(va) != len(vb):
-        return None
-    d = [x - y for x, y in zip(va, vb)]
-    n = len(d)
-    m = sum(d) / n
-    sd = (sum((x - m) ** 2 for x in d) / (n - 1)) ** 0.5 if n > 1 else 0.0
-    return m, sd / n ** 0.5, n
 
 
 def tail_note(rows) -> str:
