@@ -179,7 +179,9 @@ def collect(
         sources: list[dict] = []
         g = torch.Generator().manual_seed(seed + 1)
         V = None
-        it = texts if progress is None else progress(texts, total=len(texts), desc=f"collect {ds}")
+        # with min_positions the bar counts the prompts expected (new_tokens positions each), for its ETA
+        expect = len(texts) if min_positions is None else min(len(texts), -(-min_positions // max(1, new_tokens)))
+        it = texts if progress is None else progress(texts, total=expect, desc=f"collect {ds}")
         for tid, text in it:
             if min_positions is not None and len(sources) >= min_positions:
                 break
