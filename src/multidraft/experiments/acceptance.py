@@ -281,17 +281,24 @@ def evaluate(
     names = list(verifiers) if verifiers is not None else default_verifiers()
     vs = [_verifiers.get(n) for n in names]
     warn = None
+    full = ps  # with the independent law's rows (qs), if any, on their union support
+    eps = float(settings.get("eps") or 0.0)
     if eval_support is not None:
-        k_cap = max(ks)
-        ps = store.relump(ps, eps=float(settings.get("eps") or 0.0), k_max=k_cap, max_support=int(eval_support))
+        ps = store.relump(store.without_qs(ps), eps=eps, k_max=max(ks), max_support=int(eval_support))
         warn = (f"WARNING: --eval-support {eval_support}: positions relumped to at most {eval_support} tokens per model "
                 f"(hidden truncation); tail mass now p <= {float(ps.p_tail.max()):.3g}, q <= {float(ps.q_tail.max()):.3g}")
         log(f"{info['dataset']} tt={info['t_target']:g} td={info['t_draft']:g}: {warn}")
+    elif ps.qs is not None:
+        # the shared-q laws need the p and q prefixes only: the tokens that only the draft at
+        # the other temperatures needed go to the tail, as in a store collected without them
+        # (each tail stays <= eps, or the stored tail where the support cap bit)
+        ps = store.relump(store.without_qs(ps), eps=eps, k_max=max(ks), max_support=store._MAX_SUPPORT)
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
     laws = _drafts.parse_laws(laws, LAWS, "laws")
     ind_t = info.get("independent_temperatures") or []
-    Qs = store.lumped_qs(ps) if "independent" in laws and ps.qs is not None else None  # [n, J, M+1]
+    Qs = store.lumped_qs(full) if "independent" in laws and full.qs is not None else None  # [n, J, M+1]
+    P_ind = store.lumped(full)[0] if Qs is not None else None
     if "independent" in laws and Qs is None:
         log(f"skip independent: {info['dataset']} was collected without independent temperatures")
     jobs = [(law, k) for law in laws for k in ks
@@ -305,13 +312,14 @@ def evaluate(
         if idx.numel() == 0:
             log(f"skip {law} K={k}: no position has {k} draft tokens of positive probability")
             continue
-        Pk, Qk = P[idx], (Q[idx] if law != "independent" else Qs[idx, :k])  # Qk [n, V] or [n, K, V]
+        src = full if law == "independent" else ps  # the store whose support and tails the cell uses
+        Pk, Qk = (P[idx], Q[idx]) if law != "independent" else (P_ind[idx], Qs[idx, :k])  # Qk [n, V] or [n, K, V]
         extra = {"independent_temperatures": ind_t[:k]} if law == "independent" else {}
         key_a = row_key({**base, "law": law, "K": k, "verifier": "alpha*"}, KEY)
         t0 = time.perf_counter()
         alpha, alpha_lower = optimal_bounds(Pk, Qk, law, k)
-        q_tail_k = ps.q_tail[idx] if law != "independent" else ps.qs_tail[idx, :k].max(-1).values
-        bound = store.alpha_bounds(Q[idx], ps.p_tail[idx], q_tail_k, law, k)
+        q_tail_k = ps.q_tail[idx] if law != "independent" else full.qs_tail[idx, :k].max(-1).values
+        bound = store.alpha_bounds(Q[idx], src.p_tail[idx], q_tail_k, law, k)
         a_extra = dict(extra)
         if law == "independent":  # alpha* is certified to [lower, value]: the row states the width
             a_extra.update(alpha_lower=float(alpha_lower.mean()), bound_width_max=float((alpha - alpha_lower).max()))
@@ -322,8 +330,8 @@ def evaluate(
                 sd_positions=_sd(alpha), n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator="exact", lump_bound_mean=float(bound.mean()), lump_bound_max=float(bound.max()),
                 values=[round(float(a), 6) for a in alpha], seconds=time.perf_counter() - t0,
-                p_tail_max=float(ps.p_tail[idx].max()), q_tail_max=float(q_tail_k.max()), eval_support=eval_support,
-                **({"eval_support_warning": warn} if warn else {}),
+                p_tail_max=float(src.p_tail[idx].max()), q_tail_max=float(q_tail_k.max()), eval_support=eval_support,
+                **({"eval_support_warning": warn} if warn and law != "independent" else {}),
             )
             done.add(key_a)
             written += 1
@@ -336,7 +344,7 @@ def evaluate(
                 continue
             t0 = time.perf_counter()
             if parts is None:  # once per (law, K): every verifier of the cell shares these tensors
-                parts = cell_blocks(Pk, Qk, ps.support_sizes[idx])
+                parts = cell_blocks(Pk, Qk, src.support_sizes[idx])
             mean, var, est = cell_acceptance(name, Pk, Qk, law, k, draws, seed, key, mapper, parts=parts)
             m = float(mean.mean())
             am = float(alpha.mean())
@@ -344,9 +352,9 @@ def evaluate(
                 **base, law=law, K=k, verifier=name, acceptance=m, **extra, **position_errors(mean, alpha, var),
                 sd_positions=_sd(mean), n_positions=int(idx.numel()),
                 n_excluded=n_excl, estimator=est, draws=draws, alpha_star=am,
-                lump_bound_max=float(bound.max()), p_tail_max=float(ps.p_tail[idx].max()),
+                lump_bound_max=float(bound.max()), p_tail_max=float(src.p_tail[idx].max()),
                 q_tail_max=float(q_tail_k.max()), eval_support=eval_support,
-                **({"eval_support_warning": warn} if warn else {}),
+                **({"eval_support_warning": warn} if warn and law != "independent" else {}),
                 above_alpha_positions=int((mean > alpha + 1e-9).sum()),
                 values=[round(float(a), 6) for a in mean], seconds=time.perf_counter() - t0,
             )

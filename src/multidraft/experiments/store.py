@@ -30,7 +30,7 @@ import torch
 FORMAT = "multidraft-positions/1"
 _MAX_SUPPORT = 16384
 
-__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "lumped_qs", "alpha_bounds", "save", "load"]
+__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "lumped_qs", "without_qs", "relump", "alpha_bounds", "save", "load"]
 
 
 @dataclass
@@ -218,6 +218,12 @@ def from_rows(rows, info: dict) -> PositionSet:
         qs=torch.cat([r[5].T for r in rows]).to(torch.float32) if with_qs else None,
         qs_tail=torch.stack([torch.as_tensor(r[6], dtype=torch.float64) for r in rows]) if with_qs else None,
     )
+
+
+def without_qs(ps: PositionSet) -> PositionSet:
+    """The same positions without the independent law's extra draft rows (same support)."""
+    return PositionSet(ids=ps.ids, p=ps.p, q=ps.q, offsets=ps.offsets, p_tail=ps.p_tail, q_tail=ps.q_tail,
+                       info=dict(ps.info))
 
 
 def relump(ps: PositionSet, *, eps: float, k_max: int, max_support: int) -> PositionSet:
