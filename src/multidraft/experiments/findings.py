@@ -77,7 +77,8 @@ def claims_table(acc_rows: list[dict], block_rows: list[dict] | None = None) -> 
         # 1. without replacement raises the ceiling (Hu et al.)
         d = [(k, paired(by.get(("wor", k, ALPHA)), by.get(("iid", k, ALPHA)))) for k in ks]
         d = [(k, x) for k, x in d if x]
-        row("alpha*(wor) > alpha*(iid) (Hu et al. 2025)", [_fmt(k, x) for k, x in d], _verdict([x for _, x in d]))
+        if d:
+            row("alpha*(wor) > alpha*(iid) (Hu et al. 2025)", [_fmt(k, x) for k, x in d], _verdict([x for _, x in d]))
         # 2. existing verifiers stay below alpha*
         for law, names in (("iid", ("specinfer", "spectr", "khisti_is")), ("wor", ("rrs_wor",))):
             for n in names:

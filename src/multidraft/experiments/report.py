@@ -418,6 +418,35 @@ def _stages_section(run_dir: Path) -> list[str]:
     return out + [""]
 
 
+def _cost_section(rows: list[dict]) -> list[str]:
+    """Milliseconds per position of each cell (its ``seconds`` / ``n_positions``), by law, K and
+    verifier, summed over the data sets' positions: what each ceiling and verifier cost here."""
+    tot = defaultdict(lambda: [0.0, 0])
+    for r in rows:
+        if r.get("seconds") is not None and r.get("n_positions"):
+            t = tot[(r["law"], r["K"], r["verifier"])]
+            t[0] += float(r["seconds"])
+            t[1] += int(r["n_positions"])
+    if not tot:
+        return []
+    laws = [law for law in LAW_ORDER if any(k[0] == law for k in tot)]
+    ks = sorted({k[1] for k in tot})
+    names = [ALPHA] + _verifier_order(rows)
+    out = ["## Cost per position\n",
+           "Milliseconds per position of each cell on this machine (one thread; the cell's wall time over its "
+           "positions, all data sets together; verifier cells include their draws). `-`: not run.\n"]
+    for law in laws:
+        out.append(f"**{law}**\n")
+        out.append("| | " + " | ".join(f"K={k}" for k in ks) + " |")
+        out.append("|---|" + "---|" * len(ks))
+        for n in names:
+            cells = [f"{1000 * tot[(law, k, n)][0] / tot[(law, k, n)][1]:.1f}" if (law, k, n) in tot else "-" for k in ks]
+            if any(c != "-" for c in cells):
+                out.append(f"| {n} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
 def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True) -> Path:
     """Write ``report.md`` (and plots) for a run; returns the report path."""
     run = load_run(run_dir)
@@ -451,6 +480,8 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
         body: list[str] = ["## Acceptance vs number of drafts\n"]
         findings = _acceptance_section(run["acceptance.jsonl"][1], out, make_plots, body)
         lines += ["## Findings by data set\n"] + findings + body
+    if "acceptance.jsonl" in run:
+        lines += _cost_section(run["acceptance.jsonl"][1])
     if "temperature.jsonl" in run:
         lines.append("## Temperature sweeps\n")
         _temperature_section(run["temperature.jsonl"][1], out, make_plots, lines)
