@@ -60,6 +60,7 @@ def test_paper_runs_every_stage_and_a_rerun_writes_nothing(tiny, cfg, tmp_path):
     assert [r["rows_written"] for r in stages[4:]] == [0, 0, 0, 0]
     md = report.build(tmp_path / "a").read_text()
     assert "The papers' claims" in md and "Time of each stage" in md and "independent drafts" in md
+    assert "Cost per position" in md and "| alpha* |" in md
 
 
 def test_killed_and_resumed_run_loses_and_duplicates_nothing(tiny, cfg, tmp_path):
