@@ -397,29 +397,28 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
 
 
 def _stages_section(run_dir: Path) -> list[str]:
-    """The time of each stage from ``stages.jsonl`` (written by ``multidraft experiment paper``), if any."""
+    """The time of each stage from ``stages.jsonl`` (written by ``multidraft experiment paper``), if any:
+    one line per invocation of a stage, with the data sets it ran on and whether it finished."""
     path = run_dir / "stages.jsonl"
     if not path.exists():
         return []
     _, rows = read_jsonl(path)
     if not rows:
         return []
+    out = ["## Time of each stage\n", "Wall time on this machine of every invocation of a stage (an interrupted one "
+           "records the time it ran: finished = no), from `stages.jsonl`; load = the 1-minute load average at its end.\n",
+           "| stage | data sets | seconds | minutes | finished | load |", "|---|---|---|---|---|---|"]
     tot = defaultdict(float)
-    done = {}
-    loads = defaultdict(list)
     for r in rows:
-        tot[r["stage"]] += float(r.get("seconds") or 0.0)
-        done[r["stage"]] = bool(r.get("complete"))
-        if r.get("load_average"):
-            loads[r["stage"]].append(r["load_average"][0])
-    out = ["## Time of each stage\n", "Wall time on this machine, summed over every invocation (interrupted ones "
-           "included), from `stages.jsonl`; load = 1-minute load average at the end of each invocation.\n",
-           "| stage | seconds | minutes | finished | load |", "|---|---|---|---|---|"]
-    for st, secs in tot.items():
-        out.append(f"| {st} | {secs:.0f} | {secs / 60:.1f} | {'yes' if done[st] else 'no'} | "
-                   f"{', '.join(f'{x:.1f}' for x in loads[st]) or '-'} |")
-    out.append(f"| all | {sum(tot.values()):.0f} | {sum(tot.values()) / 60:.1f} | | |")
-    return out + [""]
+        secs = float(r.get("seconds") or 0.0)
+        tot[r["stage"]] += secs
+        load = r.get("load_average") or []
+        out.append(f"| {r['stage']} | {', '.join(r.get('datasets') or []) or '-'} | {secs:.0f} | {secs / 60:.1f} | "
+                   f"{'yes' if r.get('complete') else 'no'} | {load[0] if load else '-'} |")
+    out.append("")
+    out.append("Sum per stage: " + ", ".join(f"{st} {secs / 60:.1f} min" for st, secs in tot.items())
+               + f"; all {sum(tot.values()) / 60:.1f} min.\n")
+    return out
 
 
 def _cost_section(rows: list[dict]) -> list[str]:
