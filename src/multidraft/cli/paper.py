@@ -34,7 +34,7 @@ def register(es) -> None:
 
 def run(args) -> int:
     from ..experiments import paper, report
-    from .experiment import _log, _mapper_kw, _model_names, _models, _progress
+    from .experiment import _close, _log, _mapper_kw, _model_names, _models, _progress
 
     stages = name_list(args.stages, "--stages")
     config = paper.QUICK if args.quick else paper.PAPER
@@ -43,9 +43,7 @@ def run(args) -> int:
         spent = paper.run(args.run_dir, models=_models(args), model_names=_model_names(args), config=config,
                           stages=stages, seed=args.seed, log=_log, progress=_progress(args), **kw)
     finally:
-        close = getattr(kw.get("mapper"), "close", None)
-        if close is not None:
-            close()
+        _close(kw)
     for stage, secs in spent.items():
         print(f"{stage:12s} {secs:9.1f} s")
     if not args.no_report:

@@ -180,7 +180,7 @@ def _record(path: Path, c: PaperConfig, seed: int, stage: str, seconds: float, w
     # the sizes travel with each row: a run may be extended (e.g. one data set first, all later)
     with JsonlWriter(path, {"experiment": "paper"}, seed) as w:
         w.write(stage=stage, seconds=seconds, rows_written=written, complete=complete, load_average=_load(),
-                datasets=list(c.datasets), config=c.as_dict())
+                config=c.as_dict())
 
 
 def _count(path: Path) -> int:

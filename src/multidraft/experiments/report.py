@@ -414,7 +414,7 @@ def _stages_section(run_dir: Path) -> list[str]:
         secs = float(r.get("seconds") or 0.0)
         tot[r["stage"]] += secs
         load = r.get("load_average") or []
-        out.append(f"| {r['stage']} | {', '.join(r.get('datasets') or []) or '-'} | {secs:.0f} | {secs / 60:.1f} | "
+        out.append(f"| {r['stage']} | {', '.join((r.get('config') or {}).get('datasets') or []) or '-'} | {secs:.0f} | {secs / 60:.1f} | "
                    f"{'yes' if r.get('complete') else 'no'} | {load[0] if load else '-'} |")
     out.append("")
     out.append("Sum per stage: " + ", ".join(f"{st} {secs / 60:.1f} min" for st, secs in tot.items())
