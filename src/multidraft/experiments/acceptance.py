@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -56,7 +55,7 @@ from ..exact import acceptance_given
 from ..limits import optimal_acceptance
 from . import collect as _collect
 from . import store
-from .records import JsonlWriter, read_jsonl, resume, row_key
+from .records import JsonlWriter, derived_seed, read_jsonl, resume, row_key
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
@@ -172,7 +171,7 @@ def position_errors(values: torch.Tensor, alpha: torch.Tensor | None = None, var
 
 
 def _seed_for(seed: int, key: tuple) -> int:
-    return (seed * 1_000_003 + zlib.crc32(repr(key).encode())) % (2**63 - 1)
+    return derived_seed(seed, repr(key))
 
 
 def blocks(n: int, block: int = BLOCK) -> list[tuple[int, int]]:

@@ -13,7 +13,6 @@ sequences of length L = B // K (at most B draft nodes), one depth per K.
 """
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,7 +21,7 @@ import torch
 from .. import verifiers as _verifiers
 from ..datasets import load_prompts, prompt_ids
 from ..decoding import PromptCache, check_settings, generate
-from .records import JsonlWriter, resume, row_key
+from .records import JsonlWriter, derived_seed, resume, row_key
 
 __all__ = ["KEY", "run"]
 
@@ -103,7 +102,7 @@ def run(
             if max_prompt_tokens is not None:
                 ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
             base = {**_key((pid, text, (name, law, k, depth)), temperature), "prompt_tokens": int(ids.shape[-1])}
-            g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(f"{pid}|{name}|{law}|{k}|{depth}".encode())) % (2**63 - 1))
+            g = torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{name}|{law}|{k}|{depth}"))
             if name == "autoregressive":
                 res = generate(target, None, ids, verifier=None, temperature=temperature, top_k=top_k, top_p=top_p,
                                max_new_tokens=max_new_tokens, generator=g, prompt_cache=cache)

@@ -35,7 +35,6 @@ Datasets (read by :mod:`multidraft.datasets`):
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -45,6 +44,7 @@ from ..datasets import check_dataset, load_prompts, load_texts, prompt_ids
 from ..decoding.continuation import continuation_logits
 from ..sampling import check_sampling_args, process_logits
 from . import store
+from .records import derived_seed
 
 __all__ = ["collect", "store_name", "POSITIONS_FROM"]
 
@@ -58,7 +58,7 @@ def store_name(dataset: str, t_target: float, t_draft: float, top_k, top_p) -> s
 
 def _text_seed(seed: int, text_id: str) -> int:
     """The continuation's sampling seed for one text: depends on (seed, text id) only."""
-    return (seed * 1_000_003 + zlib.crc32(str(text_id).encode())) % (2**63 - 1)
+    return derived_seed(seed, str(text_id))
 
 
 def _encode(tokenizer, text: str, max_tokens: int) -> torch.Tensor:

@@ -28,12 +28,13 @@ import os
 import platform
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 __all__ = [
     "versions", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
-    "read_jsonl", "done_keys", "row_key", "require_fields",
+    "read_jsonl", "done_keys", "row_key", "require_fields", "derived_seed",
 ]
 
 
@@ -46,6 +47,12 @@ def versions() -> dict[str, str]:
             continue  # not imported by this run: it did not shape the result
         out[mod] = str(getattr(m, "__version__", "?"))
     return out
+
+
+def derived_seed(seed: int, name: str) -> int:
+    """The seed of one named unit of work (a cell, a text, a decoding run): a function of
+    (seed, name) alone, so units can run in any order or process with the same draws."""
+    return (int(seed) * 1_000_003 + zlib.crc32(str(name).encode())) % (2**63 - 1)
 
 
 def _clean(x: Any) -> Any:

@@ -120,17 +120,23 @@ def _top_candidates(x: torch.Tensor, eps: float, min_len: int, offset: torch.Ten
     return idx, vals, low, n_keep
 
 
+def _q_ok(q_sorted: torch.Tensor, offset: torch.Tensor, eps: float, k_max: int) -> torch.Tensor:
+    """``[R, C+1]``: where a prefix of the stably sorted draft rows ``q_sorted`` ``[R, C]`` may stop:
+    at least k_max tokens, tail (after it, plus ``offset`` ``[R]``) <= eps and < the (k_max-1)-th largest q, or 0."""
+    R = q_sorted.shape[0]
+    tail = torch.cat([q_sorted.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(q_sorted[:, :1])], -1) + offset.unsqueeze(-1)
+    kth = q_sorted[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=q_sorted.dtype)
+    return (tail <= eps) & ((tail < kth) | (tail == 0)) & (torch.arange(q_sorted.shape[-1] + 1).unsqueeze(0) >= k_max)
+
+
 def _q_prefix(q: torch.Tensor, eps: float, k_max: int, q_offset: torch.Tensor | None):
     """``(ids [R, C], m [R])``: the draft's prefix (at least k_max tokens, tail <= eps and tail <
     the (k_max-1)-th largest q, or 0) in stable descending order."""
     R, V = q.shape
+    off = q_offset if q_offset is not None else torch.zeros(R, dtype=q.dtype)
     qi, q_sorted, low, n = _top_candidates(q, eps, k_max, q_offset)
     C = q_sorted.shape[-1]
-    qtail = torch.cat([q_sorted.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(q_sorted[:, :1])], -1)  # [R, C+1]
-    qtail = qtail + (low + (q_offset if q_offset is not None else 0.0)).unsqueeze(-1)
-    kth = q_sorted[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((R, 1), float("inf"), dtype=q.dtype)
-    m_idx = torch.arange(C + 1).unsqueeze(0)
-    okq = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (m_idx >= k_max)
+    okq = _q_ok(q_sorted, low + off, eps, k_max)
     okq[:, -1] |= n == V  # a row holding every token may take them all (as the full sort does)
     found = okq.any(-1)
     mq = okq.to(torch.int8).argmax(-1)
@@ -139,15 +145,9 @@ def _q_prefix(q: torch.Tensor, eps: float, k_max: int, q_offset: torch.Tensor | 
     # rows whose prefix reaches past the candidates (the kth condition): the full stable sort
     rows = (~found).nonzero().squeeze(-1)
     full_s, full_i = torch.sort(q[rows], dim=-1, descending=True, stable=True)
-    ft = torch.cat([full_s.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(full_s[:, :1])], -1)
-    if q_offset is not None:
-        ft = ft + q_offset[rows].unsqueeze(-1)
-    fk = full_s[:, max(0, k_max - 2)].unsqueeze(-1) if k_max >= 2 else torch.full((rows.numel(), 1), float("inf"), dtype=q.dtype)
-    ok = (ft <= eps) & ((ft < fk) | (ft == 0)) & (torch.arange(V + 1).unsqueeze(0) >= k_max)
+    ok = _q_ok(full_s, off[rows], eps, k_max)
     ok[:, -1] = True
-    width = V
-    out_i = torch.cat([qi, torch.zeros(R, width - C, dtype=qi.dtype)], -1) if width > C else qi
-    out_i = out_i.clone()
+    out_i = torch.cat([qi, torch.zeros(R, V - C, dtype=qi.dtype)], -1) if V > C else qi.clone()
     out_i[rows] = full_i
     mq = mq.clone()
     mq[rows] = ok.to(torch.int8).argmax(-1)
