@@ -156,10 +156,7 @@ def _block_claims(rows: list[dict]) -> list[str]:
             common = sorted(set(a) & set(b))
             if len(common) < 2:
                 continue
-            d = [a[p] - b[p] for p in common]
-            n = len(d)
-            m = sum(d) / n
-            se = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+            m, se, n = paired({"values": [a[p] for p in common]}, {"values": [b[p] for p in common]})
             v = _verdict([(m, se, n)])
             out.append(f"| block efficiency `{hi}` >= `{lo}` (Khisti et al. 2024, Table 1) | blocks, K={k} | "
                        f"{m:+.3f} ± {se:.3f} tokens/call over {n} prompts (paired) | {v} |")
