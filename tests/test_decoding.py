@@ -15,7 +15,7 @@ import tiny_models as tm  # noqa: E402
 
 import multidraft as md  # noqa: E402
 from multidraft import sampling  # noqa: E402
-from multidraft.decoding import engine, kv, trees  # noqa: E402
+from multidraft.decoding import engine, kv, runners, trees  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -256,26 +256,35 @@ def test_tree_pass_matches_plain_forward_of_each_path(pair):
     prompt = [3, 1, 4, 1, 5]
     shape = trees.TreeShape.from_args([[0], [1], [2], [0, 0], [0, 1], [2, 0], [0, 1, 0]], 3, 3)
     with torch.inference_mode():
-        cache = kv.new_cache(t)
-        t(input_ids=torch.tensor([prompt[:-1]]), cache=cache, use_cache=True)
+        run = runners.HFRunner(t)
+        run.prefill(torch.tensor([prompt[:-1]]))
         tree = trees.DraftTree(shape, prompt[-1], 3, 1)
         for i, toks in [(0, [7, 8, 7]), (1, [2, 9])]:  # duplicate 7: one child node
             tree.add_drafts(i, toks)
         tree.add_drafts(3, [10])  # node 3 is token 2 under token 7; ids follow creation order
-        logits = engine.score_tree(t, cache, tree, len(prompt) - 1)
-        assert kv.cache_length(cache) == len(prompt) - 1 + len(tree)
+        logits = engine.score_tree(run, tree)
+        assert kv.cache_length(run.cache) == len(prompt) - 1 + len(tree)
         for i in range(len(tree)):
             seq = prompt + [tree.nodes[j].token for j in tree.path_to(i)]
             torch.testing.assert_close(logits[i], _plain_last_logits(t, seq), atol=1e-4, rtol=1e-4)
         # compaction to the path root -> node 3 -> its child, then one more plain step
         leaf = tree.nodes[3].child[10]
         path = tree.path_to(leaf)
-        base = len(prompt) - 1
-        kv.keep(cache, base + 1, torch.tensor([base + j for j in path]))
+        run.commit([0] + path)
         seq = prompt + [tree.nodes[j].token for j in path]
-        assert kv.cache_length(cache) == len(seq)
-        nxt = t(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True).logits[0, -1]
+        assert kv.cache_length(run.cache) == len(seq) == run.base
+        nxt = run.extend([5], [-1])[-1]
         torch.testing.assert_close(nxt, _plain_last_logits(t, seq + [5]), atol=1e-4, rtol=1e-4)
+        # a second tree level over uncommitted entries (the draft's use): [6] under 5, [1, 2] under 6
+        lv = run.extend([6], [0])
+        lv2 = run.extend([1, 2], [1, 1])
+        torch.testing.assert_close(lv[0], _plain_last_logits(t, seq + [5, 6]), atol=1e-4, rtol=1e-4)
+        for r, tk in enumerate([1, 2]):
+            torch.testing.assert_close(lv2[r], _plain_last_logits(t, seq + [5, 6, tk]), atol=1e-4, rtol=1e-4)
+        run.commit([0, 1, 3])
+        assert kv.cache_length(run.cache) == len(seq) + 3 == run.base
+        nxt = run.extend([4], [-1])[-1]
+        torch.testing.assert_close(nxt, _plain_last_logits(t, seq + [5, 6, 2, 4]), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("tree", [None, "sequences"])
@@ -292,15 +301,15 @@ def test_caches_after_many_steps_equal_fresh_prefill(pair, tree):
         full = ids[0].tolist() + res.tokens.tolist()
         assert res.target_calls > 3
         committed = full[:-1]  # the last token is the next root, not yet cached
-        for model, cache, n in [(t, dec.tcache, len(committed)), (d, dec.dcache, dec.dbase)]:
+        for model, cache, n in [(t, dec.t.cache, len(committed)), (d, dec.d.cache, dec.d.base)]:
             assert kv.cache_length(cache) == n
             fresh = kv.new_cache(model)
             model(input_ids=torch.tensor([full[:n]]), cache=fresh, use_cache=True)
             for a, b in zip(cache.layers, fresh.layers):
                 torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
-        assert dec.dbase + len(dec.pending) == len(committed)
-        assert full[dec.dbase: len(committed)] == dec.pending
+        assert dec.d.base + len(dec.pending) == len(committed)
+        assert full[dec.d.base: len(committed)] == dec.pending
 
 
 # --- trees -----------------------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""End-to-end multi-draft speculative decoding on transformers causal LMs.
+"""End-to-end multi-draft speculative decoding on transformers causal LMs or llama.cpp models.
+
+The decoder sees each model through a runner (``runners``: ``prefill`` / ``extend`` /
+``commit``), so drafting, verification and the walk are one code path for every engine:
+``runners.HFRunner`` for transformers, ``llamacpp.LlamaRunner`` for llama.cpp.
 
 One decoding step, with ``r`` the last committed token (not yet in either KV cache):
 
@@ -41,7 +45,8 @@ from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from .._validate import as_generator, as_int
 from ..sampling import check_sampling_args, process_logits, sample_token
-from .kv import PromptCache, fresh_prefill, keep, tree_attention_mask
+from .kv import PromptCache
+from .runners import is_model, model_context, model_vocab_size, runner_for
 from .trees import MAX_DYNAMIC_NODES, DraftTree, TreeShape, allocate
 
 __all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree"]
@@ -89,24 +94,12 @@ class GenerationResult:
 
 
 # ---------------------------------------------------------------------------------------------
-def _vocab_size(model, name: str) -> int:
-    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if emb is not None and getattr(emb, "weight", None) is not None:
-        return int(emb.weight.shape[0])
-    v = getattr(getattr(model, "config", None), "vocab_size", None)
-    if v is None:
-        raise ValueError(f"{name} is not a causal LM with an output vocabulary")
-    return int(v)
+def _vocab(model, name: str) -> int:
+    return model.vocab_size if getattr(model, "engine", None) == "llama.cpp" else model_vocab_size(model, name)
 
 
-def _context(model) -> int:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    n = getattr(cfg, "max_position_embeddings", None)
-    return int(n) if n else 1 << 62
-
-
-def _model_dtype(model) -> torch.dtype:
-    return next(model.parameters()).dtype
+def _ctx(model) -> int:
+    return model.context if getattr(model, "engine", None) == "llama.cpp" else model_context(model)
 
 
 def _unsupported(v, kind: str, k: int) -> str:
@@ -223,13 +216,13 @@ class _Plan:
 
 
 def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _Plan:
-    if target is None or not callable(target):
-        raise ValueError("target must be a loaded transformers causal LM")
+    if not is_model(target):
+        raise ValueError("target must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel")
     if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
         raise ValueError("input_ids must be an integer LongTensor of shape [1, T]")
     if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape [1, T] with T >= 1 (batch size 1), got {tuple(input_ids.shape)}")
-    V = _vocab_size(target, "target")
+    V = _vocab(target, "target")
     if bool(((input_ids < 0) | (input_ids >= V)).any()):
         raise ValueError(f"input_ids holds token ids outside the target vocabulary [0, {V})")
     if eos_token_id is None:
@@ -242,19 +235,23 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
         except TypeError:
             raise ValueError(f"eos_token_id must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}") from None
         eos = frozenset(operator.index(e) for e in ids)
-    ctx = _context(target)
+    ctx = _ctx(target)
     T = input_ids.shape[1]
     s = settings
     if s.verifier is None:
         if T >= ctx:
             raise ValueError(f"input_ids has {T} tokens but the target's context window is {ctx}; the prompt is too long")
         return _Plan(None, "iid", None, s.temperature, [], s.top_k, s.top_p, s.max_new_tokens, eos, 0)
-    if draft is None or not callable(draft):
-        raise ValueError("draft must be a loaded transformers causal LM (or use verifier=None for the target alone)")
-    Vd = _vocab_size(draft, "draft")
+    if not is_model(draft):
+        raise ValueError("draft must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel "
+                         "(or use verifier=None for the target alone)")
+    if getattr(draft, "engine", "transformers") != getattr(target, "engine", "transformers"):
+        raise ValueError(f"target and draft must run on one engine, got {getattr(target, 'engine', 'transformers')} "
+                         f"and {getattr(draft, 'engine', 'transformers')}")
+    Vd = _vocab(draft, "draft")
     if Vd != V:
         raise ValueError(f"draft has a vocabulary of {Vd} tokens but target has {V}; they must share one tokenizer")
-    ctx = min(ctx, _context(draft))
+    ctx = min(ctx, _ctx(draft))
     if T >= ctx:
         raise ValueError(f"input_ids has {T} tokens but the context window is {ctx}; the prompt is too long")
     return _Plan(s.verifier, s.law, s.shape, s.temperature, list(s.draft_temps), s.top_k, s.top_p,
@@ -262,20 +259,15 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
 
 
 # ---------------------------------------------------------------------------------------------
-def score_tree(model, cache, tree: DraftTree, rootpos: int) -> torch.Tensor:
-    """One forward of ``[root] + tree nodes`` over ``cache`` (which holds ``rootpos`` entries).
+def score_tree(runner, tree: DraftTree) -> torch.Tensor:
+    """One forward of ``[root] + tree nodes`` after the committed prefix of ``runner``.
 
-    Node i sits at position ``rootpos + depth(i)`` and attends to the cached prefix and to
-    its ancestors (4D additive mask). Returns logits ``[N, V]``; the cache grows by N.
+    Node i (handle i) attends to the committed prefix and to its ancestors and sits at
+    position ``pos(root) + depth(i)``. Returns logits ``[N, V]``; the N entries stay
+    uncommitted until ``runner.commit``.
     """
-    device = next(model.parameters()).device
-    N = len(tree)
-    tok = tree.tokens().to(device).view(1, N)
-    if N == 1:
-        return model(input_ids=tok, cache=cache, use_cache=True).logits[0]
-    pos = (rootpos + tree.depths()).to(device).view(1, N)
-    mask = tree_attention_mask(tree.ancestors(), rootpos, _model_dtype(model)).to(device)
-    return model(input_ids=tok, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True).logits[0]
+    parents = [-1] + [nd.parent for nd in tree.nodes[1:]]
+    return runner.extend([nd.token for nd in tree.nodes], parents)
 
 
 def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, draft_law=None,
@@ -333,13 +325,11 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
 
 class _Decoder:
     def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress, prompt_cache=None, node_log=None):
-        self.t, self.d, self.plan, self.g, self.progress = target, draft, plan, g, progress
-        self.prompt_cache = prompt_cache
+        self.t = runner_for(target, prompt_cache)
+        self.d = runner_for(draft, prompt_cache) if draft is not None else None
+        self.plan, self.g, self.progress = plan, g, progress
         self.node_log = node_log
-        self.t_dtype = _model_dtype(target)
-        self.d_dtype = _model_dtype(draft) if draft is not None else None
-        self.ctx = _context(target) if draft is None else min(_context(target), _context(draft))
-        self.device = next(target.parameters()).device
+        self.ctx = _ctx(target) if draft is None else min(_ctx(target), _ctx(draft))
         self._vcache: dict[int, object] = {}
         self.target_calls = 0
         self.draft_calls = 0
@@ -360,15 +350,12 @@ class _Decoder:
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
         plan = self.plan
-        ids = input_ids.to(self.device).long()
+        ids = input_ids.long()
         T = ids.shape[1]
-        prefill = self.prompt_cache.prefill if self.prompt_cache is not None else fresh_prefill
-        self.tcache, prefill_s = prefill(self.t, ids[:, :-1])
+        prefill_s = self.t.prefill(ids[:, :-1])
         if self.d is not None:
-            self.dcache, ds = prefill(self.d, ids[:, :-1])
-            prefill_s += ds
-            self.dbase = T - 1
-            self.pending: list[int] = []
+            prefill_s += self.d.prefill(ids[:, :-1])
+            self.pending: list[int] = []  # committed tokens not yet in the draft cache
         t0 = time.perf_counter()
         root = int(ids[0, -1])
         rootpos = T - 1
@@ -382,7 +369,7 @@ class _Decoder:
                 break
             remaining = plan.max_new_tokens - len(out)
             cap = 0 if plan.verifier is None else min(plan.shape.depth, remaining - 1, room)
-            new, m, dd = self._step(root, rootpos, cap)
+            new, m, dd = self._step(root, cap)
             accepted.append(m)
             depths.append(dd)
             hit = next((j for j, tk in enumerate(new) if tk in plan.eos), None)
@@ -416,16 +403,15 @@ class _Decoder:
         )
 
     # one step ---------------------------------------------------------------------------
-    def _step(self, root: int, rootpos: int, cap: int):
+    def _step(self, root: int, cap: int):
         plan = self.plan
         shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
         tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)))
         drafted = cap > 0
         if drafted:
-            self._draft_tree(tree, rootpos)
+            self._draft_tree(tree)
         # one target pass over [root] + tree
-        tbase = rootpos
-        logits = score_tree(self.t, self.tcache, tree, rootpos)
+        logits = score_tree(self.t, tree)
         self.target_calls += 1
         # walk
         path: list[int] = []
@@ -450,13 +436,12 @@ class _Decoder:
             break
         m = len(path)
         # caches: keep prefix + root + accepted path
-        keep(self.tcache, tbase + 1, torch.tensor([tbase + j for j in path], dtype=torch.long))
+        self.t.commit([0] + path)
         if self.d is not None:
             if drafted:
-                start = self.dbase + len(self.pending) + 1
+                c = self._chain  # pending + root were fed as handles 0..c-1, fed nodes follow
                 fed = [j for j in path if tree.nodes[j].fed >= 0]
-                keep(self.dcache, start, torch.tensor([start + tree.nodes[j].fed for j in fed], dtype=torch.long))
-                self.dbase = start + len(fed)
+                self.d.commit(list(range(c)) + [c + tree.nodes[j].fed for j in fed])
                 self.pending = [tree.nodes[j].token for j in path[len(fed):]]
             else:
                 self.pending = self.pending + [root]
@@ -464,12 +449,12 @@ class _Decoder:
         return [tree.nodes[j].token for j in path] + [final], m, depth
 
     # drafting ---------------------------------------------------------------------------
-    def _draft_tree(self, tree: DraftTree, rootpos: int) -> None:
+    def _draft_tree(self, tree: DraftTree) -> None:
         # level 0: the pending tokens and the root, a plain causal chain
-        chain = torch.tensor(self.pending + [tree.nodes[0].token], dtype=torch.long, device=self.device).view(1, -1)
-        logits = self.d(input_ids=chain, cache=self.dcache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        chain = self.pending + [tree.nodes[0].token]
+        c = self._chain = len(chain)
+        logits = self.d.extend(chain, list(range(-1, c - 1)), last_only=True)
         self.draft_calls += 1
-        past = self.dbase + len(self.pending) + 1  # entries every tree node sees
         fed: list[int] = []
         level = [0]
         dynamic = tree.shape.mode == "dynamic"
@@ -490,13 +475,9 @@ class _Decoder:
                 nxt = [i for i in new if tree.n_children(i) > 0]
             if not nxt:
                 return
-            n = len(nxt)
-            vis = torch.cat([tree.ancestors(nxt, fed) if fed else torch.zeros(n, 0, dtype=torch.bool),
-                             torch.eye(n, dtype=torch.bool)], dim=1)
-            mask = tree_attention_mask(vis, past, self.d_dtype).to(self.device)
-            tok = torch.tensor([tree.nodes[i].token for i in nxt], dtype=torch.long, device=self.device).view(1, n)
-            pos = torch.tensor([rootpos + tree.nodes[i].depth for i in nxt], dtype=torch.long, device=self.device).view(1, n)
-            logits = self.d(input_ids=tok, position_ids=pos, attention_mask=mask, cache=self.dcache, use_cache=True).logits[0]
+            par = [tree.nodes[i].parent for i in nxt]
+            logits = self.d.extend([tree.nodes[i].token for i in nxt],
+                                   [c - 1 if j == 0 else c + tree.nodes[j].fed for j in par])
             self.draft_calls += 1
             for i in nxt:
                 tree.nodes[i].fed = len(fed)

@@ -1,0 +1,128 @@
+"""One model and its KV cache during one ``generate`` call: the engine's only view of a model.
+
+The decoder (``engine._Decoder``) never touches a model directly; it talks to a *runner*
+with three operations, so the same drafting, verification and walk serve every engine:
+
+``prefill(ids)``
+    Reset the cache to the committed prefix ``ids`` (LongTensor ``[1, T]``); returns the
+    seconds of model time it took (0.0 when the prefix was reused).
+``extend(tokens, parents, last_only=False)``
+    Append uncommitted entries and return their logits: ``tokens`` (ints) are new entries,
+    each with a handle equal to the number of entries appended since the last commit (the
+    first new one gets ``len(pending)``); ``parents[i]`` is the handle of token i's parent
+    (an earlier uncommitted entry or an earlier token of this call), or -1 for the end of
+    the committed prefix. Token i sits at position ``pos(parent) + 1`` and attends to the
+    committed prefix, its uncommitted ancestors and itself (tree attention). Returns float
+    logits ``[n, V]``, or ``[1, V]`` for the last token with ``last_only``.
+``commit(handles)``
+    Keep the committed prefix followed by the entries ``handles`` (a path: ``handles[0]``'s
+    parent is -1 and each next one is the child of the previous) as the new committed
+    prefix; every other uncommitted entry is dropped. Nothing is recomputed.
+
+Runners: :class:`HFRunner` (transformers causal LMs; 4D additive tree masks over a
+``DynamicCache``, compacted in place by ``kv.keep``) and ``llamacpp.LlamaRunner`` (llama.cpp
+through llama-cpp-python; tree attention through sequence ids over a unified KV cache).
+"""
+from __future__ import annotations
+
+import torch
+
+from .kv import PromptCache, fresh_prefill, keep, tree_attention_mask
+
+__all__ = ["HFRunner", "runner_for", "is_model"]
+
+
+class HFRunner:
+    """A transformers causal LM (``model(input_ids, position_ids, attention_mask, cache)``)."""
+
+    engine = "transformers"
+
+    def __init__(self, model, prompt_cache: PromptCache | None = None):
+        self.model = model
+        self.prompt_cache = prompt_cache
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.base = 0                                   # committed entries in the cache
+        self._pos: list[int] = []                       # position of each uncommitted handle
+        self._anc = torch.zeros(0, 0, dtype=torch.bool)  # [M, M] ancestor-or-self of the handles
+
+    @property
+    def vocab_size(self) -> int:
+        return model_vocab_size(self.model, "model")
+
+    @property
+    def context(self) -> int:
+        return model_context(self.model)
+
+    def prefill(self, ids: torch.Tensor) -> float:  # ids [1, T]
+        pf = self.prompt_cache.prefill if self.prompt_cache is not None else fresh_prefill
+        self.cache, secs = pf(self.model, ids.to(self.device))
+        self.base = int(ids.shape[1])
+        self._pos, self._anc = [], torch.zeros(0, 0, dtype=torch.bool)
+        return secs
+
+    def extend(self, tokens: list[int], parents: list[int], last_only: bool = False) -> torch.Tensor:
+        M, n = len(self._pos), len(tokens)
+        anc = torch.zeros(M + n, M + n, dtype=torch.bool)
+        anc[:M, :M] = self._anc
+        chain = M == 0
+        for i, par in enumerate(parents):
+            h = M + i
+            if par >= 0:
+                anc[h] = anc[par]
+            anc[h, h] = True
+            self._pos.append(self._pos[par] + 1 if par >= 0 else self.base)
+            chain = chain and par == h - 1
+        self._anc = anc
+        tok = torch.tensor(tokens, dtype=torch.long, device=self.device).view(1, n)
+        keep_n = 1 if last_only else 0
+        if chain:  # a plain causal continuation of the committed prefix: no mask needed
+            out = self.model(input_ids=tok, cache=self.cache, use_cache=True, logits_to_keep=keep_n)
+        else:
+            pos = torch.tensor(self._pos[M:], dtype=torch.long, device=self.device).view(1, n)
+            mask = tree_attention_mask(anc[M:], self.base, self.dtype).to(self.device)
+            out = self.model(input_ids=tok, position_ids=pos, attention_mask=mask, cache=self.cache,
+                             use_cache=True, logits_to_keep=keep_n)
+        return out.logits[0]
+
+    def commit(self, handles: list[int]) -> None:
+        j = 0  # handles already in place (a committed chain) are not moved
+        while j < len(handles) and handles[j] == j:
+            j += 1
+        extra = torch.tensor([self.base + h for h in handles[j:]], dtype=torch.long)
+        keep(self.cache, self.base + j, extra)
+        self.base += len(handles)
+        self._pos, self._anc = [], torch.zeros(0, 0, dtype=torch.bool)
+
+
+def model_vocab_size(model, name: str) -> int:
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    v = getattr(getattr(model, "config", None), "vocab_size", None)
+    if v is None:
+        raise ValueError(f"{name} is not a causal LM with an output vocabulary")
+    return int(v)
+
+
+def model_context(model) -> int:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n = getattr(cfg, "max_position_embeddings", None)
+    return int(n) if n else 1 << 62
+
+
+def _is_llama(model) -> bool:
+    return getattr(model, "engine", None) == "llama.cpp"
+
+
+def is_model(model) -> bool:
+    """A model ``generate`` can decode with: a transformers causal LM or a ``LlamaCppModel``."""
+    return model is not None and (_is_llama(model) or callable(model))
+
+
+def runner_for(model, prompt_cache: PromptCache | None = None):
+    """The runner of ``model``: ``LlamaRunner`` for a ``llamacpp.LlamaCppModel``, else ``HFRunner``."""
+    if _is_llama(model):
+        return model.runner()
+    return HFRunner(model, prompt_cache)
