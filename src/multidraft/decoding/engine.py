@@ -248,6 +248,9 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
     if getattr(draft, "engine", "transformers") != getattr(target, "engine", "transformers"):
         raise ValueError(f"target and draft must run on one engine, got {getattr(target, 'engine', 'transformers')} "
                          f"and {getattr(draft, 'engine', 'transformers')}")
+    if draft is target and getattr(target, "engine", None) == "llama.cpp":
+        raise ValueError("target and draft must be two LlamaCppModel objects (each owns one KV cache); "
+                         "load the GGUF twice to draft with the target's own weights")
     Vd = _vocab(draft, "draft")
     if Vd != V:
         raise ValueError(f"draft has a vocabulary of {Vd} tokens but target has {V}; they must share one tokenizer")

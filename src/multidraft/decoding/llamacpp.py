@@ -1,0 +1,292 @@
+"""llama.cpp as a decoding engine (``pip install 'multidraft[llama]'``: llama-cpp-python).
+
+``LlamaCppModel(path)`` loads a GGUF file directly (any quantisation llama.cpp reads: the
+default pair's Q4_K_M files, or a BF16 requantisation, ``models.ensure_gguf``) and can be
+passed to ``generate`` as target and draft, exactly where a transformers model goes; the
+drafting, the verifiers and the walk are the engine's own (``engine._Decoder``), only the
+forward passes and the KV cache are llama.cpp's.
+
+Tree attention through sequence ids. The context has a *unified* KV cache
+(``kv_unified``): one pool of cells, each cell holding a token's K/V at a position and the
+set of sequence ids it belongs to. llama.cpp lets a batch token attend to exactly the cells
+that hold the token's *first* sequence id at positions <= its own. ``LlamaRunner`` keeps:
+
+* sequence 0 = the committed prefix;
+* each uncommitted entry with handle h (see ``runners``) owns sequence ``1 + h``, which is
+  held by the committed prefix, by h's ancestors and by h itself: before a batch, every new
+  entry's sequence is copied from its nearest ancestor already in the cache
+  (``llama_memory_seq_cp``, no data moved in a unified cache), and in the batch an entry's
+  cell carries its own sequence first and then the sequences of its descendants in the same
+  batch. So entry h sees the prefix, its ancestors and itself, and nothing else: the tree
+  attention mask, built by llama.cpp from sequence ids. (Every entry has its own first
+  sequence, so llama.cpp's per-sequence mask reuse never applies across entries.)
+* ``commit(path)``: keep the cells of the deepest entry's sequence (``seq_keep``), rename it
+  to 0 (``seq_cp`` then ``seq_rm``); every other uncommitted cell is freed.
+
+A batch holds at most ``n_seq_max - 1`` new entries per step (default 255 with
+llama.cpp's limit of 256 sequences): tree budgets up to 64 nodes fit with room to spare.
+
+Logits are float32 rows from llama.cpp's output buffer; ``extend`` returns a view of that
+buffer (no copy), valid until the next ``extend`` or ``prefill`` of the same model, which is
+how the decoder uses it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available", "require_llama_cpp"]
+
+EXTRA = "pip install 'multidraft[llama]'"
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_llama_cpp():
+    """The ``llama_cpp`` module, or ImportError naming the extra that installs it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ImportError(f"the llama.cpp engine needs llama-cpp-python: {EXTRA}") from None
+    return llama_cpp
+
+
+_CACHE_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
+_LOG: list[str] = []  # recent llama.cpp error lines (attached to exceptions)
+_LOG_CB = None
+
+
+def _install_log(L) -> None:
+    """Route llama.cpp's log through a callback that keeps warnings and errors only (quiet load)."""
+    global _LOG_CB
+    if _LOG_CB is not None:
+        return
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+    def cb(level, text, _user):
+        if level >= 3 and text:  # GGML_LOG_LEVEL_WARN = 3, ERROR = 4
+            _LOG.append(text.decode("utf-8", "replace").rstrip())
+            del _LOG[:-20]
+
+    _LOG_CB = cb
+    L.llama_log_set(cb, ctypes.c_void_p())
+
+
+class LlamaCppModel:
+    """A GGUF model in a llama.cpp context with a unified KV cache, usable by ``generate``.
+
+    path        a ``.gguf`` file.
+    n_ctx       context size in tokens (KV cells; the prompt, the output and one step's tree
+                must fit); capped by the model's training context.
+    n_threads   CPU threads for decoding (default: ``os.cpu_count()``).
+    n_batch     most tokens per llama_decode call (prompt prefill is chunked by it).
+    cache_type  KV cache element type, "f16" (llama.cpp's default) or "f32" (the tests use it
+                to compare tree passes with plain decodes at float32 precision).
+    flash_attn  None: llama.cpp decides (its default); False / True force it off / on (on the
+                CPU, flash attention forms Q.K in float16).
+    """
+
+    engine = "llama.cpp"
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_batch: int = 512, cache_type: str = "f16", flash_attn: bool | None = None):
+        L = require_llama_cpp()
+        self._L = L
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        for name, v, lo in (("n_ctx", n_ctx, 16), ("n_batch", n_batch, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if cache_type not in _CACHE_TYPES:
+            raise ValueError(f"cache_type must be one of {', '.join(_CACHE_TYPES)}, got {cache_type!r}")
+        n_threads = (os.cpu_count() or 1) if n_threads is None else n_threads
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
+        _install_log(L)
+        L.llama_backend_init()
+        self.path = path
+        self.n_threads = n_threads
+        mp = L.llama_model_default_params()
+        self._model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path}: " + " | ".join(_LOG[-3:]))
+        self.n_seq_max = int(L.llama_max_parallel_sequences())
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_seq_max = self.n_seq_max
+        cp.kv_unified = True
+        cp.n_threads = cp.n_threads_batch = n_threads
+        cp.no_perf = True
+        cp.type_k = cp.type_v = _CACHE_TYPES[cache_type]
+        if flash_attn is not None:
+            cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise ValueError(f"llama.cpp could not create a context for {path}: " + " | ".join(_LOG[-3:]))
+        self._mem = L.llama_get_memory(self._ctx)
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.vocab_size = int(L.llama_vocab_n_tokens(self._vocab))
+        self.context = int(min(L.llama_n_ctx(self._ctx), L.llama_model_n_ctx_train(self._model)))
+        self.n_batch = n_batch
+        self._batch = L.llama_batch_init(n_batch, 0, self.n_seq_max)
+        self._prompt: list[int] | None = None  # tokens of the last prefill (reused when equal)
+        self.decode_seconds = 0.0             # model time of every llama_decode so far
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel({str(self.path)!r}, vocab={self.vocab_size}, context={self.context})"
+
+    def runner(self) -> "LlamaRunner":
+        return LlamaRunner(self)
+
+    def close(self) -> None:
+        L = self._L
+        if getattr(self, "_batch", None) is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # llama.cpp calls --------------------------------------------------------------------
+    def decode(self, tokens: list[int], pos: list[int], seqs: list[list[int]], want: list[bool]) -> torch.Tensor:
+        """One llama_decode of ``tokens`` at ``pos`` with sequence ids ``seqs`` (first one is the
+        token's own); returns the logits ``[sum(want), V]`` of the tokens marked in ``want``
+        (a view of llama.cpp's buffer, valid until the next decode)."""
+        L, b, n = self._L, self._batch, len(tokens)
+        if n > self.n_batch:
+            raise ValueError(f"{n} tokens in one batch but n_batch = {self.n_batch}")
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = pos[i]
+            s = seqs[i]
+            b.n_seq_id[i] = len(s)
+            row = b.seq_id[i]
+            for j, x in enumerate(s):
+                row[j] = x
+            b.logits[i] = bool(want[i])
+        b.n_tokens = n
+        t0 = time.perf_counter()
+        rc = L.llama_decode(self._ctx, b)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed (code {rc}) on {n} tokens: " + " | ".join(_LOG[-3:]))
+        k = sum(1 for w in want if w)
+        if k == 0:
+            return torch.zeros(0, self.vocab_size)
+        ptr = L.llama_get_logits(self._ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size)))
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        self._L.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+
+    def seq_keep(self, s: int) -> None:
+        self._L.llama_memory_seq_keep(self._mem, s)
+
+    def seq_rm(self, s: int, p0: int = -1, p1: int = -1) -> None:
+        self._L.llama_memory_seq_rm(self._mem, s, p0, p1)
+
+    def clear(self) -> None:
+        self._L.llama_memory_clear(self._mem, True)
+        self._prompt = None
+
+
+class LlamaRunner:
+    """The ``runners`` protocol on a ``LlamaCppModel`` (see the module docstring)."""
+
+    engine = "llama.cpp"
+
+    def __init__(self, model: LlamaCppModel):
+        self.m = model
+        self.base = 0
+        self._pos: list[int] = []     # position of each uncommitted handle
+        self._anchor: list[int] = []  # nearest cached ancestor of each handle at its batch (-1: prefix)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.m.vocab_size
+
+    @property
+    def context(self) -> int:
+        return self.m.context
+
+    def prefill(self, ids: torch.Tensor) -> float:  # ids [1, T]
+        m = self.m
+        toks = [int(x) for x in ids[0].tolist()]
+        self._pos, self._anchor = [], []
+        self.base = len(toks)
+        if m._prompt is not None and m._prompt == toks:
+            # the same prompt as the last prefill: drop what came after it, recompute nothing
+            m.seq_keep(0)
+            m.seq_rm(0, len(toks), -1)
+            return 0.0
+        m.clear()
+        t0 = time.perf_counter()
+        for a in range(0, len(toks), m.n_batch):
+            chunk = toks[a:a + m.n_batch]
+            last = a + len(chunk) == len(toks)
+            m.decode(chunk, list(range(a, a + len(chunk))), [[0]] * len(chunk),
+                     [last and i == len(chunk) - 1 for i in range(len(chunk))])
+        m._prompt = toks
+        return time.perf_counter() - t0
+
+    def extend(self, tokens: list[int], parents: list[int], last_only: bool = False) -> torch.Tensor:
+        m = self.m
+        M, n = len(self._pos), len(tokens)
+        if 1 + M + n > m.n_seq_max:
+            raise ValueError(f"llama.cpp engine: {M + n} uncommitted tree entries in one step exceed the "
+                             f"{m.n_seq_max - 1} that llama.cpp's {m.n_seq_max} sequences allow")
+        seqs: list[list[int]] = []
+        for i, par in enumerate(parents):
+            h = M + i
+            if par >= M:  # parent in this batch
+                anchor, pos = self._anchor[par], self._pos[par] + 1
+            else:
+                anchor, pos = par, (self._pos[par] + 1 if par >= 0 else self.base)
+            self._pos.append(pos)
+            self._anchor.append(anchor)
+            m.seq_cp(0 if anchor < 0 else 1 + anchor, 1 + h)
+            seqs.append([1 + h])
+            a = par
+            while a >= M:  # every ancestor in this batch also carries h's sequence
+                seqs[a - M].append(1 + h)
+                a = parents[a - M]
+        want = [True] * n if not last_only else [i == n - 1 for i in range(n)]
+        out = m.decode(tokens, self._pos[M:], seqs, want)
+        for i in range(n):  # later batches anchor on these entries directly
+            self._anchor[M + i] = M + i
+        return out
+
+    def commit(self, handles: list[int]) -> None:
+        m = self.m
+        if handles:
+            s = 1 + handles[-1]
+            m.seq_keep(s)  # the prefix and the path to the last handle; every other cell is freed
+            m.seq_cp(s, 0)
+            m.seq_rm(s)
+        else:
+            m.seq_keep(0)
+        self.base += len(handles)
+        self._pos, self._anchor = [], []
