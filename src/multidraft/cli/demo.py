@@ -1,7 +1,9 @@
 """``multidraft demo`` (what ``make demo`` runs) and ``multidraft setup-models``.
 
 ``setup-models`` assembles, checksums and converts the default model pair once (progress
-on stderr) and prints the two model directories. ``demo`` compares target-only decoding,
+on stderr) and prints the two model directories; ``--gguf`` also keeps the two Q4_K_M GGUF
+files for llama.cpp and ``--bf16-target`` makes the BF16 GGUF of the target (the ``llama``
+extra), printing their paths and sizes. ``demo`` compares target-only decoding,
 single-draft SD and the multi-draft verifiers on HumanEval prompts and writes
 ``demo.jsonl``, ``demo.md`` and ``demo.png`` in ``--out``.
 """
@@ -25,6 +27,11 @@ def register(subparsers) -> None:
                     "convert each model once to bf16 safetensors in the cache and print the directories.",
     )
     p.add_argument("--cache-dir", default=None, help="cache directory (default $MULTIDRAFT_CACHE or ~/.cache/multidraft/models)")
+    p.add_argument("--gguf", action="store_true",
+                   help="also keep the assembled Q4_K_M GGUF files of both models in <cache>/gguf (for llama.cpp)")
+    p.add_argument("--bf16-target", action="store_true",
+                   help="also write the target requantized to BF16 by llama.cpp, <cache>/gguf/<name>.BF16.gguf "
+                        "(3.3 GiB, about 10-15 s; needs the llama extra: pip install 'multidraft[llama]')")
     p.set_defaults(func=run_setup)
 
     d = subparsers.add_parser(
@@ -55,17 +62,33 @@ def register(subparsers) -> None:
     d.set_defaults(func=run)
 
 
+def _size(path) -> str:
+    return f"{path.stat().st_size / 2**30:.2f} GiB"
+
+
 def run_setup(args) -> int:
-    from ..models import ensure_default_models
+    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET, ensure_default_models, ensure_gguf, import_llama_cpp
 
     try:
+        if args.bf16_target:
+            import_llama_cpp()  # fail before any long step
         target, draft = ensure_default_models(args.cache_dir, log=_eprint)
+        ggufs = []
+        if args.gguf:
+            ggufs += [("target gguf", ensure_gguf(DEFAULT_TARGET, cache_dir=args.cache_dir, log=_eprint)),
+                      ("draft gguf", ensure_gguf(DEFAULT_DRAFT, cache_dir=args.cache_dir, log=_eprint))]
+        if args.bf16_target:
+            ggufs.append(("target bf16 gguf", ensure_gguf(DEFAULT_TARGET, bf16=True, cache_dir=args.cache_dir, log=_eprint)))
+    except (ImportError, RuntimeError) as exc:
+        raise UserError(str(exc)) from None
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise
         raise UserError(str(exc)) from None
     print(f"target: {target}")
     print(f"draft:  {draft}")
+    for label, path in ggufs:
+        print(f"{label}: {path} ({_size(path)})")
     return 0
 
 
