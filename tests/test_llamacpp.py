@@ -1,0 +1,186 @@
+"""The llama.cpp engine (``decoding.llamacpp``) on tiny random GGUF models (``multidraft.testing``).
+
+* the tree pass over sequence ids equals llama.cpp's plain decode of every path, and commits
+  keep exactly the accepted path (later levels over uncommitted entries too);
+* at temperature 0 every tree mode equals llama.cpp's own greedy generation
+  (``llama_cpp.Llama.generate``), with a draft that always agrees and one that never does;
+* at temperature 1 the law of the first two tokens is the target's (chi-square), in every
+  tree mode, with the draft's drafts accepted only sometimes;
+* clear errors: a missing extra names it, one model as both target and draft, mixed engines.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tiny_models as tm  # noqa: E402
+
+import multidraft as md  # noqa: E402
+from multidraft import sampling  # noqa: E402
+from multidraft.decoding import engine, trees  # noqa: E402
+from multidraft.decoding.llamacpp import LlamaCppModel  # noqa: E402
+from multidraft.testing import tiny_gguf  # noqa: E402
+
+from test_decoding import _chi2_pvalue  # noqa: E402
+
+PROMPT = [3, 1, 4, 1, 5]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    return tiny_gguf(d / "target.gguf", seed=1), tiny_gguf(d / "other.gguf", seed=2)
+
+
+@pytest.fixture(scope="module")
+def models(files):
+    """target, a second copy of the target's weights (a draft that agrees), an unrelated draft."""
+    t, o = files
+    # float32 KV cells and no flash attention (which forms Q.K in float16 on the CPU): tree passes
+    # and plain decodes then agree to float32 rounding, so a wrong mask cannot hide in a tolerance
+    kw = dict(n_ctx=512, cache_type="f32", flash_attn=False)
+    ms = [LlamaCppModel(t, **kw), LlamaCppModel(t, **kw), LlamaCppModel(o, **kw)]
+    yield ms
+    for m in ms:
+        m.close()
+
+
+def _plain_logits(model: LlamaCppModel, seq: list[int]) -> torch.Tensor:
+    model.clear()
+    return model.decode(seq, list(range(len(seq))), [[0]] * len(seq), [i == len(seq) - 1 for i in range(len(seq))])[0].clone()
+
+
+def test_tree_pass_and_commits_match_plain_decodes(models):
+    t, ref, _ = models
+    run = t.runner()
+    run.prefill(torch.tensor([PROMPT[:-1]]))
+    shape = trees.TreeShape.from_args([[0], [1], [2], [0, 0], [0, 1], [2, 0], [0, 1, 0]], 3, 3)
+    tree = trees.DraftTree(shape, PROMPT[-1], 3, 1)
+    for i, toks in [(0, [7, 8, 7]), (1, [2, 9])]:  # duplicate 7: one child node
+        tree.add_drafts(i, toks)
+    tree.add_drafts(3, [10])
+    logits = engine.score_tree(run, tree).clone()
+    assert logits.shape == (len(tree), t.vocab_size)
+    for i in range(len(tree)):
+        seq = PROMPT + [tree.nodes[j].token for j in tree.path_to(i)]
+        torch.testing.assert_close(logits[i], _plain_logits(ref, seq), atol=1e-5, rtol=0)
+    path = tree.path_to(tree.nodes[3].child[10])
+    run.commit([0] + path)
+    seq = PROMPT + [tree.nodes[j].token for j in path]
+    assert run.base == len(seq)
+    torch.testing.assert_close(run.extend([5], [-1])[-1].clone(), _plain_logits(ref, seq + [5]), atol=1e-5, rtol=0)
+    # levels over uncommitted entries (how the draft grows its tree): 6 under 5, then 1 and 2 under 6
+    lv = run.extend([6], [0]).clone()
+    lv2 = run.extend([1, 2], [1, 1]).clone()
+    torch.testing.assert_close(lv[0], _plain_logits(ref, seq + [5, 6]), atol=1e-5, rtol=0)
+    for r, tk in enumerate([1, 2]):
+        torch.testing.assert_close(lv2[r], _plain_logits(ref, seq + [5, 6, tk]), atol=1e-5, rtol=0)
+    run.commit([0, 1, 3])
+    torch.testing.assert_close(run.extend([4], [-1])[-1].clone(), _plain_logits(ref, seq + [5, 6, 2, 4]),
+                               atol=1e-5, rtol=0)
+    # exactly the committed cells survive: the prefix sequence ends at the last committed position
+    assert int(llama_cpp.llama_memory_seq_pos_max(t._mem, 0)) == run.base - 1
+
+
+MODES = [
+    dict(verifier="specinfer", k=2, depth=3),
+    dict(verifier="naive", k=1, depth=5),
+    dict(verifier="rrs_wor", k=3, depth=2, tree="sequences"),
+    dict(verifier="spechub", k=2, depth=3, tree=[[0], [1], [0, 0], [0, 0, 0], [1, 0]]),
+    dict(verifier="specinfer", k=3, depth=4, tree="dynamic", max_nodes=12),
+]
+
+
+def _llama_greedy(path, prompt: list[int], n: int) -> list[int]:
+    m = llama_cpp.Llama(model_path=str(path), n_ctx=256, verbose=False)
+    out = []
+    for tok in m.generate(prompt, temp=0.0, top_k=1):
+        out.append(int(tok))
+        if len(out) == n:
+            break
+    m.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def greedy_ref(files):
+    return _llama_greedy(files[0], PROMPT, 40)
+
+
+@pytest.mark.parametrize("kw", MODES, ids=lambda kw: f"{kw['verifier']}-{kw.get('tree', 'full')}")
+def test_greedy_equals_llama_cpp_greedy(greedy_ref, models, kw):
+    t, same, other = models
+    want = greedy_ref
+    for d, full_accept in ((same, True), (other, False)):
+        r = md.generate(t, d, torch.tensor([PROMPT]), temperature=0.0, max_new_tokens=40, generator=0, **kw)
+        assert r.tokens.tolist() == want
+        if full_accept:
+            assert r.block_efficiency > 1.5  # drafts were accepted, paths committed
+    base = md.generate(t, None, torch.tensor([PROMPT]), verifier=None, temperature=0.0, max_new_tokens=40, generator=0)
+    assert base.tokens.tolist() == want and base.target_calls == 40
+
+
+def _exact_two_token_law(ref: LlamaCppModel, temperature: float) -> torch.Tensor:
+    p1 = sampling.process_logits(_plain_logits(ref, PROMPT), temperature).double()
+    V = p1.numel()
+    rows = []
+    for y in range(V):
+        if float(p1[y]) == 0:
+            rows.append(torch.zeros(V, dtype=torch.float64))
+            continue
+        rows.append(sampling.process_logits(_plain_logits(ref, PROMPT + [y]), temperature).double())
+    return (p1.unsqueeze(1) * torch.stack(rows)).flatten()  # [V*V], index y1*V + y2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", MODES, ids=lambda kw: f"{kw['verifier']}-{kw.get('tree', 'full')}")
+def test_two_token_law_at_temperature_one(models, kw):
+    t, same, _ = models
+    exact = _exact_two_token_law(same, 1.0)
+    V = t.vocab_size
+    counts = torch.zeros(V * V, dtype=torch.float64)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.tensor([PROMPT])
+    acc = 0
+    n = 1500
+    for _ in range(n):
+        # the draft is the target's weights at draft temperature 1.6: accepted often, not always
+        r = md.generate(t, same, ids, temperature=1.0, draft_temperature=1.6, max_new_tokens=2,
+                        generator=g, **kw)
+        y = r.tokens.tolist()
+        counts[y[0] * V + y[1]] += 1
+        acc += r.accepted_lengths[0]
+    assert 0.2 * n < acc < 0.95 * n * max(1, kw["depth"] - 1)  # both branches of the walk taken
+    assert _chi2_pvalue(counts, exact) > 1e-3
+
+
+def test_errors(files, models, monkeypatch):
+    t, same, _ = models
+    ids = torch.tensor([PROMPT])
+    with pytest.raises(ValueError, match="two LlamaCppModel objects"):
+        md.generate(t, t, ids, max_new_tokens=2, generator=0)
+    hf, _ = tm.tiny_pair()
+    with pytest.raises(ValueError, match="one engine"):
+        md.generate(t, hf, ids, max_new_tokens=2, generator=0)
+    with pytest.raises(ValueError, match="outside the target vocabulary"):
+        md.generate(t, same, torch.tensor([[t.vocab_size]]), max_new_tokens=2, generator=0)
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        LlamaCppModel(files[0].parent / "missing.gguf")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(ImportError, match=r"multidraft\[llama\]"):
+        LlamaCppModel(files[0])
+
+
+def test_same_prompt_reuses_the_prefill_and_decodes_the_same(models):
+    t, same, _ = models
+    ids = torch.tensor([PROMPT * 3])
+    a = md.generate(t, same, ids, temperature=1.0, draft_temperature=1.3, max_new_tokens=20, generator=4)
+    b = md.generate(t, same, ids, temperature=1.0, draft_temperature=1.3, max_new_tokens=20, generator=4)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.prefill_seconds > 0 and b.prefill_seconds == 0.0
