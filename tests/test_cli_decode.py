@@ -48,6 +48,8 @@ BASE = ["decode", "--prompt", "def f(x):", "--quiet"]
     (["--draft-temperature", "1,x"], "--draft-temperature"),
     (["--draft-temperature", "1,2,3"], "--draft-temperature"),
     (["--draft-temperature", "-1"], "--draft-temperature"),
+    (["--bf16-target"], "--engine llama.cpp only"),
+    (["--threads", "2"], "--engine llama.cpp only"),
 ])
 def test_misuse_is_one_line_before_any_model(no_models, capsys, bad, words):
     assert main(BASE + bad) == 2
@@ -167,3 +169,12 @@ def test_tree_auto_falls_back_to_target_only_and_force_tree(monkeypatch, capsys,
     assert auto2["accept_stats"]["accept"] == auto["accept_stats"]["accept"]
     assert auto2["tree"]["paths"] == auto["tree"]["paths"]
     assert "decoding with the best tree anyway" in err
+
+
+def test_llama_engine_without_the_extra_names_it(no_models, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    assert main(BASE + ["--engine", "llama.cpp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'multidraft[llama]'" in err[0]

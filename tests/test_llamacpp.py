@@ -184,3 +184,23 @@ def test_same_prompt_reuses_the_prefill_and_decodes_the_same(models):
     b = md.generate(t, same, ids, temperature=1.0, draft_temperature=1.3, max_new_tokens=20, generator=4)
     assert a.tokens.tolist() == b.tokens.tolist()
     assert a.prefill_seconds > 0 and b.prefill_seconds == 0.0
+
+
+def test_cli_decode_on_llama_cpp(files, capsys):
+    import json
+
+    from multidraft.cli import main
+
+    argv = ["decode", "--engine", "llama.cpp", "--target", str(files[0]), "--draft", str(files[0]), "--prompt", "hello",
+            "--chat", "--ignore-eos", "--max-new-tokens", "12", "--temperature", "0", "--k", "2", "--depth", "3",
+            "--threads", "1", "--json", "--quiet"]
+    assert main(argv) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["new_tokens"] == 12 and obj["settings"]["engine"] == "llama.cpp" and obj["settings"]["threads"] == 1
+    assert obj["block_efficiency"] > 1.5  # the draft is the target's weights: greedy drafts are accepted
+    m = LlamaCppModel(files[0], n_ctx=256)
+    want = _llama_greedy(files[0], m.tokenize("hello", chat=True), 12)
+    assert obj["tokens"] == want and obj["text"] == m.detokenize(want)
+    m.close()
+    assert main(["decode", "--engine", "llama.cpp", "--bf16-target", "--target", str(files[0]), "--prompt", "x",
+                 "--quiet"]) == 2

@@ -734,3 +734,43 @@ def ensure_gguf(
     if not bf16:
         return src
     return requantize_gguf(src, out, "bf16", log=log)
+
+
+def resolve_llama_pair(
+    target: str | os.PathLike | None = None,
+    draft: str | os.PathLike | None = None,
+    *,
+    bf16_target: bool = False,
+    n_threads: int | None = None,
+    n_ctx: int = 4096,
+    cache_dir: str | os.PathLike | None = None,
+    log: Log | None = None,
+):
+    """``(target, draft)`` as ``decoding.llamacpp.LlamaCppModel`` objects from GGUF files.
+
+    ``None`` means the default pair's Q4_K_M file (:func:`ensure_gguf`); ``bf16_target``
+    takes the default target's BF16 requantisation instead (an explicit ``target`` path and
+    ``bf16_target`` together are refused). ``draft`` may be None only together with a
+    default draft; pass ``draft=False`` for no draft (target alone). The two must share one
+    vocabulary size.
+    """
+    from .decoding.llamacpp import LlamaCppModel
+
+    if target is not None and bf16_target:
+        raise ValueError("bf16_target applies to the default target only; give either a target path or bf16_target")
+    for name, path in (("target", target), ("draft", draft)):
+        if path not in (None, False) and not Path(path).expanduser().is_file():
+            raise FileNotFoundError(f"{name}: no GGUF file at {path} (the llama.cpp engine reads .gguf files)")
+    import_llama_cpp()
+    t_path = Path(target).expanduser() if target is not None else ensure_gguf("target", bf16=bf16_target, cache_dir=cache_dir, log=log)
+    d_path = None if draft is False else (Path(draft).expanduser() if draft is not None else ensure_gguf("draft", cache_dir=cache_dir, log=log))
+    say = _quiet(log)
+    t0 = time.perf_counter()
+    t = LlamaCppModel(t_path, n_threads=n_threads, n_ctx=n_ctx)
+    d = LlamaCppModel(d_path, n_threads=n_threads, n_ctx=n_ctx) if d_path is not None else None
+    say(f"llama.cpp: loaded target {t_path.name}" + (f" and draft {d_path.name}" if d else "")
+        + f" in {time.perf_counter() - t0:.1f} s ({t.n_threads} threads)")
+    if d is not None and d.vocab_size != t.vocab_size:
+        raise ValueError(f"draft {d_path.name} has {d.vocab_size} tokens but target {t_path.name} has "
+                         f"{t.vocab_size}; they must share one tokenizer")
+    return t, d

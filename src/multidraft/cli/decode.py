@@ -79,7 +79,14 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
     p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="model dtype")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                   help="model dtype (transformers engine)")
+    p.add_argument("--engine", default="transformers", choices=("transformers", "llama.cpp"),
+                   help="transformers (default; model directories) or llama.cpp (GGUF files, the llama extra)")
+    p.add_argument("--bf16-target", action="store_true",
+                   help="llama.cpp: the default target's BF16 GGUF (made once from the Q4_K_M file) instead of Q4_K_M")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="llama.cpp threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     p.add_argument("--out", metavar="FILE", default=None, help="also write the JSON object to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -145,6 +152,17 @@ def check_args(args):
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.engine == "llama.cpp":
+        from ..decoding.llamacpp import EXTRA, llama_cpp_available
+
+        if not llama_cpp_available():
+            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {EXTRA}")
+        if args.bf16_target and args.target is not None:
+            raise ValueError("--bf16-target picks the default target's BF16 GGUF; drop it or --target")
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    elif args.bf16_target or args.threads is not None:
+        raise ValueError(f"{'--bf16-target' if args.bf16_target else '--threads'} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
     out = _check_out(args.out)
@@ -242,8 +260,11 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     info = {**choice.to_dict(), "accept_stats": stats.to_dict(), "profile": args.profile,
             "decoded_with": "tree" if use else "target-only", "forced": bool(args.force_tree and not choice.pays)}
     if log is not None:
+        pe = profile.meta.get("engine", "transformers")
         pm = profile.meta.get("dtype")
-        if pm and pm != args.dtype:
+        if pe != args.engine:
+            log(f"tree auto: note: the profile was measured on {pe}, decoding on {args.engine}")
+        elif pm and args.engine == "transformers" and pm != args.dtype:
             log(f"tree auto: note: the profile was measured in {pm}, decoding in {args.dtype}")
         base = choice.target_only_tokens_per_s
         t = choice.tree
@@ -294,16 +315,27 @@ def run(args) -> int:
     from ..models import resolve_pair
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    dtype = getattr(torch, args.dtype)
-    target, draft, tok = resolve_pair(args.target, args.draft, dtype, log=log)
-    if args.chat and getattr(tok, "chat_template", None):
-        text_in = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False, add_generation_prompt=True)
+    if args.engine == "llama.cpp":
+        from ..models import resolve_llama_pair
+
+        target, draft = resolve_llama_pair(args.target, args.draft if settings.verifier is not None else False,
+                                           bf16_target=args.bf16_target, n_threads=args.threads, log=log)
+        input_ids = torch.tensor([target.tokenize(args.prompt, chat=args.chat)], dtype=torch.long)
+        eos = None if args.ignore_eos else target.eos_token_ids
+        detok = target.detokenize
     else:
-        text_in = args.prompt
-    input_ids = tok(text_in, return_tensors="pt")["input_ids"]
+        dtype = getattr(torch, args.dtype)
+        target, draft, tok = resolve_pair(args.target, args.draft, dtype, log=log)
+        if args.chat and getattr(tok, "chat_template", None):
+            text_in = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
+                                              add_generation_prompt=True)
+        else:
+            text_in = args.prompt
+        input_ids = tok(text_in, return_tensors="pt")["input_ids"]
+        eos = None if args.ignore_eos else tok.eos_token_id
+        detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     if input_ids.shape[1] < 1:
         raise ValueError("--prompt encodes to no tokens")
-    eos = None if args.ignore_eos else tok.eos_token_id
     verifier = settings.verifier.name if settings.verifier is not None else None
     auto_info = None
     if auto is not None:
@@ -321,7 +353,7 @@ def run(args) -> int:
         )
     finally:
         close()
-    text = tok.decode(res.tokens.tolist(), skip_special_tokens=True)
+    text = detok(res.tokens.tolist())
     if args.json or out is not None:
         obj = {
             "text": text,
@@ -342,7 +374,10 @@ def run(args) -> int:
                 "top_p": args.top_p,
                 "max_new_tokens": args.max_new_tokens,
                 "chat": args.chat,
-                "dtype": args.dtype,
+                "engine": args.engine,
+                "dtype": args.dtype if args.engine == "transformers" else None,
+                "bf16_target": bool(args.bf16_target),
+                "threads": target.n_threads if args.engine == "llama.cpp" else None,
                 "prompt": args.prompt,
                 "prompt_tokens": int(input_ids.shape[1]),
             },

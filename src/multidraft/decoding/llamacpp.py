@@ -170,6 +170,65 @@ class LlamaCppModel:
         except Exception:
             pass
 
+    # text ---------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        """Token ids of ``text`` by the GGUF's own tokenizer (special tokens parsed); with
+        ``chat`` the text is first wrapped as one user turn by the GGUF's chat template."""
+        L = self._L
+        if chat:
+            text = self.chat_prompt(text)
+        raw = text.encode("utf-8")
+        n = len(raw) + 16
+        buf = (L.llama_token * n)()
+        k = L.llama_tokenize(self._vocab, raw, len(raw), buf, n, False, True)
+        if k < 0:
+            raise ValueError(f"tokenizing {len(raw)} bytes needs {-k} tokens")  # pragma: no cover
+        return list(buf[:k])
+
+    def chat_prompt(self, text: str) -> str:
+        """``text`` as one user message in the GGUF's chat template (its Jinja text, rendered as
+        transformers renders it, default system message included), assistant turn opened."""
+        L = self._L
+        tmpl = L.llama_model_chat_template(self._model, None)
+        if not tmpl:
+            raise ValueError(f"{self.path.name} has no chat template")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        piece = lambda t: self.detokenize_special([t]) if t >= 0 else ""  # noqa: E731
+        fmt = Jinja2ChatFormatter(template=tmpl.decode("utf-8"), eos_token=piece(L.llama_vocab_eos(self._vocab)),
+                                  bos_token=piece(L.llama_vocab_bos(self._vocab)))
+        return fmt(messages=[{"role": "user", "content": text}]).prompt
+
+    def detokenize_special(self, ids) -> str:
+        """The text of ``ids`` with special tokens rendered (e.g. ``<|im_end|>``)."""
+        return self._detok(ids, special=True)
+
+    def detokenize(self, ids) -> str:
+        """The text of ``ids`` (special tokens such as end-of-turn are left out)."""
+        return self._detok(ids, special=False)
+
+    def _detok(self, ids, special: bool) -> str:
+        L = self._L
+        ids = [int(i) for i in ids]
+        if not ids:
+            return ""
+        arr = (L.llama_token * len(ids))(*ids)
+        n = 16 * len(ids) + 64
+        buf = ctypes.create_string_buffer(n)
+        k = L.llama_detokenize(self._vocab, arr, len(ids), buf, n, False, special)
+        if k < 0:
+            buf = ctypes.create_string_buffer(-k)
+            k = L.llama_detokenize(self._vocab, arr, len(ids), buf, -k, False, special)
+        return buf.raw[:k].decode("utf-8", "replace")
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every end-of-generation token of the vocabulary (``llama_vocab_is_eog``)."""
+        if getattr(self, "_eog", None) is None:
+            L = self._L
+            self._eog = [i for i in range(self.vocab_size) if L.llama_vocab_is_eog(self._vocab, i)]
+        return self._eog
+
     # llama.cpp calls --------------------------------------------------------------------
     def decode(self, tokens: list[int], pos: list[int], seqs: list[list[int]], want: list[bool]) -> torch.Tensor:
         """One llama_decode of ``tokens`` at ``pos`` with sequence ids ``seqs`` (first one is the
