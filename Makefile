@@ -18,12 +18,20 @@ $(STAMP): pyproject.toml requirements-models.txt
 
 setup: $(STAMP)
 
+# the llama.cpp engine's tests need llama-cpp-python (the `llama` extra); it compiles llama.cpp
+# from source (about 10 minutes on 2 cores, once: pip caches the wheel), so only `make test`
+# installs it and `make demo` does not wait for it
+LLAMA := $(VENV)/.llama-installed
+$(LLAMA): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -e '.[llama]'
+	touch $(LLAMA)
+
 # assemble + checksum + convert the default pair once (cached), then the end-to-end demo
 demo: $(STAMP)
 	$(PY) -m multidraft setup-models
 	$(PY) -m multidraft demo
 
-test: $(STAMP)
+test: $(STAMP) $(LLAMA)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
