@@ -1,7 +1,12 @@
-"""``multidraft profile`` on tiny models: JSON fields and sanity (never timings)."""
+"""``multidraft profile`` on tiny transformers models: JSON fields and structure (never timings).
+
+The llama.cpp side (tiny GGUFs) is in ``test_profile_llamacpp.py``; the missing-extra error is here
+because it must work where llama-cpp-python is not installed.
+"""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -26,9 +31,11 @@ def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
     obj = json.loads(out.read_text())
     assert obj["target"]["nodes"] == [1, 2, 4, 8] and obj["draft"]["nodes"] == [1, 2, 3]
     for key in ("cpu", "cores", "torch", "transformers", "dtype", "prefix_tokens", "repeats", "target", "draft",
-                "load_average", "samples"):
+                "load_average", "samples", "engine", "threads"):
         assert key in obj["meta"], key
     assert obj["meta"]["dtype"] == "float32" and obj["meta"]["prefix_tokens"] == 16
+    assert obj["meta"]["engine"] == "transformers" and "llama_cpp_python" not in obj["meta"]
+    assert "torch threads" in text
     secs = obj["target"]["seconds"] + obj["draft"]["seconds"]
     assert all(s > 0 for s in secs)
     prof = CostProfile.from_dict(obj)
@@ -40,6 +47,8 @@ def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
     (["--nodes", "1,128"], "<= 64"),
     (["--repeats", "0"], "--repeats"),
     (["--prefix", "0"], "--prefix"),
+    (["--bf16-target"], "--bf16-target applies to --engine llama.cpp only"),
+    (["--threads", "0"], "--threads"),
 ])
 def test_profile_misuse_is_one_line_before_any_model(monkeypatch, capsys, bad, words):
     def boom(*a, **kw):
@@ -67,3 +76,90 @@ def test_min_statistic_is_the_smallest_sample(monkeypatch, tmp_path):
         measure_profile(t, d, nodes=[1], draft_nodes=[1], prefix=8, repeats=1, statistic="mean")
     with pytest.raises(ValueError, match="prefix"):
         measure_profile(t, d, nodes=[1, 64], draft_nodes=[1], prefix=250, repeats=1)
+
+
+def test_measure_forward_through_a_runner_leaves_the_prefix(monkeypatch):
+    """One timed ``extend`` per size of the star shape (root + n - 1 children, every logit), the
+    cache rolled back to the prefix after each; nothing else is left in the cache."""
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+    import torch
+
+    from multidraft.decoding import profiling
+    from multidraft.decoding.runners import HFRunner
+
+    t, _ = tm.tiny_pair(vocab_size=32, seed=1)
+    run = HFRunner(t)
+    run.prefill(torch.arange(10).view(1, 10) % 32)
+    calls = []
+    extend = run.extend
+
+    def spy(tokens, parents, last_only=False):
+        calls.append((list(tokens), list(parents), last_only, run.base))
+        out = extend(tokens, parents, last_only)
+        assert out.shape == (len(tokens), 32)
+        return out
+
+    monkeypatch.setattr(run, "extend", spy)
+    times = profiling.measure_forward(run, [1, 2, 5], repeats=3, warmup=2)
+    assert sorted(times) == [1, 2, 5] and all(len(v) == 3 and min(v) > 0 for v in times.values())
+    assert [len(c[0]) for c in calls] == [1, 2, 5] * 5  # interleaved: warmup rounds, then repeats
+    for toks, parents, last_only, base in calls:
+        assert parents == [-1] + [0] * (len(toks) - 1) and not last_only and base == 10
+    assert run.base == 10 and run.cache.get_seq_length() == 10
+
+
+def test_profile_meta_and_engine_mixing(monkeypatch):
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    from multidraft.decoding.profiling import measure_profile
+    from multidraft.decoding.treeopt import AcceptStats, CostProfile, choose_tree
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=1)
+    prof = measure_profile(t, d, nodes=[1, 2, 4], draft_nodes=[1, 2], prefix=8, repeats=1, warmup=0,
+                           meta={"target": "tiny"})
+    m = prof.meta
+    assert m["engine"] == "transformers" and m["dtype"] == m["draft_dtype"] == "float32" and m["target"] == "tiny"
+    assert sorted(m["samples"]) == ["draft", "target"] and sorted(m["samples"]["target"], key=int) == ["1", "2", "4"]
+    again = CostProfile.from_json(prof.to_json())
+    assert again.meta["engine"] == "transformers" and again.target_nodes == (1, 2, 4)
+    choice = choose_tree(again, AcceptStats({1: [0.8], 2: [0.8, 0.1]}), max_nodes=4, max_depth=2)
+    assert choice.target_only_tokens_per_s > 0
+
+    class FakeGGUF:  # a llama.cpp model as far as the engine checks go
+        engine = "llama.cpp"
+
+    with pytest.raises(ValueError, match="one engine"):
+        measure_profile(t, FakeGGUF(), nodes=[1], draft_nodes=[1], prefix=8, repeats=1)
+
+
+@pytest.mark.parametrize("extra", [[], ["--bf16-target"], ["--threads", "2"]])
+def test_llama_engine_without_the_extra_is_one_line_before_any_model(monkeypatch, capsys, extra):
+    def boom(*a, **kw):
+        raise AssertionError("a model would have been loaded")
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    monkeypatch.setattr(models, "resolve_pair", boom)
+    monkeypatch.setattr(models, "resolve_llama_pair", boom)
+    monkeypatch.setattr(models, "ensure_gguf", boom)
+    assert main(["profile", "--quiet", "--engine", "llama.cpp"] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("multidraft profile: error:")
+    assert "pip install 'multidraft[llama]'" in err[0]
+
+
+@pytest.mark.parametrize("bad,words", [
+    (["--dtype", "float32"], "--dtype applies to --engine transformers only"),
+    (["--bf16-target", "--target", "x.gguf"], "--bf16-target picks the default target"),
+])
+def test_llama_engine_misuse(monkeypatch, capsys, bad, words):
+    pytest.importorskip("llama_cpp")
+
+    def boom(*a, **kw):
+        raise AssertionError("a model would have been loaded")
+
+    monkeypatch.setattr(models, "resolve_llama_pair", boom)
+    assert main(["profile", "--quiet", "--engine", "llama.cpp"] + bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]

@@ -4,8 +4,13 @@ Measures the target forward time for n tree tokens (``--nodes``, default 1,2,4,.
 the draft forward time of one tree level of m nodes (``--draft-nodes``, default 1-8) over a
 ``--prefix``-token cached prompt (median, or ``--statistic min``, of ``--repeats`` interleaved over the sizes after ``--warmup``
 rounds), prints a
-table and writes the :class:`~multidraft.decoding.treeopt.CostProfile` JSON (with cpu,
-cores, torch/transformers versions and dtype) to ``--out``.
+table and writes the :class:`~multidraft.decoding.treeopt.CostProfile` JSON (with the
+engine, cpu, cores, versions, dtype or GGUF types and files, threads) to ``--out``.
+
+``--engine transformers`` (default) times model directories in ``--dtype``;
+``--engine llama.cpp`` times GGUF files (the default pair's Q4_K_M files, ``--bf16-target``
+for the default target's BF16 GGUF) with ``--threads`` llama.cpp threads. Both go through
+the decoder's runners (``decoding.profiling``), so the numbers mean the same on both.
 """
 from __future__ import annotations
 
@@ -22,9 +27,16 @@ def register(sub) -> None:
         description="Time one target forward over n tree tokens and one draft level over m nodes on a "
                     "cached prompt prefix; print a table and write the cost profile as JSON.",
     )
-    p.add_argument("--target", metavar="DIR", default=None, help="target model directory (default: the default pair)")
-    p.add_argument("--draft", metavar="DIR", default=None, help="draft model directory (default: the default pair)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help="model dtype")
+    p.add_argument("--engine", default="transformers", choices=("transformers", "llama.cpp"),
+                   help="transformers (default; model directories) or llama.cpp (GGUF files, the llama extra)")
+    p.add_argument("--target", metavar="PATH", default=None,
+                   help="target model directory, or .gguf file with llama.cpp (default: the default pair)")
+    p.add_argument("--draft", metavar="PATH", default=None,
+                   help="draft model directory, or .gguf file with llama.cpp (default: the default pair)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="model dtype (transformers engine; default bfloat16)")
+    p.add_argument("--bf16-target", action="store_true",
+                   help="llama.cpp: the default target's BF16 GGUF (made once from the Q4_K_M file) instead of Q4_K_M")
     p.add_argument("--nodes", default="1,2,4,8,16,32,64", help="target tree sizes n (root included, 1..64; must include 1)")
     p.add_argument("--draft-nodes", default="1-8", help="draft level sizes m (1..64)")
     p.add_argument("--prefix", type=int, default=128, metavar="T", help="cached prompt tokens before the tree (default 128)")
@@ -32,7 +44,9 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed forwards before each point (default 1)")
     p.add_argument("--statistic", default="median", choices=("median", "min"),
                    help="per point: median of the repeats (default) or min (the uncontended cost on a shared machine)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads with transformers (default: torch's own), llama.cpp threads with llama.cpp "
+                        "(default: all cores)")
     p.add_argument("--out", metavar="FILE", default="profile.json", help="JSON output file (default profile.json)")
     p.add_argument("--quiet", action="store_true", help="no loading messages on stderr")
     p.set_defaults(func=run)
@@ -50,6 +64,17 @@ def check_args(args):
             raise ValueError(f"{flag} must be >= {lo}, got {val}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.engine == "llama.cpp":
+        from ..decoding.llamacpp import EXTRA, llama_cpp_available
+
+        if not llama_cpp_available():
+            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {EXTRA}")
+        if args.dtype is not None:
+            raise ValueError("--dtype applies to --engine transformers only (llama.cpp runs the GGUF's own types)")
+        if args.bf16_target and args.target is not None:
+            raise ValueError("--bf16-target picks the default target's BF16 GGUF; drop it or --target")
+    elif args.bf16_target:
+        raise ValueError("--bf16-target applies to --engine llama.cpp only")
     out = Path(args.out).expanduser()
     if out.is_dir():
         raise ValueError(f"--out: {out} is a directory; give a file name")
@@ -58,29 +83,47 @@ def check_args(args):
     return nodes, draft_nodes, out
 
 
-def run(args) -> int:
-    nodes, draft_nodes, out = check_args(args)
+def _load(args, nodes, draft_nodes, log):
+    """``(target, draft)`` of the chosen engine (threads set before anything loads)."""
+    if args.engine == "llama.cpp":
+        from ..models import resolve_llama_pair
 
+        n_ctx = max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1]))
+        return resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target, n_threads=args.threads,
+                                  n_ctx=n_ctx, log=log)
     import torch
 
-    from ..decoding.profiling import measure_profile
     from ..models import resolve_pair
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    target, draft, _ = resolve_pair(args.target, args.draft, getattr(torch, args.dtype or "bfloat16"), log=log)
+    return target, draft
+
+
+def run(args) -> int:
+    nodes, draft_nodes, out = check_args(args)
+
+    from ..decoding.profiling import measure_profile
+
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    target, draft, _ = resolve_pair(args.target, args.draft, getattr(torch, args.dtype), log=log)
+    target, draft = _load(args, nodes, draft_nodes, log)
+    default_target = "default (BF16 GGUF)" if args.bf16_target else "default"
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,
                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
-                           meta={"target": args.target or "default", "draft": args.draft or "default"})
+                           meta={"target": args.target or default_target, "draft": args.draft or "default"})
     try:
         out.write_text(prof.to_json() + "\n", encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
     one = prof.target_seconds(1)
     m = prof.meta
-    print(f"# {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads), torch {m['torch']}, "
-          f"transformers {m['transformers']}, {m['dtype']}, prefix {args.prefix}, {args.statistic} of {args.repeats}, "
+    if m["engine"] == "llama.cpp":
+        eng = (f"{m['threads']} llama.cpp threads), llama-cpp-python {m['llama_cpp_python']}, "
+               f"{m['target_file']} ({m['dtype']}) + {m['draft_file']} ({m['draft_dtype']})")
+    else:
+        eng = f"{m['torch_threads']} torch threads), torch {m['torch']}, transformers {m['transformers']}, {m['dtype']}"
+    print(f"# {m['cpu']} ({m['cores']} cores, {eng}, prefix {args.prefix}, {args.statistic} of {args.repeats}, "
           f"load average {m['load_average_before']} -> {m['load_average']}")
     print(f"{'target n':>9} {'ms':>10} {'x n=1':>7} {'ms/node':>9}")
     for n, s in zip(prof.target_nodes, prof.target_times):
