@@ -1,48 +1,142 @@
-"""End-to-end decoding speed on the real pair (default: Qwen2.5-Coder 1.5B target / 0.5B draft).
+"""End-to-end decoding speed: multidraft against the target alone and against the peers, one run.
 
-For 8 HumanEval prompts, 128 new tokens, temperature 1 (pure sampling: no top-k/top-p),
-every method decodes every prompt in turn (interleaved, so load swings on a shared machine
-hit all methods alike):
+Every method decodes every prompt in turn (interleaved, so load swings on a shared machine
+hit all methods alike); HumanEval prompts through the chat template, temperature 1 (pure
+sampling: no top-k / top-p / min-p), ``--max-new-tokens`` each (the run stops early at an
+end-of-turn token unless ``--no-eos``). Tokens/s counts the decoding steps only (prompt
+prefill excluded), for every method and peer alike.
 
-* ``target-only``     multidraft.generate(verifier=None): the reference for every ratio;
-* ``hf-assisted``     transformers' own assisted generation, ``target.generate(...,
-                      assistant_model=draft, do_sample=True)`` (its default dynamic number of
-                      assistant tokens); target calls are counted with a forward hook
-                      (all of them: its first call verifies candidates together with the
-                      prompt prefill, which multidraft.generate runs as a separate call);
-* ``SD naive K=1``    single-draft speculative decoding, a draft chain of depth L;
-* every multi-draft verifier at K = 2, 4 (full K-ary tree of depth L, its default law).
+Engines (``--engine``):
 
-Printed: tokens/s, block efficiency (new tokens per target forward pass), the ratio of
-tokens/s to target-only measured in the same run, and the best multi-draft row against
-hf-assisted and against single-draft SD. ``--out FILE`` also writes JSONL rows.
+* ``transformers`` (default pair converted to safetensors, ``--dtype``): the peer is
+  transformers' own assisted generation (``hf``: ``target.generate(assistant_model=draft,
+  do_sample=True)``, its default dynamic number of draft tokens).
+* ``llama.cpp`` (the GGUF files read directly; ``--bf16-target`` for the BF16 target made
+  from the same weights, the draft stays Q4_K_M): the peers are llama.cpp's own binaries,
+  built by ``scripts/build_llama_tools.sh`` from the llama.cpp commit the Python binding
+  vendors: ``llama-target`` (``llama-completion``, target alone) and ``llama-spec:D[:NP]``
+  (``llama-speculative`` with ``--draft-max D`` and NP parallel draft sequences; NP > 1 is
+  its tree mode, which at T > 0 is not exactly the target's law: docs/llama_cpp_peer.md).
 
-    .venv/bin/python benchmarks/decode_speed.py                   # the full run (long on 2 cores)
-    .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --k 2
+Methods (``--methods``, comma separated):
+
+``target``            multidraft with the target alone (the reference of every ratio)
+``sd:D``              single-draft SD (``naive``), a chain of depth D
+``V:KxD``             verifier V on the full K-ary tree of depth D (its implied draft law)
+``V:seqKxD``          verifier V on K draft sequences of length D (a trie)
+``V:dyn:K:N:D``       verifier V on dynamic trees: at most K drafts per node, N nodes (root
+                      included), depth D
+``V:auto:K``          verifier V on the tree ``treeopt.choose_tree`` picks from ``--profile``
+                      and acceptance statistics of a warm-up decode on a held-out prompt
+``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
+
+Printed: per method tokens/s (pooled over prompts, and the per-prompt mean with its 95%
+t-interval), block efficiency (new tokens per target forward, with its 95% interval),
+acceptance, the speed-up over the target alone (paired per prompt, 95% interval), and the
+headline ratios: best multi-draft against the best single-draft SD, against the peers, and
+against the target alone. ``--out FILE`` writes JSONL (config, seed, versions, load average,
+one row per (prompt, method), one summary row per method); ``--markdown FILE`` the table.
+
+    .venv/bin/python benchmarks/decode_speed.py --engine llama.cpp --bf16-target --prompts 20
+    .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --methods target,sd:3,specinfer:2x3
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import platform
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from multidraft.cli._args import k_list, name_list
-from multidraft.datasets import encode_prompt, load_prompts
-from multidraft.decoding import generate
-from multidraft.models import resolve_pair
-from multidraft.experiments.demo import Method, format_table, plan_methods, summarize
+from multidraft import verifiers as _verifiers
+from multidraft.datasets import encode_prompt, instruction_for, load_prompts
+from multidraft.decoding import full_tree, generate
+from multidraft.experiments.findings import t95
 from multidraft.experiments.records import JsonlWriter
 
-HF = Method("hf-assisted", "hf-assisted", 0, "hf")
+DEFAULT_METHODS = {
+    "transformers": "target,hf,sd:3,sd:4,sd:5,specinfer:2x3,specinfer:seq2x4,specinfer:dyn:4:12:6",
+    "llama.cpp": ("llama-target,target,llama-spec:4,llama-spec:6,llama-spec:6:2,sd:4,sd:6,sd:8,"
+                  "specinfer:2x4,specinfer:seq2x6,specinfer:dyn:4:16:8,specinfer:dyn:4:24:8"),
+}
+LLAMA_BIN = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp")) / "build-0.3.36/bin"
 
 
 def _eprint(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+# --- methods -----------------------------------------------------------------------------------
+@dataclass
+class Method:
+    label: str
+    kind: str                      # target | tree | auto | hf | llama-target | llama-spec
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def multi(self) -> bool:
+        return self.kind in ("tree", "auto") and self.kwargs.get("verifier") != "naive"
+
+    @property
+    def single(self) -> bool:
+        return self.kind == "tree" and self.kwargs.get("verifier") == "naive"
+
+
+def parse_method(spec: str, engine: str) -> Method:
+    s = spec.strip()
+    if s == "target":
+        return Method("target-only", "target", {"verifier": None})
+    if s == "hf":
+        if engine != "transformers":
+            raise ValueError("method hf (assisted generation) needs --engine transformers")
+        return Method("hf-assisted", "hf")
+    if s == "llama-target":
+        if engine != "llama.cpp":
+            raise ValueError("method llama-target needs --engine llama.cpp")
+        return Method("llama.cpp target-only (llama-completion)", "llama-target")
+    m = re.fullmatch(r"llama-spec:(\d+)(?::(\d+))?", s)
+    if m:
+        if engine != "llama.cpp":
+            raise ValueError("method llama-spec needs --engine llama.cpp")
+        d, np_ = int(m.group(1)), int(m.group(2) or 1)
+        return Method(f"llama-speculative D={d}" + (f" NP={np_}" if np_ > 1 else ""), "llama-spec",
+                      {"draft_max": d, "n_parallel": np_})
+    m = re.fullmatch(r"sd:(\d+)", s)
+    if m:
+        d = int(m.group(1))
+        return Method(f"SD depth {d}", "tree", {"verifier": "naive", "k": 1, "depth": d})
+    m = re.fullmatch(r"(\w+):(seq)?(\d+)x(\d+)", s)
+    if m:
+        v, seq, k, d = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+        _verifiers.get(v)
+        kw = {"verifier": v, "k": k, "depth": d}
+        if seq:
+            kw["tree"] = "sequences"
+        return Method(f"{v} {'seq ' if seq else ''}K={k} depth {d}", "tree", kw)
+    m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)", s)
+    if m:
+        v, k, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+        _verifiers.get(v)
+        return Method(f"{v} dynamic K<={k} {n} nodes depth<={d}", "tree",
+                      {"verifier": v, "k": k, "depth": d, "tree": "dynamic", "max_nodes": n})
+    m = re.fullmatch(r"(\w+):auto:(\d+)", s)
+    if m:
+        v, k = m.group(1), int(m.group(2))
+        _verifiers.get(v)
+        return Method(f"{v} auto K<={k}", "auto", {"verifier": v, "k": k})
+    raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D, V:auto:K, "
+                     "hf, llama-target, llama-spec:D[:NP])")
+
+
+# --- peers -------------------------------------------------------------------------------------
 class CallCounter:
     """Counts forward passes of a module (pre-hook)."""
 
@@ -74,106 +168,336 @@ def hf_assisted(target, draft, ids, *, max_new_tokens, temperature, eos, pad, se
         d_calls.close()
     new = int(out.shape[1] - ids.shape[1])
     # every target call counts: assisted generation verifies its first candidates in the same
-    # forward pass as the prompt prefill, so there is no separate prefill call to exclude
+    # forward pass as the prompt prefill (its prefill is inside `secs` too: a small advantage
+    # to multidraft on short outputs, stated in the report)
     calls = max(t_calls.n, 1)
     return {"new_tokens": new, "target_calls": calls, "draft_calls": d_calls.n, "seconds": secs,
-            "block_efficiency": new / calls, "acceptance_rate": float("nan"),
-            "tokens_per_s": new / secs if secs > 0 else float("nan")}
+            "block_efficiency": new / calls, "acceptance_rate": float("nan")}
+
+
+def _sampling_flags(temperature: float, seed: int, threads: int) -> list[str]:
+    # pure sampling like every other row: llama.cpp's default chain has top-k 40, top-p 0.95, min-p 0.05
+    return ["--temp", f"{temperature:g}", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0",
+            "--seed", str(seed), "-t", str(threads), "-tb", str(threads), "-c", "4096", "--no-warmup"]
+
+
+def _run(cmd: list[str], timeout: float) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{Path(cmd[0]).name} did not finish in {timeout:.0f} s") from None
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{Path(cmd[0]).name} exited {p.returncode}: {' | '.join(tail)}")
+    return p.stdout + "\n" + p.stderr
+
+
+def llama_speculative(bin_dir: Path, target: Path, draft: Path, prompt_file: Path, *, max_new_tokens, temperature,
+                      seed, threads, draft_max, n_parallel, eos: bool) -> dict:
+    cmd = [str(bin_dir / "llama-speculative"), "-m", str(target), "-md", str(draft), "-f", str(prompt_file),
+           "-n", str(max_new_tokens), "--draft-max", str(draft_max), "--draft-min", "0", "-np", str(n_parallel),
+           "-td", str(threads), "-tbd", str(threads), *_sampling_flags(temperature, seed, threads)]
+    if not eos:
+        cmd.append("--ignore-eos")
+    out = _run(cmd, 900)
+
+    def num(pat):
+        m = re.search(pat, out)
+        if not m:
+            raise RuntimeError(f"llama-speculative: no {pat!r} in its output")
+        return float(m.group(1))
+
+    n_pred = int(num(r"n_predict\s*=\s*(\d+)"))
+    n_acc = int(num(r"n_accept\s*=\s*(\d+)"))
+    n_drafted = int(num(r"n_drafted\s*=\s*(\d+)"))
+    secs = num(r"decoded\s+\d+\s+tokens in\s+([\d.]+)\s+seconds")
+    new = int(num(r"decoded\s+(\d+)\s+tokens in"))
+    calls = max(1, n_pred - n_acc)  # every target pass yields one token that was not a draft
+    return {"new_tokens": new, "target_calls": calls, "draft_calls": -1, "seconds": secs,
+            "block_efficiency": n_pred / calls, "acceptance_rate": n_acc / n_drafted if n_drafted else float("nan")}
+
+
+def llama_completion(bin_dir: Path, target: Path, prompt_file: Path, *, max_new_tokens, temperature, seed, threads,
+                     eos: bool) -> dict:
+    cmd = [str(bin_dir / "llama-completion"), "-m", str(target), "-f", str(prompt_file), "-n", str(max_new_tokens),
+           "-no-cnv", *_sampling_flags(temperature, seed, threads)]
+    if not eos:
+        cmd.append("--ignore-eos")
+    out = _run(cmd, 900)
+    m = re.search(r"eval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s*runs", out.split("prompt eval time")[-1])
+    if not m:
+        raise RuntimeError("llama-completion: no 'eval time' line in its output")
+    ms, runs = float(m.group(1)), int(m.group(2))
+    # one single-token target pass per eval run, each followed by one sampled token (its first
+    # token comes from the prompt pass, which is prefill): tokens/s = runs / eval seconds
+    return {"new_tokens": runs, "target_calls": runs, "draft_calls": 0, "seconds": ms / 1000.0,
+            "block_efficiency": 1.0, "acceptance_rate": float("nan")}
+
+
+# --- statistics ----------------------------------------------------------------------------------
+def _mean_ci(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x == x]
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, t95(n) * sd / math.sqrt(n)
+
+
+def summarize(rows: list[dict], methods: list[Method], base_label: str) -> list[dict]:
+    base = {r["prompt"]: r for r in rows if r["method"] == base_label}
+    out = []
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m.label]
+        if not rs:
+            continue
+        tokens = sum(r["new_tokens"] for r in rs)
+        secs = sum(r["seconds"] for r in rs)
+        calls = sum(r["target_calls"] for r in rs)
+        tps = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
+        be = [r["block_efficiency"] for r in rs]
+        ratio = [(r["new_tokens"] / r["seconds"]) / (base[r["prompt"]]["new_tokens"] / base[r["prompt"]]["seconds"])
+                 for r in rs if r["prompt"] in base and r["seconds"] > 0 and base[r["prompt"]]["seconds"] > 0]
+        acc = [r["acceptance_rate"] for r in rs if r["acceptance_rate"] == r["acceptance_rate"]]
+        s = {"method": m.label, "kind": m.kind, "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
+             "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else float("nan"),
+             "block_efficiency": tokens / calls if calls else float("nan"),
+             "acceptance_rate": sum(acc) / len(acc) if acc else float("nan")}
+        s["tokens_per_s_mean"], s["tokens_per_s_ci95"] = _mean_ci(tps)
+        s["block_efficiency_mean"], s["block_efficiency_ci95"] = _mean_ci(be)
+        s["speedup_mean"], s["speedup_ci95"] = _mean_ci(ratio)
+        if m.kind == "auto":
+            s["tree"] = rs[0].get("tree")
+        out.append(s)
+    return out
+
+
+def _f(x, nd=2) -> str:
+    return "-" if x is None or x != x else f"{x:.{nd}f}"
+
+
+def format_table(summary: list[dict]) -> str:
+    lines = ["| method | tokens/s (pooled) | tokens/s mean ± 95% | block eff. ± 95% | acceptance | speed-up vs target ± 95% |",
+             "|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(f"| {s['method']} | {_f(s['tokens_per_s'])} | {_f(s['tokens_per_s_mean'])} ± {_f(s['tokens_per_s_ci95'])} | "
+                     f"{_f(s['block_efficiency_mean'])} ± {_f(s['block_efficiency_ci95'])} | {_f(s['acceptance_rate'])} | "
+                     f"{_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} |")
+    return "\n".join(lines)
+
+
+def _paired_ratio(rows, a: str, b: str) -> tuple[float, float, int]:
+    ra = {r["prompt"]: r for r in rows if r["method"] == a}
+    rb = {r["prompt"]: r for r in rows if r["method"] == b}
+    xs = [(ra[p]["new_tokens"] / ra[p]["seconds"]) / (rb[p]["new_tokens"] / rb[p]["seconds"])
+          for p in ra if p in rb and ra[p]["seconds"] > 0 and rb[p]["seconds"] > 0]
+    m, ci = _mean_ci(xs)
+    return m, ci, len(xs)
+
+
+def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> list[str]:
+    by = {s["method"]: s for s in summary}
+    kinds = {m.label: m for m in methods}
+    multi = [s for s in summary if kinds[s["method"]].multi]
+    single = [s for s in summary if kinds[s["method"]].single]
+    peers = [s for s in summary if s["kind"] in ("hf", "llama-spec")]
+    base = next((s for s in summary if s["kind"] == "target"), None)
+    out = []
+    best = max(multi, key=lambda s: s["tokens_per_s"]) if multi else None
+    sd = max(single, key=lambda s: s["tokens_per_s"]) if single else None
+    if best:
+        out.append(f"best multi-draft: {best['method']} at {best['tokens_per_s']:.2f} tok/s, block efficiency "
+                   f"{best['block_efficiency']:.2f}")
+    for name, ref in ([("best single-draft SD", sd)] if sd else []) + [(p["method"], p) for p in peers] + \
+                     ([("target-only", base)] if base else []):
+        if best is None or ref is None:
+            continue
+        m, ci, n = _paired_ratio(rows, best["method"], ref["method"])
+        out.append(f"  vs {name} ({ref['method']}, {ref['tokens_per_s']:.2f} tok/s): pooled "
+                   f"{best['tokens_per_s'] / ref['tokens_per_s']:.3f}x, per prompt {m:.3f}x ± {ci:.3f} (95%, {n} prompts)")
+    if sd and base:
+        m, ci, n = _paired_ratio(rows, sd["method"], base["method"])
+        out.append(f"best single-draft SD {sd['method']}: {sd['tokens_per_s'] / base['tokens_per_s']:.3f}x target-only "
+                   f"(per prompt {m:.3f}x ± {ci:.3f})")
+    for p in peers:
+        if best is None:
+            out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
+    return out
+
+
+# --- run -----------------------------------------------------------------------------------------
+def _versions() -> dict:
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("transformers", "llama_cpp"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return v
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default=None, help="local target model dir (default pair otherwise)")
-    ap.add_argument("--draft", default=None, help="local draft model dir")
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--engine", default="transformers", choices=("transformers", "llama.cpp"))
+    ap.add_argument("--target", default=None, help="target model dir (transformers) or .gguf (llama.cpp); default pair otherwise")
+    ap.add_argument("--draft", default=None, help="draft model dir or .gguf")
+    ap.add_argument("--bf16-target", action="store_true", help="llama.cpp: the default target's BF16 GGUF")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="transformers dtype")
+    ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--k", default="2,4", help="drafts per node for the multi-draft rows, e.g. 2,4 or 2-8 (default 2,4)")
-    ap.add_argument("--verifiers", default=None, help="comma-separated multi-draft verifiers (default: all registered)")
+    ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring)")
+    ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     ap.add_argument("--no-eos", action="store_true", help="always generate max-new-tokens tokens")
+    ap.add_argument("--llama-bin", default=str(LLAMA_BIN), help="directory of llama-speculative / llama-completion")
     ap.add_argument("--out", default=None, help="JSONL results file")
+    ap.add_argument("--markdown", default=None, help="also write the table and headline to this Markdown file")
     args = ap.parse_args(argv)
 
     try:
-        ks = tuple(k_list(args.k, "--k"))
-        verifiers = tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None
+        methods = [parse_method(s, args.engine) for s in (args.methods or DEFAULT_METHODS[args.engine]).split(",") if s.strip()]
     except ValueError as exc:
         ap.error(str(exc))
-    methods, skipped = plan_methods(ks, verifiers)
-    if not args.no_hf:
-        methods.insert(1, HF)
-    prompts = load_prompts("humaneval", args.prompts)
-    target, draft, tok = resolve_pair(args.target, args.draft, log=_eprint)
-    eos = None if args.no_eos else tok.eos_token_id
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    encoded = [(tid, encode_prompt(tok, text)) for tid, text in prompts]
-    print(f"decode_speed: {len(prompts)} HumanEval prompts, {args.max_new_tokens} new tokens, T={args.temperature:g}, "
-          f"depth {args.depth}, K in {list(ks)}, torch threads {torch.get_num_threads()}, seed {args.seed}", flush=True)
-    for note in skipped:
-        print(f"skipped {note}")
+    if len({m.label for m in methods}) != len(methods):
+        ap.error("--methods: a method is listed twice")
+    if any(m.kind == "auto" for m in methods) and not args.profile:
+        ap.error("--methods V:auto:K needs --profile FILE")
+    if args.bf16_target and args.engine != "llama.cpp":
+        ap.error("--bf16-target needs --engine llama.cpp")
+    bin_dir = Path(args.llama_bin)
+    for m in methods:
+        exe = {"llama-spec": "llama-speculative", "llama-target": "llama-completion"}.get(m.kind)
+        if exe and not (bin_dir / exe).is_file():
+            ap.error(f"{m.label}: {bin_dir / exe} not found (build it with scripts/build_llama_tools.sh)")
+    base_label = next((m.label for m in methods if m.kind == "target"), None)
+    if base_label is None:
+        ap.error("--methods must include target (the reference of every ratio)")
 
-    # warm-up
-    ids0 = encoded[0][1]
-    generate(target, draft, ids0, verifier=None, max_new_tokens=2, generator=args.seed)
-    generate(target, draft, ids0, verifier="naive", k=1, depth=args.depth, max_new_tokens=2, generator=args.seed)
-    if not args.no_hf:
-        hf_assisted(target, draft, ids0, max_new_tokens=4, temperature=args.temperature, eos=eos, pad=pad, seed=0)
+    prompts = load_prompts("humaneval", args.prompts + 1)  # the last one is held out for tree auto's warm-up
+    held_out, prompts = prompts[-1], prompts[:-1]
+    instruction = instruction_for("humaneval")
+    if args.engine == "llama.cpp":
+        from multidraft.models import resolve_llama_pair
+
+        target, draft = resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target,
+                                           n_threads=args.threads, log=_eprint)
+        t_path, d_path = target.path, draft.path
+        threads = target.n_threads
+        encode = lambda text: torch.tensor([target.tokenize(instruction + text, chat=True)])  # noqa: E731
+        eos = None if args.no_eos else target.eos_token_ids
+        chat_text = lambda text: target.chat_prompt(instruction + text)  # noqa: E731
+    else:
+        from multidraft.models import resolve_pair
+
+        target, draft, tok = resolve_pair(args.target, args.draft, getattr(torch, args.dtype), log=_eprint)
+        threads = torch.get_num_threads()
+        encode = lambda text: encode_prompt(tok, text)  # noqa: E731
+        eos = None if args.no_eos else tok.eos_token_id
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    encoded = [(tid, text, encode(text)) for tid, text in prompts]
+    load0 = os.getloadavg()
+    print(f"decode_speed: engine {args.engine}, {len(encoded)} HumanEval prompts, {args.max_new_tokens} new tokens, "
+          f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}", flush=True)
+    if load0[0] > 0.7:
+        print(f"note: load average {load0[0]:.2f} at the start: other processes share the cores "
+              "(llama.cpp's multi-threaded decode slows down sharply under load)", flush=True)
+
+    # warm-up: the first decodes of a process pay one-off costs (graph allocation, kernels)
+    ids0 = encoded[0][2]
+    for kw in ({"verifier": None}, {"verifier": "naive", "k": 1, "depth": 4}, {"verifier": "specinfer", "k": 2, "depth": 2}):
+        generate(target, draft if kw["verifier"] else None, ids0, max_new_tokens=8, generator=0, **kw)
+
+    # tree auto: the tree from the profile and a warm-up decode on the held-out prompt
+    for m in methods:
+        if m.kind != "auto":
+            continue
+        from multidraft.decoding.treeopt import AcceptStats, CostProfile, choose_tree
+
+        profile = CostProfile.from_json(Path(args.profile).read_text())
+        records: list = []
+        v = _verifiers.get(m.kwargs["verifier"])
+        generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.kwargs["k"], depth=2,
+                 tree=full_tree(m.kwargs["k"], 2), temperature=args.temperature, max_new_tokens=64,
+                 generator=args.seed + 99, node_log=records)
+        ks = [k for k in range(1, m.kwargs["k"] + 1) if k == 1 or v.supports(v.implied_law(m.kwargs["k"]), k)]
+        stats = AcceptStats.from_records(records, max_k=m.kwargs["k"]).restrict(ks)
+        choice = choose_tree(profile, stats)
+        if choice.tree is None:
+            raise SystemExit(f"{m.label}: the profile predicts no tree faster than the target alone")
+        m.kwargs = {"verifier": v.name, "k": m.kwargs["k"], "tree": choice.tree.paths,
+                    "depth": max(len(p) for p in choice.tree.paths)}
+        m.tree_info = {"nodes": choice.tree.nodes, "depth": choice.tree.depth, "paths": choice.tree.paths,
+                       "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup}
+        print(f"{m.label}: tree of {choice.tree.nodes} nodes, depth {choice.tree.depth}, predicted "
+              f"{choice.speedup:.2f}x target-only", flush=True)
 
     writer = None
     if args.out:
-        cfg = {k: v for k, v in vars(args).items()} | {"methods": [m.label for m in methods]}
-        writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", skipped=skipped)
+        cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown")} | {"methods": [m.label for m in methods]}
+        writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", versions=_versions(),
+                             load_average_start=list(load0), machine=platform.platform())
     rows = []
     t_all = time.perf_counter()
     n_runs = len(encoded) * len(methods)
-    for pi, (tid, ids) in enumerate(encoded):
-        for m in methods:
-            seed = args.seed * 1_000_003 + pi
-            if m is HF:
-                r = hf_assisted(target, draft, ids, max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature, eos=eos, pad=pad, seed=seed)
-            else:
-                res = generate(target, draft, ids, temperature=args.temperature,
-                               max_new_tokens=args.max_new_tokens, eos_token_id=eos,
-                               generator=torch.Generator().manual_seed(seed), **m.kwargs(args.depth))
-                r = {k: getattr(res, k) for k in ("new_tokens", "target_calls", "draft_calls", "seconds",
-                                                  "block_efficiency", "acceptance_rate", "tokens_per_s")}
-            row = {"kind": "run", "method": m.label, "verifier": m.verifier if m is not HF else "hf-assisted",
-                   "K": m.k, "law": m.law, "depth": args.depth, "prompt": tid,
-                   **{k: (float(v) if isinstance(v, float) else int(v)) for k, v in r.items()}}
-            rows.append(row)
-            if writer:
-                writer.write(**row)
-            _eprint(f"[{len(rows)}/{n_runs}] {tid} {m.label}: {row['new_tokens']} tokens, "
-                    f"{row['tokens_per_s']:.2f} tok/s, block eff {row['block_efficiency']:.2f}")
-    summary = summarize(rows, methods)
+    with tempfile.TemporaryDirectory() as tmp:
+        for pi, (tid, text, ids) in enumerate(encoded):
+            pfile = None
+            if args.engine == "llama.cpp":
+                pfile = Path(tmp) / f"prompt{pi}.txt"
+                pfile.write_text(chat_text(text), encoding="utf-8")
+            for m in methods:
+                seed = args.seed * 1_000_003 + pi
+                if m.kind == "hf":
+                    r = hf_assisted(target, draft, ids, max_new_tokens=args.max_new_tokens,
+                                    temperature=args.temperature, eos=eos, pad=pad, seed=seed)
+                elif m.kind == "llama-spec":
+                    r = llama_speculative(bin_dir, t_path, d_path, pfile, max_new_tokens=args.max_new_tokens,
+                                          temperature=args.temperature, seed=seed, threads=threads,
+                                          eos=not args.no_eos, **m.kwargs)
+                elif m.kind == "llama-target":
+                    r = llama_completion(bin_dir, t_path, pfile, max_new_tokens=args.max_new_tokens,
+                                         temperature=args.temperature, seed=seed, threads=threads, eos=not args.no_eos)
+                else:
+                    res = generate(target, draft if m.kwargs.get("verifier") else None, ids,
+                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                   eos_token_id=eos, generator=torch.Generator().manual_seed(seed), **m.kwargs)
+                    r = {k: getattr(res, k) for k in ("new_tokens", "target_calls", "draft_calls", "seconds",
+                                                      "block_efficiency", "acceptance_rate")}
+                row = {"kind": "run", "method": m.label, "method_kind": m.kind, "prompt": tid, "seed": seed,
+                       "prompt_tokens": int(ids.shape[1]),
+                       **{k: (float(v) if isinstance(v, float) else int(v)) for k, v in r.items()}}
+                row["tokens_per_s"] = row["new_tokens"] / row["seconds"] if row["seconds"] > 0 else float("nan")
+                if m.kind == "auto":
+                    row["tree"] = m.tree_info
+                rows.append(row)
+                if writer:
+                    writer.write(**row)
+                _eprint(f"[{len(rows)}/{n_runs}] {tid} {m.label}: {row['new_tokens']} tokens, "
+                        f"{row['tokens_per_s']:.2f} tok/s, block eff {row['block_efficiency']:.2f}")
+    load1 = os.getloadavg()
+    summary = summarize(rows, methods, base_label)
+    lines = headline(summary, rows, methods)
     if writer:
         for s in summary:
             writer.write(kind="summary", **s)
+        writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all)
         writer.close()
-
+    table = format_table(summary)
     print()
-    print(format_table(summary))
-    multi = [s for s in summary if s["verifier"] not in (None, "naive", "hf-assisted")]
-    by = {s["method"]: s for s in summary}
-    if multi:
-        best = max(multi, key=lambda s: s["tokens_per_s"])
-        best_be = max(multi, key=lambda s: s["block_efficiency"])
-        print()
-        print(f"best multi-draft by tokens/s: {best['method']} at {best['tokens_per_s']:.2f} tok/s "
-              f"({best['speedup']:.2f}x target-only)")
-        if "hf-assisted" in by:
-            hf = by["hf-assisted"]
-            print(f"  vs hf-assisted ({hf['tokens_per_s']:.2f} tok/s, block eff {hf['block_efficiency']:.2f}): "
-                  f"{best['tokens_per_s'] / hf['tokens_per_s']:.2f}x tokens/s")
-        sd = by.get("SD naive K=1")
-        if sd:
-            print(f"  vs single-draft SD ({sd['tokens_per_s']:.2f} tok/s): {best['tokens_per_s'] / sd['tokens_per_s']:.2f}x tokens/s; "
-                  f"best block efficiency {best_be['method']} {best_be['block_efficiency']:.2f} vs SD {sd['block_efficiency']:.2f}")
-    print(f"wall time {time.perf_counter() - t_all:.0f} s")
+    print(table)
+    print()
+    print("\n".join(lines))
+    print(f"load average start {load0[0]:.2f}, end {load1[0]:.2f}; wall time {time.perf_counter() - t_all:.0f} s")
+    if args.markdown:
+        Path(args.markdown).write_text(
+            f"engine {args.engine}, {len(encoded)} prompts x {args.max_new_tokens} tokens, T={args.temperature:g}, "
+            f"{threads} threads, seed {args.seed}, load average {load0[0]:.2f} -> {load1[0]:.2f}\n\n"
+            + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n", encoding="utf-8")
     return 0
 
 
