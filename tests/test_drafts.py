@@ -188,3 +188,87 @@ def test_law_construction_does_not_build_count_tensors():
     with pytest.raises(ValueError, match="q has V = 3 tokens; the greedy law needs at least k = 4"):
         D.greedy(q[1], 4)
     assert D.without_replacement(q, 2).k == 2
+
+
+# one-token draws (the K = 1 laws, the greedy law's last draft, the independent law) -------------
+def test_categorical_is_the_inverse_cdf_of_its_uniforms():
+    """_categorical reads one float64 uniform per row, in row order, and returns the first
+    token whose cumulative mass exceeds u * total: the same draws as that definition."""
+    g = torch.Generator().manual_seed(12)
+    q = torch.rand(64, 9, generator=g, dtype=torch.float64)
+    q[q < 0.3] = 0.0
+    q[:, 4] += 0.1  # every row has mass
+    q32 = q.float()
+    for x in (q, q32, q32 * 3.0):  # any scale: the law is q / sum(q)
+        s = torch.Generator().manual_seed(5)
+        u = torch.rand(64, 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        got = D._categorical(x, s)
+        c = torch.cumsum(x.double(), -1)
+        want = (c <= u * c[:, -1:]).sum(-1)  # number of entries <= target = first index above it
+        assert torch.equal(got, want)
+        assert bool((x.gather(-1, got.unsqueeze(-1)) > 0).all())
+
+
+def test_categorical_law_exact_on_a_grid_of_uniforms(monkeypatch):
+    """Stratified uniforms u_i = (i + 1/2) / n: the token frequencies equal q / sum(q) to 1/n,
+    zeros never drawn, and a target that rounds up to the total (u = 1) lands on the last
+    positive token, never past it."""
+    q = torch.tensor([0.0, 0.25, 0.0, 0.125, 0.5, 0.125, 0.0, 0.0], dtype=torch.float32) * 0.7
+    n = 4096
+    grid = ((torch.arange(n, dtype=torch.float64) + 0.5) / n).unsqueeze(-1)
+    real_rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: grid.clone())
+    got = D._categorical(q.expand(n, -1), torch.Generator())
+    freq = torch.bincount(got, minlength=8).double() / n
+    assert torch.allclose(freq, q.double() / q.double().sum(), atol=1.0 / n, rtol=0)
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(3, 1, dtype=torch.float64))
+    assert D._categorical(q.expand(3, -1), torch.Generator()).tolist() == [5, 5, 5]
+    monkeypatch.setattr(torch, "rand", real_rand)
+
+
+@pytest.mark.parametrize("name,make", LAWS)
+@pytest.mark.parametrize("k", [1, 3])
+def test_sampling_matches_enumeration_k(name, make, k):
+    """The law of the sampled tuples is the enumerated law (chi-square) at K = 1 (one-token
+    draws by inverse CDF) and K = 3 (the greedy top set without a sort, then one draw)."""
+    from scipy import stats
+
+    q = _q(6, 17 + k, zeros=1)
+    law = make(q, k)
+    tuples, probs = law.enumerate()
+    n = 30_000
+    s = law.sample(torch.Generator().manual_seed(8), num_samples=n)
+    counts = Counter(map(tuple, s.tolist()))
+    assert set(counts) <= {tuple(t) for t in tuples.tolist()}
+    obs = torch.tensor([counts[tuple(t)] for t in tuples.tolist()], dtype=torch.float64)
+    chi2 = float(((obs - probs * n) ** 2 / (probs * n)).sum())
+    assert chi2 < stats.chi2.ppf(1 - 1e-6, max(1, len(tuples) - 1)), chi2
+
+
+def test_greedy_top_set_at_full_vocabulary_equals_the_stable_sort():
+    """V = 151,936 with bf16-rounded probabilities (exact ties in the head): the top set the
+    sampler and top_set() use is the first K-1 of a stable descending sort, and the sampled
+    last draft is outside it with q > 0."""
+    g = torch.Generator().manual_seed(9)
+    logits = (torch.randn(4, 151936, generator=g) * 2.5).bfloat16().float()
+    q = torch.softmax(logits, -1)
+    q[1, 10:20] = q[1].max()  # ten equal maxima
+    q = q / q.sum(-1, keepdim=True)
+    order = torch.sort(q, dim=-1, descending=True, stable=True).indices
+    for k in (2, 3, 5, 8):
+        law = D.greedy(q, k)
+        assert torch.equal(law.top_set(), order[:, : k - 1])
+        s = law.sample(torch.Generator().manual_seed(k))
+        assert torch.equal(s[:, : k - 1], order[:, : k - 1])
+        assert not bool((s[:, -1:] == s[:, : k - 1]).any())
+        assert bool((q.gather(-1, s[:, -1:]) > 0).all())
+
+
+def test_categorical_chunks_of_rows_do_not_change_the_draws(monkeypatch):
+    """Rows are cumulated in chunks (bounded temporaries); the uniforms are drawn for all rows
+    first, so the draws do not depend on the chunk size."""
+    q = torch.softmax(torch.randn(7, 3, 500, generator=torch.Generator().manual_seed(4)), -1)
+    a = D._categorical(q, torch.Generator().manual_seed(1))
+    monkeypatch.setattr(D, "CATEGORICAL_CHUNK_ELEMS", 1200)  # 2 rows per chunk
+    b = D._categorical(q, torch.Generator().manual_seed(1))
+    assert a.shape == (7, 3) and torch.equal(a, b)

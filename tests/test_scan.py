@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from multidraft._scan import _lift_numpy, _lift_torch, argsort_desc_stable, cummin, ipow, rev_cummin, segment_search
+import multidraft._scan as _scan
+from multidraft._scan import (_lift_numpy, _lift_torch, argsort_desc_stable, cummin, ipow, rev_cummin, segment_search,
+                              top_desc_stable)
 
 
 def _rows(g, trial):
@@ -26,6 +28,23 @@ def test_argsort_equals_the_stable_torch_sort_with_ties():
         assert torch.equal(argsort_desc_stable(x), ref), trial
 
 
+def test_argsort_signed_values_zeros_and_infinities():
+    """The integer-key route orders negative values, -0.0 (equal to 0.0: a tie kept in index
+    order) and both infinities exactly like the stable float sort, float32 and float64."""
+    g = torch.Generator().manual_seed(8)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-310, -1e-310, 5e-324, -5e-324], dtype=torch.float64)
+    for trial in range(60):
+        R, V = int(torch.randint(1, 4, (1,), generator=g)), int(torch.randint(2, 400, (1,), generator=g))
+        x = torch.randn(R, V, generator=g, dtype=torch.float64) * 10.0 ** float(torch.randint(-3, 4, (1,), generator=g))
+        pick = torch.rand(R, V, generator=g) < 0.3
+        x[pick] = special[torch.randint(0, len(special), (int(pick.sum()),), generator=g)]
+        if trial % 3 == 0:
+            x = x.round()  # ties
+        for y in (x, x.float()):
+            ref = torch.sort(y, dim=-1, descending=True, stable=True).indices
+            assert torch.equal(argsort_desc_stable(y), ref), (trial, y.dtype)
+
+
 def test_argsort_large_row_with_a_tied_tail():
     g = torch.Generator().manual_seed(4)
     x = torch.rand(2, 151936, generator=g, dtype=torch.float64)
@@ -33,6 +52,35 @@ def test_argsort_large_row_with_a_tied_tail():
     x[1, ::7] = 0.0
     ref = torch.sort(x, dim=-1, descending=True, stable=True).indices
     assert torch.equal(argsort_desc_stable(x), ref)
+
+
+@pytest.mark.parametrize("small_v", [False, True])
+def test_top_desc_stable_equals_the_stable_sort_prefix(monkeypatch, small_v):
+    """The top n without a sort: the same ids, in the same order, as the first n of a stable
+    descending sort, ties across the boundary included (they go to the lower ids)."""
+    if not small_v:  # rows above TOP_SORT_V take the topk route; force it at test sizes too
+        monkeypatch.setattr(_scan, "TOP_SORT_V", 8)
+    g = torch.Generator().manual_seed(6)
+    for trial in range(200):
+        x = _rows(g, trial)
+        if trial % 4 == 1:  # ties everywhere: 3 distinct values
+            x = torch.randint(0, 3, x.shape, generator=g).to(x.dtype)
+        V = x.shape[-1]
+        for n in {0, 1, 2, 3, min(7, V), V, V + 2}:
+            ref = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+            got = top_desc_stable(x, n)
+            assert got.dtype == torch.long and torch.equal(got, ref), (trial, n)
+
+
+def test_top_desc_stable_large_rows_batched_with_boundary_ties():
+    g = torch.Generator().manual_seed(7)
+    x = torch.softmax(torch.randn(3, 2, 151936, generator=g), -1)
+    x[0, 0, 100:110] = x[0, 0].max() * 2  # ten equal maxima: a tie across every n < 10
+    x[1, 1, ::5000] = 0.5  # 31 equal tokens above everything
+    x[2, 0] = x[2, 0].bfloat16().float()  # bf16 values: many exact ties in the head
+    for n in (1, 2, 3, 5, 7, 9, 12, 40):
+        ref = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+        assert torch.equal(top_desc_stable(x, n), ref), n
 
 
 def test_scans_equal_torch():

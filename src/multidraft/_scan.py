@@ -1,8 +1,9 @@
 """Row-wise scans and sorts that the exact cores share (``limits``, ``verifiers.optimal``).
 
 Each function gives the same result as its plain torch form; on CPU tensors some take a
-faster numpy route (measured on the 2-core AVX2 machine, one [1, 151936] float64 row:
-``torch.sort(stable=True)`` 15.9 ms vs numpy quicksort + tie repair 6-7 ms; ``torch.cummin``
+faster route (measured on the 2-core AVX2 machine, one [1, 151936] float64 row: the stable
+descending sort as a radix sort of integer keys, one 1-D row at a time, 3-8 ms, against
+``torch.sort(stable=True)`` 26-30 ms and numpy quicksort + tie repair 18-22 ms; ``torch.cummin``
 2.6 ms vs ``np.minimum.accumulate`` 0.6 ms; ``x ** 4`` 2.6 ms vs two multiplications 0.17 ms).
 """
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["argsort_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search"]
+__all__ = ["argsort_desc_stable", "top_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search"]
+
+TOP_SORT_V = 2048  # below this vocabulary size top_desc_stable is one stable sort
 
 
 def _np_ok(x: torch.Tensor) -> bool:
@@ -20,29 +23,53 @@ def _np_ok(x: torch.Tensor) -> bool:
 def argsort_desc_stable(x: torch.Tensor) -> torch.Tensor:
     """``torch.sort(x, -1, descending=True, stable=True).indices`` exactly. x ``[R, V]``, no NaN.
 
-    CPU route: numpy's (unstable, SIMD) quicksort of -x, then every run of equal values is
-    put back in increasing index order, which is what the stable sort returns."""
+    CPU route: the float bits as a signed integer key that orders like the floats (negative
+    values with their 63 low bits flipped, -0.0 made +0.0 first so that it ties with 0.0),
+    complemented for the descending order, and a stable sort of each row as a 1-D integer
+    tensor (torch's radix sort: a [151936] float64 row in 3-8 ms, against 18-22 ms for numpy's
+    quicksort and 26-30 ms for torch's stable float sort on the 2-core machine; a 2-D sort
+    along dim -1 does not take the radix route, hence the loop over rows)."""
     if not _np_ok(x) or x.ndim != 2:
         return torch.sort(x, dim=-1, descending=True, stable=True).indices
     R, V = x.shape
-    xn = x.detach().numpy()
-    order = torch.from_numpy(np.argsort(-xn, axis=-1).astype(np.int64, copy=False))
-    if V < 2:
-        return order
-    sv = x.gather(-1, order)  # [R, V] sorted values, non-increasing
-    eq = sv[:, 1:] == sv[:, :-1]  # [R, V-1] position i+1 ties with i
-    if not bool(eq.any()):
-        return order
-    intie = torch.zeros(R, V, dtype=torch.bool)
-    intie[:, 1:] |= eq
-    intie[:, :-1] |= eq
-    run = torch.zeros(R, V, dtype=torch.int64)
-    run[:, 1:] = torch.cumsum(~eq, -1)  # run id along the sorted row
-    flat = intie.reshape(-1).nonzero().squeeze(-1)  # increasing flat positions, runs contiguous
-    rows = flat // V
-    key = (rows * V + run.reshape(-1)[flat]) * V + order.reshape(-1)[flat]
-    order.view(-1)[flat] = torch.sort(key).values % V
-    return order
+    itype, mask = (torch.int64, 0x7FFFFFFFFFFFFFFF) if x.dtype == torch.float64 else (torch.int32, 0x7FFFFFFF)
+    bits = (x.detach() + 0.0).view(itype)  # + 0.0: -0.0 becomes +0.0 (a fresh tensor either way)
+    key = bits.bitwise_xor_((bits >> (torch.iinfo(itype).bits - 1)) & mask).bitwise_not_()  # ascending = x descending
+    if R == 1:
+        return torch.sort(key[0], stable=True).indices.unsqueeze(0)
+    return torch.stack([torch.sort(key[r], stable=True).indices for r in range(R)])
+
+
+def top_desc_stable(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``torch.sort(x, -1, descending=True, stable=True).indices[..., :n]`` exactly, without
+    sorting the row. x ``[..., V]``, no NaN; returns int64 ``[..., n]``.
+
+    One ``topk`` of n + 1: when the n-th and (n+1)-th largest values differ the top-n set is
+    unique and is put in the stable order (value descending, id ascending) by sorting n ids.
+    Rows with a tie across the boundary take every token above the n-th value and the
+    lowest ids among those equal to it (one comparison pass and a prefix count over the row)."""
+    shape, V = x.shape, x.shape[-1]
+    n = int(n)
+    if n <= 0:
+        return torch.empty(*shape[:-1], 0, dtype=torch.long, device=x.device)
+    if n >= V or V <= TOP_SORT_V:
+        return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+    flat = x.reshape(-1, V)
+    vals, idx = torch.topk(flat, n + 1, dim=-1, sorted=True)
+    ids = idx[:, :n]
+    tie = (vals[:, n - 1] == vals[:, n]).nonzero().squeeze(-1)
+    if tie.numel():
+        ids = ids.clone()
+        xt = flat.index_select(0, tie)
+        t = vals.index_select(0, tie)[:, n - 1 : n]
+        gt = xt > t
+        eq = xt == t
+        need = n - gt.sum(-1, keepdim=True)  # >= 1: the n-th value itself is not above t
+        take = gt | (eq & (eq.cumsum(-1) <= need))
+        ids[tie] = take.nonzero()[:, 1].view(tie.numel(), n)  # exactly n per row, ids ascending
+    ids = ids.sort(-1).values  # ids ascending, then a stable sort by value descending
+    ids = ids.gather(-1, torch.sort(flat.gather(-1, ids), dim=-1, descending=True, stable=True).indices)
+    return ids.reshape(*shape[:-1], n)
 
 
 def cummin(x: torch.Tensor) -> torch.Tensor:

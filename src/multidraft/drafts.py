@@ -13,6 +13,12 @@ stream: ``_validate.stream_seed``; ``verify`` reads a different stream for the s
 integer, so one seed passed to both cannot correlate drafts and acceptance), gives the
 probability of draft tuples (``prob``, float64) and, for an unbatched law, enumerates
 every tuple of positive probability (``enumerate``).
+
+Cost at full vocabulary (one row of V = 151,936): a single draw from a row (K = 1, the
+greedy law's last draft, each draft of the independent law) is an inverse CDF on a float64
+cumulative sum (``_categorical``; ``torch.multinomial`` would draw it by an exponential race
+over all V tokens, 5-7 ms), and the greedy top set is a ``topk`` with exact tie handling
+(``_scan.top_desc_stable``), never a sort of the vocabulary.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import math
 
 import torch
 
+from ._scan import top_desc_stable
 from ._validate import as_generator, as_int, as_k, as_probs, as_tokens
 
 __all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind", "parse_laws"]
@@ -141,9 +148,48 @@ class DraftLaw:
 
 
 def _multinomial(q: torch.Tensor, n: int, replacement: bool, g: torch.Generator) -> torch.Tensor:
+    if n == 1:  # torch.multinomial draws one sample by an exponential race over all V tokens
+        return _categorical(q, g).unsqueeze(-1)
     flat = q.reshape(-1, q.shape[-1])
     out = torch.multinomial(flat.float() if flat.dtype != torch.float64 else flat, n, replacement=replacement, generator=g)
     return out.reshape(*q.shape[:-1], n)
+
+
+# rows of the float64 cumulative sum per chunk: big temporaries are handed back to the OS by
+# glibc when freed and cost page faults (about 1 ms per MB on the 2-core VM) when retaken
+CATEGORICAL_CHUNK_ELEMS = 1 << 18
+
+
+def _categorical(q: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """One token per row of q ``[..., V]`` (nonnegative, positive rows, any scale): inverse CDF
+    with one float64 uniform per row (drawn in row order) on a float64 cumulative sum.
+
+    P(x) = q(x) / sum(q) up to float64 rounding of the cumulative sum, and x always has
+    q(x) > 0: the search returns the first index whose cumulative sum exceeds u * total, which
+    is a strict increase; a target that rounds up to the total (u within 2^-53 of 1) is moved
+    to the row's last positive token."""
+    V = q.shape[-1]
+    flat = q.reshape(-1, V)
+    n = flat.shape[0]
+    u = torch.rand(n, 1, generator=g, dtype=torch.float64, device=q.device)  # all rows first: chunking cannot change draws
+    step = max(1, CATEGORICAL_CHUNK_ELEMS // V)
+    if n <= step:
+        return _icdf(flat, u).reshape(q.shape[:-1])
+    out = torch.cat([_icdf(flat[s0 : s0 + step], u[s0 : s0 + step]) for s0 in range(0, n, step)])
+    return out.reshape(q.shape[:-1])
+
+
+def _icdf(flat: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``_categorical`` on rows flat ``[n, V]`` with uniforms u ``[n, 1]``: indices ``[n]``."""
+    V = flat.shape[-1]
+    c = torch.cumsum(flat, -1, dtype=torch.float64)  # [n, V]
+    idx = torch.searchsorted(c, u * c[:, -1:], right=True)  # [n, 1]
+    over = (idx >= V).nonzero()[:, 0]
+    if over.numel():
+        ar = torch.arange(V, device=flat.device)
+        last = torch.where(flat.index_select(0, over) > 0, ar, torch.zeros_like(ar)).amax(-1)
+        idx[over, 0] = last
+    return idx.squeeze(-1)
 
 
 def _check_nnz(q: torch.Tensor, k: int, what: str) -> None:
@@ -259,9 +305,9 @@ class Greedy(DraftLaw):
     kind = "greedy"
 
     def top_set(self) -> torch.Tensor:
-        """The k-1 deterministic drafts ``[..., K-1]``: top of q, ties to the lower id."""
-        order = torch.sort(self.q, dim=-1, descending=True, stable=True).indices
-        return order[..., : self.k - 1]
+        """The k-1 deterministic drafts ``[..., K-1]``: top of q, ties to the lower id (the
+        first k-1 of a stable descending sort, found without sorting the vocabulary)."""
+        return top_desc_stable(self.q, self.k - 1)
 
     def rest_probs(self) -> torch.Tensor:
         """q' = q restricted to the complement of the top set, renormalised ``[..., V]`` (float64)."""
@@ -271,9 +317,9 @@ class Greedy(DraftLaw):
         return rest / rest.sum(-1, keepdim=True)
 
     def _sample(self, q, g):
-        T = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., : self.k - 1]
-        rest = q.double().scatter(-1, T, 0.0)
-        x = _multinomial(rest, 1, False, g)
+        T = top_desc_stable(q, self.k - 1)
+        rest = q.scatter(-1, T, 0.0) if self.k > 1 else q  # q restricted to the rest (unnormalised)
+        x = _categorical(rest, g).unsqueeze(-1)
         return torch.cat([T, x], -1)
 
     def _prob(self, drafts):
