@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 import pytest
 import torch
 from scipy import stats
@@ -311,3 +313,30 @@ def test_khisti_mass_prefix():
     for mass, n in ((0.5, 1), (0.6, 2), (0.85, 3), (1.0, 4)):
         plan = KI.KhistiIS(s=4, mass=mass)._plan(p[None], q[None], 2)
         assert int(plan.active.sum()) == n, (mass, plan.active)
+
+
+def test_khisti_single_row_plan_equals_the_batched_plan_and_top_set_has_no_sort():
+    """The decoder's one-row calls skip the distinct-row search of the LP stages and read the
+    cached ratio matrix: the plan of a row alone equals its plan inside a batch (bit for bit),
+    the matrix is the one the formula gives and stays unmodified, and the LP token set at large
+    V (bf16-rounded scores, ties at the boundary) is the first s of the stable sort."""
+    g = torch.Generator().manual_seed(17)
+    V, K = 6000, 4  # above SORT_V: the topk route
+    for trial in range(4):
+        logits = (torch.randn(V, generator=g) * 3).bfloat16().float()
+        p = torch.softmax(logits, -1).double()
+        q = torch.softmax((logits + torch.randn(V, generator=g)) / 1.2, -1).double()
+        v = KI.KhistiIS()
+        one = v._plan(p.unsqueeze(0), q.unsqueeze(0), K)
+        other = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64), -1)
+        both = v._plan(torch.stack([other, p, p]), torch.stack([other, q, q]), K)
+        assert torch.equal(one.S[0], both.S[1]) and torch.equal(one.mS[0], both.mS[1])
+        for W1, W3 in zip(one.Ws, both.Ws):
+            assert torch.equal(W1[0], W3[1])
+        score = p - q * q
+        ref = torch.sort(score, dim=-1, descending=True, stable=True).indices[:10]
+        assert torch.equal(KI._top_set(score.unsqueeze(0), 10)[0], ref)
+    c = torch.arange(KI._R_C, dtype=torch.float64)
+    W = KI._ratio_matrix("cpu")
+    assert W is KI._ratio_matrix(torch.device("cpu"))
+    assert torch.equal(W, torch.sigmoid((c.unsqueeze(-1) - c) * (np.log(2.0) / KI._R_PER)))

@@ -213,3 +213,31 @@ def test_rows_repeated_along_the_first_dim_are_fitted_once_with_identical_result
     ta = v.verify(Pc, Qc, x, torch.Generator().manual_seed(5), law="iid").token
     tb = v.verify(Pc.contiguous(), Qc.contiguous(), x, torch.Generator().manual_seed(5), law="iid").token
     assert torch.equal(ta, tb)
+
+
+def test_k1_shortcut_draws_the_plan_paths_tokens_and_keeps_the_fit():
+    """K = 1 verifies without building the plan: for the same generator it returns exactly the
+    tokens of the plan path (rejections included; float32 and float64 inputs; batched and
+    expanded rows), and ``last_fit`` (computed when read) equals the plan's fit."""
+    g = torch.Generator().manual_seed(21)
+    v = Optimal()
+    for trial in range(12):
+        n, V = 1 + trial % 4, (5, 37, 300, 4096)[trial % 4]
+        P = torch.softmax(torch.randn(n, V, generator=g, dtype=torch.float64) * 3, -1)
+        Q = torch.softmax(torch.log(P) + 1.5 * torch.randn(n, V, generator=g, dtype=torch.float64), -1)
+        if trial % 3 == 1:
+            P, Q = P.float(), Q.float()
+        if trial % 3 == 2:  # the experiments' expanded [draws, positions, V] views
+            P, Q = P.unsqueeze(0).expand(3, n, V), Q.unsqueeze(0).expand(3, n, V)
+        x = md.drafts.iid(Q, 1).sample(g)
+        for seed in range(6):
+            a = v._verify_single(P, Q, x, torch.Generator().manual_seed(seed))
+            b = v._verify_plan(P, Q, x, torch.Generator().manual_seed(seed))
+            assert torch.equal(a, b), (trial, seed)
+        ref = v.last_fit  # from the plan path
+        tok = v.verify(P, Q, x, torch.Generator().manual_seed(0), law="iid").token
+        assert v._last_fit is None  # not fitted by the K = 1 call ...
+        fit = v.last_fit  # ... until read
+        assert fit is not ref and fit.alpha_star.shape == ref.alpha_star.shape
+        assert torch.equal(fit.alpha_star, ref.alpha_star) and torch.equal(fit.r, ref.r)
+        assert torch.equal(tok, v._verify_plan(P, Q, x, torch.Generator().manual_seed(0)))

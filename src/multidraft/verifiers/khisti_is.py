@@ -1,10 +1,13 @@
 """Importance-weighted selection + single-draft SD (Khisti et al. 2024)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from .registry import register
+from .._scan import top_desc_stable
 from ._residual import chunk_rows, sample_rows
 from .base import Verifier
 
@@ -46,7 +49,13 @@ def _ratio_bucket(p: torch.Tensor, qbar: torch.Tensor) -> torch.Tensor:
 def _ratio_matrix(device) -> torch.Tensor:
     """W[c, c'] = w_c / (w_c + w_c') with w_c = 2^(c / 8): the probability that a draft in
     ratio bucket c is kept against one in bucket c' (both off S). ``[C, C]`` float64,
-    W + W^T = 1 exactly up to rounding (W[c, c] = 1/2)."""
+    W + W^T = 1 exactly up to rounding (W[c, c] = 1/2). A constant: built once per device
+    (read only; 4 ms of sigmoids per verify call otherwise)."""
+    return _ratio_matrix_cached(str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=8)
+def _ratio_matrix_cached(device: str) -> torch.Tensor:
     c = torch.arange(_R_C, dtype=torch.float64, device=device)
     return torch.sigmoid((c.unsqueeze(-1) - c) * (np.log(2.0) / _R_PER))
 
@@ -111,15 +120,7 @@ def _top_set(score: torch.Tensor, n: int) -> torch.Tensor:
         return torch.sort(score, dim=-1, descending=True, stable=True).indices
     if V <= SORT_V:
         return torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :n]
-    vals, idx = torch.topk(score, n + 1, dim=-1)
-    # topk's order among equal values is unspecified: re-sort (score desc, id asc)
-    idx = idx[:, :n]
-    idx = idx.gather(-1, torch.sort(idx, -1).indices)
-    idx = idx.gather(-1, torch.sort(score.gather(-1, idx), dim=-1, descending=True, stable=True).indices)
-    tie = (vals[:, n - 1] == vals[:, n]).nonzero().squeeze(-1)
-    if tie.numel():
-        idx[tie] = torch.sort(score[tie], dim=-1, descending=True, stable=True).indices[:, :n]
-    return idx
+    return top_desc_stable(score, n)  # topk; a tie across the boundary without a vocabulary sort
 
 
 def _split_lp(pu, Mu, fixedu, a, b):
@@ -201,11 +202,14 @@ def _solve_stage(pS, rS, r_out, tS, t_out, solver="lex"):
     P = a.numel()
     f = M / 2
     if P:
-        key = torch.cat([pS, rS, tS, r_out.unsqueeze(-1), t_out.unsqueeze(-1)], -1)
-        uniq, inv = torch.unique(key, dim=0, return_inverse=True)
-        first = torch.full((uniq.shape[0],), N, dtype=torch.long, device=dev).scatter_reduce(
-            0, inv, torch.arange(N, device=dev), "amin"
-        )
+        if N == 1:  # one row (a decoder node): it is its own distinct row
+            inv = first = torch.zeros(1, dtype=torch.long, device=dev)
+        else:
+            key = torch.cat([pS, rS, tS, r_out.unsqueeze(-1), t_out.unsqueeze(-1)], -1)
+            uniq, inv = torch.unique(key, dim=0, return_inverse=True)
+            first = torch.full((uniq.shape[0],), N, dtype=torch.long, device=dev).scatter_reduce(
+                0, inv, torch.arange(N, device=dev), "amin"
+            )
         args = (pS[first].cpu().numpy(), M[first].cpu().numpy(), fixed[first].cpu().numpy(), a.cpu().numpy(), b.cpu().numpy())
         fu = _split_lex(*args) if solver == "lex" else _split_lp(*args)
         if fu is not None:

@@ -498,7 +498,22 @@ class Optimal(Verifier):
         self.max_iter = max_iter
         self.tol = float(tol)
         self.warn_shortfall = warn_shortfall
-        self.last_fit: OptimalFit | None = None
+        self.last_fit = None
+
+    @property
+    def last_fit(self) -> OptimalFit | None:
+        """The fit of the last ``verify`` / ``output_distribution`` call, one entry per distinct
+        row (computed on first access after a K = 1 call, which needs no fit to verify)."""
+        if self._last_fit is None and self._fit_src is not None:
+            pu, qu = self._fit_src
+            V = pu.shape[-1]
+            plan = _plan(_norm64(pu).reshape(-1, V), _norm64(qu).reshape(-1, V), 1, self.levels, self.max_iter, self.tol)
+            self._last_fit, self._fit_src = plan.fit.rebatch(pu.shape[:-1]), None
+        return self._last_fit
+
+    @last_fit.setter
+    def last_fit(self, fit: OptimalFit | None) -> None:
+        self._last_fit, self._fit_src = fit, None
 
     # diagnostics --------------------------------------------------------------------------
     def fit(self, p, q, k: int) -> OptimalFit:
@@ -514,13 +529,17 @@ class Optimal(Verifier):
         plan = _plan(_norm64(p).reshape(-1, V), _norm64(q).reshape(-1, V), k, self.levels, self.max_iter, self.tol)
         return plan.fit.rebatch(batch)
 
+    @staticmethod
+    def _distinct(p, q):
+        """(rep, pu, qu): rows repeated along the first dim (an expanded view, stride 0: e.g.
+        the experiments' [draws, positions, V]) are fitted once and the plan tiled."""
+        rep = p.dim() >= 3 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
+        return (rep, p[0], q[0]) if rep else (rep, p, q)
+
     def _make_plan(self, p, q, K):
         q = _shared_q(p, q, K)
         V = p.shape[-1]
-        # rows repeated along the first dim (an expanded view, stride 0: e.g. the experiments'
-        # [draws, positions, V]) are fitted once and the plan tiled: the same plan, row by row
-        rep = p.dim() >= 3 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
-        pu, qu = (p[0], q[0]) if rep else (p, q)
+        rep, pu, qu = self._distinct(p, q)
         p64 = _norm64(pu).reshape(-1, V)
         q64 = _norm64(qu).reshape(-1, V)
         plan = _plan(p64, q64, K, self.levels, self.max_iter, self.tol)
@@ -545,6 +564,13 @@ class Optimal(Verifier):
     # sampling path ---------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law):
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
+        if K == 1:
+            return self._verify_single(p, q, drafts, g)
+        return self._verify_plan(p, q, drafts, g)
+
+    def _verify_plan(self, p, q, drafts, g):
+        """The sampling path through the fitted plan (any K)."""
+        batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
         p64, q64, plan = self._make_plan(p, q, K)
         D = drafts.reshape(-1, K)
         R = D.shape[0]
@@ -568,6 +594,36 @@ class Optimal(Verifier):
             res = self._residual_rows(p64, plan, rej)
             tot = res.sum(-1)
             empty = tot <= 0  # residual of mass 0: rejection has probability 0 (rounding); keep Z
+            go = rej[~empty]
+            if go.numel():
+                resg = res[~empty]
+                token[go] = sample_rows(lambda rows: resg[rows], torch.arange(go.numel(), device=p.device), g)
+        return token.reshape(batch)
+
+    def _verify_single(self, p, q, drafts, g):
+        """K = 1 without the plan: every token is its own layer, so r = q exactly (the plan's
+        r_sorted is chord(Q_{j-1}, Q_j) q_j = q_j for K = 1) and the rule is single-draft SD.
+        The same uniforms are read in the same order as the K > 1 path, so the tokens equal
+        what the plan gives for the same generator; the fit (``last_fit``) is computed only
+        when read."""
+        q = _shared_q(p, q, 1)
+        batch, V = p.shape[:-1], p.shape[-1]
+        _, pu, qu = self._distinct(p, q)
+        self._last_fit, self._fit_src = None, (pu, qu)
+        p64 = _norm64(p).reshape(-1, V)
+        q64 = _norm64(q).reshape(-1, V)
+        Z = drafts.reshape(-1)
+        R = Z.shape[0]
+        torch.rand(R, 1, generator=g, dtype=torch.float64, device=p.device)  # u_lev, u_tie: unused with one draft
+        torch.rand(R, 1, generator=g, dtype=torch.float64, device=p.device)
+        u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p.device)
+        rZ = q64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
+        pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
+        token = Z.clone()
+        rej = (~(u_acc * rZ <= pZ)).nonzero().squeeze(-1)
+        if rej.numel():
+            res = (p64[rej] - q64[rej]).clamp_min(0.0)
+            empty = res.sum(-1) <= 0  # residual of mass 0: rejection has probability 0 (rounding); keep Z
             go = rej[~empty]
             if go.numel():
                 resg = res[~empty]
