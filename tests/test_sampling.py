@@ -94,3 +94,64 @@ def test_check_sampling_args_numpy_numbers_and_bools():
     logits = torch.tensor([2.0, 1.0, 1.0, 0.0])
     torch.testing.assert_close(sampling.process_logits(logits, np.float64(1.0), np.int64(2)),
                                sampling.process_logits(logits, 1.0, 2))
+
+
+def _process_logits_sorted(logits, temperature, top_k=None, top_p=None, *, dtype=torch.float32):
+    """The full-sort path of process_logits, as it was before the head cut (the reference)."""
+    x = logits.to(dtype)
+    V = x.shape[-1]
+    probs = torch.softmax(x / float(temperature), dim=-1)
+    cut_k = top_k is not None and top_k < V
+    cut_p = top_p is not None and top_p < 1.0
+    if cut_k or cut_p:
+        sp, si = torch.sort(probs, dim=-1, descending=True, stable=True)
+        keep = torch.ones_like(sp, dtype=torch.bool)
+        if cut_k:
+            keep[..., top_k:] = False
+        if cut_p:
+            sk = torch.where(keep, sp, torch.zeros_like(sp))
+            before = torch.cumsum(sk, -1) - sk
+            keep &= before < top_p * sk.sum(-1, keepdim=True)
+            keep[..., 0] = True
+        probs = torch.zeros_like(probs).scatter_(-1, si, torch.where(keep, sp, torch.zeros_like(sp)))
+    return probs / probs.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("heads", [None, (3, 40)])
+def test_head_cut_is_bit_identical_to_the_full_sort(monkeypatch, heads):
+    """top-k / top-p at large V without sorting the vocabulary: the same tensor, bit for bit,
+    as the full stable sort, on bf16-rounded logits (ties at every cut), peaked and flat rows,
+    batched, float32 and float64; with tiny heads (second parametrisation) most rows need the
+    second head or the full-sort fallback."""
+    if heads is not None:
+        monkeypatch.setattr(sampling, "_HEADS", heads)
+    g = torch.Generator().manual_seed(31)
+    n_head = 0
+    for trial in range(12):
+        V = (5000, 30011, 151936)[trial % 3]
+        shape = ((3, V), (2, 2, V), (1, V))[trial % 3]
+        scale = (0.5, 2.0, 6.0)[(trial // 3) % 3]
+        logits = (torch.randn(*shape, generator=g) * scale).bfloat16().float()
+        if trial % 4 == 0:
+            logits[..., :7] = logits.max() + 1.0  # seven tied maxima
+        for T, top_k, top_p in ((1.0, 1, None), (1.0, 5, None), (0.7, 50, None), (1.0, None, 0.9), (1.3, None, 0.5),
+                                (1.0, 8, 0.8), (1.0, 300, 0.95), (0.5, None, 0.999), (1.0, 7, 0.3)):
+            for dtype in (torch.float32, torch.float64):
+                want = _process_logits_sorted(logits, T, top_k, top_p, dtype=dtype)
+                got = sampling.process_logits(logits, T, top_k, top_p, dtype=dtype)
+                assert got.dtype == dtype and torch.equal(got, want), (trial, T, top_k, top_p, dtype)
+                probs = torch.softmax(logits.to(dtype) / T, -1)
+                n_head += sampling._cut_head(probs, top_k if top_k and top_k < V else None, top_p) is not None
+    assert n_head > 50  # the head decides most cuts (the rest exercise the fallback)
+
+
+def test_head_cut_falls_back_when_the_boundary_is_too_close(monkeypatch):
+    """A row whose top-p boundary sits within the rounding margin goes to the full sort."""
+    logits = torch.zeros(1, 8192)
+    logits[0, :4] = torch.tensor([5.0, 4.0, 3.0, 2.0])
+    probs = torch.softmax(logits, -1)
+    sp = probs.sort(descending=True).values[0].double()
+    edge = float(sp[:2].sum() / sp.sum())  # the mass before the third token, as a top-p
+    assert sampling._cut_head(probs, None, edge) is None
+    assert sampling._cut_head(probs, None, edge + 0.01) is not None
+    assert torch.equal(sampling.process_logits(logits, 1.0, None, edge), _process_logits_sorted(logits, 1.0, None, edge))

@@ -17,6 +17,11 @@ tables are computed on the same distributions:
 The decoder applies the same settings to the target (giving ``p``) and the draft (giving
 ``q``); verifiers see exactly these processed distributions, so the decoder is lossless
 with respect to the processed target law.
+
+Cost: at large V on CPU the top-k / top-p cut reads only the head of the sorted order
+(``_cut_head``: a ``topk`` with exact ties, float64 sums with a margin against the full
+path's rounding) and gives the full stable sort's tensor bit for bit, or falls back to that
+sort when a head cannot decide it (about 1 ms instead of 14 ms for one V = 151,936 row).
 """
 from __future__ import annotations
 
@@ -74,6 +79,10 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None =
     probs = torch.softmax(x / float(temperature), dim=-1)
     cut_k = top_k is not None and top_k < V
     cut_p = top_p is not None and top_p < 1.0
+    if (cut_k or cut_p) and V > _HEAD_MIN_V and x.device.type == "cpu":
+        kept = _cut_head(probs, top_k if cut_k else None, top_p if cut_p else None)
+        if kept is not None:
+            return kept / kept.sum(-1, keepdim=True)
     if cut_k or cut_p:
         sp, si = torch.sort(probs, dim=-1, descending=True, stable=True)  # ties: lower id first
         keep = torch.ones_like(sp, dtype=torch.bool)
@@ -86,6 +95,56 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None =
             keep[..., 0] = True
         probs = torch.zeros_like(probs).scatter_(-1, si, torch.where(keep, sp, torch.zeros_like(sp)))
     return probs / probs.sum(-1, keepdim=True)
+
+
+# The top-k / top-p cut without sorting the vocabulary (CPU, V > _HEAD_MIN_V): the head of the
+# stable descending order comes from _scan.top_desc_stable (exact, ties to the lower id), in
+# heads of _HEADS tokens until the top-p boundary falls inside one. The full sort above is the
+# reference and the fallback: a row whose cut is not decided by a head is cut by the sort.
+_HEAD_MIN_V = 4096
+_HEADS = (256, 4096)
+# the full path's float32 sums (the sorted row's total, its cumulative sums) round differently
+# from the float64 sums used here (by about 1e-6 of the total at V = 151,936); a head token whose
+# mass-before lies within this fraction of the total from the threshold could be decided
+# differently, so such rows go to the full sort
+_P_MARGIN = 1e-5
+
+
+def _cut_head(probs: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor | None:
+    """The kept probabilities (unnormalised, zero elsewhere) of the full path's cut, or None
+    when a head cannot decide it (the caller then sorts). probs ``[..., V]``."""
+    from ._scan import top_desc_stable
+
+    V = probs.shape[-1]
+    flat = probs.reshape(-1, V)
+    if top_p is None:  # top-k only: the first top_k of the stable order, no sums involved
+        ids = top_desc_stable(flat, top_k)
+        return torch.zeros_like(flat).scatter_(-1, ids, flat.gather(-1, ids)).reshape(probs.shape)
+    if top_k is not None:  # the top-k mass: a sum over a set of values, whatever their order
+        if top_k >= V // 2:
+            return None
+        total = torch.topk(flat, top_k, dim=-1, sorted=False).values.sum(-1, keepdim=True, dtype=torch.float64)
+    else:
+        total = flat.sum(-1, keepdim=True, dtype=torch.float64)  # [R, 1]
+    thr = top_p * total
+    for m in _HEADS:
+        m = min(m, top_k) if top_k is not None else m
+        if m >= V // 2:
+            return None
+        ids = top_desc_stable(flat, m)  # [R, m], the first m of the stable descending order
+        sp = flat.gather(-1, ids)
+        sp64 = sp.double()
+        before = torch.cumsum(sp64, -1) - sp64  # mass strictly before each head token (float64)
+        if bool(((before - thr).abs() <= _P_MARGIN * total).any()):
+            return None  # a boundary too close to call against the full path's float32 sums
+        keep = before < thr
+        keep[:, 0] = True
+        # decided when the head holds the cut: a token outside it in every row, or the whole top-k
+        if not (top_k is not None and m == top_k) and not bool((~keep).any(-1).all()):
+            continue
+        vals = torch.where(keep, sp, torch.zeros((), dtype=sp.dtype))
+        return torch.zeros_like(flat).scatter_(-1, ids, vals).reshape(probs.shape)
+    return None
 
 
 def sample_token(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
