@@ -265,8 +265,9 @@ def summarize(rows: list[dict], methods: list[Method], base_label: str) -> list[
         be = [r["block_efficiency"] for r in rs]
         ratio = [(r["new_tokens"] / r["seconds"]) / (base[r["prompt"]]["new_tokens"] / base[r["prompt"]]["seconds"])
                  for r in rs if r["prompt"] in base and r["seconds"] > 0 and base[r["prompt"]]["seconds"] > 0]
-        acc = [r["acceptance_rate"] for r in rs if r["acceptance_rate"] == r["acceptance_rate"]]
-        s = {"method": m.label, "kind": m.kind, "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
+        acc = [r["acceptance_rate"] for r in rs
+               if r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]  # NaN / null
+        s = {"method": m.label, "method_kind": m.kind, "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
              "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else float("nan"),
              "block_efficiency": tokens / calls if calls else float("nan"),
              "acceptance_rate": sum(acc) / len(acc) if acc else float("nan")}
@@ -307,8 +308,8 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     kinds = {m.label: m for m in methods}
     multi = [s for s in summary if kinds[s["method"]].multi]
     single = [s for s in summary if kinds[s["method"]].single]
-    peers = [s for s in summary if s["kind"] in ("hf", "llama-spec")]
-    base = next((s for s in summary if s["kind"] == "target"), None)
+    peers = [s for s in summary if s["method_kind"] in ("hf", "llama-spec")]
+    base = next((s for s in summary if s["method_kind"] == "target"), None)
     out = []
     best = max(multi, key=lambda s: s["tokens_per_s"]) if multi else None
     sd = max(single, key=lambda s: s["tokens_per_s"]) if single else None
@@ -330,6 +331,60 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
         if best is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
     return out
+
+
+def report(rows: list[dict], methods: list[Method], header: str, markdown: str | None) -> None:
+    base_label = next(m.label for m in methods if m.kind == "target")
+    summary = summarize(rows, methods, base_label)
+    lines = headline(summary, rows, methods)
+    table = format_table(summary)
+    print()
+    print(table)
+    print()
+    print("\n".join(lines))
+    if markdown:
+        Path(markdown).write_text(header + "\n\n" + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n",
+                                  encoding="utf-8")
+    return summary
+
+
+def summarize_file(path: Path, markdown: str | None) -> int:
+    """The table and headline of an earlier run, from its JSONL alone (nothing is rerun)."""
+    import json
+
+    meta, rows = None, []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise SystemExit(f"{path}:{i}: not a JSON line")
+        if obj.get("type") == "meta" or obj.get("kind") == "decode_speed":
+            meta = meta or obj
+        if obj.get("kind") == "run":
+            rows.append(obj)
+    if not rows:
+        raise SystemExit(f"{path}: no run rows")
+    methods, seen = [], set()
+    for r in rows:
+        if r["method"] not in seen:
+            seen.add(r["method"])
+            m = Method(r["method"], r["method_kind"])
+            if r["method_kind"] == "tree" and r["method"].startswith("SD depth"):
+                m.kwargs = {"verifier": "naive"}
+            elif r["method_kind"] == "tree":
+                m.kwargs = {"verifier": r["method"].split()[0]}
+            methods.append(m)
+    cfg = (meta or {}).get("config", {})
+    prompts = len({r["prompt"] for r in rows})
+    header = (f"engine {cfg.get('engine')}, {prompts} prompts x {cfg.get('max_new_tokens')} tokens, "
+              f"T={cfg.get('temperature')}, threads {cfg.get('threads')}, seed {cfg.get('seed')}, "
+              f"load average at the start {(meta or {}).get('load_average_start', ['?'])[0]} "
+              f"(summarised from {path.name})")
+    print(header)
+    report(rows, methods, header, markdown)
+    return 0
 
 
 # --- run -----------------------------------------------------------------------------------------
@@ -361,7 +416,11 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-bin", default=str(LLAMA_BIN), help="directory of llama-speculative / llama-completion")
     ap.add_argument("--out", default=None, help="JSONL results file")
     ap.add_argument("--markdown", default=None, help="also write the table and headline to this Markdown file")
+    ap.add_argument("--summarize", metavar="JSONL", default=None,
+                    help="print (and --markdown) the table and headline of an earlier run's JSONL; runs nothing")
     args = ap.parse_args(argv)
+    if args.summarize:
+        return summarize_file(Path(args.summarize), args.markdown)
 
     try:
         methods = [parse_method(s, args.engine) for s in (args.methods or DEFAULT_METHODS[args.engine]).split(",") if s.strip()]
@@ -484,24 +543,15 @@ def main(argv=None) -> int:
                 _eprint(f"[{len(rows)}/{n_runs}] {tid} {m.label}: {row['new_tokens']} tokens, "
                         f"{row['tokens_per_s']:.2f} tok/s, block eff {row['block_efficiency']:.2f}")
     load1 = os.getloadavg()
-    summary = summarize(rows, methods, base_label)
-    lines = headline(summary, rows, methods)
+    header = (f"engine {args.engine}, {len(encoded)} prompts x {args.max_new_tokens} tokens, T={args.temperature:g}, "
+              f"{threads} threads, seed {args.seed}, load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    summary = report(rows, methods, header, args.markdown)
     if writer:
         for s in summary:
             writer.write(kind="summary", **s)
         writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all)
         writer.close()
-    table = format_table(summary)
-    print()
-    print(table)
-    print()
-    print("\n".join(lines))
     print(f"load average start {load0[0]:.2f}, end {load1[0]:.2f}; wall time {time.perf_counter() - t_all:.0f} s")
-    if args.markdown:
-        Path(args.markdown).write_text(
-            f"engine {args.engine}, {len(encoded)} prompts x {args.max_new_tokens} tokens, T={args.temperature:g}, "
-            f"{threads} threads, seed {args.seed}, load average {load0[0]:.2f} -> {load1[0]:.2f}\n\n"
-            + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n", encoding="utf-8")
     return 0
 
 
