@@ -84,12 +84,20 @@ class Method:
     kwargs: dict = field(default_factory=dict)
 
     @property
+    def chain(self) -> bool:
+        """One draft per node: single-draft SD (sd:D, or a tree auto chose that is a chain)."""
+        if self.kwargs.get("verifier") == "naive":
+            return True
+        paths = self.kwargs.get("tree")
+        return isinstance(paths, list) and all(p[-1] == 0 for p in paths)
+
+    @property
     def multi(self) -> bool:
-        return self.kind in ("tree", "auto") and self.kwargs.get("verifier") != "naive"
+        return self.kind in ("tree", "auto") and not self.chain
 
     @property
     def single(self) -> bool:
-        return self.kind == "tree" and self.kwargs.get("verifier") == "naive"
+        return self.kind in ("tree", "auto") and self.chain
 
 
 def parse_method(spec: str, engine: str) -> Method:
@@ -313,6 +321,10 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     out = []
     best = max(multi, key=lambda s: s["tokens_per_s"]) if multi else None
     sd = max(single, key=lambda s: s["tokens_per_s"]) if single else None
+    chosen = [s for s in summary if s["method_kind"] == "auto" and kinds[s["method"]].chain]
+    for s in chosen:
+        out.append(f"{s['method']}: the cost model chose a chain (single-draft SD, {s['tree']['nodes'] - 1} drafts "
+                   "deep): no branching pays under this profile; counted with single-draft SD")
     if best:
         out.append(f"best multi-draft: {best['method']} at {best['tokens_per_s']:.2f} tok/s, block efficiency "
                    f"{best['block_efficiency']:.2f}")
@@ -375,6 +387,8 @@ def summarize_file(path: Path, markdown: str | None) -> int:
                 m.kwargs = {"verifier": "naive"}
             elif r["method_kind"] == "tree":
                 m.kwargs = {"verifier": r["method"].split()[0]}
+            elif r["method_kind"] == "auto":
+                m.kwargs = {"verifier": r["method"].split()[0], "tree": r["tree"]["paths"]}
             methods.append(m)
     cfg = (meta or {}).get("config", {})
     prompts = len({r["prompt"] for r in rows})
