@@ -153,10 +153,11 @@ def check_args(args):
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.engine == "llama.cpp":
-        from ..decoding.llamacpp import EXTRA, llama_cpp_available
+        from ..decoding.llamacpp import llama_cpp_available
+        from ..models import LLAMA_HINT
 
         if not llama_cpp_available():
-            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {EXTRA}")
+            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {LLAMA_HINT}")
         if args.bf16_target and args.target is not None:
             raise ValueError("--bf16-target picks the default target's BF16 GGUF; drop it or --target")
         if args.threads is not None and args.threads < 1:

@@ -65,10 +65,11 @@ def check_args(args):
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.engine == "llama.cpp":
-        from ..decoding.llamacpp import EXTRA, llama_cpp_available
+        from ..decoding.llamacpp import llama_cpp_available
+        from ..models import LLAMA_HINT
 
         if not llama_cpp_available():
-            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {EXTRA}")
+            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {LLAMA_HINT}")
         if args.dtype is not None:
             raise ValueError("--dtype applies to --engine transformers only (llama.cpp runs the GGUF's own types)")
         if args.bf16_target and args.target is not None:

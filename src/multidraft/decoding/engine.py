@@ -94,14 +94,6 @@ class GenerationResult:
 
 
 # ---------------------------------------------------------------------------------------------
-def _vocab(model, name: str) -> int:
-    return model.vocab_size if getattr(model, "engine", None) == "llama.cpp" else model_vocab_size(model, name)
-
-
-def _ctx(model) -> int:
-    return model.context if getattr(model, "engine", None) == "llama.cpp" else model_context(model)
-
-
 def _unsupported(v, kind: str, k: int) -> str:
     """The message for a (verifier, law, K) the verifier is not lossless for; names what would work."""
     ok = v.laws_for(k)
@@ -222,7 +214,7 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
         raise ValueError("input_ids must be an integer LongTensor of shape [1, T]")
     if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape [1, T] with T >= 1 (batch size 1), got {tuple(input_ids.shape)}")
-    V = _vocab(target, "target")
+    V = model_vocab_size(target, "target")
     if bool(((input_ids < 0) | (input_ids >= V)).any()):
         raise ValueError(f"input_ids holds token ids outside the target vocabulary [0, {V})")
     if eos_token_id is None:
@@ -235,7 +227,7 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
         except TypeError:
             raise ValueError(f"eos_token_id must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}") from None
         eos = frozenset(operator.index(e) for e in ids)
-    ctx = _ctx(target)
+    ctx = model_context(target)
     T = input_ids.shape[1]
     s = settings
     if s.verifier is None:
@@ -251,10 +243,10 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
     if draft is target and getattr(target, "engine", None) == "llama.cpp":
         raise ValueError("target and draft must be two LlamaCppModel objects (each owns one KV cache); "
                          "load the GGUF twice to draft with the target's own weights")
-    Vd = _vocab(draft, "draft")
+    Vd = model_vocab_size(draft, "draft")
     if Vd != V:
         raise ValueError(f"draft has a vocabulary of {Vd} tokens but target has {V}; they must share one tokenizer")
-    ctx = min(ctx, _ctx(draft))
+    ctx = min(ctx, model_context(draft))
     if T >= ctx:
         raise ValueError(f"input_ids has {T} tokens but the context window is {ctx}; the prompt is too long")
     return _Plan(s.verifier, s.law, s.shape, s.temperature, list(s.draft_temps), s.top_k, s.top_p,
@@ -332,7 +324,7 @@ class _Decoder:
         self.d = runner_for(draft, prompt_cache) if draft is not None else None
         self.plan, self.g, self.progress = plan, g, progress
         self.node_log = node_log
-        self.ctx = _ctx(target) if draft is None else min(_ctx(target), _ctx(draft))
+        self.ctx = model_context(target) if draft is None else min(model_context(target), model_context(draft))
         self._vcache: dict[int, object] = {}
         self.target_calls = 0
         self.draft_calls = 0

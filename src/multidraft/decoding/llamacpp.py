@@ -40,10 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available", "require_llama_cpp"]
-
-EXTRA = "pip install 'multidraft[llama]'"
-
+__all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available"]
 
 def llama_cpp_available() -> bool:
     try:
@@ -51,15 +48,6 @@ def llama_cpp_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def require_llama_cpp():
-    """The ``llama_cpp`` module, or ImportError naming the extra that installs it."""
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ImportError(f"the llama.cpp engine needs llama-cpp-python: {EXTRA}") from None
-    return llama_cpp
 
 
 _CACHE_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
@@ -101,7 +89,9 @@ class LlamaCppModel:
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, cache_type: str = "f16", flash_attn: bool | None = None):
-        L = require_llama_cpp()
+        from ..models import import_llama_cpp
+
+        L = import_llama_cpp()  # ImportError naming the extra
         self._L = L
         path = Path(path)
         if not path.is_file():

@@ -97,6 +97,8 @@ class HFRunner:
 
 
 def model_vocab_size(model, name: str) -> int:
+    if _is_llama(model):
+        return model.vocab_size
     emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if emb is not None and getattr(emb, "weight", None) is not None:
         return int(emb.weight.shape[0])
@@ -107,6 +109,8 @@ def model_vocab_size(model, name: str) -> int:
 
 
 def model_context(model) -> int:
+    if _is_llama(model):
+        return model.context
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n = getattr(cfg, "max_position_embeddings", None)
     return int(n) if n else 1 << 62
