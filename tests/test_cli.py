@@ -1,5 +1,6 @@
 """multidraft.cli (main): interrupts and the lazy top-level package."""
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -13,11 +14,20 @@ def test_import_multidraft_is_lazy():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@pytest.mark.parametrize("delay", [0.15, 0.6, 2.5])
-def test_ctrl_c_at_any_time_is_one_line(delay):
-    """SIGINT while the interpreter loads torch, builds the parser or runs: one line, exit 130."""
+def _console_script():
+    return [str(Path(sys.executable).with_name("multidraft"))]
+
+
+@pytest.mark.parametrize("entry", ["module", "script"])
+@pytest.mark.parametrize("delay", [0.15, 0.6, 1.0, 2.5])
+def test_ctrl_c_at_any_time_is_one_line(delay, entry):
+    """SIGINT while the interpreter loads torch, builds the parser or runs: one line, then the
+    process ends by SIGINT (a shell reports 130) -- the same way wherever the interrupt hits."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "multidraft", "compare", "--k", "1,2,3,4,5", "--seed", "1"],
+    command = [sys.executable, "-m", "multidraft"] if entry == "module" else _console_script()
+    if entry == "script" and not Path(command[0]).exists():
+        pytest.skip("the console script is not installed next to this interpreter")
+    proc = subprocess.Popen(command + ["compare", "--k", "1,2,3,4,5", "--seed", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
@@ -25,5 +35,18 @@ def test_ctrl_c_at_any_time_is_one_line(delay):
     if proc.returncode == 0:
         pytest.skip("the command finished before the interrupt arrived")
     assert "Traceback" not in err, err
-    assert proc.returncode == 130, (proc.returncode, err)
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err)
     assert err.strip().splitlines()[-1].endswith("interrupted")
+
+
+def test_shell_sees_130_and_main_returns_130(monkeypatch):
+    """A shell reports the SIGINT death as 130; called as a function, main() returns 130."""
+    script = f"{sys.executable} -c 'import os, signal, sys; sys.argv = [\"multidraft\", \"compare\"]; " \
+             f"from multidraft import cli; cli.main = lambda: 130; sys.exit(cli.run())'; echo rc=$?"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert "rc=130" in done.stdout, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    from multidraft import cli
+
+    monkeypatch.setattr(cli, "build_parser", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert cli.main(["compare"]) == 130

@@ -5,7 +5,9 @@ and sets ``func`` on them (``func(args) -> int``). Every failure the user can ca
 prints ONE line on stderr, never a traceback: a mistake in the input (``ValueError``, a
 missing, misplaced or unwritable path) exits 2, any other I/O error (disk full) exits 1,
 naming the path; Ctrl-C at any point of :func:`main` (imports and model loading
-included) prints ``interrupted`` and exits 130. Results files are written row by row, so
+included) prints ``interrupted``: :func:`main` then returns 130, and the console entry
+point :func:`run` ends the process by SIGINT, as Unix programs do (a shell reports 130,
+and a shell loop around the command stops). Results files are written row by row, so
 an interrupted run keeps complete rows only and resumes where it stopped.
 """
 from __future__ import annotations
@@ -72,5 +74,28 @@ def main(argv=None) -> int:
         return 2 if isinstance(exc, _USER_OS_ERRORS) else 1
 
 
+def _quiet_interrupt(kind, value, tb):
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, tb)
+
+
+def run() -> int:
+    """Console entry point (``multidraft`` and ``python -m multidraft``): :func:`main`, then,
+    after an interrupt, die by SIGINT once the interpreter has finalised.
+
+    An interrupted process must end by the signal, not by ``exit(130)``, or a calling shell
+    loop carries on. Python ends that way by itself when a KeyboardInterrupt leaves the main
+    module, and it also does so when one passed through code that C extensions ran during the
+    command (so before this, an interrupt exited 130 or by SIGINT depending on where it hit).
+    Raising it here, with a hook that prints nothing for it, makes the end the same every time:
+    ``interrupted`` on stderr, open files flushed and closed, then SIGINT.
+    """
+    code = main()
+    if code == 130:
+        sys.excepthook = _quiet_interrupt
+        raise KeyboardInterrupt
+    return code
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(run())
