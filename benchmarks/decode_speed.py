@@ -275,7 +275,9 @@ def summarize(rows: list[dict], methods: list[Method], base_label: str) -> list[
                  for r in rs if r["prompt"] in base and r["seconds"] > 0 and base[r["prompt"]]["seconds"] > 0]
         acc = [r["acceptance_rate"] for r in rs
                if r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]  # NaN / null
+        scored = [r["tree_tokens"] for r in rs if r.get("tree_tokens")]
         s = {"method": m.label, "method_kind": m.kind, "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
+             "tree_tokens_per_pass": sum(scored) / calls if len(scored) == len(rs) and calls else float("nan"),
              "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else float("nan"),
              "block_efficiency": tokens / calls if calls else float("nan"),
              "acceptance_rate": sum(acc) / len(acc) if acc else float("nan")}
@@ -293,12 +295,13 @@ def _f(x, nd=2) -> str:
 
 
 def format_table(summary: list[dict]) -> str:
-    lines = ["| method | tokens/s (pooled) | tokens/s mean ± 95% | block eff. ± 95% | acceptance | speed-up vs target ± 95% |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | tokens/s (pooled) | tokens/s mean ± 95% | block eff. ± 95% | acceptance | tree tokens / pass "
+             "| speed-up vs target ± 95% |",
+             "|---|---|---|---|---|---|---|"]
     for s in summary:
         lines.append(f"| {s['method']} | {_f(s['tokens_per_s'])} | {_f(s['tokens_per_s_mean'])} ± {_f(s['tokens_per_s_ci95'])} | "
                      f"{_f(s['block_efficiency_mean'])} ± {_f(s['block_efficiency_ci95'])} | {_f(s['acceptance_rate'])} | "
-                     f"{_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} |")
+                     f"{_f(s.get('tree_tokens_per_pass'), 1)} | {_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} |")
     return "\n".join(lines)
 
 
@@ -544,7 +547,7 @@ def main(argv=None) -> int:
                                    temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                    eos_token_id=eos, generator=torch.Generator().manual_seed(seed), **m.kwargs)
                     r = {k: getattr(res, k) for k in ("new_tokens", "target_calls", "draft_calls", "seconds",
-                                                      "block_efficiency", "acceptance_rate")}
+                                                      "block_efficiency", "acceptance_rate", "tree_tokens")}
                 row = {"kind": "run", "method": m.label, "method_kind": m.kind, "prompt": tid, "seed": seed,
                        "prompt_tokens": int(ids.shape[1]),
                        **{k: (float(v) if isinstance(v, float) else int(v)) for k, v in r.items()}}

@@ -100,6 +100,7 @@ def test_greedy_llama_and_target_only():
         assert r.tokens.tolist() == ref.tolist()
     base = md.generate(t, None, ids, verifier="none", temperature=0, max_new_tokens=10, generator=0)
     assert base.target_calls == 10 and base.block_efficiency == 1.0 and base.draft_calls == 0
+    assert base.tree_tokens == 10                       # the root alone each step
 
 
 def test_prompt_cache_gives_the_same_decoding_and_stays_intact(pair):
@@ -130,6 +131,19 @@ def test_draft_equal_to_target_accepts_everything(pair):
     assert r.accepted_lengths[:4] == [4, 4, 4, 4]
     assert r.acceptance_rate == pytest.approx(1.0)
     assert r.block_efficiency == pytest.approx(21 / r.target_calls) and r.target_calls == 5
+    assert r.tree_tokens == 4 * 5 + 1                    # root + a chain of 4, then the last token alone
+
+
+def test_tree_tokens_count_distinct_nodes(pair):
+    """Without-replacement drafts never repeat, so a full K-ary tree is scored whole; iid drafts
+    of a peaked draft repeat and merge, so their tree is smaller."""
+    t, d = pair
+    kw = dict(k=2, depth=2, temperature=1.0, max_new_tokens=12, generator=4)
+    wor = md.generate(t, d, PROMPTS[0], verifier="rrs_wor", **kw)
+    iid = md.generate(t, d, PROMPTS[0], verifier="specinfer", **kw)
+    assert wor.tree_tokens <= 7 * wor.target_calls and iid.tree_tokens <= 7 * iid.target_calls
+    assert wor.tree_tokens >= 3 * wor.target_calls      # root + 2 distinct children at least, each step
+    assert iid.tree_tokens >= 2 * iid.target_calls
 
 
 def test_eos_stops(pair):

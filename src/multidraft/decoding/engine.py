@@ -61,6 +61,9 @@ class GenerationResult:
                           one per step.
     ``draft_calls``       draft forward passes while decoding (one per tree level per step).
     ``block_efficiency``  ``new_tokens / target_calls`` (1.0 for the target alone).
+    ``tree_tokens``       tokens scored by all target passes (root included; duplicates merged
+                          away): ``tree_tokens / target_calls`` is the mean tree size a step
+                          pays for (1.0 for the target alone).
     ``acceptance_rate``   mean over steps that drafted a tree of ``accepted / depth``, where
                           ``accepted`` is the number of draft tokens kept in the step (the
                           accepted path length, bonus/recovered token excluded) and ``depth``
@@ -86,6 +89,7 @@ class GenerationResult:
     draft_depths: list = field(default_factory=list)
     stop_reason: str = "max_new_tokens"
     prefill_seconds: float = 0.0
+    tree_tokens: int = 0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "tokens"}
@@ -328,6 +332,7 @@ class _Decoder:
         self._vcache: dict[int, object] = {}
         self.target_calls = 0
         self.draft_calls = 0
+        self.tree_tokens = 0
 
     # verifier for a node with k drafts (fallbacks keep the walk lossless) --------------------
     def _verifier_for(self, k: int):
@@ -395,6 +400,7 @@ class _Decoder:
             draft_depths=depths,
             stop_reason=stop,
             prefill_seconds=prefill_s,
+            tree_tokens=self.tree_tokens,
         )
 
     # one step ---------------------------------------------------------------------------
@@ -408,6 +414,7 @@ class _Decoder:
         # one target pass over [root] + tree
         logits = score_tree(self.t, tree)
         self.target_calls += 1
+        self.tree_tokens += len(tree.nodes)
         # walk
         path: list[int] = []
         i = 0
