@@ -5,9 +5,11 @@ import itertools
 import json
 import random
 
+import numpy as np
 import pytest
 
 from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, choose_tree, expected_tokens,
+                                         expected_tokens_along, slot_increments,
                                          level_counts, step_seconds)
 from multidraft.decoding.trees import parse_tree
 
@@ -249,3 +251,44 @@ def test_engine_node_log_matches_accepted_lengths():
     assert set(st.ks) <= {1, 2} and all(0 <= st.alpha(k) <= 1 for k in st.ks)
     with pytest.raises(ValueError, match="node_log"):
         generate(t, d, ids, verifier="specinfer", max_new_tokens=2, generator=0, node_log=())
+
+
+def test_slot_increments_are_from_alphas_at_every_position():
+    rng = np.random.default_rng(3)
+    al = {k: rng.uniform(0.2, 0.99, size=50) for k in (1, 2, 4)}
+    slots = slot_increments(al)
+    for t in range(50):
+        st = AcceptStats.from_alphas({k: float(a[t]) for k, a in al.items()})
+        for k in al:
+            assert slots[k][t] == pytest.approx(st.accept[k], abs=1e-15)
+            assert slots[k][t].sum() == pytest.approx(al[k][t], abs=1e-12)
+    with pytest.raises(ValueError, match="same number"):
+        slot_increments({1: np.ones(3), 2: np.ones(4)})
+    with pytest.raises(ValueError, match="probabilities"):
+        slot_increments({1: np.array([0.5, 1.2])})
+
+
+def test_expected_tokens_along_constant_rows_is_the_positional_model():
+    st = AcceptStats.from_alphas([0.7, 0.8, 0.85])
+    slots = {k: np.tile(np.array(v), (40, 1)) for k, v in st.accept.items()}
+    dp = TreeDP(st, 20, 5)
+    for n in (2, 5, 9, 20):
+        paths, e = dp.best(n, 5)
+        assert expected_tokens_along(paths, slots) == pytest.approx(e, abs=1e-12)
+    assert expected_tokens_along([], slots) == 1.0
+
+
+def test_expected_tokens_along_keeps_correlation():
+    # acceptance 1, 1, 0, 0 along four positions: a depth-2 chain starts at t = 0 (1 + 1 + 1) and
+    # t = 1 (1 + 1 + 0): mean 2.5, where the positional model with the mean 0.5 says 1.75
+    slots = {1: np.array([[1.0], [1.0], [0.0], [0.0]])}
+    chain = [[0], [0, 0]]
+    assert expected_tokens_along(chain, slots) == pytest.approx(2.5)
+    assert expected_tokens(chain, AcceptStats({1: [0.5]})) == pytest.approx(1.75)
+    # a 2-draft root: slot 1 adds only where slot 0 failed
+    slots2 = slot_increments({1: np.array([1.0, 0.0, 0.5]), 2: np.array([1.0, 0.6, 0.9])})
+    assert expected_tokens_along([[0], [1]], slots2) == pytest.approx(1 + (1.0 + 0.6) / 2)
+    with pytest.raises(ValueError, match="positions"):
+        expected_tokens_along(chain, {1: np.array([[0.5], [0.5]])})
+    with pytest.raises(ValueError, match="statistics"):
+        expected_tokens_along([[0], [1]], {1: np.ones((5, 1))})

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["CostProfile", "AcceptStats", "TreeDP", "TreeChoice", "Choice", "expected_tokens",
+           "expected_tokens_along", "slot_increments",
            "level_counts", "step_seconds", "choose_tree"]
 
 MAX_NODES = 64
@@ -260,20 +261,8 @@ class AcceptStats:
             al = {int(k): float(a) for k, a in alphas.items()}
         else:
             al = {i + 1: float(a) for i, a in enumerate(alphas)}
-        if not al:
-            raise ValueError("alphas must give at least one alpha_k")
-        for k, a in al.items():
-            if k < 1 or not (0 <= a <= 1):
-                raise ValueError(f"alphas: alpha_{k} must be a probability with k >= 1, got {a}")
-        accept = {}
-        for k, ak in al.items():
-            c = [0.0]
-            run = 0.0
-            for i in range(1, k):
-                run = max(run, al.get(i, run))
-                c.append(min(ak, run))
-            c.append(ak)
-            accept[k] = [max(0.0, c[i + 1] - c[i]) for i in range(k)]
+        slots = slot_increments({k: np.array([a]) for k, a in al.items()})
+        accept = {k: [float(x) for x in v[0]] for k, v in slots.items()}
         return cls(accept, {k: 0 for k in accept}, source)
 
     def to_dict(self) -> dict:
@@ -297,6 +286,70 @@ class AcceptStats:
 
 
 # ---------------------------------------------------------------------------------------------
+def slot_increments(alphas: dict) -> dict:
+    """:meth:`AcceptStats.from_alphas`' rule at every position: ``{k: alpha_k [T]}`` -> ``{k: [T, k]}``.
+
+    Slot i of a k-draft node gets ``c_(i+1) - c_i`` with ``c_i = min(alpha_k, max_(j <= i) alpha_j)``
+    (``c_0 = 0``, ``c_k = alpha_k``; a j without data carries the running maximum on), so the slots
+    sum to alpha_k and each is what the i-th draft adds. Every alpha must be a probability.
+    """
+    if not alphas:
+        raise ValueError("alphas must give at least one alpha_k")
+    al = {}
+    for k, a in alphas.items():
+        arr = np.asarray(a, dtype=float).reshape(-1)
+        if int(k) < 1 or not np.all((arr >= 0) & (arr <= 1)):
+            raise ValueError(f"alphas: alpha_{k} must be probabilities with k >= 1")
+        al[int(k)] = arr
+    sizes = {a.size for a in al.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"alphas: every k needs the same number of positions, got {sorted(sizes)}")
+    out = {}
+    for k, ak in al.items():
+        c = [np.zeros_like(ak)]
+        run = np.zeros_like(ak)
+        for i in range(1, k):
+            run = np.maximum(run, al[i]) if i in al else run
+            c.append(np.minimum(ak, run))
+        c.append(ak)
+        out[k] = np.stack([np.maximum(0.0, c[i + 1] - c[i]) for i in range(k)], axis=-1)
+    return out
+
+
+def expected_tokens_along(paths, slots: dict) -> float:
+    """E[tokens per step] along a run of positions, keeping easy and hard stretches together.
+
+    ``slots[k]`` is ``[T, k]``: the slot probabilities of a k-draft node at each of T consecutive
+    positions (e.g. :func:`slot_increments` of per-position acceptances measured along a text).
+    A step that starts at position t reaches a node at depth j through its ancestors at depths
+    0..j-1, which use positions t..t+j-1; the result is the mean over starts t = 0..T-1-depth.
+    With constant rows it equals :func:`expected_tokens` (Sequoia's positional model); with real
+    rows it keeps the correlation of acceptance between neighbouring positions, which the
+    positional model averages away (it underestimates long chains on code).
+    """
+    if not paths:
+        return 1.0
+    ch = _children(paths)
+    depth = max(len(p) for p in ch)
+    T = min(int(np.asarray(v).shape[0]) for v in slots.values())
+    n = T - depth
+    if n < 1:
+        raise ValueError(f"slots: {T} positions cannot start a step of depth {depth}")
+    reach = {(): np.ones(n)}
+    total = np.ones(n)
+    for path in sorted(ch, key=len):
+        if not path:
+            continue
+        parent = path[:-1]
+        k = ch[parent]
+        if k not in slots:
+            raise ValueError(f"tree: node {list(parent)} has {k} children but there are no statistics for k = {k}")
+        j = len(parent)
+        reach[path] = reach[parent] * np.asarray(slots[k])[j : j + n, path[-1]]
+        total = total + reach[path]
+    return float(total.mean())
+
+
 def _children(paths) -> dict:
     from .trees import parse_tree
 
