@@ -26,8 +26,8 @@ Methods (``--methods``, comma separated):
 ``sd:D``              single-draft SD (``naive``), a chain of depth D
 ``V:KxD``             verifier V on the full K-ary tree of depth D (its implied draft law)
 ``V:seqKxD``          verifier V on K draft sequences of length D (a trie)
-``V:dyn:K:N:D``       verifier V on dynamic trees: at most K drafts per node, N nodes (root
-                      included), depth D
+``V:dyn:K:N:D[:G]``   verifier V on dynamic trees: at most K drafts per node, N nodes (root
+                      included), depth D; a draft only where it is worth >= G expected tokens
 ``V:auto:K``          verifier V on the tree ``treeopt.choose_tree`` picks from ``--profile``
                       and acceptance statistics of a warm-up decode on a held-out prompt
 ``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
@@ -131,18 +131,22 @@ def parse_method(spec: str, engine: str) -> Method:
         if seq:
             kw["tree"] = "sequences"
         return Method(f"{v} {'seq ' if seq else ''}K={k} depth {d}", "tree", kw)
-    m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)", s)
+    m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)(?::([0-9.]+))?", s)
     if m:
         v, k, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
         _verifiers.get(v)
-        return Method(f"{v} dynamic K<={k} {n} nodes depth<={d}", "tree",
-                      {"verifier": v, "k": k, "depth": d, "tree": "dynamic", "max_nodes": n})
+        kw = {"verifier": v, "k": k, "depth": d, "tree": "dynamic", "max_nodes": n}
+        label = f"{v} dynamic K<={k} {n} nodes depth<={d}"
+        if m.group(5) is not None:
+            kw["min_gain"] = float(m.group(5))
+            label += f" gain>={kw['min_gain']:g}"
+        return Method(label, "tree", kw)
     m = re.fullmatch(r"(\w+):auto:(\d+)", s)
     if m:
         v, k = m.group(1), int(m.group(2))
         _verifiers.get(v)
         return Method(f"{v} auto K<={k}", "auto", {"verifier": v, "k": k})
-    raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D, V:auto:K, "
+    raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K, "
                      "hf, llama-target, llama-spec:D[:NP])")
 
 

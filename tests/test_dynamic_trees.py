@@ -72,6 +72,21 @@ def test_reach_zero_or_point_mass_gets_no_drafts():
     assert trees.allocate(q, torch.ones(2), 4, 0, "iid").tolist() == [0, 0]
 
 
+def test_min_gain_grants_only_drafts_worth_it():
+    q = _rows()                                      # row 0 uncertain, row 1 confident
+    reach = torch.tensor([1.0, 0.5])
+    c = trees.coverage(q, 4, "wor")
+    values = reach.double().view(2, 1) * torch.diff(c, dim=-1, prepend=torch.zeros(2, 1, dtype=c.dtype))
+    for g in (0.0, 0.05, 0.1, 0.2, 0.4, 0.99):
+        ks = trees.allocate(q, reach, 4, 8, "wor", min_gain=g)
+        want = (values >= g).logical_and(values > 0).sum(-1)    # increments fall: a prefix per row
+        assert ks.tolist() == want.tolist(), g
+    ks0 = trees.allocate(q, reach, 4, 8, "wor")
+    assert trees.allocate(q, reach, 4, 8, "wor", min_gain=0.0).tolist() == ks0.tolist()
+    # the budget still binds under the threshold
+    assert int(trees.allocate(q, reach, 4, 2, "wor", min_gain=0.01).sum()) <= 2
+
+
 def test_allocation_follows_reach_across_a_level():
     q = _rows()[:1].expand(3, -1)
     ks = trees.allocate(q, torch.tensor([0.5, 0.1, 0.9]), 4, 6, "iid")
@@ -124,6 +139,10 @@ def test_dynamic_greedy_equals_target_greedy(pair, verifier, law):
                             node_log=log)
             assert r.tokens.tolist() == ref.tolist(), (verifier, law, dt)
             assert log and all(1 <= k <= kmax for k, _, _ in log)
+            g = md.generate(t, d, ids, verifier=verifier, k=kmax, depth=4, draft_law=law, tree="dynamic",
+                            max_nodes=10, min_gain=0.3, temperature=0, draft_temperature=dt, max_new_tokens=14,
+                            generator=0)
+            assert g.tokens.tolist() == ref.tolist(), (verifier, law, dt, "min_gain")
 
 
 def test_hot_draft_spreads_drafts_under_the_budget(pair):
@@ -140,6 +159,12 @@ def test_hot_draft_spreads_drafts_under_the_budget(pair):
 def test_two_token_law_dynamic_fast(small_pair):
     _law_case(small_pair, 300, 21, verifier="nss", k=3, depth=2, tree="dynamic", max_nodes=6, draft_law="iid",
               temperature=1.0, draft_temperature=1.4)
+
+
+def test_two_token_law_dynamic_min_gain(small_pair):
+    # the threshold makes k_v depend on q_v and the reach: still fixed before v's drafts, still lossless
+    _law_case(small_pair, 300, 25, verifier="rrs_wor", k=3, depth=2, tree="dynamic", max_nodes=7, draft_law="wor",
+              min_gain=0.15, temperature=1.0, draft_temperature=1.4)
 
 
 @pytest.mark.slow
@@ -159,6 +184,12 @@ def test_dynamic_settings_errors():
         engine.check_settings(verifier="nss", k=4, tree=None, max_nodes=8)
     with pytest.raises(ValueError, match="independent"):
         engine.check_settings(verifier="specinfer", k=2, tree="dynamic", draft_temperature=[0.5, 1.0])
+    assert engine.check_settings(verifier="nss", k=4, tree="dynamic", min_gain=0.1).shape.min_gain == 0.1
+    with pytest.raises(ValueError, match="min_gain applies only"):
+        engine.check_settings(verifier="nss", k=4, tree=None, min_gain=0.1)
+    for bad in (-0.1, 1.0, "x"):
+        with pytest.raises(ValueError, match="min_gain must"):
+            engine.check_settings(verifier="nss", k=4, tree="dynamic", min_gain=bad)
     if "spechub" in md.verifiers.names():
         with pytest.raises(ValueError, match="spechub"):
             engine.check_settings(verifier="spechub", k=3, tree="dynamic")
@@ -185,7 +216,15 @@ def test_cli_decode_tree_dynamic(tmp_path, capsys):
     assert obj["settings"]["K"] == 3 and obj["settings"]["depth"] == 3 and obj["settings"]["max_nodes"] == 8
     ids = tok("hellothere", return_tensors="pt")["input_ids"]
     assert obj["text"] == tok.decode(tm.greedy_reference(t, ids, 8).tolist(), skip_special_tokens=True)
+    assert main(base + ["--verifier", "rrs_wor", "--min-gain", "0.2", "--json", "--temperature", "0"]) == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert obj["settings"]["min_gain"] == 0.2
+    assert obj["text"] == tok.decode(tm.greedy_reference(t, ids, 8).tolist(), skip_special_tokens=True)
+    plain = [a for a in base if a not in ("--tree", "dynamic")]
+    assert main(plain + ["--verifier", "nss", "--min-gain", "0.2"]) == 2
+    assert "--min-gain applies to --tree dynamic only" in capsys.readouterr().err
     for bad, msg in ((["--max-nodes", "1"], "--max-nodes"), (["--k-max", "0"], "--k-max"),
+                     (["--min-gain", "1.5"], "--min-gain"),
                      (["--max-depth", "0"], "--max-depth"), (["--verifier", "none"], "--tree dynamic"),
                      (["--draft-temperature", "0.5,1.0", "--k-max", "2"], "independent")):
         assert main(base + bad) == 2, bad

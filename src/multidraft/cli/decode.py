@@ -17,7 +17,9 @@ when no tree is predicted faster it decodes target-only, unless ``--force-tree``
 ``--tree dynamic`` builds each step's tree level by level: a node gets 0..``--k-max`` drafts
 chosen from the draft distribution at that node before its drafts are drawn (more where the
 draft is uncertain), under a node budget ``--max-nodes`` (default 16, root included) and depth
-``--max-depth`` (``decoding.trees.allocate``; lossless, see ``decoding.trees``).
+``--max-depth``; with ``--min-gain G`` a draft is granted only if it is worth at least G
+expected tokens, so confident stretches stay chains (``decoding.trees.allocate``; lossless,
+see ``decoding.trees``).
 
 Every argument is checked before any model is loaded or built (``decoding.check_settings``);
 a mistake is one line on stderr and exit status 2.
@@ -65,6 +67,9 @@ def register(sub) -> None:
     p.add_argument("--max-depth", type=int, default=8, metavar="L", help="--tree auto / dynamic: largest depth (<= 8)")
     p.add_argument("--k-max", type=int, default=4, metavar="K",
                    help="--tree dynamic: most drafts at one node (default 4)")
+    p.add_argument("--min-gain", type=float, default=None, metavar="G",
+                   help="--tree dynamic: grant a draft only if reach x coverage gain, its value in expected "
+                        "tokens, is at least G (default 0: until the budget is spent)")
     p.add_argument("--force-tree", action="store_true",
                    help="--tree auto: decode with the best tree even when it is predicted slower than the target alone "
                         "(default: decode target-only then)")
@@ -182,7 +187,9 @@ def check_args(args):
             raise ValueError(f"--max-depth must be in [1, 8], got {args.max_depth}")
         if args.k_max < 1:
             raise ValueError(f"--k-max must be >= 1, got {args.k_max}")
-        dyn = dict(k=args.k_max, depth=args.max_depth, max_nodes=args.max_nodes)
+        dyn = dict(k=args.k_max, depth=args.max_depth, max_nodes=args.max_nodes, min_gain=args.min_gain)
+    elif args.min_gain is not None:
+        raise ValueError("--min-gain applies to --tree dynamic only")
     elif args.max_nodes is None:
         args.max_nodes = 64
     try:
@@ -196,7 +203,7 @@ def check_args(args):
         msg = str(exc)
         if dyn:  # in dynamic mode k and depth come from --k-max and --max-depth
             head = msg.split(":", 1)[0].split(" ", 1)[0]
-            flag = {"k": "--k-max", "depth": "--max-depth", "max_nodes": "--max-nodes"}.get(head)
+            flag = {"k": "--k-max", "depth": "--max-depth", "max_nodes": "--max-nodes", "min_gain": "--min-gain"}.get(head)
             if flag:
                 raise ValueError(flag + msg[len(head):]) from None
         raise ValueError(_flag(msg)) from None
@@ -351,6 +358,7 @@ def run(args) -> int:
             temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, eos_token_id=eos, generator=args.seed, progress=cb,
             max_nodes=settings.shape.budget if tree == "dynamic" else None,
+            min_gain=settings.shape.min_gain if tree == "dynamic" else None,
         )
     finally:
         close()
@@ -369,6 +377,7 @@ def run(args) -> int:
                 "depth": settings.depth if verifier is not None else None,
                 "tree": args.tree,
                 "max_nodes": settings.shape.budget if tree == "dynamic" else None,
+                "min_gain": settings.shape.min_gain if tree == "dynamic" else None,
                 "temperature": args.temperature,
                 "draft_temperature": draft_temperature,
                 "top_k": args.top_k,

@@ -131,14 +131,17 @@ class Settings:
 
 
 def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
-                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None) -> Settings:
+                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None,
+                   min_gain=None) -> Settings:
     """Check every argument of ``generate`` that needs no model; ValueError naming the argument.
 
     The CLI calls this before loading any model; ``generate`` calls it first. ``draft_law=None``
     means the law the verifier implies (``Verifier.implied_law``; 'independent' when
     ``draft_temperature`` is a list). ``tree="dynamic"``: ``k`` is the most drafts per node,
     ``depth`` the largest depth and ``max_nodes`` (default 16) the node budget per step, root
-    included; the verifier must be lossless for the law at every k in 2..k.
+    included, and ``min_gain`` (default 0) the least value (reach x coverage increment, in
+    expected tokens) for which a draft is granted; the verifier must be lossless for the law
+    at every k in 2..k.
     """
     check_sampling_args(temperature, top_k, top_p, "temperature")
     top_k = None if top_k is None else operator.index(top_k)
@@ -157,7 +160,16 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
         max_nodes = as_int(max_nodes, "max_nodes", minimum=2)
         if max_nodes > MAX_DYNAMIC_NODES:
             raise ValueError(f"max_nodes must be <= {MAX_DYNAMIC_NODES}, got {max_nodes}")
-    shape = TreeShape.from_args(tree, K, L, max_nodes)
+    if min_gain is not None:
+        if not dynamic:
+            raise ValueError(f"min_gain applies only to tree='dynamic', got tree={tree!r}")
+        try:
+            min_gain = float(min_gain)
+        except (TypeError, ValueError):
+            raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}") from None
+        if not 0 <= min_gain < 1:
+            raise ValueError(f"min_gain must be in [0, 1) (a draft is worth at most one token), got {min_gain}")
+    shape = TreeShape.from_args(tree, K, L, max_nodes, min_gain or 0.0)
     if dynamic and (listed or draft_law is not None and _drafts.law_kind(draft_law, "draft_law") == "independent"):
         raise ValueError("draft_law: tree='dynamic' supports the iid, wor and greedy laws, not 'independent' "
                          "(a list of draft temperatures)")
@@ -273,7 +285,7 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
              tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
              max_new_tokens=128, eos_token_id=None, generator=None, progress=None,
              prompt_cache: PromptCache | None = None, node_log: list | None = None,
-             max_nodes: int | None = None) -> GenerationResult:
+             max_nodes: int | None = None, min_gain: float | None = None) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
@@ -285,7 +297,9 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
                     trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both);
                     ``tree="dynamic"`` a per-step tree whose node v gets 0..k drafts chosen from
                     the draft distribution at v before its drafts are drawn (``trees.allocate``),
-                    depth <= ``depth``, at most ``max_nodes`` nodes (default 16, root included).
+                    depth <= ``depth``, at most ``max_nodes`` nodes (default 16, root included);
+                    ``min_gain`` (default 0): a draft is granted only if reach x coverage
+                    increment, its value in expected tokens, is at least this.
     draft_law       a name from ``multidraft.drafts.LAW_KINDS``; None (default) means the law
                     the verifier implies (``Verifier.implied_law``: 'wor' for ``rrs_wor``,
                     'greedy' for ``spechub`` and ``greedy_optimal``, else 'iid'); a list
@@ -309,7 +323,8 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
     g = as_generator(generator)
     settings = check_settings(verifier=verifier, k=k, depth=depth, draft_law=draft_law, tree=tree,
                               temperature=temperature, draft_temperature=draft_temperature, top_k=top_k,
-                              top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes)
+                              top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
+                              min_gain=min_gain)
     plan = _make_plan(target, draft, input_ids, settings, eos_token_id)
     if progress is not None and not callable(progress):
         raise ValueError("progress must be None or a callable progress(done, total)")
@@ -494,7 +509,7 @@ class _Decoder:
         q = process_logits(logits, plan.draft_temps[0], plan.top_k, plan.top_p)  # [n, V]
         reach = torch.tensor([tree.nodes[i].reach for i in level], dtype=torch.float64)
         cap = [i for i in level if tree.nodes[i].depth < tree.depth_cap]
-        ks = allocate(q, reach, tree.shape.k, room, plan.kind).tolist()
+        ks = allocate(q, reach, tree.shape.k, room, plan.kind, tree.shape.min_gain).tolist()
         for r, i in enumerate(level):
             tree.nodes[i].k = int(ks[r]) if i in cap else 0
 

@@ -35,7 +35,9 @@ proxy for "the walk gets here"; the root has r = 1), the j-th draft at v is wort
 r(v) * (c_j(q_v) - c_{j-1}(q_v)) with c_k the coverage proxy (iid / wor:
 sum_x q(x) (1 - (1 - q(x))^k); greedy: the mass of the k most likely tokens), and the
 largest values across the level win until the step's node budget (``N`` nodes, root
-included) is spent. A node with k_v = 0 is a leaf. Lossless because k_v is a function of
+included) is spent; with ``min_gain`` g > 0 only values >= g are granted, so confident nodes
+stay chains and the budget is left for depth instead of being spent on the first level. A node
+with k_v = 0 is a leaf. Lossless because k_v is a function of
 information fixed before v's drafts are drawn (the path, the q's of this and earlier
 levels, tokens drawn at earlier levels, the remaining budget): given that information the
 verifier at v receives a fresh draw of the law with k_v drafts, for which it is lossless
@@ -131,14 +133,16 @@ def coverage(q: torch.Tensor, k_max: int, kind: str = "iid") -> torch.Tensor:
     return out
 
 
-def allocate(q: torch.Tensor, reach: torch.Tensor, k_max: int, budget: int, kind: str = "iid") -> torch.Tensor:
+def allocate(q: torch.Tensor, reach: torch.Tensor, k_max: int, budget: int, kind: str = "iid",
+             min_gain: float = 0.0) -> torch.Tensor:
     """Drafts per frontier node, decided for a whole level at once: ``ks`` ``[n]`` (long).
 
     q      ``[n, V]`` draft distributions of the level's nodes (known before any of their
            drafts is drawn); reach ``[n]`` their reach scores r(v).
     The j-th draft at row v is worth ``reach[v] * (c_j - c_{j-1})`` (``coverage``); the
     ``budget`` largest positive values across the level are granted (increments are
-    non-increasing, so granting the top values gives each row a prefix 1..k_v). A row
+    non-increasing, so granting the top values gives each row a prefix 1..k_v); a value below
+    ``min_gain`` is never granted (a draft must be worth that many expected tokens). A row
     gets at most k_max drafts and never more than its number of nonzero tokens for the
     wor / greedy laws; the sum of ``ks`` is at most ``budget``.
     """
@@ -155,7 +159,7 @@ def allocate(q: torch.Tensor, reach: torch.Tensor, k_max: int, budget: int, kind
     flat = gain.flatten()
     m = min(int(budget), flat.numel())
     vals, idx = torch.topk(flat, m)
-    idx = idx[vals > 0]
+    idx = idx[(vals > 0) & (vals >= min_gain)]
     ks = torch.bincount(idx // k_max, minlength=n)
     return ks.cpu().long()
 
@@ -170,9 +174,11 @@ class TreeShape:
     k: int  # the largest number of drafts at any node
     children: dict = field(default_factory=dict)  # paths mode: {path: n_children}
     budget: int = 0  # dynamic mode: node budget of a step's tree, root included
+    min_gain: float = 0.0  # dynamic mode: least value reach * coverage increment a draft needs
 
     @classmethod
-    def from_args(cls, tree, k: int, depth: int, max_nodes: int | None = None) -> "TreeShape":
+    def from_args(cls, tree, k: int, depth: int, max_nodes: int | None = None,
+                  min_gain: float = 0.0) -> "TreeShape":
         if tree is None:
             return cls("paths", depth, k, parse_tree(full_tree(k, depth)))
         if isinstance(tree, str):
@@ -181,7 +187,7 @@ class TreeShape:
             if tree == "dynamic":
                 if max_nodes is None:
                     max_nodes = DEFAULT_MAX_NODES
-                return cls("dynamic", depth, k, {}, max_nodes)
+                return cls("dynamic", depth, k, {}, max_nodes, float(min_gain))
             return cls("sequences", depth, k)
         ch = parse_tree(tree)
         return cls("paths", max(len(p) for p in ch), max(ch.values()), ch)
