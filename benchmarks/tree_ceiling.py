@@ -76,16 +76,10 @@ def scaled(profile: CostProfile, draft_scale: float = 1.0, free_verify: bool = F
 def candidates(alphas: dict, max_nodes: int, max_depth: int) -> list:
     """The dynamic program's best tree (mean acceptances) for every (budget, depth cap), and every chain."""
     stats = AcceptStats.from_alphas({k: float(v.mean()) for k, v in alphas.items()})
-    dp = TreeDP(stats, max_nodes, max_depth)
-    seen, out = set(), []
-    for depth in range(1, max_depth + 1):
-        chain = [[0] * j for j in range(1, depth + 1)]
-        for paths in [chain] + [dp.best(n, depth)[0] for n in range(2, max_nodes + 1)]:
-            key = tuple(map(tuple, paths))
-            if paths and key not in seen:
-                seen.add(key)
-                out.append(paths)
-    return out
+    trees = [paths for paths, _ in TreeDP(stats, max_nodes, max_depth).candidates()]
+    keys = {tuple(map(tuple, p)) for p in trees}
+    chains = [[[0] * j for j in range(1, d + 1)] for d in range(1, max_depth + 1)]
+    return trees + [c for c in chains if tuple(map(tuple, c)) not in keys]
 
 
 def best_tree(alphas: dict, profile: CostProfile, trees: list, model: str) -> dict:

@@ -42,6 +42,7 @@ import torch
 
 __all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available"]
 
+
 def llama_cpp_available() -> bool:
     try:
         import llama_cpp  # noqa: F401

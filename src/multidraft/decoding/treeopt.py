@@ -468,6 +468,18 @@ class TreeDP:
         out.sort(key=lambda p: (len(p), p))
         return out, 1.0 + float(self.f[depth, m])
 
+    def candidates(self):
+        """``(paths, expected_tokens)`` of the best tree of every (budget >= 2, depth cap), each
+        distinct tree once, depth caps ascending: what a cost model chooses among."""
+        seen = set()
+        for depth in range(1, self.D + 1):
+            for n in range(2, self.N + 1):
+                paths, e = self.best(n, depth)
+                key = tuple(map(tuple, paths))
+                if paths and key not in seen:
+                    seen.add(key)
+                    yield paths, e
+
     def table(self, depth: int | None = None) -> list[tuple[list, float]]:
         """``best(n, depth)`` for every budget n = 1..max_nodes."""
         return [self.best(n, depth) for n in range(1, self.N + 1)]
@@ -530,18 +542,10 @@ def choose_tree(profile: CostProfile, stats: AcceptStats, max_nodes: int = MAX_N
     """
     if not isinstance(profile, CostProfile):
         raise ValueError(f"profile must be a CostProfile, got {type(profile).__name__}")
-    dp = TreeDP(stats, max_nodes, max_depth)
     best: TreeChoice | None = None
-    seen = set()
-    for depth in range(1, max_depth + 1):
-        for n in range(2, max_nodes + 1):
-            paths, e = dp.best(n, depth)
-            key = tuple(map(tuple, paths))
-            if not paths or key in seen:
-                continue
-            seen.add(key)
-            c = TreeChoice(paths, e, step_seconds(paths, profile))
-            if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
-                best = c
+    for paths, e in TreeDP(stats, max_nodes, max_depth).candidates():
+        c = TreeChoice(paths, e, step_seconds(paths, profile))
+        if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
+            best = c
     base = profile.target_only_rate()
     return Choice(best, base, best is not None and best.tokens_per_s > base * (1 + 1e-9))
