@@ -12,7 +12,8 @@ Engines (``--engine``):
   transformers' own assisted generation (``hf``: ``target.generate(assistant_model=draft,
   do_sample=True)``, its default dynamic number of draft tokens).
 * ``llama.cpp`` (the GGUF files read directly; ``--bf16-target`` for the BF16 target made
-  from the same weights, the draft stays Q4_K_M): the peers are llama.cpp's own binaries,
+  from the same weights; ``--draft-ftype q4_0`` for the draft requantized to Q4_0, the fast CPU
+  draft, else the draft stays Q4_K_M): the peers are llama.cpp's own binaries,
   built by ``scripts/build_llama_tools.sh`` from the llama.cpp commit the Python binding
   vendors: ``llama-target`` (``llama-completion``, target alone) and ``llama-spec:D[:NP]``
   (``llama-speculative`` with ``--spec-draft-n-max D`` and NP parallel draft sequences; NP > 1
@@ -37,7 +38,14 @@ t-interval), block efficiency (new tokens per target forward, with its 95% inter
 acceptance, the speed-up over the target alone (paired per prompt, 95% interval), and the
 headline ratios: best multi-draft against the best single-draft SD, against the peers, and
 against the target alone. ``--out FILE`` writes JSONL (config, seed, versions, load average,
-one row per (prompt, method), one summary row per method); ``--markdown FILE`` the table.
+one row per (prompt, method, round), one summary row per method); ``--markdown FILE`` the table.
+
+``--rounds R`` decodes every prompt R times with every method, with the same seed (the same
+tokens: only the timing differs), reversing the method order every other round; each prompt's
+rounds are pooled before the per-prompt statistics, and the headline adds each method's
+round-to-round spread. On the shared 2-core VM a memory-bound BF16 target-only decode swings
+between about 70 and 95 ms a token within minutes while a 5-token verify pass barely moves
+(docs/decode_speed/README.md), so single-round ratios against the target alone carry that swing.
 
     .venv/bin/python benchmarks/decode_speed.py --engine llama.cpp --bf16-target --prompts 20
     .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --methods target,sd:3,specinfer:2x3
@@ -263,7 +271,52 @@ def _mean_ci(xs: list[float]) -> tuple[float, float]:
     return m, t95(n) * sd / math.sqrt(n)
 
 
+def merge_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (method, prompt): the rounds of a ``--rounds`` run pooled (tokens, seconds,
+    target calls and tree tokens summed, block efficiency and tokens/s recomputed from the
+    sums, acceptance averaged); ``round_tokens_per_s`` keeps each round's rate. Rows of a
+    run without rounds pass through as they are (one round each)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["prompt"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        if len(rs) == 1:
+            out.append(dict(rs[0], round_tokens_per_s=[rs[0]["new_tokens"] / rs[0]["seconds"]] if rs[0]["seconds"] > 0 else []))
+            continue
+        m = dict(rs[0])
+        for k in ("new_tokens", "target_calls", "draft_calls", "seconds"):
+            if all(k in r for r in rs):
+                m[k] = sum(r[k] for r in rs)
+        m["tree_tokens"] = sum(r["tree_tokens"] for r in rs) if all(r.get("tree_tokens") for r in rs) else 0
+        m["block_efficiency"] = m["new_tokens"] / m["target_calls"] if m["target_calls"] else float("nan")
+        acc = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]
+        m["acceptance_rate"] = sum(acc) / len(acc) if acc else float("nan")
+        m["tokens_per_s"] = m["new_tokens"] / m["seconds"] if m["seconds"] > 0 else float("nan")
+        m["round_tokens_per_s"] = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
+        m["rounds"] = len(rs)
+        out.append(m)
+    return out
+
+
+def round_spread(rows: list[dict]) -> dict[str, float]:
+    """Per method, the median over prompts of ``(max - min) / mean`` of the rounds' tokens/s on
+    one prompt (same seed, so the same tokens: pure timing noise); methods with one round are left out."""
+    per: dict[str, list[float]] = {}
+    for r in merge_rounds(rows):
+        xs = r.get("round_tokens_per_s") or []
+        if len(xs) >= 2:
+            per.setdefault(r["method"], []).append((max(xs) - min(xs)) / (sum(xs) / len(xs)))
+    out = {}
+    for m, v in per.items():
+        v = sorted(v)
+        n = len(v)
+        out[m] = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return out
+
+
 def summarize(rows: list[dict], methods: list[Method], base_label: str) -> list[dict]:
+    rows = merge_rounds(rows)
     base = {r["prompt"]: r for r in rows if r["method"] == base_label}
     out = []
     for m in methods:
@@ -310,6 +363,7 @@ def format_table(summary: list[dict]) -> str:
 
 
 def _paired_ratio(rows, a: str, b: str) -> tuple[float, float, int]:
+    rows = merge_rounds(rows)
     ra = {r["prompt"]: r for r in rows if r["method"] == a}
     rb = {r["prompt"]: r for r in rows if r["method"] == b}
     xs = [(ra[p]["new_tokens"] / ra[p]["seconds"]) / (rb[p]["new_tokens"] / rb[p]["seconds"])
@@ -349,6 +403,10 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     for p in peers:
         if best is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
+    spread = round_spread(rows)
+    if spread:
+        out.append("round-to-round spread of tokens/s on one prompt and seed (median over prompts of "
+                   "(max - min) / mean): " + ", ".join(f"{m} {100 * v:.1f}%" for m, v in spread.items()))
     return out
 
 
@@ -399,7 +457,9 @@ def summarize_file(path: Path, markdown: str | None) -> int:
             methods.append(m)
     cfg = (meta or {}).get("config", {})
     prompts = len({r["prompt"] for r in rows})
-    header = (f"engine {cfg.get('engine')}, {prompts} prompts x {cfg.get('max_new_tokens')} tokens, "
+    rounds = cfg.get("rounds", 1)
+    header = (f"engine {cfg.get('engine')}, {prompts} prompts x {cfg.get('max_new_tokens')} tokens"
+              f"{f' x {rounds} rounds' if rounds > 1 else ''}, "
               f"T={cfg.get('temperature')}, threads {cfg.get('threads')}, seed {cfg.get('seed')}, "
               f"load average at the start {(meta or {}).get('load_average_start', ['?'])[0]} "
               f"(summarised from {path.name})")
@@ -425,6 +485,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default=None, help="target model dir (transformers) or .gguf (llama.cpp); default pair otherwise")
     ap.add_argument("--draft", default=None, help="draft model dir or .gguf")
     ap.add_argument("--bf16-target", action="store_true", help="llama.cpp: the default target's BF16 GGUF")
+    ap.add_argument("--draft-ftype", default=None, metavar="FTYPE",
+                    help="llama.cpp: the default draft requantized to FTYPE (q4_0: the fast CPU draft); the peers use it too")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="transformers dtype")
     ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     ap.add_argument("--prompts", type=int, default=20)
@@ -433,6 +495,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="decode every prompt R times with every method (same seed; the method order reversed "
+                         "every other round) and pool the rounds per prompt: timing noise averages out")
     ap.add_argument("--no-eos", action="store_true", help="always generate max-new-tokens tokens")
     ap.add_argument("--llama-bin", default=str(LLAMA_BIN), help="directory of llama-speculative / llama-completion")
     ap.add_argument("--out", default=None, help="JSONL results file")
@@ -453,6 +518,17 @@ def main(argv=None) -> int:
         ap.error("--methods V:auto:K needs --profile FILE")
     if args.bf16_target and args.engine != "llama.cpp":
         ap.error("--bf16-target needs --engine llama.cpp")
+    if args.draft_ftype is not None:
+        if args.engine != "llama.cpp":
+            ap.error("--draft-ftype needs --engine llama.cpp")
+        from multidraft.cli._args import draft_ftype
+
+        try:
+            args.draft_ftype = draft_ftype(args.draft_ftype, args.draft)
+        except ValueError as exc:
+            ap.error(str(exc))
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     bin_dir = Path(args.llama_bin)
     for m in methods:
         exe = {"llama-spec": "llama-speculative", "llama-target": "llama-completion"}.get(m.kind)
@@ -469,7 +545,7 @@ def main(argv=None) -> int:
         from multidraft.models import resolve_llama_pair
 
         target, draft = resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target,
-                                           n_threads=args.threads, log=_eprint)
+                                           n_threads=args.threads, log=_eprint, draft_ftype=args.draft_ftype)
         t_path, d_path = target.path, draft.path
         threads = target.n_threads
         encode = lambda text: torch.tensor([target.tokenize(instruction + text, chat=True)])  # noqa: E731
@@ -527,14 +603,14 @@ def main(argv=None) -> int:
                              load_average_start=list(load0), machine=platform.platform())
     rows = []
     t_all = time.perf_counter()
-    n_runs = len(encoded) * len(methods)
+    n_runs = len(encoded) * len(methods) * args.rounds
     with tempfile.TemporaryDirectory() as tmp:
         for pi, (tid, text, ids) in enumerate(encoded):
             pfile = None
             if args.engine == "llama.cpp":
                 pfile = Path(tmp) / f"prompt{pi}.txt"
                 pfile.write_text(chat_text(text), encoding="utf-8")
-            for m in methods:
+            for rnd, m in [(rnd, m) for rnd in range(args.rounds) for m in (methods if rnd % 2 == 0 else methods[::-1])]:
                 seed = args.seed * 1_000_003 + pi
                 if m.kind == "hf":
                     r = hf_assisted(target, draft, ids, max_new_tokens=args.max_new_tokens,
@@ -552,7 +628,7 @@ def main(argv=None) -> int:
                                    eos_token_id=eos, generator=torch.Generator().manual_seed(seed), **m.kwargs)
                     r = {k: getattr(res, k) for k in ("new_tokens", "target_calls", "draft_calls", "seconds",
                                                       "block_efficiency", "acceptance_rate", "tree_tokens")}
-                row = {"kind": "run", "method": m.label, "method_kind": m.kind, "prompt": tid, "seed": seed,
+                row = {"kind": "run", "method": m.label, "method_kind": m.kind, "prompt": tid, "seed": seed, "round": rnd,
                        "prompt_tokens": int(ids.shape[1]),
                        **{k: (float(v) if isinstance(v, float) else int(v)) for k, v in r.items()}}
                 row["tokens_per_s"] = row["new_tokens"] / row["seconds"] if row["seconds"] > 0 else float("nan")
@@ -561,10 +637,11 @@ def main(argv=None) -> int:
                 rows.append(row)
                 if writer:
                     writer.write(**row)
-                _eprint(f"[{len(rows)}/{n_runs}] {tid} {m.label}: {row['new_tokens']} tokens, "
+                _eprint(f"[{len(rows)}/{n_runs}] {tid}{f' round {rnd}' if args.rounds > 1 else ''} {m.label}: {row['new_tokens']} tokens, "
                         f"{row['tokens_per_s']:.2f} tok/s, block eff {row['block_efficiency']:.2f}")
     load1 = os.getloadavg()
-    header = (f"engine {args.engine}, {len(encoded)} prompts x {args.max_new_tokens} tokens, T={args.temperature:g}, "
+    header = (f"engine {args.engine}, {len(encoded)} prompts x {args.max_new_tokens} tokens"
+              f"{f' x {args.rounds} rounds' if args.rounds > 1 else ''}, T={args.temperature:g}, "
               f"{threads} threads, seed {args.seed}, load average {load0[0]:.2f} -> {load1[0]:.2f}")
     summary = report(rows, methods, header, args.markdown)
     if writer:

@@ -1,0 +1,102 @@
+"""benchmarks/decode_speed.py's statistics: rounds pooled per prompt, paired ratios, the JSONL summary."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ds():
+    spec = importlib.util.spec_from_file_location("decode_speed", ROOT / "benchmarks/decode_speed.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _row(method, kind, prompt, tokens, seconds, calls, rnd=None, acc=0.5, tree=None):
+    r = {"kind": "run", "method": method, "method_kind": kind, "prompt": prompt, "seed": 0, "new_tokens": tokens,
+         "target_calls": calls, "draft_calls": 0, "seconds": seconds, "block_efficiency": tokens / calls,
+         "acceptance_rate": acc, "tree_tokens": tree if tree is not None else calls, "tokens_per_s": tokens / seconds}
+    if rnd is not None:
+        r["round"] = rnd
+    return r
+
+
+def _rows():
+    # two prompts, two rounds; the target alone is slow in round 0 of p1 and fast in round 1
+    return [
+        _row("target-only", "target", "p1", 100, 10.0, 100, 0), _row("SD depth 4", "tree", "p1", 100, 6.0, 25, 0, 0.8, 120),
+        _row("SD depth 4", "tree", "p1", 100, 6.0, 25, 1, 0.8, 120), _row("target-only", "target", "p1", 100, 7.0, 100, 1),
+        _row("target-only", "target", "p2", 50, 5.0, 50, 0), _row("SD depth 4", "tree", "p2", 50, 2.0, 10, 0, 0.6, 40),
+        _row("SD depth 4", "tree", "p2", 50, 3.0, 12, 1, 0.4, 50), _row("target-only", "target", "p2", 50, 5.0, 50, 1),
+    ]
+
+
+def test_merge_rounds_pools_each_prompt(ds):
+    merged = {(r["method"], r["prompt"]): r for r in ds.merge_rounds(_rows())}
+    assert len(merged) == 4
+    t1 = merged[("target-only", "p1")]
+    assert (t1["new_tokens"], t1["seconds"], t1["target_calls"], t1["rounds"]) == (200, 17.0, 200, 2)
+    assert t1["tokens_per_s"] == pytest.approx(200 / 17.0)
+    assert sorted(t1["round_tokens_per_s"]) == pytest.approx([10.0, 100 / 7.0])
+    s2 = merged[("SD depth 4", "p2")]
+    assert s2["block_efficiency"] == pytest.approx(100 / 22)  # from the sums, not a mean of ratios
+    assert s2["acceptance_rate"] == pytest.approx(0.5)
+    assert s2["tree_tokens"] == 90
+
+
+def test_rows_without_rounds_pass_through(ds):
+    rows = [_row("target-only", "target", "p1", 10, 2.0, 10), _row("SD depth 4", "tree", "p1", 10, 1.0, 3)]
+    merged = ds.merge_rounds(rows)
+    assert [(r["method"], r["new_tokens"], r["seconds"]) for r in merged] == [("target-only", 10, 2.0), ("SD depth 4", 10, 1.0)]
+    assert ds.round_spread(rows) == {}
+
+
+def test_round_spread_is_the_median_relative_range(ds):
+    spread = ds.round_spread(_rows())
+    a = (100 / 7 - 10) / ((100 / 7 + 10) / 2)  # p1, target alone
+    assert spread["target-only"] == pytest.approx((a + 0.0) / 2)  # median of two prompts = their mean
+    b = (25 - 50 / 3) / ((25 + 50 / 3) / 2)  # p2, SD
+    assert spread["SD depth 4"] == pytest.approx(b / 2)
+
+
+def test_summary_pairs_pooled_prompts(ds):
+    rows = _rows()
+    methods = [ds.Method("target-only", "target", {"verifier": None}),
+               ds.Method("SD depth 4", "tree", {"verifier": "naive", "k": 1, "depth": 4})]
+    summary = {s["method"]: s for s in ds.summarize(rows, methods, "target-only")}
+    sd = summary["SD depth 4"]
+    assert sd["prompts"] == 2
+    assert sd["tokens_per_s"] == pytest.approx(300 / 17.0)
+    r1 = (200 / 12.0) / (200 / 17.0)
+    r2 = (100 / 5.0) / (100 / 10.0)
+    assert sd["speedup_mean"] == pytest.approx((r1 + r2) / 2)
+    assert sd["block_efficiency"] == pytest.approx(300 / 72)
+    m, ci, n = ds._paired_ratio(rows, "SD depth 4", "target-only")
+    assert n == 2 and m == pytest.approx((r1 + r2) / 2) and math.isfinite(ci)
+    lines = ds.headline(list(summary.values()), rows, methods)
+    assert any(line.startswith("round-to-round spread") and "target-only" in line for line in lines)
+
+
+def test_summarize_file_reads_rounds(ds, tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    meta = {"type": "meta", "kind": "decode_speed", "config": {"engine": "llama.cpp", "max_new_tokens": 100, "rounds": 2,
+                                                                  "temperature": 1.0, "seed": 0}}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [meta] + _rows()))
+    md = tmp_path / "run.md"
+    assert ds.summarize_file(path, str(md)) == 0
+    text = md.read_text()
+    assert "2 prompts x 100 tokens x 2 rounds" in text
+    assert "| SD depth 4 | 17.65 |" in text  # 300 tokens in 17 s, pooled over prompts and rounds
+    assert "round-to-round spread" in text
