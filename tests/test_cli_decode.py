@@ -49,6 +49,7 @@ BASE = ["decode", "--prompt", "def f(x):", "--quiet"]
     (["--draft-temperature", "1,2,3"], "--draft-temperature"),
     (["--draft-temperature", "-1"], "--draft-temperature"),
     (["--bf16-target"], "--engine llama.cpp only"),
+    (["--draft-ftype", "q4_0"], "--draft-ftype applies to --engine llama.cpp only"),
     (["--threads", "2"], "--engine llama.cpp only"),
 ])
 def test_misuse_is_one_line_before_any_model(no_models, capsys, bad, words):

@@ -48,6 +48,7 @@ def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
     (["--repeats", "0"], "--repeats"),
     (["--prefix", "0"], "--prefix"),
     (["--bf16-target"], "--bf16-target applies to --engine llama.cpp only"),
+    (["--draft-ftype", "q4_0"], "--draft-ftype applies to --engine llama.cpp only"),
     (["--threads", "0"], "--threads"),
 ])
 def test_profile_misuse_is_one_line_before_any_model(monkeypatch, capsys, bad, words):
@@ -152,6 +153,8 @@ def test_llama_engine_without_the_extra_is_one_line_before_any_model(monkeypatch
 @pytest.mark.parametrize("bad,words", [
     (["--dtype", "float32"], "--dtype applies to --engine transformers only"),
     (["--bf16-target", "--target", "x.gguf"], "--bf16-target picks the default target"),
+    (["--draft-ftype", "q4_0", "--draft", "x.gguf"], "--draft-ftype picks the default draft"),
+    (["--draft-ftype", "q3_k"], "--draft-ftype must be one of bf16, f16, f32, q4_0, got 'q3_k'"),
 ])
 def test_llama_engine_misuse(monkeypatch, capsys, bad, words):
     pytest.importorskip("llama_cpp")

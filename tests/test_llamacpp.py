@@ -204,3 +204,9 @@ def test_cli_decode_on_llama_cpp(files, capsys):
     m.close()
     assert main(["decode", "--engine", "llama.cpp", "--bf16-target", "--target", str(files[0]), "--prompt", "x",
                  "--quiet"]) == 2
+    assert "--bf16-target picks the default target" in capsys.readouterr().err
+    assert main(["decode", "--engine", "llama.cpp", "--draft-ftype", "q4_0", "--draft", str(files[0]), "--prompt", "x",
+                 "--quiet"]) == 2
+    assert "--draft-ftype picks the default draft's requantized GGUF" in capsys.readouterr().err
+    assert main(["decode", "--engine", "llama.cpp", "--draft-ftype", "Q2", "--prompt", "x", "--quiet"]) == 2
+    assert "--draft-ftype must be one of" in capsys.readouterr().err

@@ -112,8 +112,8 @@ def test_requantize_reports_llamacpp_errors(tmp_path):
 
 
 def test_requantize_bad_arguments(tmp_path, tiny):
-    with pytest.raises(ValueError, match=r"ftype must be one of \['bf16', 'f16', 'f32'\], got 'q4_0'"):
-        M.requantize_gguf(tiny, tmp_path / "x.gguf", "q4_0")
+    with pytest.raises(ValueError, match=r"ftype must be one of \['bf16', 'f16', 'f32', 'q4_0'\], got 'q4_k'"):
+        M.requantize_gguf(tiny, tmp_path / "x.gguf", "q4_k")
     with pytest.raises(ValueError, match="nthread"):
         M.requantize_gguf(tiny, tmp_path / "x.gguf", nthread=-1)
     with pytest.raises(FileNotFoundError, match="no GGUF file at"):
@@ -260,3 +260,66 @@ def test_cli_setup_models_bf16_without_llama_cpp(tmp_path, fake_defaults, monkey
                           "pip install 'multidraft[llama]'")
     assert "\n" not in err
     assert calls == []  # failed before the long steps
+
+
+# ---------------------------------------------------------------------------------------
+# Q4_0 drafts (the fast CPU draft)
+# ---------------------------------------------------------------------------------------
+def test_requantize_q4_0_is_a_smaller_working_model(tmp_path, tiny):
+    _llama_cpp()
+    out = M.requantize_gguf(tiny, tmp_path / "tiny.Q4_0.gguf", "q4_0", nthread=1)
+    types = _types(out)
+    blocks = {n: t for n, t in types.items() if n.startswith("blk.") and n.endswith(".weight") and "_norm" not in n}
+    assert blocks and set(blocks.values()) == {"Q4_0"}, blocks
+    assert all(types[n] == "F32" for n in types if "_norm" in n)
+    assert out.stat().st_size < tiny.stat().st_size
+    # llama.cpp reads it; its next-token laws are a coarser copy of the source's (a draft may be any q)
+    la, lb = _logits(tiny), _logits(out)
+    assert np.isfinite(lb).all() and np.abs(la - lb).max() > 1e-4
+    tv = 0.5 * np.abs(_probs(la) - _probs(lb)).sum(-1)
+    assert tv.mean() < 0.5, tv
+
+
+def test_ensure_gguf_ftype(tmp_path, tiny, monkeypatch):
+    _llama_cpp()
+    spec = _fake_spec(tmp_path / "site", tiny.read_bytes())
+    kw = dict(cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
+    out = M.ensure_gguf(spec, ftype="Q4_0", **kw)
+    assert out == tmp_path / "cache" / "gguf" / f"{spec.name}.Q4_0.gguf"
+    assert _types(out)["blk.0.ffn_up.weight"] == "Q4_0"
+    assert M.ensure_gguf(spec, ftype="bf16", **kw) == tmp_path / "cache" / "gguf" / f"{spec.name}.BF16.gguf"
+    monkeypatch.setattr(M, "requantize_gguf", lambda *a, **k: pytest.fail("requantized again"))
+    assert M.ensure_gguf(spec, ftype="q4_0", **kw) == out
+    assert M.ensure_gguf(spec, bf16=True, ftype="bf16", **kw).name == f"{spec.name}.BF16.gguf"
+    with pytest.raises(ValueError, match="ftype must be None or one of bf16, f16, f32, q4_0, got 'q2_k'"):
+        M.ensure_gguf(spec, ftype="q2_k", **kw)
+    with pytest.raises(ValueError, match="bf16=True and ftype='q4_0' disagree"):
+        M.ensure_gguf(spec, bf16=True, ftype="q4_0", **kw)
+
+
+def test_resolve_llama_pair_draft_ftype_misuse(tmp_path, tiny):
+    with pytest.raises(ValueError, match="draft_ftype applies to the default draft only"):
+        M.resolve_llama_pair(tiny, tiny, draft_ftype="q4_0")
+    with pytest.raises(ValueError, match="draft_ftype must be one of"):
+        M.resolve_llama_pair(tiny, None, draft_ftype="q9")
+
+
+def test_resolve_llama_pair_loads_the_requantized_draft(tmp_path, fake_defaults):
+    _llama_cpp()
+    target, draft, _ = fake_defaults
+    t, d = M.resolve_llama_pair(draft_ftype="q4_0", cache_dir=tmp_path / "cache", n_threads=1, n_ctx=256)
+    try:
+        assert t.path.name == target.gguf_name and d.path.name == "fakedraft.Q4_0.gguf"
+    finally:
+        t.close()
+        d.close()
+
+
+def test_cli_setup_models_draft_q4_0(tmp_path, fake_defaults, capsys):
+    _llama_cpp()
+    cache = tmp_path / "cache"
+    assert main(["setup-models", "--cache-dir", str(cache), "--draft-ftype", "q4_0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and out[2].startswith(f"draft q4_0 gguf: {cache / 'gguf' / 'fakedraft.Q4_0.gguf'} (")
+    assert main(["setup-models", "--cache-dir", str(cache), "--draft-ftype", "q5"]) == 2
+    assert "--draft-ftype must be one of" in capsys.readouterr().err

@@ -6,7 +6,7 @@ string after ``argparse`` (not as ``type=``), so the message is ours, not argpar
 """
 from __future__ import annotations
 
-__all__ = ["k_list", "int_list", "float_list", "name_list"]
+__all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype"]
 
 
 def name_list(text, flag: str) -> list[str]:
@@ -51,3 +51,18 @@ def float_list(text, flag: str) -> list[float]:
             raise ValueError(f"{flag}: {part!r} is not a finite number")
         out.append(x)
     return out
+
+
+def draft_ftype(text, draft_path, flag: str = "--draft-ftype") -> str | None:
+    """The ftype of the default draft's requantized GGUF (a key of ``models.GGUF_FTYPES``), or
+    None; refused together with an explicit draft file."""
+    if text is None:
+        return None
+    from ..models import GGUF_FTYPES
+
+    key = str(text).lower()
+    if key not in GGUF_FTYPES:
+        raise ValueError(f"{flag} must be one of {', '.join(sorted(GGUF_FTYPES))}, got {text!r}")
+    if draft_path is not None:
+        raise ValueError(f"{flag} picks the default draft's requantized GGUF; drop it or --draft")
+    return key

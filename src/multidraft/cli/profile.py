@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ._args import int_list
+from ._args import draft_ftype, int_list
 
 
 def register(sub) -> None:
@@ -37,6 +37,8 @@ def register(sub) -> None:
                    help="model dtype (transformers engine; default bfloat16)")
     p.add_argument("--bf16-target", action="store_true",
                    help="llama.cpp: the default target's BF16 GGUF (made once from the Q4_K_M file) instead of Q4_K_M")
+    p.add_argument("--draft-ftype", default=None, metavar="FTYPE",
+                   help="llama.cpp: the default draft requantized to FTYPE (e.g. q4_0, the fast CPU draft)")
     p.add_argument("--nodes", default="1,2,4,8,16,32,64", help="target tree sizes n (root included, 1..64; must include 1)")
     p.add_argument("--draft-nodes", default="1-8", help="draft level sizes m (1..64)")
     p.add_argument("--prefix", type=int, default=128, metavar="T", help="cached prompt tokens before the tree (default 128)")
@@ -74,8 +76,11 @@ def check_args(args):
             raise ValueError("--dtype applies to --engine transformers only (llama.cpp runs the GGUF's own types)")
         if args.bf16_target and args.target is not None:
             raise ValueError("--bf16-target picks the default target's BF16 GGUF; drop it or --target")
+        args.draft_ftype = draft_ftype(args.draft_ftype, args.draft)
     elif args.bf16_target:
         raise ValueError("--bf16-target applies to --engine llama.cpp only")
+    elif args.draft_ftype is not None:
+        raise ValueError("--draft-ftype applies to --engine llama.cpp only")
     out = Path(args.out).expanduser()
     if out.is_dir():
         raise ValueError(f"--out: {out} is a directory; give a file name")
@@ -91,7 +96,7 @@ def _load(args, nodes, draft_nodes, log):
 
         n_ctx = max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1]))
         return resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target, n_threads=args.threads,
-                                  n_ctx=n_ctx, log=log)
+                                  n_ctx=n_ctx, log=log, draft_ftype=args.draft_ftype)
     import torch
 
     from ..models import resolve_pair
@@ -112,7 +117,9 @@ def run(args) -> int:
     default_target = "default (BF16 GGUF)" if args.bf16_target else "default"
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,
                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
-                           meta={"target": args.target or default_target, "draft": args.draft or "default"})
+                           meta={"target": args.target or default_target,
+                                 "draft": args.draft or ("default" + (f" ({args.draft_ftype.upper()} GGUF)"
+                                                                       if args.draft_ftype else ""))})
     try:
         out.write_text(prof.to_json() + "\n", encoding="utf-8")
     except OSError as exc:
