@@ -64,6 +64,7 @@ __all__ = [
     "check_same_vocabulary",
     "LLAMA_HINT",
     "GGUF_FTYPES",
+    "check_gguf_ftype",
     "import_llama_cpp",
     "requantize_gguf",
     "ensure_gguf",
@@ -583,6 +584,18 @@ _FTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q4_0": 1}
 _LOG_WARN, _LOG_ERROR = 3, 4
 
 
+def check_gguf_ftype(ftype, name: str = "ftype", *, none_ok: bool = False) -> str | None:
+    """``ftype`` as a key of :data:`GGUF_FTYPES` (case-insensitive); None stays None. A
+    ``ValueError`` naming ``name`` (an argument or a CLI flag) otherwise."""
+    if ftype is None:
+        return None
+    key = str(ftype).lower()
+    if key not in GGUF_FTYPES:
+        raise ValueError(f"{name} must be {'None or ' if none_ok else ''}one of {', '.join(sorted(GGUF_FTYPES))}, "
+                         f"got {ftype!r}")
+    return key
+
+
 def import_llama_cpp():
     """The ``llama_cpp`` module, or a one-line ``ImportError`` naming the extra."""
     try:
@@ -734,15 +747,10 @@ def ensure_gguf(
       ``<name>.Q4_0.gguf`` the same way (the fast CPU draft, see :func:`requantize_gguf`).
     """
     spec = _default_spec(spec_or_name)
-    if ftype is not None:
-        key = str(ftype).lower()
-        if key not in GGUF_FTYPES:
-            raise ValueError(f"ftype must be None or one of {', '.join(sorted(GGUF_FTYPES))}, got {ftype!r}")
-        if bf16 and key != "bf16":
-            raise ValueError(f"bf16=True and ftype={ftype!r} disagree; give one of them")
-        ftype = key
-    elif bf16:
-        ftype = "bf16"
+    key = check_gguf_ftype(ftype, none_ok=True)
+    if bf16 and key not in (None, "bf16"):
+        raise ValueError(f"bf16=True and ftype={ftype!r} disagree; give one of them")
+    ftype = "bf16" if bf16 else key
     gdir = cache_root(cache_dir) / "gguf"
     q4 = gdir / spec.gguf_name
     if ftype is not None:
@@ -783,11 +791,9 @@ def resolve_llama_pair(
 
     if target is not None and bf16_target:
         raise ValueError("bf16_target applies to the default target only; give either a target path or bf16_target")
-    if draft_ftype is not None:
-        if draft is not None:
-            raise ValueError("draft_ftype applies to the default draft only; give either a draft path or draft_ftype")
-        if str(draft_ftype).lower() not in GGUF_FTYPES:
-            raise ValueError(f"draft_ftype must be one of {', '.join(sorted(GGUF_FTYPES))}, got {draft_ftype!r}")
+    if draft_ftype is not None and draft is not None:
+        raise ValueError("draft_ftype applies to the default draft only; give either a draft path or draft_ftype")
+    draft_ftype = check_gguf_ftype(draft_ftype, "draft_ftype")
     for name, path in (("target", target), ("draft", draft)):
         if path not in (None, False) and not Path(path).expanduser().is_file():
             raise FileNotFoundError(f"{name}: no GGUF file at {path} (the llama.cpp engine reads .gguf files)")

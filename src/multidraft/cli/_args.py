@@ -56,13 +56,9 @@ def float_list(text, flag: str) -> list[float]:
 def draft_ftype(text, draft_path, flag: str = "--draft-ftype") -> str | None:
     """The ftype of the default draft's requantized GGUF (a key of ``models.GGUF_FTYPES``), or
     None; refused together with an explicit draft file."""
-    if text is None:
-        return None
-    from ..models import GGUF_FTYPES
+    from ..models import check_gguf_ftype
 
-    key = str(text).lower()
-    if key not in GGUF_FTYPES:
-        raise ValueError(f"{flag} must be one of {', '.join(sorted(GGUF_FTYPES))}, got {text!r}")
-    if draft_path is not None:
+    key = check_gguf_ftype(text, flag)
+    if key is not None and draft_path is not None:
         raise ValueError(f"{flag} picks the default draft's requantized GGUF; drop it or --draft")
     return key
