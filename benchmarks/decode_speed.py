@@ -30,7 +30,10 @@ Methods (``--methods``, comma separated):
 ``V:dyn:K:N:D[:G]``   verifier V on dynamic trees: at most K drafts per node, N nodes (root
                       included), depth D; a draft only where it is worth >= G expected tokens
 ``V:auto:K``          verifier V on the tree ``treeopt.choose_tree`` picks from ``--profile``
-                      and acceptance statistics of a warm-up decode on a held-out prompt
+                      (points recomputed by ``--profile-statistic``, default median) and the
+                      acceptances of ``--accept-stats`` (the study's JSONL, rated along the
+                      text; data set ``--accept-dataset``) or, without it, of a warm-up decode
+                      of 64 tokens on a held-out prompt
 ``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
 
 Printed: per method tokens/s (pooled over prompts, and the per-prompt mean with its 95%
@@ -479,6 +482,26 @@ def _versions() -> dict:
     return v
 
 
+def auto_inputs(args, verifier: str, k: int):
+    """``(profile, ks, stats or None, along or None)`` of a V:auto:K method: the profile with its
+    points by ``--profile-statistic``, the numbers of drafts per node the verifier takes, and the
+    acceptances of ``--accept-stats`` (None: a warm-up decode measures them after the models load)."""
+    from multidraft.decoding.treeopt import CostProfile
+    from multidraft.experiments.acceptance import tree_acceptance
+
+    profile = CostProfile.from_json(Path(args.profile).read_text())
+    if args.profile_statistic != "stored":
+        profile = profile.with_statistic(args.profile_statistic)
+    v = _verifiers.get(verifier)
+    law = v.implied_law(k)
+    ks = [j for j in range(1, k + 1) if j == 1 or v.supports(law, j)]
+    if not args.accept_stats:
+        return profile, ks, None, None
+    stats, along, _ = tree_acceptance(args.accept_stats, verifier=v.name, law=law, ks=ks, t_target=args.temperature,
+                                      t_draft=args.temperature, dataset=args.accept_dataset)
+    return profile, ks, stats.restrict([j for j in ks if j in stats.accept]), along
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="transformers", choices=("transformers", "llama.cpp"))
@@ -493,6 +516,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring)")
     ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
+    ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
+                    help="V:auto:K: recompute the profile's points from its samples by this statistic "
+                         "('stored': its points as written)")
+    ap.add_argument("--accept-stats", default=None, metavar="FILE",
+                    help="V:auto:K: the study's acceptance JSONL (or an acceptance statistics JSON) instead of a "
+                         "warm-up decode")
+    ap.add_argument("--accept-dataset", default="humaneval", metavar="NAME",
+                    help="V:auto:K with a study JSONL: its data set (default humaneval, the prompts decoded here)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1,
@@ -516,6 +547,12 @@ def main(argv=None) -> int:
         ap.error("--methods: a method is listed twice")
     if any(m.kind == "auto" for m in methods) and not args.profile:
         ap.error("--methods V:auto:K needs --profile FILE")
+    for m in methods:      # V:auto:K: the cost profile and the study's acceptances, checked before any model loads
+        if m.kind == "auto":
+            try:
+                m.auto = auto_inputs(args, m.kwargs["verifier"], m.kwargs["k"])
+            except (OSError, ValueError) as exc:
+                ap.error(f"{m.label}: {exc}")
     if args.bf16_target and args.engine != "llama.cpp":
         ap.error("--bf16-target needs --engine llama.cpp")
     if args.draft_ftype is not None:
@@ -576,23 +613,25 @@ def main(argv=None) -> int:
     for m in methods:
         if m.kind != "auto":
             continue
-        from multidraft.decoding.treeopt import AcceptStats, CostProfile, choose_tree
+        from multidraft.decoding.treeopt import AcceptStats, choose_tree
 
-        profile = CostProfile.from_json(Path(args.profile).read_text())
-        records: list = []
+        profile, ks, stats, along = m.auto
         v = _verifiers.get(m.kwargs["verifier"])
-        generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.kwargs["k"], depth=2,
-                 tree=full_tree(m.kwargs["k"], 2), temperature=args.temperature, max_new_tokens=64,
-                 generator=args.seed + 99, node_log=records)
-        ks = [k for k in range(1, m.kwargs["k"] + 1) if k == 1 or v.supports(v.implied_law(m.kwargs["k"]), k)]
-        stats = AcceptStats.from_records(records, max_k=m.kwargs["k"]).restrict(ks)
-        choice = choose_tree(profile, stats)
+        if stats is None:
+            records: list = []
+            generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.kwargs["k"], depth=2,
+                     tree=full_tree(m.kwargs["k"], 2), temperature=args.temperature, max_new_tokens=64,
+                     generator=args.seed + 99, node_log=records)
+            stats, along = AcceptStats.from_records(records, max_k=m.kwargs["k"]).restrict(ks), None
+        choice = choose_tree(profile, stats, along=along)
         if choice.tree is None:
             raise SystemExit(f"{m.label}: the profile predicts no tree faster than the target alone")
         m.kwargs = {"verifier": v.name, "k": m.kwargs["k"], "tree": choice.tree.paths,
                     "depth": max(len(p) for p in choice.tree.paths)}
         m.tree_info = {"nodes": choice.tree.nodes, "depth": choice.tree.depth, "paths": choice.tree.paths,
-                       "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup}
+                       "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup,
+                       "acceptance": stats.source or "warm-up decode", "acceptance_model": choice.model,
+                       "profile_statistic": profile.statistic}
         print(f"{m.label}: tree of {choice.tree.nodes} nodes, depth {choice.tree.depth}, predicted "
               f"{choice.speedup:.2f}x target-only", flush=True)
 

@@ -38,8 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, expected_tokens_along, slot_increments,
-                                         step_seconds)
+from multidraft.decoding.treeopt import (AcceptStats, CostProfile, expected_tokens_along, slot_increments,
+                                         step_seconds, tree_candidates)
+from multidraft.experiments.acceptance import along_alphas, read_along
 from multidraft.experiments.findings import t95
 from multidraft.experiments.records import JsonlWriter, read_jsonl, versions
 
@@ -50,19 +51,6 @@ FAMILIES = [("iid", "specinfer"), ("iid", "spectr"), ("iid", "khisti_is"), ("iid
             ("wor", "rrs_wor"), ("wor", "alpha*"), ("greedy", "greedy_optimal"), ("greedy", "alpha*"),
             ("independent", "khisti_is"), ("independent", "alpha*")]
 BLOCKS = 8
-
-
-def load_study(path: Path, t_target: float, t_draft: float) -> dict:
-    """{(dataset, law, verifier): {K: per-position acceptance [T]}} at one temperature pair."""
-    out: dict = {}
-    for row in read_jsonl(path)[1]:
-        if row.get("type") != "row" or row.get("t_target") != t_target or row.get("t_draft") != t_draft:
-            continue
-        if row.get("top_k") is not None or row.get("top_p") is not None or not row.get("values"):
-            continue
-        out.setdefault((row["dataset"], row["law"], row["verifier"]), {})[int(row["K"])] = \
-            np.clip(np.asarray(row["values"], dtype=float), 0.0, 1.0)
-    return out
 
 
 def scaled(profile: CostProfile, draft_scale: float = 1.0, free_verify: bool = False) -> CostProfile:
@@ -76,10 +64,7 @@ def scaled(profile: CostProfile, draft_scale: float = 1.0, free_verify: bool = F
 def candidates(alphas: dict, max_nodes: int, max_depth: int) -> list:
     """The dynamic program's best tree (mean acceptances) for every (budget, depth cap), and every chain."""
     stats = AcceptStats.from_alphas({k: float(v.mean()) for k, v in alphas.items()})
-    trees = [paths for paths, _ in TreeDP(stats, max_nodes, max_depth).candidates()]
-    keys = {tuple(map(tuple, p)) for p in trees}
-    chains = [[[0] * j for j in range(1, d + 1)] for d in range(1, max_depth + 1)]
-    return trees + [c for c in chains if tuple(map(tuple, c)) not in keys]
+    return [paths for paths, _ in tree_candidates(stats, max_nodes, max_depth)]
 
 
 def best_tree(alphas: dict, profile: CostProfile, trees: list, model: str) -> dict:
@@ -195,7 +180,7 @@ def main(argv=None) -> int:
     config = {k: v for k, v in vars(args).items() if k not in ("out", "markdown", "summarize")}
 
     tt, td = (float(x) for x in args.temperatures.split(","))
-    study = load_study(Path(args.acceptance), tt, td)
+    study = read_along(Path(args.acceptance), tt, td)
     if not study:
         ap.error(f"{args.acceptance}: no rows with per-position values at temperatures {tt}, {td}")
     datasets = sorted({d for d, _, _ in study}) if not args.datasets else args.datasets.split(",")
@@ -226,12 +211,10 @@ def main(argv=None) -> int:
                 sd_blocks = block_rates(sd_alphas, profile, sd["along"]["paths"])
                 rows = [("iid", "SD (alpha*, K=1)", sd, sd_blocks, [1])]
                 for law, ver in FAMILIES:
-                    # K = 1 is single-draft SD under every law and verifier: its exact acceptance, not the
-                    # verifier's own (Monte Carlo) estimate of it, so chains inside trees compare fairly
-                    alphas = {k: v for k, v in study.get((ds, law, ver), {}).items() if 1 < k <= args.max_k}
-                    alphas[1] = sd_alphas[1]
-                    if len(alphas) < 2:
+                    # K = 1 is single-draft SD under every law and verifier: its exact acceptance
+                    if not any(1 < k <= args.max_k for k in study.get((ds, law, ver), {})):
                         continue
+                    alphas = along_alphas(study, ds, law, ver, range(1, args.max_k + 1))
                     trees = candidates(alphas, args.max_nodes, args.max_depth)
                     res = {m: best_tree(alphas, profile, trees, m) for m in ("positional", "along")}
                     rows.append((law, ver, res, block_rates(alphas, profile, res["along"]["paths"]), sorted(alphas)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from multidraft import models
@@ -170,6 +171,78 @@ def test_tree_auto_falls_back_to_target_only_and_force_tree(monkeypatch, capsys,
     assert auto2["accept_stats"]["accept"] == auto["accept_stats"]["accept"]
     assert auto2["tree"]["paths"] == auto["tree"]["paths"]
     assert "decoding with the best tree anyway" in err
+
+
+def _study_file(tmp_path, datasets=("toy",)):
+    """A study acceptance JSONL: alpha*(iid, K = 1) and specinfer at K = 2, 3 along 60 positions that
+    alternate 20 easy (acceptance 0.98) and 10 hard (0.2) ones."""
+    a1 = np.array(([0.98] * 20 + [0.2] * 10) * 2)
+    rows = [{"type": "meta", "run_id": "r", "config": {}}]
+    for ds in datasets:
+        for ver, k, vals in [("alpha*", 1, a1), ("specinfer", 2, np.minimum(1, a1 + 0.01)),
+                             ("specinfer", 3, np.minimum(1, a1 + 0.015))]:
+            rows.append({"type": "row", "run_id": "r", "dataset": ds, "t_target": 0.0, "t_draft": 0.0,
+                         "top_k": None, "top_p": None, "law": "iid", "verifier": ver, "K": k,
+                         "values": [float(x) for x in vals]})
+    path = tmp_path / "acceptance.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_tree_auto_from_the_study_rates_trees_along_the_text(monkeypatch, capsys, tmp_path):
+    # drafting is cheap and verify width free: the along model sees runs of 20 easy tokens and
+    # picks a deep chain-like tree; no warm-up decode is run
+    prof = _profile_file(tmp_path, lambda n: 0.1 + 1e-4 * n)
+    study = _study_file(tmp_path)
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof, ["--accept-stats", str(study)])
+    auto = obj["settings"]["auto"]
+    assert auto["acceptance_model"] == "along" and auto["decoded_with"] == "tree"
+    assert auto["accept_stats"]["source"].startswith("study acceptance.jsonl: toy, specinfer (iid), K = 1,2,3")
+    assert auto["accept_stats"]["alpha"]["1"] == pytest.approx(0.72)
+    assert auto["tree"]["depth"] == 4
+    assert auto["profile_statistic"] is None         # a profile without samples: its points as stored
+    assert "(along model)" in err and "warm-up" not in err
+
+
+def test_tree_auto_profile_statistic_recomputes_points_from_samples(monkeypatch, capsys, tmp_path):
+    from multidraft.decoding.treeopt import CostProfile
+
+    nodes = list(range(1, 65))
+    samples = {"target": {str(n): [0.1 + 1e-4 * n, 0.3, 0.31] for n in nodes},
+               "draft": {"1": [1e-3, 2e-3, 9e-3], "8": [2e-3, 3e-3, 4e-3]}}
+    pr = CostProfile(nodes, [0.1 + 1e-4 * n for n in nodes], [1, 8], [1e-3, 2e-3],
+                     meta={"statistic": "min", "samples": samples})
+    path = tmp_path / "prof.json"
+    path.write_text(pr.to_json())
+    study = _study_file(tmp_path)
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, path, ["--accept-stats", str(study)])
+    auto = obj["settings"]["auto"]
+    assert auto["profile_statistic"] == "median" and auto["target_seconds_1"] == pytest.approx(0.3)
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, path, ["--accept-stats", str(study),
+                                                               "--profile-statistic", "stored"])
+    assert obj["settings"]["auto"]["target_seconds_1"] == pytest.approx(0.1001)
+    obj, err = _auto_run(monkeypatch, capsys, tmp_path, path, ["--accept-stats", str(study),
+                                                               "--profile-statistic", "mean"])
+    assert obj["settings"]["auto"]["target_seconds_1"] == pytest.approx((0.1001 + 0.61) / 3)
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--accept-dataset", "toy"], "--accept-dataset needs --accept-stats"),
+    (["--accept-stats", "STUDY2"], "choose one"),
+    (["--accept-stats", "STUDY2", "--accept-dataset", "nope"], "no rows for data set 'nope'"),
+    (["--accept-stats", "STUDY", "--temperature", "1"], "no rows with per-position values at temperatures 1"),
+    (["--accept-stats", "STUDY", "--verifier", "spectr"], "no rows for spectr under the iid law"),
+    (["--profile-statistic", "min"], "no timed samples"),
+])
+def test_tree_auto_study_misuse_before_any_model(no_models, capsys, tmp_path, extra, words):
+    prof = _profile_file(tmp_path, lambda n: 0.1 * n)
+    (tmp_path / "two").mkdir()
+    names = {"STUDY": str(_study_file(tmp_path)), "STUDY2": str(_study_file(tmp_path / "two", ("a", "b")))}
+    extra = [names.get(x, x) for x in extra]
+    assert main(BASE + ["--tree", "auto", "--profile", str(prof), "--temperature", "0", "--k", "3"] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert no_models == []
 
 
 def test_llama_engine_without_the_extra_names_it(no_models, capsys, monkeypatch):

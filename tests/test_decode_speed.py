@@ -100,3 +100,46 @@ def test_summarize_file_reads_rounds(ds, tmp_path, capsys):
     assert "2 prompts x 100 tokens x 2 rounds" in text
     assert "| SD depth 4 | 17.65 |" in text  # 300 tokens in 17 s, pooled over prompts and rounds
     assert "round-to-round spread" in text
+
+
+# V:auto:K inputs ------------------------------------------------------------------------------
+def _auto_files(tmp_path):
+    from multidraft.decoding.treeopt import CostProfile
+
+    nodes = [1, 2, 4, 8, 16, 32, 64]
+    samples = {"target": {str(n): [0.07 + 0.002 * n, 0.095 + 0.002 * n, 0.072 + 0.002 * n] for n in nodes},
+               "draft": {str(m): [0.013 * m, 0.014 * m, 0.02 * m] for m in range(1, 9)}}
+    pr = CostProfile(nodes, [0.07 + 0.002 * n for n in nodes], list(range(1, 9)), [0.013 * m for m in range(1, 9)],
+                     meta={"statistic": "min", "samples": samples})
+    (tmp_path / "prof.json").write_text(pr.to_json())
+    a1 = [1.0] * 15 + [0.3] * 5
+    rows = [{"type": "meta", "run_id": "r", "config": {}}]
+    for ver, law, k, vals in [("alpha*", "iid", 1, a1), ("specinfer", "iid", 2, [min(1, a + 0.1) for a in a1]),
+                              ("rrs_wor", "wor", 2, [min(1, a + 0.2) for a in a1])]:
+        rows.append({"type": "row", "run_id": "r", "dataset": "humaneval", "t_target": 1.0, "t_draft": 1.0,
+                     "top_k": None, "top_p": None, "law": law, "verifier": ver, "K": k, "values": vals})
+    (tmp_path / "acc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path / "prof.json", tmp_path / "acc.jsonl"
+
+
+def test_auto_inputs_take_the_median_profile_and_the_study(ds, tmp_path):
+    prof, acc = _auto_files(tmp_path)
+    args = ds.argparse.Namespace(profile=str(prof), profile_statistic="median", accept_stats=str(acc),
+                                 accept_dataset="humaneval", temperature=1.0)
+    profile, ks, stats, along = ds.auto_inputs(args, "rrs_wor", 2)
+    assert profile.statistic == "median" and profile.target_seconds(1) == pytest.approx(0.074)
+    assert ks == [1, 2] and set(along) == {1, 2} and list(along[2][:2]) == [1.0, 1.0]
+    assert stats.alpha(2) == pytest.approx(sum(min(1, a + 0.2) for a in [1.0] * 15 + [0.3] * 5) / 20)
+    assert "rrs_wor (wor)" in stats.source
+    args.profile_statistic, args.accept_stats = "stored", None
+    profile, ks, stats, along = ds.auto_inputs(args, "specinfer", 2)
+    assert profile.target_seconds(1) == pytest.approx(0.072) and stats is None and along is None
+
+
+def test_auto_method_misuse_stops_before_models(ds, tmp_path, capsys):
+    prof, acc = _auto_files(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        ds.main(["--methods", "target,spectr:auto:2", "--profile", str(prof), "--accept-stats", str(acc)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "spectr auto K<=2: " in err and "acc.jsonl: humaneval: no rows for spectr under the iid law" in err, err

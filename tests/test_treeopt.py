@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, choose_tree, expected_tokens,
-                                         expected_tokens_along, slot_increments,
-                                         level_counts, step_seconds)
+                                         expected_tokens_along, level_counts, slot_increments, step_seconds,
+                                         tree_candidates)
 from multidraft.decoding.trees import parse_tree
 
 
@@ -292,3 +292,65 @@ def test_expected_tokens_along_keeps_correlation():
         expected_tokens_along(chain, {1: np.array([[0.5], [0.5]])})
     with pytest.raises(ValueError, match="statistics"):
         expected_tokens_along([[0], [1]], {1: np.ones((5, 1))})
+
+
+# profile statistics, chains among the candidates, the along model -------------------------------
+def test_with_statistic_recomputes_every_point_from_the_samples():
+    samples = {"target": {"1": [0.07, 0.095, 0.071, 0.094], "4": [0.13, 0.128, 0.133, 0.2]},
+               "draft": {"1": [0.013, 0.02, 0.014], "8": [0.05, 0.06, 0.058]}}
+    pr = CostProfile([1, 4], [0.07, 0.128], [1, 8], [0.013, 0.05], meta={"statistic": "min", "samples": samples})
+    assert pr.statistic == "min"
+    med = pr.with_statistic("median")
+    assert med.target_times == pytest.approx((0.0825, 0.1315)) and med.draft_times == pytest.approx((0.014, 0.058))
+    assert med.statistic == "median" and med.meta["samples"] == samples and pr.statistic == "min"
+    mean = pr.with_statistic("mean")
+    assert mean.target_seconds(1) == pytest.approx(0.0825) and mean.draft_seconds(8) == pytest.approx(0.056)
+    assert pr.with_statistic("min").target_times == pr.target_times
+    again = CostProfile.from_json(med.to_json())
+    assert again.target_times == med.target_times and again.statistic == "median"
+    with pytest.raises(ValueError, match="statistic must be one of median, mean, min"):
+        pr.with_statistic("max")
+    with pytest.raises(ValueError, match="no timed samples"):
+        CostProfile([1], [0.1], [1], [0.01]).with_statistic("median")
+    bad = CostProfile([1, 4], [0.07, 0.128], [1, 8], [0.013, 0.05],
+                      meta={"samples": {"target": {"1": [0.07]}, "draft": samples["draft"]}})
+    with pytest.raises(ValueError, match=r"meta.samples.target has no samples for n = \[4\]"):
+        bad.with_statistic("median")
+
+
+def test_candidates_hold_every_chain_and_the_dp_trees():
+    st = AcceptStats.from_alphas([0.6, 0.9, 0.95])
+    cands = tree_candidates(st, 12, 5)
+    keys = [tuple(map(tuple, p)) for p, _ in cands]
+    assert len(keys) == len(set(keys))
+    for d in range(1, 6):
+        assert tuple(tuple([0] * j) for j in range(1, d + 1)) in keys
+    dp = [tuple(map(tuple, p)) for p, _ in TreeDP(st, 12, 5).candidates()]
+    assert set(dp) <= set(keys)
+    for p, e in cands:
+        assert e == pytest.approx(expected_tokens(p, st), abs=1e-12)
+    # chains need k = 1 statistics
+    assert all(any(len(x) == 1 and x[0] == 1 for x in p) for p, _ in tree_candidates(AcceptStats({2: [0.5, 0.2]}), 6, 3))
+
+
+def test_choose_tree_along_prefers_chains_on_runs_of_easy_tokens():
+    # runs of 12 easy tokens (acceptance 1) and 12 hard ones (0.1): the positional model sees the
+    # mean 0.55 everywhere and keeps the tree one level deep (2 drafts at the root); rated along
+    # the text, a chain goes on through the easy runs: depth 4, 2.94 tokens a step, not 1.65
+    a1 = np.array(([1.0] * 12 + [0.1] * 12) * 20)
+    a2 = np.minimum(1.0, a1 + 0.2)
+    pr = CostProfile([1, 64], [0.1, 0.1 + 63 * 0.004], [1, 8], [0.02, 0.03])
+    st = AcceptStats.from_alphas({1: float(a1.mean()), 2: float(a2.mean())})
+    pos = choose_tree(pr, st, 16, 8)
+    along = choose_tree(pr, st, 16, 8, along={1: a1, 2: a2})
+    assert pos.model == "positional" and along.model == "along" and along.to_dict()["acceptance_model"] == "along"
+    slots = slot_increments({1: a1, 2: a2})
+    assert along.tree.expected_tokens == pytest.approx(expected_tokens_along(along.tree.paths, slots))
+    for paths, _ in tree_candidates(st, 16, 8):      # the best of the candidates under the along model
+        rate = expected_tokens_along(paths, slots) / step_seconds(paths, pr)
+        assert rate <= along.tree.tokens_per_s * (1 + 1e-9)
+    assert pos.tree.paths == [[0], [1]] and pos.tree.expected_tokens == pytest.approx(1.65)
+    assert along.tree.depth == 4 and along.tree.expected_tokens == pytest.approx(2.9448, abs=1e-4)
+    assert along.speedup > pos.speedup
+    with pytest.raises(ValueError, match=r"no per-position acceptances for k = \[2\]"):
+        choose_tree(pr, st, 16, 8, along={1: a1})

@@ -56,8 +56,17 @@ def register(sub) -> None:
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="--tree auto: cost profile JSON written by `multidraft profile` (required)")
     p.add_argument("--accept-stats", metavar="FILE", default=None,
-                   help="--tree auto: acceptance statistics JSON ({'accept': {k: [slot probabilities]}}, e.g. the "
-                        "'accept_stats' object of a previous `decode --tree auto --json`); default: a warm-up decode")
+                   help="--tree auto: the study's acceptance JSONL (`multidraft experiment paper|acceptance`: "
+                        "per-position acceptances of --verifier under its law at --temperature / "
+                        "--draft-temperature, rated along the text), or an acceptance statistics JSON "
+                        "({'accept': {k: [slot probabilities]}}, e.g. the 'accept_stats' object of a previous "
+                        "`decode --tree auto --json`); default: a warm-up decode")
+    p.add_argument("--accept-dataset", metavar="NAME", default=None,
+                   help="--tree auto with a study JSONL: its data set to take (needed when it has several)")
+    p.add_argument("--profile-statistic", default=None, choices=("median", "mean", "min", "stored"),
+                   help="--tree auto: recompute the profile's points from its timed samples by this statistic "
+                        "(default: median when the profile keeps samples, else its points as stored; a decode pays "
+                        "the mean, 'min' is an unloaded machine)")
     p.add_argument("--warmup-tokens", type=int, default=32, metavar="N",
                    help="--tree auto without --accept-stats: tokens of the warm-up decode (K-ary tree of depth 2) "
                         "on the prompt that measures per-node acceptance (default 32)")
@@ -220,7 +229,7 @@ def check_args(args):
 def check_auto(args, settings):
     """--tree auto: ``(profile, stats or None, ks)`` with ``ks`` the numbers of drafts per node the
     verifier takes with the resolved law (1 always: the decoder verifies it with 'naive'), all <= --k."""
-    from ..decoding.treeopt import MAX_DEPTH, MAX_NODES, AcceptStats, CostProfile
+    from ..decoding.treeopt import MAX_DEPTH, MAX_NODES, CostProfile
 
     if args.profile is None:
         raise ValueError("--tree auto needs --profile FILE (write one with `multidraft profile --out FILE`)")
@@ -230,22 +239,40 @@ def check_auto(args, settings):
         raise ValueError(f"--max-depth must be in [1, {MAX_DEPTH}], got {args.max_depth}")
     if args.warmup_tokens < 1:
         raise ValueError(f"--warmup-tokens must be >= 1, got {args.warmup_tokens}")
-    loaded = []
-    for flag, path, cls in (("--profile", args.profile, CostProfile), ("--accept-stats", args.accept_stats, AcceptStats)):
-        if path is None:
-            loaded.append(None)
-            continue
+    if args.accept_dataset is not None and args.accept_stats is None:
+        raise ValueError("--accept-dataset needs --accept-stats FILE (a study's acceptance JSONL)")
+    try:
+        text = Path(args.profile).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--profile: cannot read {args.profile}: {exc.strerror or exc}") from None
+    try:
+        profile = CostProfile.from_json(text)
+    except ValueError as exc:
+        raise ValueError(f"--profile: {args.profile}: {exc}") from None
+    statistic = args.profile_statistic
+    if statistic is None:
+        statistic = "median" if "samples" in profile.meta else "stored"
+    if statistic != "stored":
         try:
-            text = Path(path).expanduser().read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-        try:
-            loaded.append(cls.from_json(text))
+            profile = profile.with_statistic(statistic)
         except ValueError as exc:
-            raise ValueError(f"{flag}: {path}: {exc}") from None
+            raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
     v = settings.verifier
     ks = [k for k in range(1, settings.k + 1) if k == 1 or v.supports(settings.law, k)]
-    return loaded[0], loaded[1], ks
+    stats = None
+    if args.accept_stats is not None:
+        from ..experiments.acceptance import tree_acceptance
+
+        td = _draft_temperature(args.draft_temperature)   # per-draft temperatures: the study row's is the target's
+        if isinstance(td, list):
+            td = td[0] if len(set(td)) == 1 else None
+        try:
+            stats = tree_acceptance(args.accept_stats, verifier=v.name, law=settings.law, ks=ks,
+                                    t_target=args.temperature, t_draft=args.temperature if td is None else td,
+                                    dataset=args.accept_dataset)
+        except ValueError as exc:
+            raise ValueError(f"--accept-stats: {exc}") from None
+    return profile, stats, ks
 
 
 def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
@@ -254,7 +281,8 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     from ..decoding import full_tree, generate
     from ..decoding.treeopt import AcceptStats, choose_tree
 
-    profile, stats, ks = auto
+    profile, loaded, ks = auto
+    stats, along = loaded[:2] if loaded is not None else (None, None)
     if stats is None:
         records: list = []
         generate(target, draft, input_ids, verifier=settings.verifier.name, k=settings.k, depth=2,
@@ -270,9 +298,10 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     if not usable:
         raise ValueError(f"--accept-stats: no statistics for any k the verifier takes here ({ks}); have {list(stats.ks)}")
     stats = stats.restrict(usable)
-    choice = choose_tree(profile, stats, max_nodes=args.max_nodes, max_depth=args.max_depth)
+    choice = choose_tree(profile, stats, max_nodes=args.max_nodes, max_depth=args.max_depth, along=along)
     use = choice.tree is not None and (choice.pays or args.force_tree)
     info = {**choice.to_dict(), "accept_stats": stats.to_dict(), "profile": args.profile,
+            "profile_statistic": profile.statistic, "target_seconds_1": profile.target_seconds(1),
             "decoded_with": "tree" if use else "target-only", "forced": bool(args.force_tree and not choice.pays)}
     if log is not None:
         pe = profile.meta.get("engine", "transformers")
@@ -281,6 +310,8 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
             log(f"tree auto: note: the profile was measured on {pe}, decoding on {args.engine}")
         elif pm and args.engine == "transformers" and pm != args.dtype:
             log(f"tree auto: note: the profile was measured in {pm}, decoding in {args.dtype}")
+        log(f"tree auto: acceptance from {stats.source} ({choice.model} model); profile points: "
+            f"{profile.statistic or 'as stored'} (target alone {1e3 * profile.target_seconds(1):.1f} ms)")
         base = choice.target_only_tokens_per_s
         t = choice.tree
         if t is not None:

@@ -30,24 +30,34 @@ Tree search (:class:`TreeDP`)
     solved slot by slot; children of one node may get subtrees of any sizes (chains
     included). The best tree of a budget is the best over sizes <= budget, so E is
     nondecreasing in the budget. :func:`choose_tree` evaluates the step cost of the best
-    tree of every (budget, depth cap) and keeps the highest E[tokens] / seconds; the
-    search is exact for E at a given (budget, depth), and the rate is computed exactly on
-    that tree (the node count per level is not itself optimised for draft cost).
+    tree of every (budget, depth cap), and of every chain, and keeps the highest
+    E[tokens] / seconds; the search is exact for E at a given (budget, depth), and the rate
+    is computed exactly on that tree (the node count per level is not itself optimised for
+    draft cost).
+
+Acceptance along a text (:func:`expected_tokens_along`)
+    Sequoia's positional model gives every node the mean acceptance, which averages easy and
+    hard stretches of a text together and so undervalues long chains where acceptance runs
+    high for many tokens in a row (code). Given per-position acceptances measured along
+    continuations (the study's ``values``), a step starting at position t uses position
+    t + j at depth j; ``choose_tree(..., along=...)`` rates the candidates that way.
 """
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = ["CostProfile", "AcceptStats", "TreeDP", "TreeChoice", "Choice", "expected_tokens",
-           "expected_tokens_along", "slot_increments",
+           "expected_tokens_along", "slot_increments", "tree_candidates", "STATISTICS",
            "level_counts", "step_seconds", "choose_tree"]
 
 MAX_NODES = 64
 MAX_DEPTH = 8
+STATISTICS = {"median": statistics.median, "mean": statistics.fmean, "min": min}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +145,40 @@ class CostProfile:
     def target_only_rate(self) -> float:
         """Tokens per second of the target alone: 1 / target_seconds(1)."""
         return 1.0 / self.target_seconds(1)
+
+    @property
+    def statistic(self) -> str | None:
+        """How the points were made from the samples ('median', 'mean' or 'min'; None if unknown)."""
+        return self.meta.get("statistic")
+
+    def with_statistic(self, statistic: str) -> "CostProfile":
+        """The same profile with every point recomputed from the timed samples kept in
+        ``meta['samples']`` (``{'target': {n: [seconds]}, 'draft': {m: [seconds]}}``, as
+        ``multidraft profile`` writes them) by ``statistic``: 'median', 'mean' or 'min'.
+
+        A decode pays the mean of its forwards; the minimum estimates an unloaded machine and
+        is fooled by a host whose speed switches between states (one fast sample sets the
+        point). ValueError if the profile keeps no samples.
+        """
+        pick = STATISTICS.get(statistic)
+        if pick is None:
+            raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+        samples = self.meta.get("samples")
+        if not isinstance(samples, dict) or not all(isinstance(samples.get(w), dict) for w in ("target", "draft")):
+            raise ValueError("profile: no timed samples in meta.samples (written by hand or by an older "
+                             "`multidraft profile`), so its points cannot be recomputed; measure it again")
+        pts = {}
+        for which, nodes in (("target", self.target_nodes), ("draft", self.draft_nodes)):
+            got = samples[which]
+            missing = [n for n in nodes if not got.get(str(n))]
+            if missing:
+                raise ValueError(f"profile: meta.samples.{which} has no samples for n = {missing}")
+            try:
+                pts[which] = [pick([float(x) for x in got[str(n)]]) for n in nodes]
+            except (TypeError, ValueError):
+                raise ValueError(f"profile: meta.samples.{which} must hold lists of seconds") from None
+        return CostProfile(self.target_nodes, pts["target"], self.draft_nodes, pts["draft"], self.per_node_seconds,
+                           {**self.meta, "statistic": statistic})
 
     def to_dict(self) -> dict:
         return {
@@ -515,6 +559,7 @@ class Choice:
     tree: TreeChoice | None
     target_only_tokens_per_s: float
     pays: bool
+    model: str = "positional"     # the acceptance model of E[tokens]: 'positional' or 'along'
 
     @property
     def speedup(self) -> float:
@@ -524,6 +569,7 @@ class Choice:
         t = self.tree
         return {
             "pays": self.pays,
+            "acceptance_model": self.model,
             "target_only_tokens_per_s": self.target_only_tokens_per_s,
             "tree": None if t is None else {
                 "paths": t.paths, "nodes": t.nodes, "depth": t.depth, "expected_tokens": t.expected_tokens,
@@ -533,19 +579,47 @@ class Choice:
         }
 
 
+def tree_candidates(stats: AcceptStats, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> list:
+    """``[(paths, positional E[tokens])]``: the best tree of every (budget, depth cap) under ``stats``
+    (:meth:`TreeDP.candidates`) and every chain of depth <= max_depth that is not among them
+    (what a cost model chooses among: a deep chain costs fewer draft forwards per node than the
+    dynamic program's best tree of its budget, which may branch)."""
+    out = list(TreeDP(stats, max_nodes, max_depth).candidates())
+    seen = {tuple(map(tuple, p)) for p, _ in out}
+    if 1 in stats.accept:
+        for d in range(1, min(max_depth, max_nodes - 1) + 1):
+            chain = [[0] * j for j in range(1, d + 1)]
+            if tuple(map(tuple, chain)) not in seen:
+                out.append((chain, expected_tokens(chain, stats)))
+    return out
+
+
 def choose_tree(profile: CostProfile, stats: AcceptStats, max_nodes: int = MAX_NODES,
-                max_depth: int = MAX_DEPTH) -> Choice:
+                max_depth: int = MAX_DEPTH, *, along: dict | None = None) -> Choice:
     """The tree (budget <= max_nodes, depth <= max_depth) maximising E[tokens] / step seconds.
 
-    Every (budget, depth cap) best tree of :class:`TreeDP` is costed with :func:`step_seconds`;
-    the fastest is returned with ``pays = its rate > 1 / target_seconds(1)`` (the target alone).
+    Every candidate of :func:`tree_candidates` is costed with :func:`step_seconds`; the
+    fastest is returned with ``pays = its rate > 1 / target_seconds(1)`` (the target alone).
+    E[tokens] is the positional model's (:func:`expected_tokens`), or with ``along`` =
+    ``{k: per-position acceptances [T]}`` measured along continuations (e.g. the study's
+    ``values``), :func:`expected_tokens_along` on their :func:`slot_increments` (the
+    candidates still come from ``stats``, e.g. :meth:`AcceptStats.from_alphas` of the means).
     """
     if not isinstance(profile, CostProfile):
         raise ValueError(f"profile must be a CostProfile, got {type(profile).__name__}")
+    slots = None
+    if along is not None:
+        missing = [k for k in stats.ks if k not in along]
+        if missing:
+            raise ValueError(f"along: no per-position acceptances for k = {missing}")
+        slots = slot_increments({k: along[k] for k in stats.ks})
     best: TreeChoice | None = None
-    for paths, e in TreeDP(stats, max_nodes, max_depth).candidates():
+    for paths, e in tree_candidates(stats, max_nodes, max_depth):
+        if slots is not None:
+            e = expected_tokens_along(paths, slots)
         c = TreeChoice(paths, e, step_seconds(paths, profile))
         if best is None or c.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
             best = c
     base = profile.target_only_rate()
-    return Choice(best, base, best is not None and best.tokens_per_s > base * (1 + 1e-9))
+    return Choice(best, base, best is not None and best.tokens_per_s > base * (1 + 1e-9),
+                  "along" if slots is not None else "positional")

@@ -41,12 +41,14 @@ finished rows, a rerun that only adds Ks, laws, verifiers, datasets or temperatu
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from .. import drafts as _drafts
@@ -59,7 +61,8 @@ from .records import JsonlWriter, derived_seed, read_jsonl, resume, row_key
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
-           "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config"]
+           "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config",
+           "read_along", "along_alphas", "tree_acceptance"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
 # config keys that only choose which rows exist (each row carries them in KEY): may grow on a resume
@@ -482,3 +485,99 @@ def run_experiment(
                                 eval_support=eval_support, mapper=mapper, log=log, progress=progress)
     _, rows = read_jsonl(path)
     return ExperimentResult(path=path, rows=rows, stores=stores, written=written)
+
+
+# --- reading the per-position acceptances back (tree choice, tree ceiling) --------------------
+def read_along(path, t_target: float, t_draft: float) -> dict:
+    """``{(dataset, law, verifier): {K: per-position acceptances [T]}}`` of an acceptance JSONL
+    at one (target, draft) temperature pair, rows without top-k / top-p only.
+
+    The ``values`` of a row are in the order the positions were collected, i.e. along each
+    continuation, so neighbouring entries are neighbouring tokens of one text (what
+    ``decoding.treeopt.expected_tokens_along`` needs). Rows written without ``values`` are
+    skipped. Entries are clipped to [0, 1] (rounding to 1e-6 can leave 1.0000005).
+    """
+    out: dict = {}
+    for row in read_jsonl(path)[1]:
+        if row.get("type") != "row" or row.get("t_target") != t_target or row.get("t_draft") != t_draft:
+            continue
+        if row.get("top_k") is not None or row.get("top_p") is not None or not row.get("values"):
+            continue
+        out.setdefault((row["dataset"], row["law"], row["verifier"]), {})[int(row["K"])] = \
+            np.clip(np.asarray(row["values"], dtype=float), 0.0, 1.0)
+    return out
+
+
+def along_alphas(study: dict, dataset: str, law: str, verifier: str, ks) -> dict:
+    """``{k: per-position acceptances}`` of one verifier under one law for the k in ``ks`` that
+    the study has, from :func:`read_along`'s ``study``.
+
+    k = 1 is single-draft SD whatever the law and verifier: its exact acceptance
+    ``alpha*(iid, K = 1) = sum min(p, q)``, not a verifier's Monte-Carlo estimate of it, so a
+    chain inside a tree is rated like the chain alone. ValueError naming what the study has
+    when k = 1 or every k > 1 is missing.
+    """
+    have = sorted({d for d, _, _ in study})
+    if dataset not in have:
+        raise ValueError(f"no rows for data set {dataset!r} (the study has {', '.join(have) or 'none'})")
+    sd = study.get((dataset, "iid", "alpha*"), {}).get(1)
+    if sd is None:
+        raise ValueError(f"{dataset}: no alpha*(iid, K = 1) row (single-draft SD's acceptance)")
+    want = {int(k) for k in ks}
+    got = {k: v for k, v in study.get((dataset, law, verifier), {}).items() if k > 1 and k in want}
+    if want - {1} and not got:
+        pairs = sorted({(lw, v) for d, lw, v in study if d == dataset})
+        raise ValueError(f"{dataset}: no rows for {verifier} under the {law} law at K in {sorted(want - {1})} "
+                         f"(the study has {', '.join(f'{v} ({lw})' for lw, v in pairs)})")
+    if 1 in want or not got:
+        got[1] = sd
+    return dict(sorted(got.items()))
+
+
+def tree_acceptance(path, *, verifier: str, law: str, ks, t_target: float, t_draft: float,
+                    dataset: str | None = None):
+    """Acceptance statistics for ``decoding.treeopt.choose_tree``: ``(stats, along, source)``.
+
+    ``path`` is either an acceptance JSONL of the study (``multidraft experiment acceptance`` or
+    ``experiment paper``; recognised by its meta row) or an :class:`AcceptStats` JSON. From a
+    study: the per-position acceptances of ``verifier`` under ``law`` at the given
+    temperatures (:func:`read_along`, :func:`along_alphas`; ``dataset`` picks one data set and
+    may be left out when the study has one), returned as ``along`` ``{k: [T]}`` for the along
+    model, with ``stats`` = :meth:`AcceptStats.from_alphas` of their means. From a JSON:
+    ``(stats, None, source)``. Every failure is a ValueError with one line naming the file.
+    """
+    from ..decoding.treeopt import AcceptStats
+
+    path = Path(path).expanduser()
+    try:
+        head = path.open("rb").readline()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        first = json.loads(head)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        first = None
+    if not (isinstance(first, dict) and first.get("type") == "meta"):
+        try:
+            stats = AcceptStats.from_json(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc} (or give a study's acceptance JSONL)") from None
+        return stats, None, stats.source or str(path)
+    study = read_along(path, float(t_target), float(t_draft))
+    if not study:
+        raise ValueError(f"{path}: no rows with per-position values at temperatures {t_target:g} (target), "
+                         f"{t_draft:g} (draft)")
+    sets = sorted({d for d, _, _ in study})
+    if dataset is None:
+        if len(sets) > 1:
+            raise ValueError(f"{path}: the study has data sets {', '.join(sets)}; choose one")
+        dataset = sets[0]
+    try:
+        along = along_alphas(study, dataset, law, verifier, ks)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    n = len(next(iter(along.values())))
+    source = (f"study {path.name}: {dataset}, {verifier} ({law}), K = {','.join(map(str, along))}, "
+              f"{n} positions, T = {t_target:g}/{t_draft:g}")
+    stats = AcceptStats.from_alphas({k: float(v.mean()) for k, v in along.items()}, source=source)
+    return stats, along, source
