@@ -491,7 +491,7 @@ def auto_inputs(args, verifier: str, k: int):
 
     profile = CostProfile.from_json(Path(args.profile).read_text())
     if args.profile_statistic != "stored":
-        profile = profile.with_statistic(args.profile_statistic)
+        profile = profile.with_statistic(args.profile_statistic, strict=False)
     v = _verifiers.get(verifier)
     law = v.implied_law(k)
     ks = [j for j in range(1, k + 1) if j == 1 or v.supports(law, j)]
@@ -518,7 +518,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
     ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
                     help="V:auto:K: recompute the profile's points from its samples by this statistic "
-                         "('stored': its points as written)")
+                         "('stored', or a profile without samples: its points as written)")
     ap.add_argument("--accept-stats", default=None, metavar="FILE",
                     help="V:auto:K: the study's acceptance JSONL (or an acceptance statistics JSON) instead of a "
                          "warm-up decode")

@@ -45,7 +45,7 @@ from multidraft.experiments.findings import t95
 from multidraft.experiments.records import JsonlWriter, read_jsonl, versions
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILES = ["transformers-bf16", "llama-bf16-q4", "llama-q4-q4"]
+DEFAULT_PROFILES = ["transformers-bf16", "llama-bf16-q4", "llama-bf16-q4_0", "llama-q4-q4"]
 # (law, verifier) families, in table order; "alpha*" is the ceiling of every verifier of that law
 FAMILIES = [("iid", "specinfer"), ("iid", "spectr"), ("iid", "khisti_is"), ("iid", "optimal"), ("iid", "alpha*"),
             ("wor", "rrs_wor"), ("wor", "alpha*"), ("greedy", "greedy_optimal"), ("greedy", "alpha*"),
@@ -110,7 +110,8 @@ def markdown(config: dict, records: list) -> str:
     """The report, from the records alone: the summary, then one table per profile variant."""
     lines = ["# Tree ceiling: the best multi-draft tree against the best chain (cost model x study acceptances)", "",
              f"study `{config.get('acceptance')}` at T = {config.get('temperatures')} (target, draft); node budget "
-             f"{config.get('max_nodes')}, depth <= {config.get('max_depth')}, K <= {config.get('max_k')}; rates as "
+             f"{config.get('max_nodes')}, depth <= {config.get('max_depth')}, K <= {config.get('max_k')}; profile points: "
+             f"{config.get('profile_statistic', 'stored')} of the samples; rates as "
              f"ratios to the target alone; `x SD` = against the best chain with alpha*(K = 1) under the same "
              f"model; ± = 95% over {BLOCKS} contiguous blocks of positions", ""]
     lines += summary(records)
@@ -161,6 +162,9 @@ def main(argv=None) -> int:
                     help="the study's acceptance JSONL (per-position values)")
     ap.add_argument("--profiles", default=",".join(DEFAULT_PROFILES),
                     help="cost profile JSON files, or names of files in docs/profiles (comma separated)")
+    ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
+                    help="recompute each profile's points from its samples by this statistic (as decode --tree auto "
+                         "does; 'stored', or a profile without samples: the points as written)")
     ap.add_argument("--datasets", default=None, help="data sets (default: all in the study)")
     ap.add_argument("--temperatures", default="1,1", help="target,draft temperature of the study rows")
     ap.add_argument("--max-k", type=int, default=8, help="largest K per node")
@@ -188,6 +192,8 @@ def main(argv=None) -> int:
     for spec in args.profiles.split(","):
         path = Path(spec) if spec.endswith(".json") else ROOT / "docs/profiles" / f"{spec}.json"
         profiles[path.stem] = CostProfile.from_json(path.read_text())
+        if args.profile_statistic != "stored":
+            profiles[path.stem] = profiles[path.stem].with_statistic(args.profile_statistic, strict=False)
     scales = [float(x) for x in args.draft_scale.split(",")]
     variants = [(s, False) for s in scales] + ([(1.0, True)] if args.free_verify else [])
 

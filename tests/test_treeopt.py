@@ -354,3 +354,10 @@ def test_choose_tree_along_prefers_chains_on_runs_of_easy_tokens():
     assert along.speedup > pos.speedup
     with pytest.raises(ValueError, match=r"no per-position acceptances for k = \[2\]"):
         choose_tree(pr, st, 16, 8, along={1: a1})
+
+
+def test_with_statistic_not_strict_keeps_a_profile_without_samples():
+    pr = CostProfile([1], [0.1], [1], [0.01])
+    assert pr.with_statistic("median", strict=False) is pr
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        pr.with_statistic("p90", strict=False)

@@ -249,12 +249,10 @@ def check_auto(args, settings):
         profile = CostProfile.from_json(text)
     except ValueError as exc:
         raise ValueError(f"--profile: {args.profile}: {exc}") from None
-    statistic = args.profile_statistic
-    if statistic is None:
-        statistic = "median" if "samples" in profile.meta else "stored"
+    statistic = args.profile_statistic or "median"
     if statistic != "stored":
-        try:
-            profile = profile.with_statistic(statistic)
+        try:   # the default takes a profile without samples as stored
+            profile = profile.with_statistic(statistic, strict=args.profile_statistic is not None)
         except ValueError as exc:
             raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
     v = settings.verifier

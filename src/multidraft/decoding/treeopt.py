@@ -151,19 +151,21 @@ class CostProfile:
         """How the points were made from the samples ('median', 'mean' or 'min'; None if unknown)."""
         return self.meta.get("statistic")
 
-    def with_statistic(self, statistic: str) -> "CostProfile":
+    def with_statistic(self, statistic: str, *, strict: bool = True) -> "CostProfile":
         """The same profile with every point recomputed from the timed samples kept in
         ``meta['samples']`` (``{'target': {n: [seconds]}, 'draft': {m: [seconds]}}``, as
         ``multidraft profile`` writes them) by ``statistic``: 'median', 'mean' or 'min'.
 
         A decode pays the mean of its forwards; the minimum estimates an unloaded machine and
         is fooled by a host whose speed switches between states (one fast sample sets the
-        point). ValueError if the profile keeps no samples.
+        point). A profile that keeps no samples is a ValueError, or itself with ``strict=False``.
         """
         pick = STATISTICS.get(statistic)
         if pick is None:
             raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
         samples = self.meta.get("samples")
+        if samples is None and not strict:
+            return self
         if not isinstance(samples, dict) or not all(isinstance(samples.get(w), dict) for w in ("target", "draft")):
             raise ValueError("profile: no timed samples in meta.samples (written by hand or by an older "
                              "`multidraft profile`), so its points cannot be recomputed; measure it again")
