@@ -278,14 +278,17 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
     """One row per (method, prompt): the rounds of a ``--rounds`` run pooled (tokens, seconds,
     target calls and tree tokens summed, block efficiency and tokens/s recomputed from the
     sums, acceptance averaged); ``round_tokens_per_s`` keeps each round's rate. Rows of a
-    run without rounds pass through as they are (one round each)."""
+    run without rounds pass through as they are (one round each), and so do rows it already
+    merged (it is idempotent)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["method"], r["prompt"]), []).append(r)
     out = []
     for rs in groups.values():
         if len(rs) == 1:
-            out.append(dict(rs[0], round_tokens_per_s=[rs[0]["new_tokens"] / rs[0]["seconds"]] if rs[0]["seconds"] > 0 else []))
+            r = rs[0]
+            out.append(r if "round_tokens_per_s" in r else
+                       dict(r, round_tokens_per_s=[r["new_tokens"] / r["seconds"]] if r["seconds"] > 0 else []))
             continue
         m = dict(rs[0])
         for k in ("new_tokens", "target_calls", "draft_calls", "seconds"):

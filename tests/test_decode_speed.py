@@ -54,6 +54,9 @@ def test_merge_rounds_pools_each_prompt(ds):
     assert s2["block_efficiency"] == pytest.approx(100 / 22)  # from the sums, not a mean of ratios
     assert s2["acceptance_rate"] == pytest.approx(0.5)
     assert s2["tree_tokens"] == 90
+    # idempotent: merging merged rows keeps the pooled numbers and each round's rate
+    assert ds.merge_rounds(list(merged.values())) == list(merged.values())
+    assert ds.round_spread(list(merged.values())) == ds.round_spread(_rows())
 
 
 def test_rows_without_rounds_pass_through(ds):
