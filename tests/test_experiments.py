@@ -495,3 +495,47 @@ def test_default_study_stores_tails_at_most_1e_4():
     flat = torch.full((1, 50_000), 1 / 50_000, dtype=torch.float64)
     (_, _, _, pt, qt), = store.truncate(flat, flat, eps=1e-4, k_max=8)
     assert pt > 1e-4 and qt > 1e-4
+
+
+# reading per-position acceptances back for the tree chooser --------------------------------------
+def test_tree_acceptance_from_a_study_and_from_stats_json(tmp_path):
+    import json
+
+    import numpy as np
+
+    from multidraft.decoding.treeopt import AcceptStats
+    from multidraft.experiments.acceptance import along_alphas, read_along, tree_acceptance
+
+    sd, own1, k2 = [0.9, 0.5, 1.0000004], [0.2, 0.2, 0.2], [0.95, 0.7, 1.0]
+    rows = [{"type": "meta", "run_id": "r", "config": {}}]
+    for ds, ver, k, vals, tt in [("a", "alpha*", 1, sd, 1.0), ("a", "specinfer", 1, own1, 1.0),
+                                 ("a", "specinfer", 2, k2, 1.0), ("a", "alpha*", 1, own1, 0.5),
+                                 ("b", "alpha*", 1, sd, 1.0)]:
+        rows.append({"type": "row", "run_id": "r", "dataset": ds, "t_target": tt, "t_draft": 1.0, "top_k": None,
+                     "top_p": None, "law": "iid", "verifier": ver, "K": k, "values": vals})
+    rows.append(dict(rows[1], top_k=5))                       # filtered rows are not this temperature's
+    path = tmp_path / "acceptance.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study = read_along(path, 1.0, 1.0)
+    assert set(study) == {("a", "iid", "alpha*"), ("a", "iid", "specinfer"), ("b", "iid", "alpha*")}
+    assert study[("a", "iid", "alpha*")][1].max() == 1.0      # clipped
+    got = along_alphas(study, "a", "iid", "specinfer", [1, 2, 3])
+    assert list(got) == [1, 2] and list(got[1]) == [0.9, 0.5, 1.0]   # K = 1 is alpha*(iid, 1), not the verifier's
+    assert along_alphas(study, "b", "iid", "naive", [1])[1].tolist() == [0.9, 0.5, 1.0]
+    with pytest.raises(ValueError, match=r"no rows for spectr under the iid law at K in \[2\] \(the study has"):
+        along_alphas(study, "a", "iid", "spectr", [1, 2])
+    stats, along, source = tree_acceptance(path, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0,
+                                           t_draft=1.0, dataset="a")
+    assert stats.alpha(1) == pytest.approx(0.8) and stats.alpha(2) == pytest.approx(2.65 / 3)
+    assert np.allclose(along[2], k2) and source == stats.source and "3 positions" in source
+    with pytest.raises(ValueError, match="data sets a, b; choose one"):
+        tree_acceptance(path, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0, t_draft=1.0)
+    js = tmp_path / "stats.json"
+    js.write_text(AcceptStats({1: [0.8], 2: [0.8, 0.1]}, source="warm-up").to_json())
+    stats, along, source = tree_acceptance(js, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0, t_draft=1.0)
+    assert along is None and source == "warm-up" and stats.alpha(2) == pytest.approx(0.9)
+    js.write_text("{}")
+    with pytest.raises(ValueError, match="stats.json: accept stats: expected"):
+        tree_acceptance(js, verifier="specinfer", law="iid", ks=[1], t_target=1.0, t_draft=1.0)
+    with pytest.raises(ValueError, match="cannot read"):
+        tree_acceptance(tmp_path / "nope.jsonl", verifier="specinfer", law="iid", ks=[1], t_target=1.0, t_draft=1.0)
