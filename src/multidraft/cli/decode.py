@@ -8,11 +8,15 @@ defaults to the law the verifier implies (``rrs_wor`` -> wor, ``spechub`` -> gre
 ``--tree auto --profile FILE`` picks the tree (node budget ``--max-nodes``, depth
 ``--max-depth``, at most ``--k`` drafts per node) that maximises the predicted tokens per
 second (``decoding.treeopt.choose_tree``) from the cost profile written by ``multidraft
-profile`` and per-node acceptance statistics: ``--accept-stats FILE``, or a warm-up decode of
-``--warmup-tokens`` on the prompt with a K-ary tree of depth 2 (its own seed stream, so the
-choice is independent of the decode's randomness and the decode stays lossless). It prints
-the tree, its expected tokens per step and the predicted tokens/s against the target alone;
-when no tree is predicted faster it decodes target-only, unless ``--force-tree``.
+profile`` (its points recomputed from the kept samples by ``--profile-statistic``, default
+median) and acceptance statistics: ``--accept-stats FILE``, either a study's acceptance JSONL
+(``multidraft experiment paper|acceptance``; the verifier's per-position acceptances under its
+law at the decode's temperatures, data set ``--accept-dataset``, rated along the text) or a
+statistics JSON, or else a warm-up decode of ``--warmup-tokens`` on the prompt with a K-ary
+tree of depth 2 (its own seed stream, so the choice is independent of the decode's randomness
+and the decode stays lossless). It prints the tree, its expected tokens per step and the
+predicted tokens/s against the target alone; when no tree is predicted faster it decodes
+target-only, unless ``--force-tree``.
 
 ``--tree dynamic`` builds each step's tree level by level: a node gets 0..``--k-max`` drafts
 chosen from the draft distribution at that node before its drafts are drawn (more where the
