@@ -489,19 +489,19 @@ def auto_inputs(args, verifier: str, k: int):
     """``(profile, ks, stats or None, along or None)`` of a V:auto:K method: the profile with its
     points by ``--profile-statistic``, the numbers of drafts per node the verifier takes, and the
     acceptances of ``--accept-stats`` (None: a warm-up decode measures them after the models load)."""
+    from multidraft.decoding import node_ks
     from multidraft.decoding.treeopt import CostProfile
     from multidraft.experiments.acceptance import tree_acceptance
 
-    profile = CostProfile.from_json(Path(args.profile).read_text())
-    if args.profile_statistic != "stored":
-        profile = profile.with_statistic(args.profile_statistic, strict=False)
+    profile = CostProfile.from_json(Path(args.profile).read_text()).with_statistic(args.profile_statistic,
+                                                                                   strict=False)
     v = _verifiers.get(verifier)
     law = v.implied_law(k)
-    ks = [j for j in range(1, k + 1) if j == 1 or v.supports(law, j)]
+    ks = node_ks(v, law, k)
     if not args.accept_stats:
         return profile, ks, None, None
-    stats, along, _ = tree_acceptance(args.accept_stats, verifier=v.name, law=law, ks=ks, t_target=args.temperature,
-                                      t_draft=args.temperature, dataset=args.accept_dataset)
+    stats, along = tree_acceptance(args.accept_stats, verifier=v.name, law=law, ks=ks, t_target=args.temperature,
+                                   t_draft=args.temperature, dataset=args.accept_dataset)
     return profile, ks, stats.restrict([j for j in ks if j in stats.accept]), along
 
 

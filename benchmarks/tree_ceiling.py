@@ -191,9 +191,8 @@ def main(argv=None) -> int:
     profiles = {}
     for spec in args.profiles.split(","):
         path = Path(spec) if spec.endswith(".json") else ROOT / "docs/profiles" / f"{spec}.json"
-        profiles[path.stem] = CostProfile.from_json(path.read_text())
-        if args.profile_statistic != "stored":
-            profiles[path.stem] = profiles[path.stem].with_statistic(args.profile_statistic, strict=False)
+        profiles[path.stem] = CostProfile.from_json(path.read_text()).with_statistic(args.profile_statistic,
+                                                                                     strict=False)
     scales = [float(x) for x in args.draft_scale.split(",")]
     variants = [(s, False) for s in scales] + ([(1.0, True)] if args.free_verify else [])
 

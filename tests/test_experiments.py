@@ -524,16 +524,19 @@ def test_tree_acceptance_from_a_study_and_from_stats_json(tmp_path):
     assert along_alphas(study, "b", "iid", "naive", [1])[1].tolist() == [0.9, 0.5, 1.0]
     with pytest.raises(ValueError, match=r"no rows for spectr under the iid law at K in \[2\] \(the study has"):
         along_alphas(study, "a", "iid", "spectr", [1, 2])
-    stats, along, source = tree_acceptance(path, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0,
-                                           t_draft=1.0, dataset="a")
+    stats, along = tree_acceptance(path, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0, t_draft=1.0,
+                                   dataset="a")
     assert stats.alpha(1) == pytest.approx(0.8) and stats.alpha(2) == pytest.approx(2.65 / 3)
-    assert np.allclose(along[2], k2) and source == stats.source and "3 positions" in source
+    assert np.allclose(along[2], k2) and stats.source.startswith("study acceptance.jsonl: a, specinfer (iid)")
+    assert "3 positions" in stats.source
     with pytest.raises(ValueError, match="data sets a, b; choose one"):
         tree_acceptance(path, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0, t_draft=1.0)
     js = tmp_path / "stats.json"
     js.write_text(AcceptStats({1: [0.8], 2: [0.8, 0.1]}, source="warm-up").to_json())
-    stats, along, source = tree_acceptance(js, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0, t_draft=1.0)
-    assert along is None and source == "warm-up" and stats.alpha(2) == pytest.approx(0.9)
+    stats, along = tree_acceptance(js, verifier="specinfer", law="iid", ks=[1, 2], t_target=1.0, t_draft=1.0)
+    assert along is None and stats.source == "warm-up" and stats.alpha(2) == pytest.approx(0.9)
+    js.write_text(AcceptStats({1: [0.8]}).to_json())         # no source of its own: the file's name
+    assert tree_acceptance(js, verifier="naive", law="iid", ks=[1], t_target=1.0, t_draft=1.0)[0].source == str(js)
     js.write_text("{}")
     with pytest.raises(ValueError, match="stats.json: accept stats: expected"):
         tree_acceptance(js, verifier="specinfer", law="iid", ks=[1], t_target=1.0, t_draft=1.0)

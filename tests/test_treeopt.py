@@ -306,6 +306,7 @@ def test_with_statistic_recomputes_every_point_from_the_samples():
     mean = pr.with_statistic("mean")
     assert mean.target_seconds(1) == pytest.approx(0.0825) and mean.draft_seconds(8) == pytest.approx(0.056)
     assert pr.with_statistic("min").target_times == pr.target_times
+    assert pr.with_statistic("stored") is pr and CostProfile([1], [0.1], [1], [0.01]).with_statistic("stored").statistic is None
     again = CostProfile.from_json(med.to_json())
     assert again.target_times == med.target_times and again.statistic == "median"
     with pytest.raises(ValueError, match="statistic must be one of median, mean, min"):

@@ -231,8 +231,11 @@ def check_args(args):
 
 
 def check_auto(args, settings):
-    """--tree auto: ``(profile, stats or None, ks)`` with ``ks`` the numbers of drafts per node the
-    verifier takes with the resolved law (1 always: the decoder verifies it with 'naive'), all <= --k."""
+    """--tree auto: ``(profile, stats, along, ks)``: the profile with its points by
+    --profile-statistic, the acceptances of --accept-stats (``stats`` and, from a study,
+    ``along``; both None without it: a warm-up decode measures them) and ``ks`` the numbers of
+    drafts per node the verifier takes with the resolved law (``decoding.node_ks``), all <= --k."""
+    from ..decoding import node_ks
     from ..decoding.treeopt import MAX_DEPTH, MAX_NODES, CostProfile
 
     if args.profile is None:
@@ -254,14 +257,13 @@ def check_auto(args, settings):
     except ValueError as exc:
         raise ValueError(f"--profile: {args.profile}: {exc}") from None
     statistic = args.profile_statistic or "median"
-    if statistic != "stored":
-        try:   # the default takes a profile without samples as stored
-            profile = profile.with_statistic(statistic, strict=args.profile_statistic is not None)
-        except ValueError as exc:
-            raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
+    try:   # the default takes a profile without samples as stored
+        profile = profile.with_statistic(statistic, strict=args.profile_statistic is not None)
+    except ValueError as exc:
+        raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
     v = settings.verifier
-    ks = [k for k in range(1, settings.k + 1) if k == 1 or v.supports(settings.law, k)]
-    stats = None
+    ks = node_ks(v, settings.law, settings.k)
+    stats = along = None
     if args.accept_stats is not None:
         from ..experiments.acceptance import tree_acceptance
 
@@ -269,12 +271,12 @@ def check_auto(args, settings):
         if isinstance(td, list):
             td = td[0] if len(set(td)) == 1 else None
         try:
-            stats = tree_acceptance(args.accept_stats, verifier=v.name, law=settings.law, ks=ks,
-                                    t_target=args.temperature, t_draft=args.temperature if td is None else td,
-                                    dataset=args.accept_dataset)
+            stats, along = tree_acceptance(args.accept_stats, verifier=v.name, law=settings.law, ks=ks,
+                                           t_target=args.temperature, t_draft=args.temperature if td is None else td,
+                                           dataset=args.accept_dataset)
         except ValueError as exc:
             raise ValueError(f"--accept-stats: {exc}") from None
-    return profile, stats, ks
+    return profile, stats, along, ks
 
 
 def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
@@ -283,8 +285,7 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     from ..decoding import full_tree, generate
     from ..decoding.treeopt import AcceptStats, choose_tree
 
-    profile, loaded, ks = auto
-    stats, along = loaded[:2] if loaded is not None else (None, None)
+    profile, stats, along, ks = auto
     if stats is None:
         records: list = []
         generate(target, draft, input_ids, verifier=settings.verifier.name, k=settings.k, depth=2,

@@ -13,8 +13,9 @@ Logit processing lives in ``multidraft.sampling`` and model loading in ``multidr
 """
 from __future__ import annotations
 
-from .engine import GenerationResult, Settings, check_settings, generate
+from .engine import GenerationResult, Settings, check_settings, generate, node_ks
 from .kv import PromptCache
 from .trees import TreeShape, full_tree, parse_tree
 
-__all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "check_settings", "TreeShape", "full_tree", "parse_tree"]
+__all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "check_settings", "node_ks", "TreeShape", "full_tree",
+           "parse_tree"]

@@ -49,7 +49,7 @@ from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
 from .trees import MAX_DYNAMIC_NODES, DraftTree, TreeShape, allocate
 
-__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree"]
+__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree", "node_ks"]
 
 
 @dataclass
@@ -98,6 +98,12 @@ class GenerationResult:
 
 
 # ---------------------------------------------------------------------------------------------
+def node_ks(v, kind: str, k_max: int) -> list[int]:
+    """The numbers of drafts 1..k_max a tree node may have when ``v`` verifies drafts of law
+    ``kind``: 1 always (a single draft is verified with 'naive'), k > 1 where ``v.supports``."""
+    return [k for k in range(1, k_max + 1) if k == 1 or v.supports(kind, k)]
+
+
 def _unsupported(v, kind: str, k: int) -> str:
     """The message for a (verifier, law, K) the verifier is not lossless for; names what would work."""
     ok = v.laws_for(k)
@@ -203,8 +209,9 @@ def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=N
         ks = set(range(1, shape.k + 1))  # the allocator may choose any k <= K
     else:
         ks = {n for n in shape.children.values() if n > 0}
+    allowed = node_ks(v, kind, max(ks, default=1))
     for n in sorted(ks):
-        if n != 1 and not v.supports(kind, n):
+        if n not in allowed:
             raise ValueError(_unsupported(v, kind, n))
     return Settings(v, kind, shape, K, L, float(temperature), tuple(temps), top_k, top_p, max_new_tokens)
 

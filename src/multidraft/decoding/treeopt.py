@@ -154,15 +154,18 @@ class CostProfile:
     def with_statistic(self, statistic: str, *, strict: bool = True) -> "CostProfile":
         """The same profile with every point recomputed from the timed samples kept in
         ``meta['samples']`` (``{'target': {n: [seconds]}, 'draft': {m: [seconds]}}``, as
-        ``multidraft profile`` writes them) by ``statistic``: 'median', 'mean' or 'min'.
+        ``multidraft profile`` writes them) by ``statistic``: 'median', 'mean' or 'min';
+        'stored' keeps the points as they are (the profile itself).
 
         A decode pays the mean of its forwards; the minimum estimates an unloaded machine and
         is fooled by a host whose speed switches between states (one fast sample sets the
         point). A profile that keeps no samples is a ValueError, or itself with ``strict=False``.
         """
+        if statistic == "stored":
+            return self
         pick = STATISTICS.get(statistic)
         if pick is None:
-            raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+            raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, stored, got {statistic!r}")
         samples = self.meta.get("samples")
         if samples is None and not strict:
             return self

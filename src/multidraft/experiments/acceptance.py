@@ -536,7 +536,7 @@ def along_alphas(study: dict, dataset: str, law: str, verifier: str, ks) -> dict
 
 def tree_acceptance(path, *, verifier: str, law: str, ks, t_target: float, t_draft: float,
                     dataset: str | None = None):
-    """Acceptance statistics for ``decoding.treeopt.choose_tree``: ``(stats, along, source)``.
+    """Acceptance statistics for ``decoding.treeopt.choose_tree``: ``(stats, along)``.
 
     ``path`` is either an acceptance JSONL of the study (``multidraft experiment acceptance`` or
     ``experiment paper``; recognised by its meta row) or an :class:`AcceptStats` JSON. From a
@@ -544,13 +544,15 @@ def tree_acceptance(path, *, verifier: str, law: str, ks, t_target: float, t_dra
     temperatures (:func:`read_along`, :func:`along_alphas`; ``dataset`` picks one data set and
     may be left out when the study has one), returned as ``along`` ``{k: [T]}`` for the along
     model, with ``stats`` = :meth:`AcceptStats.from_alphas` of their means. From a JSON:
-    ``(stats, None, source)``. Every failure is a ValueError with one line naming the file.
+    ``(stats, None)``. ``stats.source`` says where they came from (the file's name when a JSON
+    gives none). Every failure is a ValueError with one line naming the file.
     """
     from ..decoding.treeopt import AcceptStats
 
     path = Path(path).expanduser()
     try:
-        head = path.open("rb").readline()
+        with path.open("rb") as fh:
+            head = fh.readline()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
@@ -562,7 +564,7 @@ def tree_acceptance(path, *, verifier: str, law: str, ks, t_target: float, t_dra
             stats = AcceptStats.from_json(path.read_text(encoding="utf-8"))
         except ValueError as exc:
             raise ValueError(f"{path}: {exc} (or give a study's acceptance JSONL)") from None
-        return stats, None, stats.source or str(path)
+        return (stats if stats.source else AcceptStats(stats.accept, stats.counts, str(path))), None
     study = read_along(path, float(t_target), float(t_draft))
     if not study:
         raise ValueError(f"{path}: no rows with per-position values at temperatures {t_target:g} (target), "
@@ -579,5 +581,4 @@ def tree_acceptance(path, *, verifier: str, law: str, ks, t_target: float, t_dra
     n = len(next(iter(along.values())))
     source = (f"study {path.name}: {dataset}, {verifier} ({law}), K = {','.join(map(str, along))}, "
               f"{n} positions, T = {t_target:g}/{t_draft:g}")
-    stats = AcceptStats.from_alphas({k: float(v.mean()) for k, v in along.items()}, source=source)
-    return stats, along, source
+    return AcceptStats.from_alphas({k: float(v.mean()) for k, v in along.items()}, source=source), along
