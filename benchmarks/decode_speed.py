@@ -321,9 +321,17 @@ def round_spread(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def summarize(rows: list[dict], methods: list[Method], base_label: str) -> list[dict]:
+def summarize(rows: list[dict], methods: list[Method], base_label: str | None) -> list[dict]:
+    """One row per method: pooled tokens/s, block efficiency and ms per step, means with 95%
+    intervals over prompts, and per-prompt speed-ups against the target alone (``speedup_*``)
+    and, where the run has it, against llama.cpp's target alone (``vs_llama_*``)."""
     rows = merge_rounds(rows)
-    base = {r["prompt"]: r for r in rows if r["method"] == base_label}
+
+    def per_prompt(label):
+        return {r["prompt"]: r for r in rows if r["method"] == label and r["seconds"] > 0}
+    base = per_prompt(base_label)
+    peer_label = next((m.label for m in methods if m.kind == "llama-target"), None)
+    peer = per_prompt(peer_label)
     out = []
     for m in methods:
         rs = [r for r in rows if r["method"] == m.label]
@@ -334,19 +342,24 @@ def summarize(rows: list[dict], methods: list[Method], base_label: str) -> list[
         calls = sum(r["target_calls"] for r in rs)
         tps = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
         be = [r["block_efficiency"] for r in rs]
-        ratio = [(r["new_tokens"] / r["seconds"]) / (base[r["prompt"]]["new_tokens"] / base[r["prompt"]]["seconds"])
-                 for r in rs if r["prompt"] in base and r["seconds"] > 0 and base[r["prompt"]]["seconds"] > 0]
-        acc = [r["acceptance_rate"] for r in rs
-               if r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]  # NaN / null
+
+        def ratios(ref):
+            return [(r["new_tokens"] / r["seconds"]) / (ref[r["prompt"]]["new_tokens"] / ref[r["prompt"]]["seconds"])
+                    for r in rs if r["prompt"] in ref and r["seconds"] > 0]
+        acc = [r["acceptance_rate"] for r in rs if m.kind != "target"  # the target alone drafts nothing
+               and r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]  # NaN / null
         scored = [r["tree_tokens"] for r in rs if r.get("tree_tokens")]
         s = {"method": m.label, "method_kind": m.kind, "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
              "tree_tokens_per_pass": sum(scored) / calls if len(scored) == len(rs) and calls else float("nan"),
              "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else float("nan"),
              "block_efficiency": tokens / calls if calls else float("nan"),
+             "ms_per_step": 1000.0 * secs / calls if calls else float("nan"),
              "acceptance_rate": sum(acc) / len(acc) if acc else float("nan")}
         s["tokens_per_s_mean"], s["tokens_per_s_ci95"] = _mean_ci(tps)
         s["block_efficiency_mean"], s["block_efficiency_ci95"] = _mean_ci(be)
-        s["speedup_mean"], s["speedup_ci95"] = _mean_ci(ratio)
+        s["speedup_mean"], s["speedup_ci95"] = _mean_ci(ratios(base))
+        if peer_label is not None:
+            s["vs_llama_mean"], s["vs_llama_ci95"] = _mean_ci(ratios(peer))
         if m.kind == "auto":
             s["tree"] = rs[0].get("tree")
         out.append(s)
@@ -358,13 +371,16 @@ def _f(x, nd=2) -> str:
 
 
 def format_table(summary: list[dict]) -> str:
+    llama = any("vs_llama_mean" in s for s in summary)
     lines = ["| method | tokens/s (pooled) | tokens/s mean ± 95% | block eff. ± 95% | acceptance | tree tokens / pass "
-             "| speed-up vs target ± 95% |",
-             "|---|---|---|---|---|---|---|"]
+             "| ms / step | speed-up vs target ± 95% |" + (" vs llama-completion ± 95% |" if llama else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if llama else "")]
     for s in summary:
         lines.append(f"| {s['method']} | {_f(s['tokens_per_s'])} | {_f(s['tokens_per_s_mean'])} ± {_f(s['tokens_per_s_ci95'])} | "
                      f"{_f(s['block_efficiency_mean'])} ± {_f(s['block_efficiency_ci95'])} | {_f(s['acceptance_rate'])} | "
-                     f"{_f(s.get('tree_tokens_per_pass'), 1)} | {_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} |")
+                     f"{_f(s.get('tree_tokens_per_pass'), 1)} | {_f(s.get('ms_per_step'), 1)} | "
+                     f"{_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} |"
+                     + (f" {_f(s.get('vs_llama_mean'))} ± {_f(s.get('vs_llama_ci95'))} |" if llama else ""))
     return "\n".join(lines)
 
 
@@ -383,7 +399,7 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     kinds = {m.label: m for m in methods}
     multi = [s for s in summary if kinds[s["method"]].multi]
     single = [s for s in summary if kinds[s["method"]].single]
-    peers = [s for s in summary if s["method_kind"] in ("hf", "llama-spec")]
+    peers = [s for s in summary if s["method_kind"] in ("hf", "llama-spec", "llama-target")]
     base = next((s for s in summary if s["method_kind"] == "target"), None)
     out = []
     best = max(multi, key=lambda s: s["tokens_per_s"]) if multi else None
@@ -392,22 +408,24 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     for s in chosen:
         out.append(f"{s['method']}: the cost model chose a chain (single-draft SD, {s['tree']['nodes'] - 1} drafts "
                    "deep): no branching pays under this profile; counted with single-draft SD")
+    refs = peers + ([base] if base else [])
+
+    def versus(s, ref, name=None):
+        m, ci, n = _paired_ratio(rows, s["method"], ref["method"])
+        who = f"{name} ({ref['method']})" if name else ref["method"]
+        return (f"  vs {who} at {ref['tokens_per_s']:.2f} tok/s: "
+                f"pooled {s['tokens_per_s'] / ref['tokens_per_s']:.3f}x, per prompt {m:.3f}x ± {ci:.3f} (95%, {n} prompts)")
     if best:
         out.append(f"best multi-draft: {best['method']} at {best['tokens_per_s']:.2f} tok/s, block efficiency "
-                   f"{best['block_efficiency']:.2f}")
-    for name, ref in ([("best single-draft SD", sd)] if sd else []) + [(p["method"], p) for p in peers] + \
-                     ([("target-only", base)] if base else []):
-        if best is None or ref is None:
-            continue
-        m, ci, n = _paired_ratio(rows, best["method"], ref["method"])
-        out.append(f"  vs {name} ({ref['method']}, {ref['tokens_per_s']:.2f} tok/s): pooled "
-                   f"{best['tokens_per_s'] / ref['tokens_per_s']:.3f}x, per prompt {m:.3f}x ± {ci:.3f} (95%, {n} prompts)")
-    if sd and base:
-        m, ci, n = _paired_ratio(rows, sd["method"], base["method"])
-        out.append(f"best single-draft SD {sd['method']}: {sd['tokens_per_s'] / base['tokens_per_s']:.3f}x target-only "
-                   f"(per prompt {m:.3f}x ± {ci:.3f})")
+                   f"{best['block_efficiency']:.2f} (pooled)")
+        out += [versus(best, sd, "best single-draft SD")] if sd else []
+        out += [versus(best, ref) for ref in refs]
+    if sd:
+        out.append(f"best single-draft SD: {sd['method']} at {sd['tokens_per_s']:.2f} tok/s, block efficiency "
+                   f"{sd['block_efficiency']:.2f} (pooled)")
+        out += [versus(sd, ref) for ref in refs]
     for p in peers:
-        if best is None:
+        if best is None and sd is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
     spread = round_spread(rows)
     if spread:
@@ -417,7 +435,7 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
 
 
 def report(rows: list[dict], methods: list[Method], header: str, markdown: str | None) -> None:
-    base_label = next(m.label for m in methods if m.kind == "target")
+    base_label = next((m.label for m in methods if m.kind == "target"), None)
     summary = summarize(rows, methods, base_label)
     lines = headline(summary, rows, methods)
     table = format_table(summary)
@@ -431,11 +449,20 @@ def report(rows: list[dict], methods: list[Method], header: str, markdown: str |
     return summary
 
 
+def run_header(engine, prompts, max_new_tokens, rounds, temperature, threads, seed, load_start, load_end) -> str:
+    """The line above a run's table; a run and ``--summarize`` of its JSONL print the same one."""
+    def num(x, fmt):
+        return "?" if x is None else format(x, fmt)
+    return (f"engine {engine}, {prompts} prompts x {max_new_tokens} tokens"
+            f"{f' x {rounds} rounds' if rounds and rounds > 1 else ''}, T={num(temperature, 'g')}, "
+            f"{threads} threads, seed {seed}, load average {num(load_start, '.2f')} -> {num(load_end, '.2f')}")
+
+
 def summarize_file(path: Path, markdown: str | None) -> int:
     """The table and headline of an earlier run, from its JSONL alone (nothing is rerun)."""
     import json
 
-    meta, rows = None, []
+    meta, end, rows = None, None, []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -447,6 +474,8 @@ def summarize_file(path: Path, markdown: str | None) -> int:
             meta = meta or obj
         if obj.get("kind") == "run":
             rows.append(obj)
+        if obj.get("kind") == "end":
+            end = obj
     if not rows:
         raise SystemExit(f"{path}: no run rows")
     methods, seen = [], set()
@@ -462,13 +491,9 @@ def summarize_file(path: Path, markdown: str | None) -> int:
                 m.kwargs = {"verifier": r["method"].split()[0], "tree": r["tree"]["paths"]}
             methods.append(m)
     cfg = (meta or {}).get("config", {})
-    prompts = len({r["prompt"] for r in rows})
-    rounds = cfg.get("rounds", 1)
-    header = (f"engine {cfg.get('engine')}, {prompts} prompts x {cfg.get('max_new_tokens')} tokens"
-              f"{f' x {rounds} rounds' if rounds > 1 else ''}, "
-              f"T={cfg.get('temperature')}, threads {cfg.get('threads')}, seed {cfg.get('seed')}, "
-              f"load average at the start {(meta or {}).get('load_average_start', ['?'])[0]} "
-              f"(summarised from {path.name})")
+    header = run_header(cfg.get("engine"), len({r["prompt"] for r in rows}), cfg.get("max_new_tokens"),
+                        cfg.get("rounds", 1), cfg.get("temperature"), cfg.get("threads") or (meta or {}).get("threads", "?"), cfg.get("seed"),
+                        (meta or {}).get("load_average_start", [None])[0], (end or {}).get("load_average_end", [None])[0])
     print(header)
     report(rows, methods, header, markdown)
     return 0
@@ -642,7 +667,7 @@ def main(argv=None) -> int:
     if args.out:
         cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown")} | {"methods": [m.label for m in methods]}
         writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", versions=_versions(),
-                             load_average_start=list(load0), machine=platform.platform())
+                             load_average_start=list(load0), threads=threads, machine=platform.platform())
     rows = []
     t_all = time.perf_counter()
     n_runs = len(encoded) * len(methods) * args.rounds
@@ -682,9 +707,8 @@ def main(argv=None) -> int:
                 _eprint(f"[{len(rows)}/{n_runs}] {tid}{f' round {rnd}' if args.rounds > 1 else ''} {m.label}: {row['new_tokens']} tokens, "
                         f"{row['tokens_per_s']:.2f} tok/s, block eff {row['block_efficiency']:.2f}")
     load1 = os.getloadavg()
-    header = (f"engine {args.engine}, {len(encoded)} prompts x {args.max_new_tokens} tokens"
-              f"{f' x {args.rounds} rounds' if args.rounds > 1 else ''}, T={args.temperature:g}, "
-              f"{threads} threads, seed {args.seed}, load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    header = run_header(args.engine, len(encoded), args.max_new_tokens, args.rounds, args.temperature, threads,
+                        args.seed, load0[0], load1[0])
     summary = report(rows, methods, header, args.markdown)
     if writer:
         for s in summary:

@@ -88,8 +88,35 @@ def test_summary_pairs_pooled_prompts(ds):
     assert sd["block_efficiency"] == pytest.approx(300 / 72)
     m, ci, n = ds._paired_ratio(rows, "SD depth 4", "target-only")
     assert n == 2 and m == pytest.approx((r1 + r2) / 2) and math.isfinite(ci)
+    assert sd["ms_per_step"] == pytest.approx(1000 * 17.0 / 72)  # pooled seconds over pooled target passes
     lines = ds.headline(list(summary.values()), rows, methods)
     assert any(line.startswith("round-to-round spread") and "target-only" in line for line in lines)
+    assert "best single-draft SD: SD depth 4" in lines[0]
+    assert any(line.strip().startswith("vs target-only") and f"per prompt {(r1 + r2) / 2:.3f}x" in line for line in lines)
+
+
+def test_headline_pairs_the_best_rows_with_llama_completion(ds):
+    """Every reference, llama-completion included, gets a per-prompt paired ratio, for the best
+    single-draft row and for the best multi-draft row alike (they were computed by hand before)."""
+    rows = [_row("llama.cpp target-only (llama-completion)", "llama-target", p, 100, s, 100)
+            for p, s in (("p1", 10.0), ("p2", 8.0))]
+    rows += [_row("SD depth 4", "tree", "p1", 100, 5.0, 25), _row("SD depth 4", "tree", "p2", 100, 5.0, 25),
+             _row("specinfer K=2 depth 3", "tree", "p1", 100, 4.0, 20), _row("specinfer K=2 depth 3", "tree", "p2", 100, 6.0, 20)]
+    methods = [ds.Method("llama.cpp target-only (llama-completion)", "llama-target"),
+               ds.Method("SD depth 4", "tree", {"verifier": "naive", "k": 1, "depth": 4}),
+               ds.Method("specinfer K=2 depth 3", "tree", {"verifier": "specinfer", "k": 2, "depth": 3})]
+    summary = ds.summarize(rows, methods, "target-only")
+    lines = ds.headline(summary, rows, methods)
+    by_ref = [line for line in lines if "vs llama.cpp target-only" in line]
+    assert len(by_ref) == 2  # the best multi-draft row and the best single-draft row
+    assert f"per prompt {(10 / 4 + 8 / 6) / 2:.3f}x" in by_ref[0]
+    assert f"per prompt {(10 / 5 + 8 / 5) / 2:.3f}x" in by_ref[1]
+    assert {s["method"]: round(s["ms_per_step"], 6) for s in summary}["llama.cpp target-only (llama-completion)"] == 90.0
+    table = ds.format_table(summary)
+    assert "| ms / step |" in table and "vs llama-completion ± 95% |" in table
+    sd = next(s for s in summary if s["method"] == "SD depth 4")
+    assert sd["vs_llama_mean"] == pytest.approx((10 / 5 + 8 / 5) / 2)
+    assert "vs llama-completion" not in ds.format_table(ds.summarize(rows[2:], methods[1:], None))
 
 
 def test_summarize_file_reads_rounds(ds, tmp_path, capsys):
