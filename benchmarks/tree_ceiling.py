@@ -34,6 +34,7 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +56,8 @@ BLOCKS = 8
 
 def scaled(profile: CostProfile, draft_scale: float = 1.0, free_verify: bool = False) -> CostProfile:
     t1 = profile.target_seconds(1)
-    return CostProfile(profile.target_nodes,
-                       [t1] * len(profile.target_nodes) if free_verify else profile.target_times,
-                       profile.draft_nodes, [s * draft_scale for s in profile.draft_times],
-                       profile.per_node_seconds, profile.meta)
+    return replace(profile, target_times=[t1] * len(profile.target_nodes) if free_verify else profile.target_times,
+                   draft_times=[s * draft_scale for s in profile.draft_times])
 
 
 def candidates(alphas: dict, max_nodes: int, max_depth: int) -> list:
@@ -211,7 +210,7 @@ def main(argv=None) -> int:
                     continue
                 sd_alphas = {1: study[(ds, "iid", "alpha*")][1]}
                 chains = candidates(sd_alphas, args.max_nodes, args.max_depth)
-                base_rate = 1.0 / profile.target_seconds(1)
+                base_rate = profile.target_only_rate()
                 sd = {m: best_tree(sd_alphas, profile, chains, m) for m in ("positional", "along")}
                 sd_blocks = block_rates(sd_alphas, profile, sd["along"]["paths"])
                 rows = [("iid", "SD (alpha*, K=1)", sd, sd_blocks, [1])]

@@ -40,6 +40,20 @@ def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
     assert all(s > 0 for s in secs)
     prof = CostProfile.from_dict(obj)
     assert prof.target_seconds(3) > 0 and prof.draft_seconds(2) > 0
+    # the decoder's own time, fitted to real decodes of 64 tokens: the target alone, chains of 2 and 4
+    from multidraft.decoding.treeopt import fit_overhead
+
+    runs = obj["meta"]["overhead"]["runs"]
+    assert [r["depth"] for r in runs] == [0, 2, 4] and obj["meta"]["overhead"]["tokens"] == 64
+    assert runs[0]["steps"] == 64 and all(0 < r["steps"] <= 64 and r["new_tokens"] == 64 for r in runs)
+    assert (prof.per_step_seconds, prof.per_node_seconds) == pytest.approx(fit_overhead(prof, runs))
+    assert prof.per_step_seconds >= 0 and prof.per_node_seconds >= 0
+    assert "decoder's own time" in text and "chain 4" in text
+    # and none with --overhead-tokens 0
+    assert main(argv + ["--overhead-tokens", "0"]) == 0
+    obj = json.loads(out.read_text())
+    assert "overhead" not in obj["meta"] and obj["per_step_seconds"] == 0.0 and obj["per_node_seconds"] == 0.0
+    assert "decoder's own time" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("bad,words", [
@@ -50,6 +64,7 @@ def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
     (["--bf16-target"], "--bf16-target applies to --engine llama.cpp only"),
     (["--draft-ftype", "q4_0"], "--draft-ftype applies to --engine llama.cpp only"),
     (["--threads", "0"], "--threads"),
+    (["--overhead-tokens", "-1"], "--overhead-tokens must be >= 0"),
 ])
 def test_profile_misuse_is_one_line_before_any_model(monkeypatch, capsys, bad, words):
     def boom(*a, **kw):
@@ -75,6 +90,8 @@ def test_min_statistic_is_the_smallest_sample(monkeypatch, tmp_path):
             assert len(samples) == 3 and s == pytest.approx(min(samples), abs=1e-6)
     with pytest.raises(ValueError, match="statistic"):
         measure_profile(t, d, nodes=[1], draft_nodes=[1], prefix=8, repeats=1, statistic="mean")
+    with pytest.raises(ValueError, match="overhead_tokens"):
+        measure_profile(t, d, nodes=[1], draft_nodes=[1], prefix=8, repeats=1, overhead_tokens=-2)
     with pytest.raises(ValueError, match="prefix"):
         measure_profile(t, d, nodes=[1, 64], draft_nodes=[1], prefix=250, repeats=1)
 

@@ -15,7 +15,7 @@ from multidraft import models  # noqa: E402
 from multidraft.cli import main  # noqa: E402
 from multidraft.decoding import profiling  # noqa: E402
 from multidraft.decoding.llamacpp import LlamaCppModel  # noqa: E402
-from multidraft.decoding.treeopt import AcceptStats, CostProfile, choose_tree  # noqa: E402
+from multidraft.decoding.treeopt import AcceptStats, CostProfile, choose_tree, fit_overhead  # noqa: E402
 from multidraft.testing import tiny_gguf  # noqa: E402
 
 
@@ -72,9 +72,15 @@ def test_profile_structure_meta_and_cache(pair, files):
     again = CostProfile.from_json(prof.to_json())
     assert again.meta["engine"] == "llama.cpp" and again.target_times == prof.target_times
     choice = choose_tree(again, AcceptStats({1: [0.8], 2: [0.8, 0.1]}), max_nodes=8, max_depth=3)
-    assert choice.target_only_tokens_per_s == pytest.approx(1 / prof.target_times[0])
+    assert choice.target_only_tokens_per_s == pytest.approx(1 / (prof.target_times[0] + prof.per_step_seconds))
+    # the decoder's own time from decodes on this engine, fitted against the points
+    runs = m["overhead"]["runs"]
+    assert [r["depth"] for r in runs] == [0, 2, 4] and all(r["new_tokens"] == 64 for r in runs)
+    assert (prof.per_step_seconds, prof.per_node_seconds) == pytest.approx(fit_overhead(prof, runs))
     with pytest.raises(ValueError, match="context"):
         profiling.measure_profile(t, d, nodes=[1, 64], draft_nodes=[1], prefix=200, repeats=1)
+    with pytest.raises(ValueError, match="overhead_tokens: 150 prompt tokens \\+ 128 decoded"):
+        profiling.measure_profile(t, d, nodes=[1, 8], draft_nodes=[1], prefix=150, repeats=1, overhead_tokens=128)
 
 
 def test_cli_profile_on_llama_cpp(monkeypatch, capsys, tmp_path, files):

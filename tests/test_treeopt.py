@@ -4,12 +4,13 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, choose_tree, expected_tokens,
-                                         expected_tokens_along, level_counts, slot_increments, step_seconds,
+from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, chain, choose_tree, expected_tokens,
+                                         expected_tokens_along, fit_overhead, level_counts, slot_increments, step_seconds,
                                          tree_candidates)
 from multidraft.decoding.trees import parse_tree
 
@@ -362,3 +363,71 @@ def test_with_statistic_not_strict_keeps_a_profile_without_samples():
     assert pr.with_statistic("median", strict=False) is pr
     with pytest.raises(ValueError, match="statistic must be one of"):
         pr.with_statistic("p90", strict=False)
+
+
+# the decoder's own time per step and per node ----------------------------------------------
+def _overhead_runs(profile, a, b, depths=(0, 2, 4), steps=(64, 30, 20)):
+    bare = profile.without_overhead()
+    return [{"depth": d, "steps": s, "seconds": s * (step_seconds(chain(d), bare) + a + b * d)}
+            for d, s in zip(depths, steps)]
+
+
+def test_fit_overhead_recovers_a_per_step_and_a_per_node_term():
+    pr = CostProfile([1, 8], [0.07, 0.12], [1, 4], [0.013, 0.03])
+    per_step, per_node = fit_overhead(pr, _overhead_runs(pr, 0.008, 0.0009))
+    assert per_step == pytest.approx(0.008, abs=1e-12) and per_node == pytest.approx(0.0009, abs=1e-12)
+    # a profile that already carries an overhead is fitted on its models' time alone
+    assert fit_overhead(replace(pr, per_step_seconds=1.0, per_node_seconds=1.0),
+                        _overhead_runs(pr, 0.008, 0.0009)) == pytest.approx((0.008, 0.0009))
+    # both terms stay >= 0: a negative slope gives the mean residual, a negative intercept the fit through 0
+    assert fit_overhead(pr, _overhead_runs(pr, 0.02, -0.002)) == pytest.approx((0.02 - 0.002 * 2, 0.0))
+    ps, pn = fit_overhead(pr, _overhead_runs(pr, -0.004, 0.003))
+    assert ps == 0.0 and pn == pytest.approx(sum(d * (-0.004 + 0.003 * d) for d in (2, 4)) / 20)
+    assert fit_overhead(pr, _overhead_runs(pr, -0.01, 0.0)) == (0.0, 0.0)
+    assert fit_overhead(pr, _overhead_runs(pr, 0.005, 0.0, depths=(3,), steps=(10,))) == pytest.approx((0.005, 0.0))
+    for bad in ([], [{"depth": 1}], [{"depth": -1, "steps": 1, "seconds": 1.0}], [{"depth": 0, "steps": 0, "seconds": 1.0}]):
+        with pytest.raises(ValueError, match="overhead"):
+            fit_overhead(pr, bad)
+
+
+def test_overhead_enters_every_step_and_the_target_alone():
+    pr = CostProfile([1, 64], [1.0, 64.0], [1, 8], [0.1, 0.8], per_node_seconds=0.01, per_step_seconds=0.25)
+    paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    assert step_seconds(paths, pr) == pytest.approx(7.0 + 0.1 + 0.2 + 0.1 + 0.06 + 0.25)
+    assert step_seconds([], pr) == pytest.approx(1.25) and pr.target_only_rate() == pytest.approx(1 / 1.25)
+    assert CostProfile.from_json(pr.to_json()) == pr
+    old = json.loads(pr.to_json())
+    del old["per_step_seconds"]  # a profile written before the term existed
+    assert CostProfile.from_dict(old).per_step_seconds == 0.0
+    for bad in (-0.1, float("nan"), "x"):
+        with pytest.raises(ValueError, match="per_step_seconds"):
+            CostProfile([1], [0.1], [1], [0.01], per_step_seconds=bad)
+    assert chain(0) == [] and chain(3) == [[0], [0, 0], [0, 0, 0]]
+
+
+def test_with_statistic_fits_the_overhead_again_against_its_points():
+    samples = {"target": {"1": [0.07, 0.09, 0.08], "8": [0.12, 0.14, 0.13]},
+               "draft": {"1": [0.013, 0.02, 0.015], "4": [0.03, 0.04, 0.035]}}
+    pr = CostProfile([1, 8], [0.07, 0.12], [1, 4], [0.013, 0.03], meta={"statistic": "min", "samples": samples})
+    runs = _overhead_runs(pr.with_statistic("median"), 0.01, 0.001)
+    pr = replace(pr, meta={**pr.meta, "overhead": {"runs": runs}})
+    med = pr.with_statistic("median")
+    assert (med.per_step_seconds, med.per_node_seconds) == pytest.approx((0.01, 0.001))
+    mn = pr.with_statistic("min")  # faster points leave more of the same decodes to the decoder
+    assert mn.per_step_seconds > med.per_step_seconds
+    for d in (0, 2, 4):
+        wall = next(r["seconds"] / r["steps"] for r in runs if r["depth"] == d)
+        assert step_seconds(chain(d), med) == pytest.approx(wall)
+
+
+def test_a_per_step_cost_favours_deeper_chains():
+    """A cost every step pays, the target alone included, is amortised over more tokens by a
+    deeper chain: with verification free and a draft level at half a target forward, the
+    chooser keeps depth 2 without it and goes deeper with it."""
+    stats = AcceptStats.from_alphas({1: 0.8})
+    pr = CostProfile([1, 64], [1.0, 1.0], [1, 8], [0.5, 0.5])
+    assert choose_tree(pr, stats, max_nodes=16, max_depth=8).tree.paths == chain(2)
+    heavy = choose_tree(replace(pr, per_step_seconds=5.0), stats, max_nodes=16, max_depth=8)
+    rate = {d: (1 - 0.8 ** (d + 1)) / 0.2 / (1.0 + 0.5 * d + 5.0) for d in range(1, 9)}  # E[tokens] / seconds
+    assert max(rate, key=rate.get) == 6
+    assert heavy.tree.paths == chain(6) and heavy.target_only_tokens_per_s == pytest.approx(1 / 6.0)

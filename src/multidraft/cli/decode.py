@@ -305,6 +305,7 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     use = choice.tree is not None and (choice.pays or args.force_tree)
     info = {**choice.to_dict(), "accept_stats": stats.to_dict(), "profile": args.profile,
             "profile_statistic": profile.statistic, "target_seconds_1": profile.target_seconds(1),
+            "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
             "decoded_with": "tree" if use else "target-only", "forced": bool(args.force_tree and not choice.pays)}
     if log is not None:
         pe = profile.meta.get("engine", "transformers")
@@ -314,7 +315,8 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
         elif pm and args.engine == "transformers" and pm != args.dtype:
             log(f"tree auto: note: the profile was measured in {pm}, decoding in {args.dtype}")
         log(f"tree auto: acceptance from {stats.source} ({choice.model} model); profile points: "
-            f"{profile.statistic or 'as stored'} (target alone {1e3 * profile.target_seconds(1):.1f} ms)")
+            f"{profile.statistic or 'as stored'} (target forward {1e3 * profile.target_seconds(1):.1f} ms; decoder's own "
+            f"time {1e3 * profile.per_step_seconds:.1f} ms a step + {1e3 * profile.per_node_seconds:.2f} ms a node)")
         base = choice.target_only_tokens_per_s
         t = choice.tree
         if t is not None:

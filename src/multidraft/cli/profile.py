@@ -2,9 +2,10 @@
 
 Measures the target forward time for n tree tokens (``--nodes``, default 1,2,4,...,64) and
 the draft forward time of one tree level of m nodes (``--draft-nodes``, default 1-8) over a
-``--prefix``-token cached prompt (median, or ``--statistic min``, of ``--repeats`` interleaved over the sizes after ``--warmup``
-rounds), prints a
-table and writes the :class:`~multidraft.decoding.treeopt.CostProfile` JSON (with the
+``--prefix``-token cached prompt (median, or ``--statistic min``, of ``--repeats`` interleaved
+over the sizes after ``--warmup`` rounds), then the decoder's own time per step and per draft
+node from real decodes of ``--overhead-tokens`` tokens (the target alone, chains of 2 and 4),
+prints tables and writes the :class:`~multidraft.decoding.treeopt.CostProfile` JSON (with the
 engine, cpu, cores, versions, dtype or GGUF types and files, threads) to ``--out``.
 
 ``--engine transformers`` (default) times model directories in ``--dtype``;
@@ -46,6 +47,10 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed forwards before each point (default 1)")
     p.add_argument("--statistic", default="median", choices=("median", "min"),
                    help="per point: median of the repeats (default) or min (the uncontended cost on a shared machine)")
+    p.add_argument("--overhead-tokens", type=int, default=64, metavar="N",
+                   help="after the points, decode N tokens with the target alone and with chains of 2 and 4 "
+                        "drafts and fit the decoder's own time per step and per node to what those steps took "
+                        "beyond the points (default 64; 0 skips it and leaves both at 0)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads with transformers (default: torch's own), llama.cpp threads with llama.cpp "
                         "(default: all cores)")
@@ -61,7 +66,8 @@ def check_args(args):
         raise ValueError("--nodes and --draft-nodes must be <= 64 (the tree chooser's node budget)")
     if nodes[0] != 1:
         raise ValueError(f"--nodes must include 1 (the target alone), got {args.nodes!r}")
-    for flag, val, lo in (("--prefix", args.prefix, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
+    for flag, val, lo in (("--prefix", args.prefix, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
+                          ("--overhead-tokens", args.overhead_tokens, 0)):
         if val < lo:
             raise ValueError(f"{flag} must be >= {lo}, got {val}")
     if args.threads is not None and args.threads < 1:
@@ -111,13 +117,14 @@ def run(args) -> int:
     nodes, draft_nodes, out = check_args(args)
 
     from ..decoding.profiling import measure_profile
+    from ..decoding.treeopt import chain, step_seconds
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     target, draft = _load(args, nodes, draft_nodes, log)
     default_target = "default (BF16 GGUF)" if args.bf16_target else "default"
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,
                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
-                           meta={"target": args.target or default_target,
+                           overhead_tokens=args.overhead_tokens, meta={"target": args.target or default_target,
                                  "draft": args.draft or ("default" + (f" ({args.draft_ftype.upper()} GGUF)"
                                                                        if args.draft_ftype else ""))})
     try:
@@ -139,5 +146,15 @@ def run(args) -> int:
     print(f"{'draft m':>9} {'ms':>10} {'x target':>9}")
     for n, s in zip(prof.draft_nodes, prof.draft_times):
         print(f"{n:>9} {1e3 * s:>10.2f} {s / one:>9.2f}")
+    if "overhead" in m:
+        print(f"{'decode':>9} {'steps':>6} {'ms/step':>9} {'models':>9} {'rest':>7}")
+        bare = prof.without_overhead()
+        for r in m["overhead"]["runs"]:
+            model = step_seconds(chain(r["depth"]), bare)
+            name = f"chain {r['depth']}" if r["depth"] else "target"
+            print(f"{name:>9} {r['steps']:>6} {1e3 * r['seconds'] / r['steps']:>9.2f} {1e3 * model:>9.2f} "
+                  f"{1e3 * (r['seconds'] / r['steps'] - model):>7.2f}")
+        print(f"decoder's own time: {1e3 * prof.per_step_seconds:.2f} ms a step + {1e3 * prof.per_node_seconds:.2f} ms "
+              f"a draft node (target alone {1e3 / prof.target_only_rate():.2f} ms a token)")
     print(f"wrote {out}")
     return 0

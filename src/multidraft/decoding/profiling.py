@@ -13,6 +13,12 @@ The target point n is one target forward over n tree tokens (what ``engine.score
 costs, n = 1 being the target alone); the draft point m is one draft level of m nodes. Each
 point is the median (or minimum) of ``repeats`` timed forwards after ``warmup`` untimed
 rounds, interleaved over the sizes.
+
+The points are the models' time only; a decoding step also pays the decoder's own work
+(logits processing, sampling, verification, cache bookkeeping, Python). To price it,
+:func:`measure_overhead` then decodes with the real engine (the target alone and two
+single-draft chains) and :func:`treeopt.fit_overhead` fits what those steps took beyond the
+points as a per-step and a per-node term.
 """
 from __future__ import annotations
 
@@ -21,16 +27,18 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from .runners import runner_for
-from .treeopt import CostProfile
+from .treeopt import CostProfile, fit_overhead
 
-__all__ = ["measure_forward", "measure_profile", "machine_info", "engine_info"]
+__all__ = ["measure_forward", "measure_overhead", "measure_profile", "machine_info", "engine_info"]
 
 TARGET_NODES = (1, 2, 4, 8, 16, 32, 64)
 DRAFT_NODES = tuple(range(1, 9))
+OVERHEAD_DEPTHS = (0, 2, 4)   # the target alone and two chains: per step and per node
 
 
 def star(n: int, vocab: int) -> tuple[list[int], list[int]]:
@@ -136,11 +144,35 @@ def runner_engine(model) -> str:
     return "llama.cpp" if getattr(model, "engine", None) == "llama.cpp" else "transformers"
 
 
+def measure_overhead(target, draft, *, prefix: int = 128, tokens: int = 64, depths=OVERHEAD_DEPTHS,
+                     seed: int = 0) -> list[dict]:
+    """Timed decodes of the real engine (``engine.generate``, T = 1) on a synthetic
+    ``prefix``-token prompt: the target alone (depth 0) and single-draft chains of each
+    depth in ``depths``, ``tokens`` new tokens each after an untimed 4-token warm-up.
+    ``[{"depth", "steps", "seconds", "new_tokens"}]``, for :func:`treeopt.fit_overhead`.
+    """
+    from .engine import generate
+
+    vocab = runner_for(target).vocab_size
+    ids = (torch.arange(prefix) * 31 % vocab).view(1, prefix)
+    runs = []
+    for d in depths:
+        kw = {"verifier": "naive", "k": 1, "depth": d} if d > 0 else {"verifier": None}
+        dm = draft if d > 0 else None
+        generate(target, dm, ids, temperature=1.0, max_new_tokens=4, generator=seed, **kw)
+        r = generate(target, dm, ids, temperature=1.0, max_new_tokens=tokens, generator=seed, **kw)
+        runs.append({"depth": d, "steps": r.target_calls, "seconds": round(r.seconds, 6), "new_tokens": r.new_tokens})
+    return runs
+
+
 def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODES, prefix: int = 128,
                     repeats: int = 5, warmup: int = 1, statistic: str = "median",
-                    meta: dict | None = None) -> CostProfile:
+                    overhead_tokens: int = 64, meta: dict | None = None) -> CostProfile:
     """Seconds (``statistic`` 'median' or 'min' of the repeats) of one target forward per n in ``nodes``
     and one draft level per m in ``draft_nodes``; every sample is kept in ``meta['samples']``.
+    With ``overhead_tokens > 0`` the decoder's own time per step and per node is then fitted
+    (:func:`treeopt.fit_overhead`) to :func:`measure_overhead`'s decodes of that many tokens,
+    kept in ``meta['overhead']``; 0 leaves both at 0.
 
     ``target`` and ``draft`` are models of one engine: transformers causal LMs or
     ``llamacpp.LlamaCppModel`` objects (``meta['engine']`` records which). On a shared machine
@@ -159,6 +191,8 @@ def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODE
     pick = {"median": statistics.median, "min": min}.get(statistic)
     if pick is None:
         raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
+    if isinstance(overhead_tokens, bool) or not isinstance(overhead_tokens, int) or overhead_tokens < 0:
+        raise ValueError(f"overhead_tokens must be an integer >= 0, got {overhead_tokens!r}")
     info = engine_info(target, draft)
     runs = {"target": runner_for(target), "draft": runner_for(draft)}
     for name, ns in (("target", nodes), ("draft", draft_nodes)):
@@ -166,8 +200,13 @@ def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODE
         if prefix + 1 + ns[-1] > ctx:
             raise ValueError(f"prefix: {prefix} prompt tokens + {ns[-1]} tree tokens exceed the {name}'s "
                              f"context of {ctx}")
+        if overhead_tokens and prefix + overhead_tokens + max(OVERHEAD_DEPTHS) + 1 > ctx:
+            raise ValueError(f"overhead_tokens: {prefix} prompt tokens + {overhead_tokens} decoded tokens exceed the "
+                             f"{name}'s context of {ctx}")
     out, raw = {}, {}
     load0 = _load()
+    # the calibration decodes first: the points' prefill below leaves each cache holding the prefix only
+    decodes = measure_overhead(target, draft, prefix=prefix, tokens=overhead_tokens) if overhead_tokens else None
     for name, ns in (("target", nodes), ("draft", draft_nodes)):
         run = runs[name]
         ids = (torch.arange(prefix) * 31 % run.vocab_size).view(1, prefix)
@@ -182,4 +221,11 @@ def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODE
                  "load_average_before": load0, "samples": raw,
                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     info.update(meta or {})
-    return CostProfile(nodes, out["target"], draft_nodes, out["draft"], 0.0, info)
+    profile = CostProfile(nodes, out["target"], draft_nodes, out["draft"], 0.0, info)
+    if decodes is None:
+        return profile
+    per_step, per_node = fit_overhead(profile, decodes)
+    info["overhead"] = {"tokens": overhead_tokens, "temperature": 1.0, "verifier": "naive", "runs": decodes,
+                        "model": "residual = w / s - models' step time = per_step + per_node * depth, "
+                                 "least squares, both >= 0"}
+    return replace(profile, per_step_seconds=per_step, per_node_seconds=per_node, meta=info)

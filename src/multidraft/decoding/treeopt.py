@@ -8,7 +8,11 @@ Cost model (:class:`CostProfile`)
     ``target_seconds(n)`` (one target forward over the n tree tokens) plus one draft forward
     per level that has internal nodes, ``draft_seconds(m_l)`` for the ``m_l`` internal nodes
     at depth ``l`` (depth 0 is the root), plus ``per_node_seconds`` for every non-root node
-    (sampling and verification; 0 unless measured). Both functions interpolate measured
+    and ``per_step_seconds`` once a step: the decoder's own time outside the models (logits
+    processing, sampling, verification, cache bookkeeping, Python), which the target alone
+    pays too, so the target alone runs at ``1 / (target_seconds(1) + per_step_seconds)``.
+    Both are 0 unless measured; :func:`fit_overhead` fits them to timed decodes of the real
+    engine (``multidraft profile`` runs them). Both model functions interpolate measured
     points linearly and extrapolate past the last point along the last segment.
 
 Acceptance (:class:`AcceptStats`)
@@ -47,13 +51,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 __all__ = ["CostProfile", "AcceptStats", "TreeDP", "TreeChoice", "Choice", "expected_tokens",
            "expected_tokens_along", "slot_increments", "tree_candidates", "STATISTICS",
-           "level_counts", "step_seconds", "choose_tree"]
+           "level_counts", "step_seconds", "chain", "fit_overhead", "choose_tree"]
 
 MAX_NODES = 64
 MAX_DEPTH = 8
@@ -106,7 +110,9 @@ class CostProfile:
 
     ``target_nodes``/``target_times``: measured points (n = 1 is the target alone);
     ``draft_nodes``/``draft_times``: one draft level of m nodes; ``per_node_seconds``:
-    sampling + verification per non-root node; ``meta``: machine, versions, dtype, models.
+    the decoder's time outside the models per non-root node, ``per_step_seconds`` per step
+    (:func:`fit_overhead`); ``meta``: machine, versions, dtype, models, and the timed samples
+    and calibration decodes they came from.
     """
 
     target_nodes: tuple
@@ -115,6 +121,7 @@ class CostProfile:
     draft_times: tuple
     per_node_seconds: float = 0.0
     meta: dict = field(default_factory=dict)
+    per_step_seconds: float = 0.0
 
     def __post_init__(self):
         tn, tt = _points(self.target_nodes, self.target_times, "target")
@@ -123,10 +130,14 @@ class CostProfile:
         object.__setattr__(self, "target_times", tt)
         object.__setattr__(self, "draft_nodes", dn)
         object.__setattr__(self, "draft_times", dt)
-        pn = float(self.per_node_seconds)
-        if not math.isfinite(pn) or pn < 0:
-            raise ValueError(f"per_node_seconds must be finite and >= 0, got {self.per_node_seconds!r}")
-        object.__setattr__(self, "per_node_seconds", pn)
+        for name in ("per_node_seconds", "per_step_seconds"):
+            try:
+                x = float(getattr(self, name))
+            except (TypeError, ValueError):
+                x = float("nan")
+            if not math.isfinite(x) or x < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, x)
         if not isinstance(self.meta, dict):
             raise ValueError(f"meta must be a dict, got {type(self.meta).__name__}")
 
@@ -143,8 +154,12 @@ class CostProfile:
         return 0.0 if m == 0 else _interp(self.draft_nodes, self.draft_times, m)
 
     def target_only_rate(self) -> float:
-        """Tokens per second of the target alone: 1 / target_seconds(1)."""
-        return 1.0 / self.target_seconds(1)
+        """Tokens per second of the target alone: 1 / (target_seconds(1) + per_step_seconds)."""
+        return 1.0 / (self.target_seconds(1) + self.per_step_seconds)
+
+    def without_overhead(self) -> "CostProfile":
+        """The models' time only: the same points, per-node and per-step seconds 0."""
+        return replace(self, per_node_seconds=0.0, per_step_seconds=0.0)
 
     @property
     def statistic(self) -> str | None:
@@ -155,7 +170,10 @@ class CostProfile:
         """The same profile with every point recomputed from the timed samples kept in
         ``meta['samples']`` (``{'target': {n: [seconds]}, 'draft': {m: [seconds]}}``, as
         ``multidraft profile`` writes them) by ``statistic``: 'median', 'mean' or 'min';
-        'stored' keeps the points as they are (the profile itself).
+        'stored' keeps the points as they are (the profile itself). Where the profile keeps
+        its calibration decodes (``meta['overhead']['runs']``), the per-step and per-node
+        seconds are fitted again against the new points (:func:`fit_overhead`): the overhead is
+        what the decodes took beyond the models' time as this statistic counts it.
 
         A decode pays the mean of its forwards; the minimum estimates an unloaded machine and
         is fooled by a host whose speed switches between states (one fast sample sets the
@@ -182,14 +200,19 @@ class CostProfile:
                 pts[which] = [pick([float(x) for x in got[str(n)]]) for n in nodes]
             except (TypeError, ValueError):
                 raise ValueError(f"profile: meta.samples.{which} must hold lists of seconds") from None
-        return CostProfile(self.target_nodes, pts["target"], self.draft_nodes, pts["draft"], self.per_node_seconds,
-                           {**self.meta, "statistic": statistic})
+        out = replace(self, target_times=pts["target"], draft_times=pts["draft"], meta={**self.meta, "statistic": statistic})
+        runs = (self.meta.get("overhead") or {}).get("runs")
+        if runs:
+            per_step, per_node = fit_overhead(out, runs)
+            out = replace(out, per_step_seconds=per_step, per_node_seconds=per_node)
+        return out
 
     def to_dict(self) -> dict:
         return {
             "target": {"nodes": list(self.target_nodes), "seconds": list(self.target_times)},
             "draft": {"nodes": list(self.draft_nodes), "seconds": list(self.draft_times)},
             "per_node_seconds": self.per_node_seconds,
+            "per_step_seconds": self.per_step_seconds,
             "meta": self.meta,
         }
 
@@ -200,7 +223,8 @@ class CostProfile:
     def from_dict(cls, obj) -> "CostProfile":
         try:
             return cls(obj["target"]["nodes"], obj["target"]["seconds"], obj["draft"]["nodes"],
-                       obj["draft"]["seconds"], obj.get("per_node_seconds", 0.0), dict(obj.get("meta", {})))
+                       obj["draft"]["seconds"], obj.get("per_node_seconds", 0.0), dict(obj.get("meta", {})),
+                       obj.get("per_step_seconds", 0.0))
         except (KeyError, TypeError, AttributeError):
             raise ValueError("profile: expected an object with target.nodes, target.seconds, draft.nodes, "
                              "draft.seconds (as written by `multidraft profile`)") from None
@@ -441,7 +465,50 @@ def step_seconds(paths, profile: CostProfile) -> float:
     """Predicted seconds of one step with this tree ([] = the target alone)."""
     n = 1 + len(paths)
     draft = sum(profile.draft_seconds(m) for m in level_counts(paths))
-    return profile.target_seconds(n) + draft + profile.per_node_seconds * len(paths)
+    return profile.target_seconds(n) + draft + profile.per_node_seconds * len(paths) + profile.per_step_seconds
+
+
+def chain(depth: int) -> list:
+    """The paths of single-draft SD's chain of ``depth`` drafts ([] for depth 0: the target alone)."""
+    return [[0] * i for i in range(1, depth + 1)]
+
+
+def fit_overhead(profile: CostProfile, runs) -> tuple[float, float]:
+    """``(per_step_seconds, per_node_seconds)``: the decoder's time outside the models.
+
+    ``runs``: timed decodes of the real engine, ``[{"depth": d, "steps": s, "seconds": w}]``
+    with a chain of d drafts (d = 0: the target alone), s target passes and w seconds of
+    decoding steps. Each gives a residual ``r = w / s - step_seconds(chain(d))`` under the
+    models' time alone (:meth:`CostProfile.without_overhead`); ``r = a + b d`` is fitted by
+    least squares with ``a, b >= 0`` (a negative slope gives ``b = 0``, ``a`` = the mean
+    residual; a negative intercept the fit through the origin). The residual holds what the
+    points do not: sampling and verification, cache bookkeeping, Python, and the draft's
+    extra token after a fully accepted chain.
+    """
+    bare = profile.without_overhead()
+    xs, ys = [], []
+    for r in runs:
+        try:
+            d, steps, secs = int(r["depth"]), int(r["steps"]), float(r["seconds"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("overhead runs must be {'depth': d, 'steps': s, 'seconds': w} objects") from None
+        if d < 0 or steps < 1 or not math.isfinite(secs) or secs <= 0:
+            raise ValueError(f"overhead run: depth >= 0, steps >= 1 and seconds > 0 expected, got {r!r}")
+        xs.append(float(d))
+        ys.append(secs / steps - step_seconds(chain(d), bare))
+    if not xs:
+        raise ValueError("overhead: no calibration runs")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    if b <= 0:
+        return max(my, 0.0), 0.0
+    a = my - b * mx
+    if a < 0:
+        sx2 = sum(x * x for x in xs)
+        return 0.0, max(sum(x * y for x, y in zip(xs, ys)) / sx2, 0.0)
+    return a, b
 
 
 class TreeDP:
@@ -558,7 +625,8 @@ class Choice:
     """What :func:`choose_tree` returns: the best tree and the target-only baseline.
 
     ``tree`` is the best tree found (None if no tree has any drafts); ``pays`` says whether
-    its predicted rate beats the target alone; ``target_only_tokens_per_s = 1 / target_seconds(1)``.
+    its predicted rate beats the target alone; ``target_only_tokens_per_s`` is
+    :meth:`CostProfile.target_only_rate`.
     """
 
     tree: TreeChoice | None
@@ -593,9 +661,9 @@ def tree_candidates(stats: AcceptStats, max_nodes: int = MAX_NODES, max_depth: i
     seen = {tuple(map(tuple, p)) for p, _ in out}
     if 1 in stats.accept:
         for d in range(1, min(max_depth, max_nodes - 1) + 1):
-            chain = [[0] * j for j in range(1, d + 1)]
-            if tuple(map(tuple, chain)) not in seen:
-                out.append((chain, expected_tokens(chain, stats)))
+            c = chain(d)
+            if tuple(map(tuple, c)) not in seen:
+                out.append((c, expected_tokens(c, stats)))
     return out
 
 
@@ -604,7 +672,7 @@ def choose_tree(profile: CostProfile, stats: AcceptStats, max_nodes: int = MAX_N
     """The tree (budget <= max_nodes, depth <= max_depth) maximising E[tokens] / step seconds.
 
     Every candidate of :func:`tree_candidates` is costed with :func:`step_seconds`; the
-    fastest is returned with ``pays = its rate > 1 / target_seconds(1)`` (the target alone).
+    fastest is returned with ``pays = its rate > profile.target_only_rate()`` (the target alone).
     E[tokens] is the positional model's (:func:`expected_tokens`), or with ``along`` =
     ``{k: per-position acceptances [T]}`` measured along continuations (e.g. the study's
     ``values``), :func:`expected_tokens_along` on their :func:`slot_increments` (the
