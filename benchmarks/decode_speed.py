@@ -408,6 +408,12 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     for s in chosen:
         out.append(f"{s['method']}: the cost model chose a chain (single-draft SD, {s['tree']['nodes'] - 1} drafts "
                    "deep): no branching pays under this profile; counted with single-draft SD")
+    for s in summary:
+        t = s.get("tree") or {}
+        if s["method_kind"] == "auto" and "predicted_seconds_per_step" in t:
+            out.append(f"{s['method']}: predicted {t['predicted_tokens_per_step']:.2f} tokens and "
+                       f"{1e3 * t['predicted_seconds_per_step']:.1f} ms a step ({t['predicted_speedup']:.2f}x the "
+                       f"target alone), measured {s['block_efficiency']:.2f} tokens and {s['ms_per_step']:.1f} ms")
     refs = peers + ([base] if base else [])
 
     def versus(s, ref, name=None):
@@ -658,6 +664,9 @@ def main(argv=None) -> int:
                     "depth": max(len(p) for p in choice.tree.paths)}
         m.tree_info = {"nodes": choice.tree.nodes, "depth": choice.tree.depth, "paths": choice.tree.paths,
                        "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup,
+                       "predicted_tokens_per_step": choice.tree.expected_tokens,
+                       "predicted_seconds_per_step": choice.tree.seconds,
+                       "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
                        "acceptance": stats.source or "warm-up decode", "acceptance_model": choice.model,
                        "profile_statistic": profile.statistic}
         print(f"{m.label}: tree of {choice.tree.nodes} nodes, depth {choice.tree.depth}, predicted "

@@ -173,3 +173,15 @@ def test_auto_method_misuse_stops_before_models(ds, tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "spectr auto K<=2: " in err and "acc.jsonl: humaneval: no rows for spectr under the iid law" in err, err
+
+
+def test_headline_sets_the_auto_tree_prediction_beside_the_measurement(ds):
+    tree = {"nodes": 3, "depth": 2, "paths": [[0], [0, 0]], "predicted_tokens_per_s": 20.0, "predicted_speedup": 1.6,
+            "predicted_tokens_per_step": 2.5, "predicted_seconds_per_step": 0.125}
+    rows = [_row("target-only", "target", "p1", 100, 10.0, 100), _row("specinfer auto K<=4", "auto", "p1", 100, 6.0, 40)]
+    rows[1]["tree"] = tree
+    methods = [ds.Method("target-only", "target", {"verifier": None}),
+               ds.Method("specinfer auto K<=4", "auto", {"verifier": "specinfer", "tree": tree["paths"]})]
+    lines = ds.headline(ds.summarize(rows, methods, "target-only"), rows, methods)
+    assert ("specinfer auto K<=4: predicted 2.50 tokens and 125.0 ms a step (1.60x the target alone), "
+            "measured 2.50 tokens and 150.0 ms") in lines
