@@ -49,6 +49,7 @@ def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
     assert (prof.per_step_seconds, prof.per_node_seconds) == pytest.approx(fit_overhead(prof, runs))
     assert prof.per_step_seconds >= 0 and prof.per_node_seconds >= 0
     assert "decoder's own time" in text and "chain 4" in text
+    assert obj["meta"]["overhead"]["prompt"].startswith("HumanEval/163 through the chat template")
     # and none with --overhead-tokens 0
     assert main(argv + ["--overhead-tokens", "0"]) == 0
     obj = json.loads(out.read_text())

@@ -110,3 +110,6 @@ def test_cli_profile_on_llama_cpp(monkeypatch, capsys, tmp_path, files):
     assert meta["engine"] == "llama.cpp" and meta["threads"] == 2 and meta["target"] == str(files[0])
     assert meta["target_file"] == files[0].name and meta["llama_cpp_python"] == llama_cpp.__version__
     assert CostProfile.from_dict(obj).meta["engine"] == "llama.cpp"
+    # the decodes ran on a real prompt, cut to the tiny model's context: 256 - 64 tokens - (a chain of 4 + 1)
+    assert meta["overhead"]["prompt"].startswith("HumanEval/163 through the chat template")
+    assert meta["overhead"]["prompt"].endswith("cut to its last 187 to fit the context") and "overhead_prompt" not in meta

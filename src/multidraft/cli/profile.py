@@ -95,22 +95,31 @@ def check_args(args):
     return nodes, draft_nodes, out
 
 
+OVERHEAD_PROMPT = ("humaneval", 163)  # the last HumanEval task: no benchmark here decodes it
+
+
 def _load(args, nodes, draft_nodes, log):
-    """``(target, draft)`` of the chosen engine (threads set before anything loads)."""
+    """``(target, draft, ids, name)`` of the chosen engine (threads set before anything loads);
+    ``ids`` ``[1, T]`` is :data:`OVERHEAD_PROMPT` through the chat template, as a decode sees it."""
+    import torch
+
+    from ..datasets import encode_prompt, instruction_for, load_prompts
+
+    dataset, index = OVERHEAD_PROMPT
+    pid, text = load_prompts(dataset, 1, start=index)[0]
     if args.engine == "llama.cpp":
         from ..models import resolve_llama_pair
 
         n_ctx = max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1]))
-        return resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target, n_threads=args.threads,
-                                  n_ctx=n_ctx, log=log, draft_ftype=args.draft_ftype)
-    import torch
-
+        target, draft = resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target,
+                                           n_threads=args.threads, n_ctx=n_ctx, log=log, draft_ftype=args.draft_ftype)
+        return target, draft, torch.tensor([target.tokenize(instruction_for(dataset) + text, chat=True)]), pid
     from ..models import resolve_pair
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    target, draft, _ = resolve_pair(args.target, args.draft, getattr(torch, args.dtype or "bfloat16"), log=log)
-    return target, draft
+    target, draft, tok = resolve_pair(args.target, args.draft, getattr(torch, args.dtype or "bfloat16"), log=log)
+    return target, draft, encode_prompt(tok, text, instruction=instruction_for(dataset)), pid
 
 
 def run(args) -> int:
@@ -120,11 +129,13 @@ def run(args) -> int:
     from ..decoding.treeopt import chain, step_seconds
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    target, draft = _load(args, nodes, draft_nodes, log)
+    target, draft, prompt, pid = _load(args, nodes, draft_nodes, log)
     default_target = "default (BF16 GGUF)" if args.bf16_target else "default"
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,
                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
-                           overhead_tokens=args.overhead_tokens, meta={"target": args.target or default_target,
+                           overhead_tokens=args.overhead_tokens, overhead_prompt=prompt,
+                           meta={"overhead_prompt": f"{pid} through the chat template, {prompt.shape[1]} tokens",
+                                 "target": args.target or default_target,
                                  "draft": args.draft or ("default" + (f" ({args.draft_ftype.upper()} GGUF)"
                                                                        if args.draft_ftype else ""))})
     try:

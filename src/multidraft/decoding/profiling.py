@@ -144,17 +144,19 @@ def runner_engine(model) -> str:
     return "llama.cpp" if getattr(model, "engine", None) == "llama.cpp" else "transformers"
 
 
-def measure_overhead(target, draft, *, prefix: int = 128, tokens: int = 64, depths=OVERHEAD_DEPTHS,
+def measure_overhead(target, draft, *, prompt=None, prefix: int = 128, tokens: int = 64, depths=OVERHEAD_DEPTHS,
                      seed: int = 0) -> list[dict]:
-    """Timed decodes of the real engine (``engine.generate``, T = 1) on a synthetic
-    ``prefix``-token prompt: the target alone (depth 0) and single-draft chains of each
-    depth in ``depths``, ``tokens`` new tokens each after an untimed 4-token warm-up.
-    ``[{"depth", "steps", "seconds", "new_tokens"}]``, for :func:`treeopt.fit_overhead`.
+    """Timed decodes of the real engine (``engine.generate``, T = 1) of ``prompt`` (LongTensor
+    ``[1, T]``; default a synthetic ``prefix``-token one): the target alone (depth 0) and
+    single-draft chains of each depth in ``depths``, ``tokens`` new tokens each after an
+    untimed 4-token warm-up. ``[{"depth", "steps", "seconds", "new_tokens"}]``, for
+    :func:`treeopt.fit_overhead`. A real prompt gives the draft its real acceptance, and with it
+    the real share of steps whose next draft call carries two tokens.
     """
     from .engine import generate
 
     vocab = runner_for(target).vocab_size
-    ids = (torch.arange(prefix) * 31 % vocab).view(1, prefix)
+    ids = (torch.arange(prefix) * 31 % vocab).view(1, prefix) if prompt is None else prompt
     runs = []
     for d in depths:
         kw = {"verifier": "naive", "k": 1, "depth": d} if d > 0 else {"verifier": None}
@@ -167,12 +169,14 @@ def measure_overhead(target, draft, *, prefix: int = 128, tokens: int = 64, dept
 
 def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODES, prefix: int = 128,
                     repeats: int = 5, warmup: int = 1, statistic: str = "median",
-                    overhead_tokens: int = 64, meta: dict | None = None) -> CostProfile:
+                    overhead_tokens: int = 64, overhead_prompt=None, meta: dict | None = None) -> CostProfile:
     """Seconds (``statistic`` 'median' or 'min' of the repeats) of one target forward per n in ``nodes``
     and one draft level per m in ``draft_nodes``; every sample is kept in ``meta['samples']``.
     With ``overhead_tokens > 0`` the decoder's own time per step and per node is then fitted
-    (:func:`treeopt.fit_overhead`) to :func:`measure_overhead`'s decodes of that many tokens,
-    kept in ``meta['overhead']``; 0 leaves both at 0.
+    (:func:`treeopt.fit_overhead`) to :func:`measure_overhead`'s decodes of that many tokens
+    (of ``overhead_prompt``, LongTensor ``[1, T]``, cut to its last tokens where a model's
+    context is too short for it and the decodes, or a synthetic prompt), kept in
+    ``meta['overhead']``; 0 leaves both at 0.
 
     ``target`` and ``draft`` are models of one engine: transformers causal LMs or
     ``llamacpp.LlamaCppModel`` objects (``meta['engine']`` records which). On a shared machine
@@ -195,18 +199,24 @@ def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODE
         raise ValueError(f"overhead_tokens must be an integer >= 0, got {overhead_tokens!r}")
     info = engine_info(target, draft)
     runs = {"target": runner_for(target), "draft": runner_for(draft)}
+    cut = None
     for name, ns in (("target", nodes), ("draft", draft_nodes)):
         ctx = runs[name].context
         if prefix + 1 + ns[-1] > ctx:
             raise ValueError(f"prefix: {prefix} prompt tokens + {ns[-1]} tree tokens exceed the {name}'s "
                              f"context of {ctx}")
-        if overhead_tokens and prefix + overhead_tokens + max(OVERHEAD_DEPTHS) + 1 > ctx:
-            raise ValueError(f"overhead_tokens: {prefix} prompt tokens + {overhead_tokens} decoded tokens exceed the "
-                             f"{name}'s context of {ctx}")
+        room = ctx - overhead_tokens - max(OVERHEAD_DEPTHS) - 1   # prompt tokens the decodes leave room for
+        if overhead_tokens and (prefix if overhead_prompt is None else 1) > room:
+            raise ValueError(f"overhead_tokens: {prefix if overhead_prompt is None else 1} prompt tokens + "
+                             f"{overhead_tokens} decoded tokens exceed the {name}'s context of {ctx}")
+        if overhead_tokens and overhead_prompt is not None and overhead_prompt.shape[-1] > room:
+            overhead_prompt = overhead_prompt[:, -room:]   # a short context: the prompt's last tokens
+            cut = room
     out, raw = {}, {}
     load0 = _load()
     # the calibration decodes first: the points' prefill below leaves each cache holding the prefix only
-    decodes = measure_overhead(target, draft, prefix=prefix, tokens=overhead_tokens) if overhead_tokens else None
+    decodes = (measure_overhead(target, draft, prompt=overhead_prompt, prefix=prefix, tokens=overhead_tokens)
+               if overhead_tokens else None)
     for name, ns in (("target", nodes), ("draft", draft_nodes)):
         run = runs[name]
         ids = (torch.arange(prefix) * 31 % run.vocab_size).view(1, prefix)
@@ -221,11 +231,16 @@ def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODE
                  "load_average_before": load0, "samples": raw,
                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     info.update(meta or {})
+    prompt_name = info.pop("overhead_prompt", None) or (
+        f"synthetic, {prefix} tokens" if overhead_prompt is None else f"{overhead_prompt.shape[-1]} tokens")
+    if cut is not None:
+        prompt_name += f", cut to its last {cut} to fit the context"
     profile = CostProfile(nodes, out["target"], draft_nodes, out["draft"], 0.0, info)
     if decodes is None:
         return profile
     per_step, per_node = fit_overhead(profile, decodes)
     info["overhead"] = {"tokens": overhead_tokens, "temperature": 1.0, "verifier": "naive", "runs": decodes,
+                        "prompt": prompt_name,
                         "model": "residual = w / s - models' step time = per_step + per_node * depth, "
                                  "least squares, both >= 0"}
     return replace(profile, per_step_seconds=per_step, per_node_seconds=per_node, meta=info)
