@@ -346,6 +346,33 @@ def test_cli_blocks_tiny_models_resume(tiny, tmp_path, monkeypatch, capsys):
     assert read_jsonl(tmp_path / "blocks.jsonl")[1] == rows
 
 
+def test_cli_blocks_equal_budget(tiny, tmp_path, monkeypatch, capsys):
+    """--budget B: K draft sequences of length B // K (the paper study's blocks), the same rows as
+    the study's runner makes for the same seed; --depths with it, or B < K, is a one-line error."""
+    import multidraft.models as dm
+    from multidraft.cli import main
+    from multidraft.experiments import blocks
+
+    monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: tiny)
+    argv = ["experiment", "blocks", str(tmp_path / "cli"), "--prompts", "1", "--max-new-tokens", "6",
+            "--max-prompt-tokens", "40", "--k", "1,2", "--budget", "4", "--verifiers", "naive,specinfer", "--laws", "iid",
+            "--no-progress"]
+    assert main(argv) == 0
+    meta, rows = read_jsonl(tmp_path / "cli" / "blocks.jsonl")
+    assert meta["config"]["budget"] == 4 and meta["config"]["tree"] == "sequences" and meta["config"]["depths"] is None
+    assert {(r["verifier"], r["K"], r["depth"]) for r in rows} == {("autoregressive", 0, 0), ("naive", 1, 4),
+                                                                  ("specinfer", 1, 4), ("specinfer", 2, 2)}
+    path = blocks.run(tmp_path / "api", models=lambda: tiny, model_names={"target": "t", "draft": "d"},
+                      verifiers=["naive", "specinfer"], laws=["iid"], ks=[1, 2], depths=[1], budget=4, n_prompts=1,
+                      max_new_tokens=6, max_prompt_tokens=40, seed=0, config={"experiment": "blocks"})
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("run_id", "seconds", "tokens_per_s")} for r in rs]  # noqa: E731
+    assert strip(read_jsonl(path)[1]) == strip(rows)
+    capsys.readouterr()
+    for extra, words in ((["--depths", "2"], "--budget sets each depth"), (["--k", "1,8"], "--budget must be >= every K")):
+        assert main(argv[:2] + [str(tmp_path / "bad")] + argv[3:] + extra) == 2
+        assert words in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("law", ["iid", "wor", "greedy"])
 def test_relump_keeps_the_bound(law):
     """A coarser lumping of a stored set (evaluation cap) still obeys the proved bound vs the full pair."""

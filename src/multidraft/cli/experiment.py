@@ -112,7 +112,10 @@ def register(sub) -> None:
     b = es.add_parser("blocks", help="end-to-end block efficiency and tokens/s vs K and depth per verifier")
     _common(b, positions=False)
     b.add_argument("--k", default="1,2,4", help="numbers of drafts (default 1,2,4)")
-    b.add_argument("--depths", default="1,3", help="draft depths (default 1,3)")
+    b.add_argument("--depths", default=None, help="draft depths (default 1,3)")
+    b.add_argument("--budget", type=int, default=None, metavar="B",
+                   help="equal tree budget instead of --depths: K draft sequences of length B // K (SpecTr's and "
+                        "Khisti et al.'s trees, as the paper study's blocks stage)")
     b.add_argument("--prompts", type=int, default=2, help="HumanEval prompts (default 2)")
     b.add_argument("--max-new-tokens", type=int, default=32)
     b.add_argument("--max-prompt-tokens", type=int, default=None, help="keep only the last N prompt tokens")
@@ -222,16 +225,26 @@ def run_blocks(args) -> int:
     for n in verifiers:
         V.get(n)
     laws = list(parse_laws(args.laws, name="--laws"))
-    ks, depths = k_list(args.k), k_list(args.depths, "--depths")
+    ks = k_list(args.k)
+    if args.budget is not None:
+        if args.depths is not None:
+            raise ValueError("--budget sets each depth (B // K); drop --depths")
+        if args.budget < max(ks):
+            raise ValueError(f"--budget must be >= every K (K sequences of length B // K), got {args.budget} and K = {ks}")
+        depths = None
+    else:
+        depths = k_list(args.depths or "1,3", "--depths")
     config = {
         "experiment": "blocks", "models": names, "verifiers": verifiers, "laws": laws, "k": ks, "depths": depths,
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
         "temperature": args.temperature, "draft_temperature": args.draft_temperature, "top_k": args.top_k,
         "top_p": args.top_p, "no_baseline": args.no_baseline,
     }
+    if args.budget is not None:  # only then, so that stores made before --budget existed still resume
+        config.update(budget=args.budget, tree="sequences")
     path = blocks.run(
         args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=laws,
-        ks=ks, depths=depths, n_prompts=args.prompts,
+        ks=ks, depths=depths or [1], budget=args.budget, n_prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, draft_temperature=args.draft_temperature,
         top_k=args.top_k, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, config=config,
         baseline=not args.no_baseline, log=_log, progress=_progress(args),
