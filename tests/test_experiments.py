@@ -285,6 +285,29 @@ def test_report_from_jsonl_without_model_calls(tmp_path, monkeypatch):
     assert any(n.startswith("temperature_") for n in pngs) and any(n.startswith("blocks_") for n in pngs)
 
 
+def test_report_blocks_speedup_interval_and_no_baseline(tmp_path):
+    """The speed-up is paired per prompt with its 95% interval; a run without the baseline gets '-'."""
+    from multidraft.cli import main
+    from multidraft.experiments.findings import t95
+
+    for name, base in (("with", True), ("without", False)):
+        (tmp_path / name).mkdir()
+        with JsonlWriter(tmp_path / name / "blocks.jsonl", {}, 0) as w:
+            for prompt, tps, ar in (("HumanEval/0", 6.0, 2.0), ("HumanEval/1", 8.0, 4.0)):
+                w.write(verifier="specinfer", law="iid", K=2, depth=3, temperature=1.0, prompt=prompt, new_tokens=8,
+                        target_calls=4, draft_calls=4, block_efficiency=2.0, acceptance_rate=0.5, seconds=8 / tps,
+                        tokens_per_s=tps)
+                if base:
+                    w.write(verifier="autoregressive", law="-", K=0, depth=0, temperature=1.0, prompt=prompt, new_tokens=8,
+                            target_calls=8, draft_calls=0, block_efficiency=1.0, acceptance_rate=None, seconds=8 / ar,
+                            tokens_per_s=ar)
+        assert main(["report", str(tmp_path / name), "--no-plots"]) == 0
+    half = t95(2) * (0.5 ** 0.5) / 2 ** 0.5  # ratios 3 and 2: sd 0.707 over 2 prompts
+    assert f"| 2.50x ± {half:.2f} |" in (tmp_path / "with" / "report.md").read_text()
+    text = (tmp_path / "without" / "report.md").read_text()
+    assert "| 7.00 ± " in text and text.count("| - |") >= 1 and "nan" not in text
+
+
 def test_report_bad_run_dirs(tmp_path, capsys):
     from multidraft.cli import main
 
