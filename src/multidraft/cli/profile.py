@@ -3,7 +3,7 @@
 Measures the target forward time for n tree tokens (``--nodes``, default 1,2,4,...,64) and
 the draft forward time of one tree level of m nodes (``--draft-nodes``, default 1-8) over a
 ``--prefix``-token cached prompt (median, or ``--statistic min``, of ``--repeats`` interleaved
-over the sizes after ``--warmup`` rounds), then the decoder's own time per step and per draft
+over the sizes after ``--warmup`` rounds), and the decoder's own time per step and per draft
 node from real decodes of ``--overhead-tokens`` tokens (the target alone, chains of 2 and 4),
 prints tables and writes the :class:`~multidraft.decoding.treeopt.CostProfile` JSON (with the
 engine, cpu, cores, versions, dtype or GGUF types and files, threads) to ``--out``.
@@ -48,7 +48,7 @@ def register(sub) -> None:
     p.add_argument("--statistic", default="median", choices=("median", "min"),
                    help="per point: median of the repeats (default) or min (the uncontended cost on a shared machine)")
     p.add_argument("--overhead-tokens", type=int, default=64, metavar="N",
-                   help="after the points, decode N tokens with the target alone and with chains of 2 and 4 "
+                   help="besides the points, decode N tokens with the target alone and with chains of 2 and 4 "
                         "drafts and fit the decoder's own time per step and per node to what those steps took "
                         "beyond the points (default 64; 0 skips it and leaves both at 0)")
     p.add_argument("--threads", type=int, default=None, metavar="N",

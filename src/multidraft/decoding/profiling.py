@@ -16,9 +16,10 @@ rounds, interleaved over the sizes.
 
 The points are the models' time only; a decoding step also pays the decoder's own work
 (logits processing, sampling, verification, cache bookkeeping, Python). To price it,
-:func:`measure_overhead` then decodes with the real engine (the target alone and two
-single-draft chains) and :func:`treeopt.fit_overhead` fits what those steps took beyond the
-points as a per-step and a per-node term.
+:func:`measure_overhead` decodes with the real engine (the target alone and two single-draft
+chains; before the points, whose prefill then leaves each cache holding the prefix only) and
+:func:`treeopt.fit_overhead` fits what those steps took beyond the points as a per-step and a
+per-node term.
 """
 from __future__ import annotations
 
