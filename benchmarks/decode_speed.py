@@ -326,12 +326,7 @@ def summarize(rows: list[dict], methods: list[Method], base_label: str | None) -
     intervals over prompts, and per-prompt speed-ups against the target alone (``speedup_*``)
     and, where the run has it, against llama.cpp's target alone (``vs_llama_*``)."""
     rows = merge_rounds(rows)
-
-    def per_prompt(label):
-        return {r["prompt"]: r for r in rows if r["method"] == label and r["seconds"] > 0}
-    base = per_prompt(base_label)
     peer_label = next((m.label for m in methods if m.kind == "llama-target"), None)
-    peer = per_prompt(peer_label)
     out = []
     for m in methods:
         rs = [r for r in rows if r["method"] == m.label]
@@ -342,10 +337,6 @@ def summarize(rows: list[dict], methods: list[Method], base_label: str | None) -
         calls = sum(r["target_calls"] for r in rs)
         tps = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
         be = [r["block_efficiency"] for r in rs]
-
-        def ratios(ref):
-            return [(r["new_tokens"] / r["seconds"]) / (ref[r["prompt"]]["new_tokens"] / ref[r["prompt"]]["seconds"])
-                    for r in rs if r["prompt"] in ref and r["seconds"] > 0]
         acc = [r["acceptance_rate"] for r in rs if m.kind != "target"  # the target alone drafts nothing
                and r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]  # NaN / null
         scored = [r["tree_tokens"] for r in rs if r.get("tree_tokens")]
@@ -357,9 +348,9 @@ def summarize(rows: list[dict], methods: list[Method], base_label: str | None) -
              "acceptance_rate": sum(acc) / len(acc) if acc else float("nan")}
         s["tokens_per_s_mean"], s["tokens_per_s_ci95"] = _mean_ci(tps)
         s["block_efficiency_mean"], s["block_efficiency_ci95"] = _mean_ci(be)
-        s["speedup_mean"], s["speedup_ci95"] = _mean_ci(ratios(base))
+        s["speedup_mean"], s["speedup_ci95"], _ = _paired_ratio(rows, m.label, base_label)
         if peer_label is not None:
-            s["vs_llama_mean"], s["vs_llama_ci95"] = _mean_ci(ratios(peer))
+            s["vs_llama_mean"], s["vs_llama_ci95"], _ = _paired_ratio(rows, m.label, peer_label)
         if m.kind == "auto":
             s["tree"] = rs[0].get("tree")
         out.append(s)
