@@ -107,3 +107,47 @@ def test_verdict_shapes_batched():
     out = v.verify(p, q, d, generator=G())
     assert out.token.shape == (2, 3) and out.accepted_index.shape == (2, 3)
     assert v.output_distribution(p, q, d).shape == (2, 3, 10)
+
+
+@pytest.mark.parametrize("name", [n for n in md.verifiers.names() if n != "lp_optimal"])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_prepared_rows_equal_the_expanded_call(name, k):
+    """prepare(p, q).output_distribution(drafts [c, n, K]) is the output_distribution of the
+    expanded rows (bit for bit but for khisti_is's last bit), for every verifier and law it takes (the experiments and the
+    certificates rely on it: the work on (p, q) alone is done once)."""
+    from multidraft.experiments.acceptance import make_law
+
+    v = md.verifiers.get(name)
+    for law in v.laws_for(k):
+        g = torch.Generator().manual_seed(k)
+        n, V, c = 3, 40, 5
+        p = torch.rand(n, V, generator=g, dtype=torch.float64) ** 3
+        p[:, :4] = p[:, :1]
+        p /= p.sum(-1, keepdim=True)
+        q = torch.rand(n, k, V, generator=g, dtype=torch.float64) ** 2 if law == "independent" else torch.rand(n, V, generator=g, dtype=torch.float64) ** 2
+        q /= q.sum(-1, keepdim=True)
+        drafts = make_law(q, law, k).sample(g, num_samples=c)  # [c, n, K]
+        prepared = v.prepare(p, q, law=law)
+        got = prepared.output_distribution(drafts)
+        want = v.output_distribution(p.unsqueeze(0).expand(c, *p.shape), q.unsqueeze(0).expand(c, *q.shape), drafts, law=law)
+        assert got.shape == (c, n, V)
+        if name == "khisti_is":  # its q_I histograms are matrix products over n rows instead of c * n:
+            # BLAS blocks them differently, so entries may differ in the last bit
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-15)
+            torch.testing.assert_close(prepared.output_distribution(drafts[:2]), want[:2], rtol=0, atol=1e-15)
+        else:
+            assert torch.equal(got, want), (name, law, k, float((got - want).abs().max()))
+            assert torch.equal(prepared.output_distribution(drafts[:2]), want[:2])  # the state is reused
+
+
+@pytest.mark.parametrize("name", ["optimal", "khisti_is", "specinfer"])
+def test_prepared_rows_check_their_drafts(name):
+    v = md.verifiers.get(name)
+    k, law, d = _drafts_for(v)
+    prepared = v.prepare(P, Q, law=law)
+    with pytest.raises(ValueError, match=r"drafts must be \[c, 2, K\]"):
+        prepared.output_distribution(d)  # no leading tuple dimension
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        prepared.output_distribution((d + 5).unsqueeze(0))
+    with pytest.raises(ValueError, match="target_probs must sum to 1"):
+        v.prepare(P * 1.1, Q, law=law)

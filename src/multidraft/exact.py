@@ -64,13 +64,11 @@ def output_law(verifier, p, law: DraftLaw) -> tuple[torch.Tensor, torch.Tensor, 
     return tuples, probs, _laws(v, p, law, tuples), p
 
 
-def _laws(v, p, law: DraftLaw, tuples: torch.Tensor) -> torch.Tensor:
-    """Output laws ``[n, V]`` of the verifier for the given tuples ``[n, K]``."""
-    n = tuples.shape[0]
-    P = p.expand(n, p.shape[-1])
-    q = law._q64()
-    Q = q.expand(n, *q.shape)
-    return v.output_distribution(P, Q, tuples, law=law)
+def _laws(v, p, law: DraftLaw, tuples: torch.Tensor, prepared=None) -> torch.Tensor:
+    """Output laws ``[n, V]`` of the verifier for the given tuples ``[n, K]`` (``prepared``:
+    ``v.prepare(p, q, law=law)``, reused across calls for the same law)."""
+    prepared = prepared if prepared is not None else v.prepare(p, law._q64(), law=law)
+    return prepared.output_distribution(tuples)
 
 
 def _prepare(verifier, p, law: DraftLaw, limit: int, what: str):
@@ -99,9 +97,10 @@ def certify(verifier, p, law: DraftLaw) -> Certificate:
     step = max(1, CHUNK_BYTES // (8 * V))
     mixed = torch.zeros(V, dtype=torch.float64)
     acc = torch.zeros((), dtype=torch.float64)
+    prepared = v.prepare(p, law._q64(), law=law)  # the rule's work on (p, q) once for all chunks
     for s0 in range(0, N, step):
         t, w = tuples[s0 : s0 + step], probs[s0 : s0 + step]
-        out = _laws(v, p, law, t)  # [n, V]
+        out = _laws(v, p, law, t, prepared)  # [n, V]
         mixed += w @ out
         acc += w @ acceptance_given(out, t)
     return Certificate(float((mixed - p).abs().max()), float(acc), mixed)

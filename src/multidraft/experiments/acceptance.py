@@ -118,6 +118,7 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
     n, V = P.shape
     law_obj = make_law(Q, law, k)
     chunk = max(1, min(draws, CHUNK_ELEMS // max(1, n * V)))
+    prepared = v.prepare(P, Q, law=law)  # the rule's work on (P, Q) alone, once for every chunk
     s1 = torch.zeros(n, dtype=torch.float64)
     s2 = torch.zeros(n, dtype=torch.float64)
     done = 0
@@ -125,12 +126,10 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
     while done < draws:
         c = min(chunk, draws - done)
         x = law_obj.sample(generator, num_samples=c)  # [c, n, K]
-        Pc = P.unsqueeze(0).expand(c, n, V)
-        Qc = Q.unsqueeze(0).expand(c, *Q.shape)  # [c, n, V] ([c, n, K, V] for independent)
         a = None
         if est == "rao-blackwell":
             try:
-                out = v.output_distribution(Pc, Qc, x, law=law)  # [c, n, V]
+                out = prepared.output_distribution(x)  # [c, n, V]
                 a = acceptance_given(out, x)  # [c, n]
             except NotImplementedError:
                 est = "monte-carlo"
@@ -139,6 +138,8 @@ def verifier_acceptance(v, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, d
                     done = 0
                     continue
         if a is None:  # plain Monte Carlo: the indicator that the sampled output is a draft
+            Pc = P.unsqueeze(0).expand(c, n, V)
+            Qc = Q.unsqueeze(0).expand(c, *Q.shape)  # [c, n, V] ([c, n, K, V] for independent)
             verdict = v.verify(Pc, Qc, x, generator, law=law)
             a = (verdict.accepted_index >= 0).to(torch.float64)  # [c, n]
         s1 += a.sum(0)

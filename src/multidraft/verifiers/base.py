@@ -22,7 +22,7 @@ import torch
 from .._validate import as_generator, as_int, as_probs, as_tokens, check_law, check_law_shape
 from ..drafts import DraftLaw, law_kind
 
-__all__ = ["Verdict", "Verifier", "first_match", "per_draft"]
+__all__ = ["Prepared", "Verdict", "Verifier", "first_match", "per_draft"]
 
 
 def per_draft(q: torch.Tensor, p: torch.Tensor, K: int) -> torch.Tensor:
@@ -174,9 +174,65 @@ class Verifier:
         p, q, drafts, kind = self._check(p, q, drafts, law, True)
         return self._output_distribution(p.double(), q.double(), drafts, kind)
 
+    def prepare(self, p, q, *, law=None) -> "Prepared":
+        """The rule with ``(p, q)`` fixed, for the exact output laws of many draft tuples.
+
+        p ``[*B, V]``, q ``[*B, V]`` or ``[*B, K, V]``. ``Prepared.output_distribution(drafts)``
+        takes drafts ``[c, *B, K]`` (c tuples per row) and returns ``[c, *B, V]``, equal to
+        ``output_distribution(p.expand(c, ...), q.expand(c, ...), drafts, law=law)``. Rules
+        whose work on ``(p, q)`` alone is large (``optimal``'s fit, ``khisti_is``'s LPs) do it
+        once here instead of once per call and per tuple (``_prepare``)."""
+        return Prepared(self, p, q, law)
+
+    # to implement (optional) ------------------------------------------------------------------
+    def _prepare(self, p, q, k: int, law: str):
+        """State computed from p ``[N, V]`` float64, q ``[N, V]`` or ``[N, K, V]`` float64 alone
+        (N rows, flattened), or None (the default: nothing to share between tuples)."""
+        return None
+
+    def _output_prepared(self, state, p, q, drafts, law: str) -> torch.Tensor:  # pragma: no cover
+        """Output laws ``[c * N, V]`` for drafts ``[c * N, K]`` (row i of copy j is row j * N + i
+        of p, q ``[N, ...]``) from ``_prepare``'s state."""
+        raise NotImplementedError
+
     # to implement -----------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law: str) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
     def _output_distribution(self, p, q, drafts, law: str) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
+
+
+class Prepared:
+    """A verifier with ``(p, q)`` fixed (``Verifier.prepare``): exact output laws of many
+    draft tuples of the same rows, the work on ``(p, q)`` alone done once, on first use."""
+
+    def __init__(self, verifier: Verifier, p, q, law=None):
+        self.verifier, self.law = verifier, law
+        self.p = as_probs(p, "target_probs")
+        self.q = as_probs(q, "draft_probs")
+        self._state = None
+        self._key = None  # (K, law kind) the state was made for
+
+    def output_distribution(self, drafts) -> torch.Tensor:
+        """Exact float64 laws ``[c, *B, V]`` for drafts ``[c, *B, K]``: each of the c tuples of a
+        row is verified against that row's (p, q)."""
+        v, p, q = self.verifier, self.p, self.q
+        B = p.shape[:-1]
+        if not torch.is_tensor(drafts) or drafts.ndim != len(B) + 2 or tuple(drafts.shape[1:-1]) != tuple(B):
+            shape = tuple(drafts.shape) if torch.is_tensor(drafts) else type(drafts).__name__
+            raise ValueError(f"drafts must be [c, {', '.join(map(str, B))}{', ' if B else ''}K] for prepared rows of batch {tuple(B)}, got {shape}")
+        c, K = drafts.shape[0], drafts.shape[-1]
+        pc = p.unsqueeze(0).expand(c, *p.shape)
+        qc = q.unsqueeze(0).expand(c, *q.shape)
+        pc, qc, drafts, kind = v._check(pc, qc, drafts, self.law, True)  # the checks of output_distribution
+        if self._key is None or self._key != (K, kind):
+            V = p.shape[-1]
+            p64 = p.double().reshape(-1, V)
+            q64 = q.double().reshape(-1, V) if q.ndim == p.ndim else q.double().reshape(-1, K, V)
+            self._state, self._key, self._flat = v._prepare(p64, q64, K, kind), (K, kind), (p64, q64)
+        if self._state is None:
+            return v._output_distribution(pc.double(), qc.double(), drafts, kind)
+        p64, q64 = self._flat
+        out = v._output_prepared(self._state, p64, q64, drafts.reshape(-1, K), kind)
+        return out.reshape(*drafts.shape[:-1], p.shape[-1])

@@ -422,21 +422,40 @@ class KhistiIS(Verifier):
         batch = drafts.shape[:-1]
         fp = p.reshape(-1, V)
         fq = q.reshape(-1, V) if q.ndim == p.ndim else q.reshape(-1, K, V)
-        fd = drafts.reshape(-1, K)
-        N = fp.shape[0]
         plan = self._plan(fp, fq, K)
+        qi = self._q_inf_full(fq, plan, torch.arange(fp.shape[0], device=p.device), K)  # [N, V]
+        return self._output_from_plan(fp, plan, qi, drafts.reshape(-1, K)).reshape(*batch, V)
+
+    # prepared rows (Verifier.prepare): the LPs and q_I once, tiled over the tuples ------------
+    def _prepare(self, p, q, k, law):
+        plan = self._plan(p, q, k)
+        return plan, self._q_inf_full(q, plan, torch.arange(p.shape[0], device=p.device), k)
+
+    def _output_prepared(self, state, p, q, drafts, law):
+        plan, qi = state
+        n = p.shape[0]
+        rows = torch.arange(drafts.shape[0], device=p.device) % n  # row j * n + i is row i
+        r = plan.rule
+        tiled = _Plan(plan.S[rows], plan.active[rows], _OffRule(r.kind, r.key[rows], r.C),
+                      [W[rows] for W in plan.Ws], plan.mS[rows])
+        return self._output_from_plan(p[rows], tiled, qi[rows], drafts)
+
+    def _output_from_plan(self, fp, plan, qi, fd):
+        """Output laws ``[N, V]`` for drafts fd ``[N, K]`` of the plan's rows fp ``[N, V]``, with
+        their q_I ``[N, V]``."""
+        N, V = fp.shape
+        K = fd.shape[-1]
         S, active, rule = plan.S, plan.active, plan.rule
-        rows = torch.arange(N, device=p.device)
-        qi = self._q_inf_full(fq, plan, rows, K)  # [N, V]
-        offS = torch.ones(N, V, dtype=torch.bool, device=p.device).scatter(-1, S, ~active)
-        win = torch.zeros(N, V, dtype=torch.float64, device=p.device)
+        rows = torch.arange(N, device=fp.device)
+        offS = torch.ones(N, V, dtype=torch.bool, device=fp.device).scatter(-1, S, ~active)
+        win = torch.zeros(N, V, dtype=torch.float64, device=fp.device)
         win[rows, fd[:, 0]] = 1.0
         for m in range(1, K):
             b = fd[:, m]
             eq = (S == b.unsqueeze(-1)) & active
             inS = eq.any(-1, keepdim=True)  # [N, 1]
             # P(a kept against b): off S the rule (a the current winner), S beats off S
-            sel = torch.where(inS, torch.zeros(N, V, dtype=torch.float64, device=p.device), rule.keep_col(rule.key.gather(-1, b.unsqueeze(-1)).squeeze(-1)))
+            sel = torch.where(inS, torch.zeros(N, V, dtype=torch.float64, device=fp.device), rule.keep_col(rule.key.gather(-1, b.unsqueeze(-1)).squeeze(-1)))
             sel = torch.where(offS, sel, (~inS).double())
             if bool(inS.any()):
                 pb = eq.long().argmax(-1)
@@ -450,5 +469,4 @@ class KhistiIS(Verifier):
         res = (fp - qi).clamp_min(0.0)
         z = res.sum(-1, keepdim=True)
         res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
-        out = acc + (1 - acc.sum(-1, keepdim=True)) * res
-        return out.reshape(*batch, V)
+        return acc + (1 - acc.sum(-1, keepdim=True)) * res
