@@ -610,7 +610,7 @@ def main(argv=None) -> int:
                                            n_threads=args.threads, log=_eprint, draft_ftype=args.draft_ftype)
         t_path, d_path = target.path, draft.path
         threads = target.n_threads
-        encode = lambda text: torch.tensor([target.tokenize(instruction + text, chat=True)])  # noqa: E731
+        encode = lambda text: encode_prompt(target, text, instruction=instruction)  # noqa: E731
         eos = None if args.no_eos else target.eos_token_ids
         chat_text = lambda text: target.chat_prompt(instruction + text)  # noqa: E731
     else:
@@ -618,7 +618,7 @@ def main(argv=None) -> int:
 
         target, draft, tok = resolve_pair(args.target, args.draft, getattr(torch, args.dtype), log=_eprint)
         threads = torch.get_num_threads()
-        encode = lambda text: encode_prompt(tok, text)  # noqa: E731
+        encode = lambda text: encode_prompt(tok, text, instruction=instruction)  # noqa: E731
         eos = None if args.no_eos else tok.eos_token_id
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     encoded = [(tid, text, encode(text)) for tid, text in prompts]

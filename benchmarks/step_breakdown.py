@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from multidraft.datasets import instruction_for, load_prompts
+from multidraft.datasets import encode_prompt, instruction_for, load_prompts
 from multidraft.decoding import generate
 
 
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     target, draft = resolve_llama_pair(bf16_target=args.bf16_target, n_threads=args.threads,
                                        draft_ftype=args.draft_ftype)
     text = load_prompts("humaneval", 1)[0][1]
-    ids = torch.tensor([target.tokenize(instruction_for("humaneval") + text, chat=True)])
+    ids = encode_prompt(target, text, instruction=instruction_for("humaneval"))
     sd = {"verifier": "naive", "k": 1, "depth": args.depth}
     print(f"step_breakdown: {target.path.name} + {draft.path.name}, {args.threads} threads, HumanEval/0, "
           f"seed {args.seed}, load average {os.getloadavg()[0]:.2f}")

@@ -244,12 +244,16 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool = True, instruction: str
     With ``chat`` and a tokenizer that has a chat template, the prompt is sent as one user
     message (``instruction`` + the prompt; by default the HumanEval instruction, pass
     ``instruction_for(dataset)`` for another set) and the generation prompt is appended;
-    otherwise the raw prompt is tokenized.
+    otherwise the raw prompt is tokenized. ``tokenizer`` is a transformers tokenizer or a
+    llama.cpp model of ``decoding.llamacpp`` (its GGUF's own tokenizer and chat template), so
+    both engines encode a prompt by this one rule.
     """
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("prompt must be a non-empty string")
     if not isinstance(instruction, str):
         raise ValueError(f"instruction must be a string, got {instruction!r}")
+    if hasattr(tokenizer, "chat_prompt"):  # a llama.cpp model: tokenize(text, chat=) wraps one user turn
+        return torch.tensor([tokenizer.tokenize(instruction + prompt if chat else prompt, chat=chat)], dtype=torch.long)
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": instruction + prompt}], tokenize=False, add_generation_prompt=True

@@ -100,26 +100,30 @@ OVERHEAD_PROMPT = ("humaneval", 163)  # the last HumanEval task: no benchmark he
 
 def _load(args, nodes, draft_nodes, log):
     """``(target, draft, ids, name)`` of the chosen engine (threads set before anything loads);
-    ``ids`` ``[1, T]`` is :data:`OVERHEAD_PROMPT` through the chat template, as a decode sees it."""
+    ``ids`` ``[1, T]`` is :data:`OVERHEAD_PROMPT` through the chat template, as a decode sees it
+    (``None, None`` with ``--overhead-tokens 0``: nothing decodes it)."""
     import torch
 
-    from ..datasets import encode_prompt, instruction_for, load_prompts
-
-    dataset, index = OVERHEAD_PROMPT
-    pid, text = load_prompts(dataset, 1, start=index)[0]
     if args.engine == "llama.cpp":
         from ..models import resolve_llama_pair
 
         n_ctx = max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1]))
         target, draft = resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target,
                                            n_threads=args.threads, n_ctx=n_ctx, log=log, draft_ftype=args.draft_ftype)
-        return target, draft, torch.tensor([target.tokenize(instruction_for(dataset) + text, chat=True)]), pid
-    from ..models import resolve_pair
+        tokenizer = target
+    else:
+        from ..models import resolve_pair
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    target, draft, tok = resolve_pair(args.target, args.draft, getattr(torch, args.dtype or "bfloat16"), log=log)
-    return target, draft, encode_prompt(tok, text, instruction=instruction_for(dataset)), pid
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        target, draft, tokenizer = resolve_pair(args.target, args.draft, getattr(torch, args.dtype or "bfloat16"), log=log)
+    if not args.overhead_tokens:
+        return target, draft, None, None
+    from ..datasets import encode_prompt, instruction_for, load_prompts
+
+    dataset, index = OVERHEAD_PROMPT
+    pid, text = load_prompts(dataset, 1, start=index)[0]
+    return target, draft, encode_prompt(tokenizer, text, instruction=instruction_for(dataset)), pid
 
 
 def run(args) -> int:
@@ -134,7 +138,8 @@ def run(args) -> int:
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,
                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
                            overhead_tokens=args.overhead_tokens, overhead_prompt=prompt,
-                           meta={"overhead_prompt": f"{pid} through the chat template, {prompt.shape[1]} tokens",
+                           meta={**({"overhead_prompt": f"{pid} through the chat template, {prompt.shape[1]} tokens"}
+                                    if prompt is not None else {}),
                                  "target": args.target or default_target,
                                  "draft": args.draft or ("default" + (f" ({args.draft_ftype.upper()} GGUF)"
                                                                        if args.draft_ftype else ""))})
