@@ -162,3 +162,17 @@ def test_kill_and_resume_loses_and_duplicates_nothing(tmp_path, monkeypatch):
     assert sorted(map(key, rows)) == sorted(map(key, ref)) and len(set(map(key, rows))) == len(rows)
     strip = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
     assert sorted(map(json.dumps, map(strip, rows))) == sorted(map(json.dumps, map(strip, ref)))  # same values
+
+
+def test_every_row_and_the_meta_name_the_code_that_wrote_them(tmp_path):
+    """A resumed file may mix rows of two checkouts: each row carries its own code version."""
+    import multidraft
+    from multidraft.experiments.records import JsonlWriter, code_version, read_jsonl
+
+    with JsonlWriter(tmp_path / "r.jsonl", {"a": 1}, 0) as w:
+        w.write(x=1)
+    meta, rows = read_jsonl(tmp_path / "r.jsonl")
+    assert code_version().startswith(multidraft.__version__)
+    assert meta["code"] == rows[0]["code"] == code_version()
+    import re
+    assert re.fullmatch(re.escape(multidraft.__version__) + r"(\+g[0-9a-f]{7,40}(-dirty)?)?", code_version())

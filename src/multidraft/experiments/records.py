@@ -10,6 +10,9 @@ measurement rows. This module is the ONE place that decides whether rows belong 
   Reopening a file (:class:`JsonlWriter`, :func:`resume`) with any other difference is
   refused with one line naming the differing keys (``draws 200 -> 100``); extending a run
   with new K values is not. The meta row keeps the config of the first invocation.
+* **Provenance per row.** A resumed run may append rows from a later checkout, so every row
+  carries the code that wrote it (``code``: :func:`code_version`, the package version and,
+  in a git checkout, the commit, ``-dirty`` with uncommitted changes).
 * **Foreign rows.** :func:`read_jsonl` refuses a second meta row, a row whose ``run_id``
   is not the meta's, and (in a file whose meta has a run id) a row without one, naming
   ``file:line``; such rows are never counted as done.
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 __all__ = [
-    "versions", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
+    "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
     "read_jsonl", "done_keys", "row_key", "require_fields", "derived_seed",
 ]
 
@@ -47,6 +50,33 @@ def versions() -> dict[str, str]:
             continue  # not imported by this run: it did not shape the result
         out[mod] = str(getattr(m, "__version__", "?"))
     return out
+
+
+_CODE: list = []
+
+
+def code_version() -> str:
+    """The code that writes a row: ``multidraft`` version, plus ``+g<commit>`` (and ``-dirty``
+    with uncommitted changes to tracked files) when the package runs from a git checkout.
+    Computed once per process."""
+    if not _CODE:
+        from .. import __version__
+
+        out = str(__version__)
+        root = Path(__file__).resolve().parents[3]  # src/multidraft/experiments -> the checkout
+        try:
+            import subprocess  # noqa: PLC0415
+
+            if (root / ".git").exists():
+                run = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10)  # noqa: E731
+                head = run("rev-parse", "--short=12", "HEAD")
+                if head.returncode == 0 and head.stdout.strip():
+                    dirty = run("status", "--porcelain", "--untracked-files=no")
+                    out += f"+g{head.stdout.strip()}" + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+        except (OSError, subprocess.SubprocessError):  # no git here: the version alone
+            pass
+        _CODE.append(out)
+    return _CODE[0]
 
 
 def derived_seed(seed: int, name: str) -> int:
@@ -90,6 +120,7 @@ def meta_row(config: dict, seed: int | None, *, keyed: Iterable[str] = (), **ext
         "config": config,
         "keyed": sorted(set(keyed)),
         "versions": versions(),
+        "code": code_version(),
         "command": " ".join(sys.argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **extra,
@@ -239,7 +270,7 @@ class JsonlWriter:
             raise io_error(exc, self.path, "write results") from None
 
     def write(self, **row) -> None:
-        full = {"type": "row", "run_id": self.run_id, **row}
+        full = {"type": "row", "run_id": self.run_id, **row, "code": code_version()}
         self._write(full)
         self.rows.append(full)
 
