@@ -118,3 +118,44 @@ def test_report_prints_bounds_paired_columns_and_old_rows(tmp_path):
     text = report.summary(rows, "acceptance")
     assert "0.600 ± -" in text and "0.500 ± 0.0100† (16.7 ± -%)" in text and "record no tail masses" in text
     assert main(["report", str(old), "--no-plots"]) == 0
+
+
+def test_temperature_sweep_prints_paired_gaps(tmp_path):
+    """The sweep tables give each verifier's gap to alpha* with its paired error, per temperature."""
+    with JsonlWriter(tmp_path / "temperature.jsonl", {}, 0) as w:
+        for tt, a, acc, gse in ((0.5, 0.90, 0.885, 0.002), (1.0, 0.80, 0.77, 0.004)):
+            base = {**ROW, "t_target": tt, "K": 4}
+            w.write(**{**base, "verifier": "alpha*", "acceptance": a, "se": 0.01})
+            w.write(**{**base, "verifier": "specinfer", "acceptance": acc, "se": 0.01, "alpha_star": a,
+                       "gap": a - acc, "gap_se": gse})
+    _, rows = read_jsonl(tmp_path / "temperature.jsonl")
+    text = report.summary(rows, "temperature")
+    assert "target temperature sweep" in text and "Gap to alpha* in points" in text
+    assert "| 0.5 | 1.50 ± 0.20 |" in text and "| 1 | 3.00 ± 0.40 |" in text
+
+
+def _blocks_file(path, rows):
+    with JsonlWriter(path, {}, 0) as w:
+        for r in rows:
+            w.write(**r)
+    return path
+
+
+def test_blocks_paired_with_a_second_baseline(tmp_path, capsys):
+    """--blocks-baseline pairs every blocks row with another file's target-only rows, prompt by prompt."""
+    row = dict(law="iid", K=2, depth=6, temperature=1.0, acceptance_rate=0.8)
+    run = [dict(row, verifier="autoregressive", K=1, depth=0, prompt=p, tokens_per_s=2.0, block_efficiency=1.0) for p in ("a", "b")]
+    run += [dict(row, verifier="specinfer", prompt="a", tokens_per_s=4.0, block_efficiency=3.0),
+            dict(row, verifier="specinfer", prompt="b", tokens_per_s=6.0, block_efficiency=4.0)]
+    _blocks_file(tmp_path / "run" / "blocks.jsonl", run)
+    ref = _blocks_file(tmp_path / "quiet.jsonl", [dict(row, verifier="autoregressive", K=1, depth=0, prompt=p,
+                                                       tokens_per_s=4.0, block_efficiency=1.0) for p in ("a", "b")])
+    assert main(["report", str(tmp_path / "run"), "--no-plots", "--blocks-baseline", str(ref)]) == 0
+    text = (tmp_path / "run" / "report.md").read_text()
+    assert "Second baseline" in text and "target-only 4.00 ± 0.00 tokens/s on 2 prompt(s)" in text
+    # vs its own baseline (2 tok/s): 2x and 3x -> 2.50x; vs the second (4 tok/s): 1x and 1.5x -> 1.25x
+    line = next(l for l in text.splitlines() if l.startswith("| specinfer"))
+    assert "| 2.50x ± " in line and line.rstrip().endswith("|") and "| 1.25x ± " in line
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "run"), "--no-plots", "--blocks-baseline", str(tmp_path / "none.jsonl")]) != 0
+    assert "--blocks-baseline: no such file" in _err(capsys)

@@ -11,12 +11,15 @@ def register(sub) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN_DIR)")
     p.add_argument("--no-plots", action="store_true", help="Markdown only")
+    p.add_argument("--blocks-baseline", metavar="FILE", default=None,
+                   help="a second blocks.jsonl whose target-only rows (same prompts) every blocks row is also "
+                        "paired with: an extra speed-up column, e.g. against a baseline remeasured on an idle machine")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..experiments.report import build
 
-    path = build(args.run_dir, args.out, make_plots=not args.no_plots)
+    path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline)
     print(f"wrote {path}")
     return 0

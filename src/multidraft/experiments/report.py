@@ -311,6 +311,20 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                     lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
                 shown = [get(v, n) for v in pts for n in names if get(v, n)]
                 lines.append("\n" + tail_note(shown) + "\n")
+                gapped = [n for n in names[1:] if any(get(v, n) and get(v, n).get("gap_se") is not None for v in pts)]
+                if gapped:
+                    lines.append("Gap to alpha* in points (100 x (alpha* - acceptance)), paired over the same positions, "
+                                 "± its standard error:\n")
+                    lines.append(f"| {sweep} T | " + " | ".join(gapped) + " |")
+                    lines.append("|---|" + "---|" * len(gapped))
+                    for v in pts:
+                        cells = []
+                        for n in gapped:
+                            r = get(v, n)
+                            cells.append("" if r is None or r.get("gap_se") is None
+                                         else f"{100 * r['gap']:.2f} ± {100 * r['gap_se']:.2f}")
+                        lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
+                    lines.append("")
                 if any(r["verifier"] != ALPHA and "se_mc" not in r for r in shown):
                     lines.append("† row of an older run: its error is the Monte-Carlo error only.\n")
                 if make_plots:
@@ -334,9 +348,22 @@ def _mean_ci(xs) -> tuple[float, float]:
     return m, t95(n) * sd / n ** 0.5
 
 
-def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> None:
+def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], reference: tuple[str, list[dict]] | None = None) -> None:
+    """``reference``: (label, rows of another blocks file) whose target-only rows every row is
+    also paired with, prompt by prompt (an extra speed-up column)."""
     ar = [r for r in rows if r["verifier"] == "autoregressive"]
     ar_by = {r["prompt"]: r["tokens_per_s"] for r in ar}  # the baseline of each prompt
+    ref_by = {}
+    if reference is not None:
+        ref_ar = [r for r in reference[1] if r.get("verifier") == "autoregressive"]
+        ref_by = {r["prompt"]: r["tokens_per_s"] for r in ref_ar}
+        if not ref_by:
+            raise ValueError(f"blocks baseline {reference[0]}: no target-only (autoregressive) rows")
+        m, ci = _mean_ci([r["tokens_per_s"] for r in ref_ar])
+        missing = sorted({r["prompt"] for r in rows} - set(ref_by))
+        lines.append(f"Second baseline `{reference[0]}`: target-only {m:.2f} ± {ci:.2f} tokens/s on {len(ref_by)} prompt(s)"
+                     + (f"; {len(missing)} prompt(s) of this run have none there and are left out of its column" if missing else "")
+                     + ". The last column pairs every row with it, prompt by prompt.\n")
     cells = _group([r for r in rows if r["verifier"] != "autoregressive"], ("verifier", "law", "K", "depth"))
     prompts = len({r["prompt"] for r in rows})
     temps = ", ".join(sorted({format(r["temperature"], "g") for r in rows}))
@@ -347,14 +374,18 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> 
         "over the same prompt's target-only tokens/s (paired by prompt), ± the same interval."
         + (f" Target-only autoregressive baseline: {ar_ci[0]:.2f} ± {ar_ci[1]:.2f} tokens/s." if ar_ci else "") + "\n"
     )
-    lines.append("| verifier | law | K | depth | prompts | block efficiency | acceptance rate | tokens/s | speed-up |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    extra = f" speed-up vs `{reference[0]}` |" if reference is not None else ""
+    lines.append("| verifier | law | K | depth | prompts | block efficiency | acceptance rate | tokens/s | speed-up |" + extra)
+    lines.append("|---|---|---|---|---|---|---|---|---|" + ("---|" if reference is not None else ""))
     for (n, law, k, d), g in sorted(cells.items(), key=lambda t: (t[0][0], t[0][1], t[0][2], t[0][3])):
         be, be_ci = _mean_ci([r["block_efficiency"] for r in g])
         acc = [r["acceptance_rate"] for r in g if r.get("acceptance_rate") is not None]
         tps, tps_ci = _mean_ci([r["tokens_per_s"] for r in g])
         ratios = [r["tokens_per_s"] / ar_by[r["prompt"]] for r in g if ar_by.get(r["prompt"])]
         sp = "{:.2f}x ± {:.2f}".format(*_mean_ci(ratios)) if ratios else "-"  # no baseline in the run: no ratio
+        if reference is not None:
+            rr = [r["tokens_per_s"] / ref_by[r["prompt"]] for r in g if ref_by.get(r["prompt"])]
+            sp += " | " + ("{:.2f}x ± {:.2f}".format(*_mean_ci(rr)) if rr else "-")
         lines.append(
             f"| {n} | {law} | {k} | {d} | {len(g)} | {be:.3f} ± {be_ci:.3f} | {_num(sum(acc) / len(acc)) if acc else '-'} | "
             f"{tps:.2f} ± {tps_ci:.2f} | {sp} |"
@@ -452,9 +483,17 @@ def _cost_section(rows: list[dict]) -> list[str]:
     return out
 
 
-def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True) -> Path:
-    """Write ``report.md`` (and plots) for a run; returns the report path."""
+def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True,
+          blocks_baseline: str | Path | None = None) -> Path:
+    """Write ``report.md`` (and plots) for a run; returns the report path. ``blocks_baseline``: a
+    second ``blocks.jsonl`` whose target-only rows the blocks table is also paired with."""
     run = load_run(run_dir)
+    reference = None
+    if blocks_baseline is not None:
+        bpath = Path(blocks_baseline)
+        if not bpath.is_file():
+            raise ValueError(f"--blocks-baseline: no such file: {bpath}")
+        reference = (str(blocks_baseline), read_jsonl(bpath)[1])
     out = ensure_dir(Path(out_dir) if out_dir is not None else Path(run_dir), "output directory")
     no_mpl = make_plots and not plots.available()
     make_plots = make_plots and not no_mpl
@@ -492,7 +531,7 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
         _temperature_section(run["temperature.jsonl"][1], out, make_plots, lines)
     if "blocks.jsonl" in run:
         lines.append("## End-to-end block efficiency\n")
-        _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines)
+        _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines, reference)
     if no_mpl:
         lines.append("_(plots skipped: matplotlib is not installed; `pip install multidraft[plots]`)_\n")
     path = out / "report.md"
