@@ -128,7 +128,7 @@ def test_estimates_within_error_bar_of_exact_and_below_alpha(tmp_path):
     assert checked >= 6
 
 
-def test_evaluate_resumes_without_recomputing(tmp_path):
+def test_evaluate_resumes_without_recomputing(tmp_path, monkeypatch):
     ps, _, _ = _position_set(n=3, V=5, seed=11)
     path = tmp_path / "acceptance.jsonl"
     with JsonlWriter(path, {}, 0) as w:
@@ -138,11 +138,15 @@ def test_evaluate_resumes_without_recomputing(tmp_path):
     with open(path, "a") as f:
         f.write('{"type": "row", "datas')
     done = done_keys(path, acceptance.KEY)
+    seen = []  # the (law, K) whose alpha* is computed: only those with rows left to write
+    real = acceptance.optimal_bounds
+    monkeypatch.setattr(acceptance, "optimal_bounds", lambda P, Q, law, k: seen.append((law, k)) or real(P, Q, law, k))
     with JsonlWriter(path, {}, 0) as w:
         n = acceptance.evaluate(ps, w, done=done, ks=(1, 2, 3), draws=50, verifiers=["naive", "nss"])
     _, rows = read_jsonl(path)
     assert rows[: len(first)] == first
     assert n == len([r for r in rows if r["K"] == 3]) > 0  # only K = 3 was new
+    assert seen and {k for _, k in seen} == {3}
     keys = [tuple(r[k] for k in acceptance.KEY) for r in rows]
     assert len(keys) == len(set(keys))
 

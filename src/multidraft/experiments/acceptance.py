@@ -319,6 +319,10 @@ def evaluate(
         Pk, Qk = (P[idx], Q[idx]) if law != "independent" else (P_ind[idx], Qs[idx, :k])  # Qk [n, V] or [n, K, V]
         extra = {"independent_temperatures": ind_t[:k]} if law == "independent" else {}
         key_a = row_key({**base, "law": law, "K": k, "verifier": "alpha*"}, KEY)
+        todo = [n for n, v in zip(names, vs) if v.supports(law, k)
+                and row_key({**base, "law": law, "K": k, "verifier": n}, KEY) not in done]
+        if key_a in done and not todo:  # a resumed run: nothing left in this (law, K), not even alpha*
+            continue
         t0 = time.perf_counter()
         alpha, alpha_lower = optimal_bounds(Pk, Qk, law, k)
         q_tail_k = ps.q_tail[idx] if law != "independent" else full.qs_tail[idx, :k].max(-1).values
