@@ -301,29 +301,22 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                 get = (lambda v, n: by.get((fv, v, n))) if sweep == "draft" else (lambda v, n: by.get((v, fv, n)))
                 lines.append(f"### {ds}: {sweep} temperature sweep ({fixed_name} T = {fv:g}), {law} drafts, K = {k}\n")
                 lines.append("Cells: acceptance ± standard error over positions; alpha*: value ± proved lump bound.\n")
-                lines.append(f"| {sweep} T | " + " | ".join(names) + " |")
-                lines.append("|---|" + "---|" * len(names))
-                for v in pts:
-                    cells = []
-                    for n in names:
-                        r = get(v, n)
-                        cells.append("" if r is None else (_alpha_cell(r) if n == ALPHA else _pm(r)))
-                    lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
+
+                def table(cols, cell):  # one row per swept temperature, one column per name
+                    lines.append(f"| {sweep} T | " + " | ".join(cols) + " |")
+                    lines.append("|---|" + "---|" * len(cols))
+                    for v in pts:
+                        lines.append(f"| {v:g} | " + " | ".join(cell(get(v, n), n) for n in cols) + " |")
+
+                table(names, lambda r, n: "" if r is None else (_alpha_cell(r) if n == ALPHA else _pm(r)))
                 shown = [get(v, n) for v in pts for n in names if get(v, n)]
                 lines.append("\n" + tail_note(shown) + "\n")
                 gapped = [n for n in names[1:] if any(get(v, n) and get(v, n).get("gap_se") is not None for v in pts)]
                 if gapped:
                     lines.append("Gap to alpha* in points (100 x (alpha* - acceptance)), paired over the same positions, "
                                  "± its standard error:\n")
-                    lines.append(f"| {sweep} T | " + " | ".join(gapped) + " |")
-                    lines.append("|---|" + "---|" * len(gapped))
-                    for v in pts:
-                        cells = []
-                        for n in gapped:
-                            r = get(v, n)
-                            cells.append("" if r is None or r.get("gap_se") is None
-                                         else f"{100 * r['gap']:.2f} ± {100 * r['gap_se']:.2f}")
-                        lines.append(f"| {v:g} | " + " | ".join(cells) + " |")
+                    table(gapped, lambda r, n: "" if r is None or r.get("gap_se") is None
+                          else f"{100 * r['gap']:.2f} ± {100 * r['gap_se']:.2f}")
                     lines.append("")
                 if any(r["verifier"] != ALPHA and "se_mc" not in r for r in shown):
                     lines.append("† row of an older run: its error is the Monte-Carlo error only.\n")
