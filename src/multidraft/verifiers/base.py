@@ -4,7 +4,9 @@ A verifier maps ``(p, q, drafts, randomness)`` to one output token whose law is 
 ``p`` when the drafts follow a law the verifier supports. Subclasses implement
 
 * ``_verify(p, q, drafts, g, law)`` -> output tokens ``[...]`` (batched, sampling path);
-* ``_output_distribution(p, q, drafts, law)`` -> float64 ``[..., V]`` (exact path).
+* ``_output_distribution(p, q, drafts, law)`` -> float64 ``[..., V]`` (exact path);
+* optionally ``_prepare`` / ``_output_prepared``: the work on ``(p, q)`` alone, shared by
+  every draft tuple of ``Verifier.prepare(p, q).output_distribution(drafts)``.
 
 The base class validates input, resolves the law (``implied_law`` when none is given),
 checks that the drafts and draft_probs can come from it (``_validate.check_law``: K, V,
