@@ -11,7 +11,13 @@ its evaluation stages on the same position stores with newer code), prints:
   carry ``code`` since 2026-12-05; older rows show ``-``);
 * the seconds of the common cells in each run, by data set and by verifier.
 
+For two ``blocks.jsonl`` (``multidraft experiment blocks`` / ``paper``), the runs are keyed by
+(prompt, verifier, law, K, depth, temperature) instead: in how many the decode made the same
+tokens with the same calls (new tokens, target and draft calls, block efficiency), every run
+that differs, and the seconds of the common runs by verifier with their ratio.
+
     .venv/bin/python benchmarks/compare_runs.py docs/paper/acceptance.jsonl runs/rerun/acceptance.jsonl
+    .venv/bin/python benchmarks/compare_runs.py docs/paper/blocks.jsonl runs/rerun/blocks.jsonl
 
 No timing is done here: the seconds are the ones each run recorded in its rows.
 """
@@ -23,11 +29,39 @@ from collections import defaultdict
 from multidraft.experiments.records import read_jsonl
 
 KEY = ("dataset", "t_target", "t_draft", "law", "K", "verifier")
+BLOCKS_KEY = ("prompt", "verifier", "law", "K", "depth", "temperature")
+BLOCKS_SAME = ("new_tokens", "target_calls", "draft_calls", "block_efficiency")
 
 
-def _cells(path: str) -> dict:
+def _rows(path: str) -> list:
     _, rows = read_jsonl(path)
-    return {tuple(r.get(f) for f in KEY): r for r in rows if r.get("type", "row") == "row"}
+    return [r for r in rows if r.get("type", "row") == "row"]
+
+
+def _cells(path: str, key=KEY) -> dict:
+    return {tuple(r.get(f) for f in key): r for r in _rows(path)}
+
+
+def compare_blocks(first: str, second: str) -> None:
+    """Print how two blocks files' common runs compare (tokens made, calls, seconds)."""
+    a, b = _cells(first, BLOCKS_KEY), _cells(second, BLOCKS_KEY)
+    common = sorted(set(a) & set(b), key=str)
+    print(f"{first}: {len(a)} runs; {second}: {len(b)} runs; {len(common)} in both")
+    same = [k for k in common if all(a[k].get(f) == b[k].get(f) for f in BLOCKS_SAME)]
+    print(f"same new tokens, target calls, draft calls and block efficiency in {len(same)} of {len(common)} runs")
+    for k in common:
+        if k not in same:
+            diff = ", ".join(f"{f} {a[k].get(f)} -> {b[k].get(f)}" for f in BLOCKS_SAME if a[k].get(f) != b[k].get(f))
+            print(f"  differs: {'/'.join(map(str, k))}: {diff}")
+    ta, tb = defaultdict(float), defaultdict(float)
+    for k in common:
+        ta[k[1]] += a[k].get("seconds") or 0.0
+        tb[k[1]] += b[k].get("seconds") or 0.0
+    print("\nseconds of the common runs by verifier: first -> second (second / first)")
+    for name in sorted(ta, key=lambda x: -tb[x]):
+        print(f"  {name:>16}: {ta[name]:8.0f} -> {tb[name]:7.0f} ({tb[name] / ta[name]:.2f}x)" if ta[name] else f"  {name:>16}: -")
+    sa, sb = sum(ta.values()), sum(tb.values())
+    print(f"  {'all':>16}: {sa:8.0f} -> {sb:7.0f}" + (f" ({sb / sa:.2f}x)" if sa else ""))
 
 
 def main(argv=None) -> int:
@@ -35,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("first")
     ap.add_argument("second")
     args = ap.parse_args(argv)
+    if any("prompt" in r for r in _rows(args.first)[:1] + _rows(args.second)[:1]):
+        compare_blocks(args.first, args.second)
+        return 0
     a, b = _cells(args.first), _cells(args.second)
     common = sorted(set(a) & set(b), key=str)
     print(f"{args.first}: {len(a)} cells; {args.second}: {len(b)} cells; {len(common)} in both")
