@@ -38,16 +38,16 @@ def _rows(path: str) -> list:
     return [r for r in rows if r.get("type", "row") == "row"]
 
 
-def _cells(path: str, key=KEY) -> dict:
-    return {tuple(r.get(f) for f in key): r for r in _rows(path)}
+def _cells(rows: list, key=KEY) -> dict:
+    return {tuple(r.get(f) for f in key): r for r in rows}
 
 
-def compare_blocks(first: str, second: str) -> None:
+def compare_blocks(first: str, second: str, rows_a: list, rows_b: list) -> None:
     """Print how two blocks files' common runs compare (tokens made, calls, seconds)."""
-    a, b = _cells(first, BLOCKS_KEY), _cells(second, BLOCKS_KEY)
+    a, b = _cells(rows_a, BLOCKS_KEY), _cells(rows_b, BLOCKS_KEY)
     common = sorted(set(a) & set(b), key=str)
     print(f"{first}: {len(a)} runs; {second}: {len(b)} runs; {len(common)} in both")
-    same = [k for k in common if all(a[k].get(f) == b[k].get(f) for f in BLOCKS_SAME)]
+    same = {k for k in common if all(a[k].get(f) == b[k].get(f) for f in BLOCKS_SAME)}
     print(f"same new tokens, target calls, draft calls and block efficiency in {len(same)} of {len(common)} runs")
     for k in common:
         if k not in same:
@@ -69,10 +69,11 @@ def main(argv=None) -> int:
     ap.add_argument("first")
     ap.add_argument("second")
     args = ap.parse_args(argv)
-    if any("prompt" in r for r in _rows(args.first)[:1] + _rows(args.second)[:1]):
-        compare_blocks(args.first, args.second)
+    rows_a, rows_b = _rows(args.first), _rows(args.second)
+    if any("prompt" in r for r in rows_a[:1] + rows_b[:1]):
+        compare_blocks(args.first, args.second, rows_a, rows_b)
         return 0
-    a, b = _cells(args.first), _cells(args.second)
+    a, b = _cells(rows_a), _cells(rows_b)
     common = sorted(set(a) & set(b), key=str)
     print(f"{args.first}: {len(a)} cells; {args.second}: {len(b)} cells; {len(common)} in both")
     same_values = sum(a[k].get("values") == b[k].get("values") for k in common)
