@@ -19,11 +19,14 @@ $(STAMP): pyproject.toml requirements-models.txt
 setup: $(STAMP)
 
 # the llama.cpp engine's tests need llama-cpp-python (the `llama` extra); it compiles llama.cpp
-# from source (about 10 minutes on 2 cores, once: pip caches the wheel), so only `make test`
-# installs it and `make demo` does not wait for it
+# from source for a portable x86-64 baseline (AVX2, no AVX-512, no AMX: a native build traps
+# on Intel VMs that advertise AMX; scripts/install_llama_cpp.sh), about 10 minutes on 2 cores
+# once per flag set (the wheel is cached by its flags), so only `make test` installs it and
+# `make demo` does not wait for it
 LLAMA := $(VENV)/.llama-installed
-$(LLAMA): $(STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -e '.[llama]'
+$(LLAMA): $(STAMP) scripts/install_llama_cpp.sh scripts/llama_cpu_flags.txt
+	scripts/install_llama_cpp.sh $(PY)
+	$(PY) -m pip install --quiet -e '.[llama]'
 	touch $(LLAMA)
 
 # assemble + checksum + convert the default pair once (cached), then the end-to-end demo
