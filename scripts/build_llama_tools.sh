@@ -8,7 +8,10 @@
 #
 # Idempotent: the sdist is downloaded once (sha256 checked), unpacked once, configured
 # and built incrementally; a second run only prints the paths. CPU only, no network
-# access from the binaries (no curl, no OpenSSL), Release, static libraries.
+# access from the binaries (no curl, no OpenSSL), Release, static libraries, compiled for the
+# same portable x86-64 baseline as the Python binding (scripts/llama_cpu_flags.txt: AVX2, no
+# AVX-512, no AMX), so the peers run on every machine the project runs on and are timed with
+# the same kernels as multidraft's llama.cpp engine.
 #
 # Usage: scripts/build_llama_tools.sh            # prints the binaries' paths on stdout
 # Environment:
@@ -95,12 +98,14 @@ else
 fi
 
 # 3. configure (cmake reruns only what changed)
+read -r -a cpu_flags < <(tr -s ' \n' ' ' < "$here/scripts/llama_cpu_flags.txt")
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_RPC=OFF \
+    "${cpu_flags[@]}" \
     -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >&2
 
 # 4. build only the peers
