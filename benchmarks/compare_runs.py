@@ -16,8 +16,8 @@ For two ``blocks.jsonl`` (``multidraft experiment blocks`` / ``paper``), the run
 tokens with the same calls (new tokens, target and draft calls, block efficiency), every run
 that differs, and the seconds of the common runs by verifier with their ratio.
 
-    .venv/bin/python benchmarks/compare_runs.py docs/paper/acceptance.jsonl runs/rerun/acceptance.jsonl
-    .venv/bin/python benchmarks/compare_runs.py docs/paper/blocks.jsonl runs/rerun/blocks.jsonl
+    .venv/bin/python benchmarks/compare_runs.py docs/results/paper/acceptance.jsonl runs/rerun/acceptance.jsonl
+    .venv/bin/python benchmarks/compare_runs.py docs/results/paper/blocks.jsonl runs/rerun/blocks.jsonl
 
 No timing is done here: the seconds are the ones each run recorded in its rows.
 """

@@ -18,7 +18,7 @@ Engines (``--engine``):
   vendors: ``llama-target`` (``llama-completion``, target alone) and ``llama-spec:D[:NP]``
   (``llama-speculative`` with ``--spec-draft-n-max D`` and NP parallel draft sequences; NP > 1
   is its tree mode). Neither mode is exactly the target's law at T > 0: it drafts the draft's
-  top-ranked tokens and verifies them as if sampled (docs/llama_cpp_peer.md: a total
+  top-ranked tokens and verifies them as if sampled (docs/guide/llama_cpp_peer.md: a total
   variation of about 0.045 per token at T = 1 on HumanEval positions).
 
 Methods (``--methods``, comma separated):
@@ -48,7 +48,7 @@ tokens: only the timing differs), reversing the method order every other round; 
 rounds are pooled before the per-prompt statistics, and the headline adds each method's
 round-to-round spread. On the shared 2-core VM a memory-bound BF16 target-only decode swings
 between about 70 and 95 ms a token within minutes while a 5-token verify pass barely moves
-(docs/decode_speed/README.md), so single-round ratios against the target alone carry that swing.
+(docs/results/decode_speed/README.md), so single-round ratios against the target alone carry that swing.
 
     .venv/bin/python benchmarks/decode_speed.py --engine llama.cpp --bf16-target --prompts 20
     .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --methods target,sd:3,specinfer:2x3
@@ -223,7 +223,7 @@ def llama_speculative(bin_dir: Path, target: Path, draft: Path, prompt_file: Pat
            "-n", str(max_new_tokens), "--spec-draft-n-max", str(draft_max), "-np", str(n_parallel),
            "-td", str(threads), "-tbd", str(threads), *_sampling_flags(temperature, seed, threads)]
     if n_parallel > 1:  # its tree mode shares target tokens between branches: unified KV cache
-        cmd.append("-kvu")  # (accepted by the build of scripts/build_llama_tools.sh, see docs/llama_cpp_peer.md)
+        cmd.append("-kvu")  # (accepted by the build of scripts/build_llama_tools.sh, see docs/guide/llama_cpp_peer.md)
     if not eos:
         cmd.append("--ignore-eos")
     out = _run(cmd, 900)

@@ -39,7 +39,7 @@ rows x draws, is the mean cost per node. torch runs with ``--threads`` threads (
 one core, the engine's share on the 2-core machine).
 
 Reference forwards: one target forward of one token from the committed cost profiles,
-``docs/profiles/*.json`` (``target.seconds`` at 1 node): the transformers bf16 profile and
+``data/profiles/*.json`` (``target.seconds`` at 1 node): the transformers bf16 profile and
 every llama.cpp profile present (``llama-*.json``); when no llama.cpp profile of a BF16 target
 is present, the llama.cpp BF16 target step measured for issue 13 (113 ms) is used as well.
 A (verifier, law, K) whose per-node cost exceeds ``--budget`` (10%) of a reference is flagged.
@@ -235,7 +235,7 @@ def main(argv=None):
     ap.add_argument("--top-k", type=int, default=None, help="top-k for target and draft (as decode --top-k)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p for target and draft (as decode --top-p)")
     ap.add_argument("--budget", type=float, default=0.10, help="flag above this fraction of a target forward")
-    ap.add_argument("--profiles", type=Path, default=ROOT / "docs/profiles", help="folder of cost profiles (*.json)")
+    ap.add_argument("--profiles", type=Path, default=ROOT / "data/profiles", help="folder of cost profiles (*.json)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSONL: one meta line, then one line per (verifier, law, K)")
     args = ap.parse_args(argv)

@@ -8,7 +8,7 @@ tuple per position, then ``verify`` of optimal, specinfer, spectr and khisti_is 
 drafts. Reports, per K: the paired gap (accepted - alpha*) with its standard error over the
 positions, the fit error |r - q_sel| distribution, the fit iterations and shortfall, a
 chi-square test of the sampled outputs against p (top-10 ranks of p plus a tail bucket,
-pooled over positions) and ms per position. Writes docs/optimal_verifier/full_vocab.jsonl.
+pooled over positions) and ms per position. Writes docs/results/optimal_verifier/full_vocab.jsonl.
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def main(argv=None):
     ap.add_argument("--verifiers", default="optimal,specinfer,spectr,khisti_is")
     ap.add_argument("--chunk", type=int, default=25, help="positions per verify call")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/optimal_verifier/full_vocab.jsonl")
+    ap.add_argument("--out", default="docs/results/optimal_verifier/full_vocab.jsonl")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     if args.threads > 0:

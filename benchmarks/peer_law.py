@@ -1,7 +1,7 @@
 """How far llama-speculative's output law is from the target's, on real positions (issue 13).
 
 At every position the exact output law of llama.cpp's node rule (multidraft.limits.peer:
-top-ranked drafts, recursive rejection in a random order; docs/llama_cpp_peer.md) is
+top-ranked drafts, recursive rejection in a random order; docs/guide/llama_cpp_peer.md) is
 computed for K = 1, 2, 4 children and its total-variation distance to the target's p is
 reported, with the split threshold off (p_split = 0: exactly K children) and at llama.cpp's
 default (p_split = 0.1). The control (the same rule with drafts sampled i.i.d. from q) must
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--source", choices=("models", "store"), default="models")
     ap.add_argument("--store", type=Path, default=STORE)
     ap.add_argument("--texts", type=int, default=4, help="prompts recomputed with --source models (64 positions each)")
-    ap.add_argument("--out", type=Path, default=ROOT / "runs/peer_law.jsonl", help="JSONL of the summary rows (appended)")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs/results/peer_law/peer_law.jsonl", help="JSONL of the summary rows (appended)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()

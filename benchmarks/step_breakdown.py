@@ -9,7 +9,7 @@ Two measurements on one HumanEval prompt (chat template), the llama.cpp engine, 
 2. ``alternation``: ``--rounds`` pairs of (target alone for 32 tokens, SD for 64 tokens),
    back to back in one process: ms per token of each, the SD step's split, the ratio and the
    load average, one line per pair. On the shared VM the target alone's one-token forward
-   switches between two speeds while the SD step barely moves (docs/decode_speed/README.md).
+   switches between two speeds while the SD step barely moves (docs/results/decode_speed/README.md).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/step_breakdown.py --bf16-target --draft-ftype q4_0
 

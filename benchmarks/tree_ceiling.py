@@ -24,9 +24,9 @@ Two acceptance models (``decoding.treeopt``):
 or verifying would have to be before branching pays (the issue asks for multi-draft >= 1.15x
 the best single-draft SD).
 
-    .venv/bin/python benchmarks/tree_ceiling.py                       # docs/paper x docs/profiles
+    .venv/bin/python benchmarks/tree_ceiling.py                       # docs/results/paper x data/profiles
     .venv/bin/python benchmarks/tree_ceiling.py --datasets humaneval --draft-scale 1,0.5,0.25,0.1 \\
-        --out docs/tree_ceiling/tree_ceiling.jsonl --markdown docs/tree_ceiling/tree_ceiling.md
+        --out docs/results/tree_ceiling/tree_ceiling.jsonl --markdown docs/results/tree_ceiling/tree_ceiling.md
 """
 from __future__ import annotations
 
@@ -157,10 +157,10 @@ def summary(records: list) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--acceptance", default=str(ROOT / "docs/paper/acceptance.jsonl"),
+    ap.add_argument("--acceptance", default=str(ROOT / "docs/results/paper/acceptance.jsonl"),
                     help="the study's acceptance JSONL (per-position values)")
     ap.add_argument("--profiles", default=",".join(DEFAULT_PROFILES),
-                    help="cost profile JSON files, or names of files in docs/profiles (comma separated)")
+                    help="cost profile JSON files, or names of files in data/profiles (comma separated)")
     ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
                     help="recompute each profile's points from its samples by this statistic (as decode --tree auto "
                          "does; 'stored', or a profile without samples: the points as written)")
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     datasets = sorted({d for d, _, _ in study}) if not args.datasets else args.datasets.split(",")
     profiles = {}
     for spec in args.profiles.split(","):
-        path = Path(spec) if spec.endswith(".json") else ROOT / "docs/profiles" / f"{spec}.json"
+        path = Path(spec) if spec.endswith(".json") else ROOT / "data/profiles" / f"{spec}.json"
         profiles[path.stem] = CostProfile.from_json(path.read_text()).with_statistic(args.profile_statistic,
                                                                                      strict=False)
     scales = [float(x) for x in args.draft_scale.split(",")]

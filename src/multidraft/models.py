@@ -647,11 +647,11 @@ def requantize_gguf(
     (AVX2 / AVX-512), which the default draft's Q4_K_M file mostly cannot use (Qwen2.5-0.5B's
     width 896 is not a multiple of the k-quants' 256-blocks, so 133 of its 170 matrices are
     Q5_0, the rest Q8_0, Q6_K and Q4_K; the Q4_0 file keeps ``output.weight`` in Q8_0).
-    Measured on the 2-core EPYC VM, 2 threads (``docs/profiles/llama-bf16-q4_0.json`` against
+    Measured on the 2-core EPYC VM, 2 threads (``data/profiles/llama-bf16-q4_0.json`` against
     ``llama-bf16-q4.json``): a draft token costs 13.1 ms against 19.3 ms for the Q4_K_M file
     (a level of 2 nodes 24 against 35 ms, of 4 nodes 34 against 47), with the same block
     efficiency on HumanEval (SD depth 4, 20 prompts x 2 rounds: 3.93 against 3.87,
-    ``docs/decode_speed``). A draft's precision costs acceptance only, never exactness: the
+    ``docs/results/decode_speed``). A draft's precision costs acceptance only, never exactness: the
     verifiers use the q it computes.
 
     Uses llama.cpp's ``llama_model_quantize`` (``allow_requantize=True``): each quantized

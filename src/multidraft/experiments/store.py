@@ -13,7 +13,7 @@ A full distribution of the default pair is V = 151,936 floats. A position is sto
   ``O(|S|)``, and ``|S|`` is capped by ``max_support`` (then ``eps`` is exceeded and the tail
   actually kept is recorded and used in the bounds).
 
-Bounds (proved in ``docs/paper/README.md``, section "What is stored, and the truncation bound"):
+Bounds (proved in ``docs/results/paper/README.md``, section "What is stored, and the truncation bound"):
 ``0 <= alpha*_lumped - alpha* <= p(T)`` for the iid, greedy and independent laws, and
 ``|alpha*_lumped - alpha*| <= p(T) + q(T)^2 (sum_{j<K-1} 1/r_j)^2`` for the without-replacement
 law, ``r_j = q(S) - (mass of the j largest q in S)``; :func:`alpha_bounds` computes them.

@@ -6,9 +6,9 @@
 ``k2_optimal_acceptance(p, q)``      K = 2 identical drafts: min_S [1 + p(S) - q(S)^2] (k2.py)
 ``unit_acceptance_possible(p, q, k)`` whether acceptance 1 is reachable, O(V log V)
 ``llama_speculative_law(p, q, k)``   exact output law of llama.cpp's llama-speculative node rule
-                                     (a lossy peer, for comparison; peer.py, docs/llama_cpp_peer.md)
+                                     (a lossy peer, for comparison; peer.py, docs/guide/llama_cpp_peer.md)
 
-See docs/optimal_acceptance.md for the derivations.
+See docs/guide/optimal_acceptance.md for the derivations.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The exact next-token law of llama.cpp's ``llama-speculative`` at one draft-tree node.
 
 The peer (``examples/speculative/speculative.cpp`` of llama.cpp commit 0c1e57098, the copy
-vendored in llama-cpp-python 0.3.36; docs/llama_cpp_peer.md describes it in full) does, at a
+vendored in llama-cpp-python 0.3.36; docs/guide/llama_cpp_peer.md describes it in full) does, at a
 node whose target distribution is ``p`` and whose draft distribution is ``q`` (both the
 processed, full-vocabulary distributions its sampler chains produce), at temperature > 0:
 

@@ -26,7 +26,7 @@ q(H)^K >= Q(H) >= prod_i (q(H) - M_i)/(1 - M_i); then bracketing by monotonicity
 (Q(H_n) <= Q(H_m) for n < m, so g(n) >= P_n - min(q(H_n)^K, Q(H_m)) for the next evaluated m)
 prunes candidates in rounds, so only a few dozen prefixes per row get the exact value.
 
-Error bound on alpha* (float64; see docs/optimal_acceptance.md): trapezoid rule in s = log t
+Error bound on alpha* (float64; see docs/guide/optimal_acceptance.md): trapezoid rule in s = log t
 with step h = 1/4 on an integrand analytic and bounded in |Im s| < pi/2: O(e^{-pi^2/h}) < 1e-16;
 lower cut (t < t_lo) <= t_lo^{K+1}/(K+1)! <= 1e-17; upper cut at T: <= e^{-rT} max(P(N_H(T)<K),
 Pois(<K)) <= 1e-17 (Chernoff, checked per candidate); series truncation <= 1e-18 relative;

@@ -1,7 +1,7 @@
 r"""The optimal verifier for i.i.d. drafts at any vocabulary size (``optimal``).
 
 Exactly lossless whatever the fit does; acceptance alpha* when the fit converges.
-See docs/optimal_verifier.md for the derivation. Per row:
+See docs/guide/optimal_verifier.md for the derivation. Per row:
 
 1. **Order and scan.** Tokens t_1..t_V by q/p decreasing (``limits.dual.prefix_order``, the
    tie rule of the alpha* scan), prefix sums P_j, Q_j, ``psi_j = P_j - Q_j^K``
@@ -485,7 +485,7 @@ class Optimal(Verifier):
     level race whose levels are fitted so that the selection law r equals the closed-form
     q_sel. Then accept Z with min(1, p(Z)/r(Z)), else sample norm((p - r)+), r computed
     exactly from the fitted levels: the output law is p whatever the fit; the acceptance is
-    alpha* when the fit converges (see ``fit`` and docs/optimal_verifier.md).
+    alpha* when the fit converges (see ``fit`` and docs/guide/optimal_verifier.md).
     """
 
     name = "optimal"
