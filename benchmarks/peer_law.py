@@ -1,6 +1,6 @@
 """How far llama-speculative's output law is from the target's, on real positions (issue 13).
 
-At every position the exact output law of llama.cpp's node rule (multidraft.limits.peer:
+At every position the exact output law of llama.cpp's node rule (multidraft.peers:
 top-ranked drafts, recursive rejection in a random order; docs/llama_cpp_peer.md) is
 computed for K = 1, 2, 4 children and its total-variation distance to the target's p is
 reported, with the split threshold off (p_split = 0: exactly K children) and at llama.cpp's
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from multidraft.limits.peer import llama_speculative_law
+from multidraft.peers import llama_speculative_law
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
