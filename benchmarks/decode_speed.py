@@ -603,20 +603,19 @@ def main(argv=None) -> int:
     prompts = load_prompts("humaneval", args.prompts + 1)  # the last one is held out for tree auto's warm-up
     held_out, prompts = prompts[-1], prompts[:-1]
     instruction = instruction_for("humaneval")
-    if args.engine == "llama.cpp":
-        from multidraft.models import resolve_llama_pair
+    from multidraft.decoding.pair import load_pair
 
-        target, draft = resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target,
-                                           n_threads=args.threads, log=_eprint, draft_ftype=args.draft_ftype)
+    llama = args.engine == "llama.cpp"
+    target, draft, tok = load_pair(args.engine, target=args.target, draft=args.draft,
+                                   dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
+                                   draft_ftype=args.draft_ftype, n_threads=args.threads if llama else None, log=_eprint)
+    if llama:
         t_path, d_path = target.path, draft.path
         threads = target.n_threads
         encode = lambda text: encode_prompt(target, text, instruction=instruction)  # noqa: E731
         eos = None if args.no_eos else target.eos_token_ids
         chat_text = lambda text: target.chat_prompt(instruction + text)  # noqa: E731
     else:
-        from multidraft.models import resolve_pair
-
-        target, draft, tok = resolve_pair(args.target, args.draft, getattr(torch, args.dtype), log=_eprint)
         threads = torch.get_num_threads()
         encode = lambda text: encode_prompt(tok, text, instruction=instruction)  # noqa: E731
         eos = None if args.no_eos else tok.eos_token_id

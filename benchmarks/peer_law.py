@@ -1,6 +1,6 @@
 """How far llama-speculative's output law is from the target's, on real positions (issue 13).
 
-At every position the exact output law of llama.cpp's node rule (multidraft.limits.peer:
+At every position the exact output law of llama.cpp's node rule (multidraft.peers:
 top-ranked drafts, recursive rejection in a random order; docs/guide/llama_cpp_peer.md) is
 computed for K = 1, 2, 4 children and its total-variation distance to the target's p is
 reported, with the split threshold off (p_split = 0: exactly K children) and at llama.cpp's
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from multidraft.limits.peer import llama_speculative_law
+from multidraft.peers import llama_speculative_law
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
@@ -107,10 +107,10 @@ def from_models(path: Path, n_texts: int):
     """Full-vocabulary p, q along the store's first n_texts continuations, recomputed the way
     experiments.collect made them (same prompt encoding, per-text seed, T = 1)."""
     from multidraft.datasets import load_prompts, prompt_ids
+    from multidraft.decoding.pair import load_pair
     from multidraft.decoding.continuation import continuation_logits
     from multidraft.experiments import store
     from multidraft.experiments.records import derived_seed
-    from multidraft.models import resolve_pair
     from multidraft.sampling import process_logits
 
     ps = store.load(path)
@@ -118,7 +118,7 @@ def from_models(path: Path, n_texts: int):
     sources = ps.info["sources"]
     texts = list(dict.fromkeys(s["text"] for s in sources))[:n_texts]
     prompts = dict(load_prompts(ps.info["dataset"], 1 << 30, seed=settings["seed"]))  # the whole set
-    target, draft, tok = resolve_pair()
+    target, draft, tok = load_pair("transformers")
     Ps, Qs, agree, total = [], [], 0, 0
     for tid in texts:
         ids = prompt_ids(tok, ps.info["dataset"], prompts[tid])

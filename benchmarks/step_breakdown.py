@@ -49,10 +49,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from multidraft.models import resolve_llama_pair
+    from multidraft.decoding.pair import load_pair
 
-    target, draft = resolve_llama_pair(bf16_target=args.bf16_target, n_threads=args.threads,
-                                       draft_ftype=args.draft_ftype)
+    target, draft, _ = load_pair("llama.cpp", bf16_target=args.bf16_target, n_threads=args.threads,
+                                 draft_ftype=args.draft_ftype)
     text = load_prompts("humaneval", 1)[0][1]
     ids = encode_prompt(target, text, instruction=instruction_for("humaneval"))
     sd = {"verifier": "naive", "k": 1, "depth": args.depth}

@@ -12,6 +12,7 @@ import pytest
 
 from multidraft import models
 from multidraft.cli import main
+from multidraft.decoding import pair, quantize
 
 
 def test_profile_on_tiny_models(monkeypatch, capsys, tmp_path):
@@ -160,8 +161,8 @@ def test_llama_engine_without_the_extra_is_one_line_before_any_model(monkeypatch
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
     monkeypatch.setattr(models, "resolve_pair", boom)
-    monkeypatch.setattr(models, "resolve_llama_pair", boom)
-    monkeypatch.setattr(models, "ensure_gguf", boom)
+    monkeypatch.setattr(pair, "load_pair", boom)
+    monkeypatch.setattr(quantize, "ensure_gguf", boom)
     assert main(["profile", "--quiet", "--engine", "llama.cpp"] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("multidraft profile: error:")
@@ -180,7 +181,7 @@ def test_llama_engine_misuse(monkeypatch, capsys, bad, words):
     def boom(*a, **kw):
         raise AssertionError("a model would have been loaded")
 
-    monkeypatch.setattr(models, "resolve_llama_pair", boom)
+    monkeypatch.setattr(pair, "load_pair", boom)
     assert main(["profile", "--quiet", "--engine", "llama.cpp"] + bad) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0]

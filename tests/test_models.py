@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from multidraft import models as M
+from multidraft.models import assets as A
 
 transformers = pytest.importorskip("transformers")
 
@@ -136,13 +137,13 @@ def test_installed_hashes_cover_every_part(tmp_path):
     """importlib.metadata finds the RECORD hash of every slice (fake packages, and the real ones when installed)."""
     spec = make_parts(tmp_path / "site", _chunks(3))
     parts = M.find_parts(spec, search_path=[tmp_path / "site"])
-    table = M._installed_hashes(spec, [str(tmp_path / "site")])
+    table = A._installed_hashes(spec, [str(tmp_path / "site")])
     assert all(table[str(p.resolve())] == hashlib.sha256(p.read_bytes()).hexdigest() for p in parts)
     try:
         real = M.find_parts(M.DEFAULT_DRAFT)
     except FileNotFoundError:
         return
-    table = M._installed_hashes(M.DEFAULT_DRAFT, None)
+    table = A._installed_hashes(M.DEFAULT_DRAFT, None)
     assert all(len(table.get(str(p.resolve()), "")) == 64 for p in real)
 
 
@@ -156,7 +157,7 @@ def test_bad_checksum_with_intact_parts_blames_versions(tmp_path):
 def test_disk_space_is_checked(tmp_path, monkeypatch):
     spec = make_parts(tmp_path / "site", _chunks(3))
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(M.shutil, "disk_usage", lambda _p: Usage(10**12, 10**12, 1000))
+    monkeypatch.setattr(A.shutil, "disk_usage", lambda _p: Usage(10**12, 10**12, 1000))
     with pytest.raises(OSError, match="not enough disk space"):
         M.assemble_gguf(spec, tmp_path / "m.gguf", search_path=[tmp_path / "site"])
 

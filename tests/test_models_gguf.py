@@ -1,4 +1,5 @@
-"""GGUF files for llama.cpp: requantize_gguf, ensure_gguf and `setup-models --gguf/--bf16-target`.
+"""GGUF files for llama.cpp: models.gguf (names, the assembled file), decoding.quantize
+(requantize_gguf, ensure_gguf), load_pair("llama.cpp") and `setup-models --gguf/--bf16-target`.
 
 Everything runs on the tiny random GGUF of multidraft.testing (milliseconds per file): the
 "default model" is a fake spec whose part packages are slices of a tiny F32 GGUF. Tests
@@ -18,6 +19,10 @@ gguf = pytest.importorskip("gguf")
 from multidraft import models as M  # noqa: E402
 from multidraft import testing as T  # noqa: E402
 from multidraft.cli import main  # noqa: E402
+from multidraft.decoding import quantize as Q  # noqa: E402
+from multidraft.decoding.pair import load_pair  # noqa: E402
+from multidraft.models import assets as A  # noqa: E402
+from multidraft.models import gguf as G  # noqa: E402
 
 IDS = [10, 32, 256, 104, 101, 262, 3, 200, 7, 266, 77, 32]
 
@@ -63,7 +68,7 @@ def _no_llama(monkeypatch):
 def test_requantize_keeps_the_model(tmp_path, tiny, ftype, atol, max_tv):
     _llama_cpp()
     logs = []
-    out = M.requantize_gguf(tiny, tmp_path / "out" / f"tiny.{ftype}.gguf", ftype, nthread=1, log=logs.append)
+    out = Q.requantize_gguf(tiny, tmp_path / "out" / f"tiny.{ftype}.gguf", ftype, nthread=1, log=logs.append)
     assert out == tmp_path / "out" / f"tiny.{ftype}.gguf" and out.is_file()
     assert not out.with_name(out.name + ".partial").exists()
     assert "requantizing tiny.gguf" in logs[0] and str(out) in logs[-1]
@@ -101,7 +106,7 @@ def test_requantize_reports_llamacpp_errors(tmp_path):
     before_cb, before_ud = llama_cpp.llama_log_callback(), ctypes.c_void_p()
     llama_cpp.llama_log_get(ctypes.byref(before_cb), ctypes.byref(before_ud))
     with pytest.raises(RuntimeError, match=r"could not requantize .*bad\.gguf to BF16 .*returned 1\).*bad GGUF version") as e:
-        M.requantize_gguf(bad, dst)
+        Q.requantize_gguf(bad, dst)
     assert "\n" not in str(e.value)
     assert not dst.exists() and not (tmp_path / "dst.gguf.partial").exists()
     # the process-wide log callback is given back
@@ -113,34 +118,34 @@ def test_requantize_reports_llamacpp_errors(tmp_path):
 
 def test_requantize_bad_arguments(tmp_path, tiny):
     with pytest.raises(ValueError, match=r"ftype must be one of \['bf16', 'f16', 'f32', 'q4_0'\], got 'q4_k'"):
-        M.requantize_gguf(tiny, tmp_path / "x.gguf", "q4_k")
+        Q.requantize_gguf(tiny, tmp_path / "x.gguf", "q4_k")
     with pytest.raises(ValueError, match="nthread"):
-        M.requantize_gguf(tiny, tmp_path / "x.gguf", nthread=-1)
+        Q.requantize_gguf(tiny, tmp_path / "x.gguf", nthread=-1)
     with pytest.raises(FileNotFoundError, match="no GGUF file at"):
-        M.requantize_gguf(tmp_path / "none.gguf", tmp_path / "x.gguf")
+        Q.requantize_gguf(tmp_path / "none.gguf", tmp_path / "x.gguf")
     with pytest.raises(ValueError, match="dst must differ from src"):
-        M.requantize_gguf(tiny, tiny)
+        Q.requantize_gguf(tiny, tiny)
 
 
 def test_requantize_without_llama_cpp_names_the_extra(tmp_path, tiny, monkeypatch):
     _no_llama(monkeypatch)
     with pytest.raises(ImportError, match=r"needs the 'llama' extra: pip install 'multidraft\[llama\]'") as e:
-        M.requantize_gguf(tiny, tmp_path / "x.gguf")
+        Q.requantize_gguf(tiny, tmp_path / "x.gguf")
     assert "\n" not in str(e.value)
     assert not (tmp_path / "x.gguf").exists()
 
 
 def test_requantize_checks_disk_space(tmp_path, tiny, monkeypatch):
     _llama_cpp()
-    real = M.shutil.disk_usage
+    real = A.shutil.disk_usage
 
     def tiny_disk(path):
         u = real(path)
         return type(u)(u.total, u.total - 1000, 1000)
 
-    monkeypatch.setattr(M.shutil, "disk_usage", tiny_disk)
+    monkeypatch.setattr(A.shutil, "disk_usage", tiny_disk)
     with pytest.raises(OSError, match="not enough disk space .* requantizing tiny.gguf to BF16"):
-        M.requantize_gguf(tiny, tmp_path / "x.gguf")
+        Q.requantize_gguf(tiny, tmp_path / "x.gguf")
 
 
 # ---------------------------------------------------------------------------------------
@@ -162,49 +167,49 @@ def _fake_spec(site, data: bytes, stem="tinygguf", parts=3) -> M.ModelSpec:
 def test_ensure_gguf_assembles_trusts_and_reassembles(tmp_path, tiny):
     spec = _fake_spec(tmp_path / "site", tiny.read_bytes())
     kw = dict(cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
-    q4 = M.ensure_gguf(spec, **kw)
+    q4 = Q.ensure_gguf(spec, **kw)
     assert q4 == tmp_path / "cache" / "gguf" / spec.gguf_name
     assert q4.read_bytes() == tiny.read_bytes()
     # a file of the right size is trusted (no re-hash) unless verify=True
     q4.write_bytes(b"\0" * spec.size)
-    assert M.ensure_gguf(spec, **kw) == q4 and q4.read_bytes() == b"\0" * spec.size
-    assert M.ensure_gguf(spec, verify=True, **kw) == q4 and q4.read_bytes() == tiny.read_bytes()
+    assert Q.ensure_gguf(spec, **kw) == q4 and q4.read_bytes() == b"\0" * spec.size
+    assert Q.ensure_gguf(spec, verify=True, **kw) == q4 and q4.read_bytes() == tiny.read_bytes()
     # deleted (ensure_model drops it after conversion): assembled again
     q4.unlink()
-    assert M.ensure_gguf(spec, **kw).read_bytes() == tiny.read_bytes()
+    assert Q.ensure_gguf(spec, **kw).read_bytes() == tiny.read_bytes()
     # a truncated file is assembled again
     q4.write_bytes(b"x")
-    assert M.ensure_gguf(spec, **kw).read_bytes() == tiny.read_bytes()
+    assert Q.ensure_gguf(spec, **kw).read_bytes() == tiny.read_bytes()
 
 
 def test_ensure_gguf_bf16_is_built_once(tmp_path, tiny, monkeypatch):
     _llama_cpp()
     spec = _fake_spec(tmp_path / "site", tiny.read_bytes())
     kw = dict(cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
-    out = M.ensure_gguf(spec, bf16=True, **kw)
+    out = Q.ensure_gguf(spec, bf16=True, **kw)
     assert out == tmp_path / "cache" / "gguf" / f"{spec.name}.BF16.gguf"
     assert _types(out)["blk.0.ffn_up.weight"] == "BF16"
     assert (tmp_path / "cache" / "gguf" / spec.gguf_name).is_file()  # the source stays
     np.testing.assert_allclose(_logits(out), _logits(tiny), rtol=0, atol=0.15)
     # cached: neither assembled nor requantized again
-    monkeypatch.setattr(M, "requantize_gguf", lambda *a, **k: pytest.fail("requantized again"))
-    monkeypatch.setattr(M, "assemble_gguf", lambda *a, **k: pytest.fail("assembled again"))
-    assert M.ensure_gguf(spec, bf16=True, **kw) == out
+    monkeypatch.setattr(Q, "requantize_gguf", lambda *a, **k: pytest.fail("requantized again"))
+    monkeypatch.setattr(G, "assemble_gguf", lambda *a, **k: pytest.fail("assembled again"))
+    assert Q.ensure_gguf(spec, bf16=True, **kw) == out
 
 
 def test_ensure_gguf_bf16_without_llama_cpp_fails_first(tmp_path, tiny, monkeypatch):
     spec = _fake_spec(tmp_path / "site", tiny.read_bytes())
     _no_llama(monkeypatch)
     with pytest.raises(ImportError, match=r"pip install 'multidraft\[llama\]'"):
-        M.ensure_gguf(spec, bf16=True, cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
+        Q.ensure_gguf(spec, bf16=True, cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
     assert not (tmp_path / "cache" / "gguf" / spec.gguf_name).exists()  # nothing assembled
 
 
 def test_ensure_gguf_names(tmp_path):
     with pytest.raises(ValueError, match="spec_or_name must be a ModelSpec or one of 'target', 'draft'"):
-        M.ensure_gguf("big", cache_dir=tmp_path)
-    assert M._default_spec("target") is M.DEFAULT_TARGET
-    assert M._default_spec(M.DEFAULT_DRAFT.name) is M.DEFAULT_DRAFT
+        Q.ensure_gguf("big", cache_dir=tmp_path)
+    assert M.default_spec("target") is M.DEFAULT_TARGET
+    assert M.default_spec(M.DEFAULT_DRAFT.name) is M.DEFAULT_DRAFT
     assert M.DEFAULT_TARGET.requantized_name("bf16") == "qwen2.5-coder-1.5b-instruct.BF16.gguf"
 
 
@@ -218,8 +223,9 @@ def fake_defaults(tmp_path, monkeypatch):
     target = _fake_spec(site, T.tiny_gguf(tmp_path / "t.gguf", seed=0).read_bytes(), stem="faketarget")
     draft = _fake_spec(site, T.tiny_gguf(tmp_path / "d.gguf", seed=1, n_layer=1).read_bytes(), stem="fakedraft")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(M, "DEFAULT_TARGET", target)
-    monkeypatch.setattr(M, "DEFAULT_DRAFT", draft)
+    for module in (M, A):  # the package's names (the CLI's) and the ones default_spec("target") reads
+        monkeypatch.setattr(module, "DEFAULT_TARGET", target)
+        monkeypatch.setattr(module, "DEFAULT_DRAFT", draft)
     calls = []
     monkeypatch.setattr(M, "ensure_default_models", lambda cache_dir, log=None: calls.append(cache_dir) or
                         (tmp_path / "cache" / "target-hf", tmp_path / "cache" / "draft-hf"))
@@ -267,7 +273,7 @@ def test_cli_setup_models_bf16_without_llama_cpp(tmp_path, fake_defaults, monkey
 # ---------------------------------------------------------------------------------------
 def test_requantize_q4_0_is_a_smaller_working_model(tmp_path, tiny):
     _llama_cpp()
-    out = M.requantize_gguf(tiny, tmp_path / "tiny.Q4_0.gguf", "q4_0", nthread=1)
+    out = Q.requantize_gguf(tiny, tmp_path / "tiny.Q4_0.gguf", "q4_0", nthread=1)
     types = _types(out)
     blocks = {n: t for n, t in types.items() if n.startswith("blk.") and n.endswith(".weight") and "_norm" not in n}
     assert blocks and set(blocks.values()) == {"Q4_0"}, blocks
@@ -284,31 +290,32 @@ def test_ensure_gguf_ftype(tmp_path, tiny, monkeypatch):
     _llama_cpp()
     spec = _fake_spec(tmp_path / "site", tiny.read_bytes())
     kw = dict(cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
-    out = M.ensure_gguf(spec, ftype="Q4_0", **kw)
+    out = Q.ensure_gguf(spec, ftype="Q4_0", **kw)
     assert out == tmp_path / "cache" / "gguf" / f"{spec.name}.Q4_0.gguf"
     assert _types(out)["blk.0.ffn_up.weight"] == "Q4_0"
-    assert M.ensure_gguf(spec, ftype="bf16", **kw) == tmp_path / "cache" / "gguf" / f"{spec.name}.BF16.gguf"
-    monkeypatch.setattr(M, "requantize_gguf", lambda *a, **k: pytest.fail("requantized again"))
-    assert M.ensure_gguf(spec, ftype="q4_0", **kw) == out
-    assert M.ensure_gguf(spec, bf16=True, ftype="bf16", **kw).name == f"{spec.name}.BF16.gguf"
+    assert Q.ensure_gguf(spec, ftype="bf16", **kw) == tmp_path / "cache" / "gguf" / f"{spec.name}.BF16.gguf"
+    monkeypatch.setattr(Q, "requantize_gguf", lambda *a, **k: pytest.fail("requantized again"))
+    assert Q.ensure_gguf(spec, ftype="q4_0", **kw) == out
+    assert Q.ensure_gguf(spec, bf16=True, ftype="bf16", **kw).name == f"{spec.name}.BF16.gguf"
     with pytest.raises(ValueError, match="ftype must be None or one of bf16, f16, f32, q4_0, got 'q2_k'"):
-        M.ensure_gguf(spec, ftype="q2_k", **kw)
+        Q.ensure_gguf(spec, ftype="q2_k", **kw)
     with pytest.raises(ValueError, match="bf16=True and ftype='q4_0' disagree"):
-        M.ensure_gguf(spec, bf16=True, ftype="q4_0", **kw)
+        Q.ensure_gguf(spec, bf16=True, ftype="q4_0", **kw)
 
 
-def test_resolve_llama_pair_draft_ftype_misuse(tmp_path, tiny):
+def test_load_pair_llama_draft_ftype_misuse(tmp_path, tiny):
     with pytest.raises(ValueError, match="draft_ftype applies to the default draft only"):
-        M.resolve_llama_pair(tiny, tiny, draft_ftype="q4_0")
+        load_pair("llama.cpp", target=tiny, draft=tiny, draft_ftype="q4_0")
     with pytest.raises(ValueError, match="draft_ftype must be one of"):
-        M.resolve_llama_pair(tiny, None, draft_ftype="q9")
+        load_pair("llama.cpp", target=tiny, draft_ftype="q9")
 
 
-def test_resolve_llama_pair_loads_the_requantized_draft(tmp_path, fake_defaults):
+def test_load_pair_llama_loads_the_requantized_draft(tmp_path, fake_defaults):
     _llama_cpp()
     target, draft, _ = fake_defaults
-    t, d = M.resolve_llama_pair(draft_ftype="q4_0", cache_dir=tmp_path / "cache", n_threads=1, n_ctx=256)
+    t, d, tok = load_pair("llama.cpp", draft_ftype="q4_0", cache_dir=tmp_path / "cache", n_threads=1, n_ctx=256)
     try:
+        assert tok is t
         assert t.path.name == target.gguf_name and d.path.name == "fakedraft.Q4_0.gguf"
     finally:
         t.close()

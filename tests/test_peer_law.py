@@ -1,4 +1,4 @@
-"""The exact law of llama-speculative's node rule (multidraft.limits.peer).
+"""The exact law of llama-speculative's node rule (multidraft.peers).
 
 References written here, independently of the module: an enumeration over the visiting
 orders (and, for sampled drafts, over the draft tuples) with plain Python floats, and a
@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from multidraft.limits.peer import MAX_CHILDREN, llama_speculative_law, peer_branches
+from multidraft.peers import MAX_CHILDREN, llama_speculative_law, peer_branches
 
 
 # ---------------------------------------------------------------- references (no torch)

@@ -13,6 +13,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from multidraft import models  # noqa: E402
 from multidraft.cli import main  # noqa: E402
+from multidraft.decoding import pair as pair_module  # noqa: E402
 from multidraft.decoding import profiling  # noqa: E402
 from multidraft.decoding.llamacpp import LlamaCppModel  # noqa: E402
 from multidraft.decoding.treeopt import AcceptStats, CostProfile, choose_tree, fit_overhead  # noqa: E402
@@ -86,22 +87,22 @@ def test_profile_structure_meta_and_cache(pair, files):
 def test_cli_profile_on_llama_cpp(monkeypatch, capsys, tmp_path, files):
     seen = {}
 
-    def fake_pair(target=None, draft=None, *, bf16_target=False, n_threads=None, n_ctx=4096, **kw):
-        seen.update(target=target, draft=draft, bf16_target=bf16_target, n_threads=n_threads, n_ctx=n_ctx)
-        return (LlamaCppModel(target, n_ctx=256, n_threads=n_threads),
-                LlamaCppModel(draft, n_ctx=256, n_threads=n_threads))
+    def fake_pair(engine, *, target=None, draft=None, bf16_target=False, n_threads=None, n_ctx=4096, **kw):
+        seen.update(engine=engine, target=target, draft=draft, bf16_target=bf16_target, n_threads=n_threads, n_ctx=n_ctx)
+        t = LlamaCppModel(target, n_ctx=256, n_threads=n_threads)
+        return t, LlamaCppModel(draft, n_ctx=256, n_threads=n_threads), t
 
     def boom(*a, **kw):
         raise AssertionError("the transformers loader was used")
 
-    monkeypatch.setattr(models, "resolve_llama_pair", fake_pair)
+    monkeypatch.setattr(pair_module, "load_pair", fake_pair)
     monkeypatch.setattr(models, "resolve_pair", boom)
     out = tmp_path / "prof.json"
     argv = ["profile", "--quiet", "--engine", "llama.cpp", "--target", str(files[0]), "--draft", str(files[1]),
             "--threads", "2", "--nodes", "1,2,4", "--draft-nodes", "1-2", "--repeats", "1", "--prefix", "16",
             "--statistic", "min", "--out", str(out)]
     assert main(argv) == 0
-    assert seen["n_threads"] == 2 and seen["bf16_target"] is False and seen["n_ctx"] >= 16 + 1 + 4
+    assert seen["engine"] == "llama.cpp" and seen["n_threads"] == 2 and seen["bf16_target"] is False and seen["n_ctx"] >= 16 + 1 + 4
     text = capsys.readouterr().out
     assert "2 llama.cpp threads" in text and files[0].name in text and "target n" in text and "draft m" in text
     obj = json.loads(out.read_text())

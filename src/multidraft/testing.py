@@ -113,11 +113,9 @@ def _positive_int(name: str, value) -> int:
 
 
 def _gguf():
-    try:
-        import gguf
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("multidraft.testing needs the 'gguf' package: pip install gguf (or the 'models' extra)") from exc
-    return gguf
+    from . import _optional
+
+    return _optional.require("gguf", "multidraft.testing")
 
 
 def tiny_gguf(

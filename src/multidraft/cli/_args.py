@@ -1,12 +1,16 @@
-"""Argument parsing shared by every subcommand: ONE parser per kind of value.
+"""Argument parsing shared by every subcommand: ONE parser per kind of value, and the run
+inputs that the ``experiment`` and ``experiment paper`` commands make from parsed arguments.
 
-Each returns the parsed value or raises ``ValueError`` whose message starts with the flag
-name, so ``multidraft.cli.main`` prints it as one line and exits 2. Call them on the raw
+Each parser returns the parsed value or raises ``ValueError`` whose message starts with the
+flag name, so ``multidraft.cli.main`` prints it as one line and exits 2. Call them on the raw
 string after ``argparse`` (not as ``type=``), so the message is ours, not argparse's.
 """
 from __future__ import annotations
 
-__all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype"]
+import sys
+
+__all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype",
+           "eprint", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper"]
 
 
 def name_list(text, flag: str) -> list[str]:
@@ -62,3 +66,62 @@ def draft_ftype(text, draft_path, flag: str = "--draft-ftype") -> str | None:
     if key is not None and draft_path is not None:
         raise ValueError(f"{flag} picks the default draft's requantized GGUF; drop it or --draft")
     return key
+
+
+# ---------------------------------------------------------------------------------------
+# run inputs from parsed arguments (``experiment`` and ``experiment paper``)
+# ---------------------------------------------------------------------------------------
+def eprint(msg: str) -> None:
+    """A progress line on stderr (the ``log`` of every long step)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def model_loader(args):
+    """A callable loading ``(target, draft, tokenizer)`` from ``--target`` / ``--draft``
+    (transformers; the default pair where absent), called only when a stage needs models."""
+    def load():
+        from ..decoding.pair import load_pair
+
+        eprint("loading models ...")
+        return load_pair("transformers", target=args.target, draft=args.draft, log=eprint)
+
+    return load
+
+
+def model_names(args) -> dict:
+    """``{"target", "draft"}``: the model paths given, or the default models' titles."""
+    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    return {
+        "target": str(args.target) if args.target else DEFAULT_TARGET.title,
+        "draft": str(args.draft) if args.draft else DEFAULT_DRAFT.title,
+    }
+
+
+def progress_bar(args):
+    """The progress-bar factory, or None with ``--no-progress``."""
+    if args.no_progress:
+        return None
+    from ..experiments.progress import progress
+
+    return progress
+
+
+def mapper_kw(args) -> dict:
+    """``{"mapper": RayMapper}`` for ``--ray``, else nothing (the single-process default)."""
+    if not args.ray:
+        return {}
+    from ..experiments.distributed import ray_mapper
+    from . import UserError
+
+    try:
+        return {"mapper": ray_mapper(args.ray)}  # connects on the first cell, after collection
+    except ImportError as exc:
+        raise UserError(str(exc)) from None
+
+
+def close_mapper(kw: dict) -> None:
+    """Shut down a Ray session that ``--ray`` started (nothing otherwise)."""
+    close = getattr(kw.get("mapper"), "close", None)
+    if close is not None:
+        close()

@@ -1,6 +1,6 @@
 """``multidraft decode``: multi-draft speculative decoding of one prompt on local models.
 
-Models default to the default pair (``multidraft.models.resolve_pair``);
+Models default to the default pair (``multidraft.decoding.pair.load_pair``);
 ``--target DIR --draft DIR`` take any local Hugging Face causal LM directories sharing a
 tokenizer. ``--verifier none`` runs the target alone (the baseline). ``--draft-law``
 defaults to the law the verifier implies (``rrs_wor`` -> wor, ``spechub`` -> greedy, ...).
@@ -174,11 +174,10 @@ def check_args(args):
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.engine == "llama.cpp":
-        from ..decoding.llamacpp import llama_cpp_available
-        from ..models import LLAMA_HINT
+        from .. import _optional
 
-        if not llama_cpp_available():
-            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {LLAMA_HINT}")
+        if not _optional.available("llama_cpp"):
+            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {_optional.hint('llama_cpp')}")
         if args.bf16_target and args.target is not None:
             raise ValueError("--bf16-target picks the default target's BF16 GGUF; drop it or --target")
         args.draft_ftype = draft_ftype(args.draft_ftype, args.draft)
@@ -363,21 +362,19 @@ def run(args) -> int:
     import torch
 
     from ..decoding import generate
-    from ..models import resolve_pair
+    from ..decoding.pair import load_pair
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if args.engine == "llama.cpp":
-        from ..models import resolve_llama_pair
-
-        target, draft = resolve_llama_pair(args.target, args.draft if settings.verifier is not None else False,
-                                           bf16_target=args.bf16_target, n_threads=args.threads, log=log,
-                                           draft_ftype=args.draft_ftype if settings.verifier is not None else None)
+    llama = args.engine == "llama.cpp"
+    target, draft, tok = load_pair(
+        args.engine, target=args.target, draft=args.draft if settings.verifier is not None else False,
+        dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
+        draft_ftype=args.draft_ftype if settings.verifier is not None else None, n_threads=args.threads, log=log)
+    if llama:
         input_ids = torch.tensor([target.tokenize(args.prompt, chat=args.chat)], dtype=torch.long)
         eos = None if args.ignore_eos else target.eos_token_ids
         detok = target.detokenize
     else:
-        dtype = getattr(torch, args.dtype)
-        target, draft, tok = resolve_pair(args.target, args.draft, dtype, log=log)
         if args.chat and getattr(tok, "chat_template", None):
             text_in = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
                                               add_generation_prompt=True)

@@ -1,19 +1,14 @@
-"""``multidraft demo`` (what ``make demo`` runs) and ``multidraft setup-models``.
+"""``multidraft demo`` (what ``make demo`` runs, after ``multidraft setup-models``, ``cli.setup``).
 
-``setup-models`` assembles, checksums and converts the default model pair once (progress
-on stderr) and prints the two model directories; ``--gguf`` also keeps the two Q4_K_M GGUF
-files for llama.cpp, ``--bf16-target`` makes the BF16 GGUF of the target and
-``--draft-ftype q4_0`` the Q4_0 GGUF of the draft (the fast CPU draft; both need the ``llama``
-extra), printing their paths and sizes. ``demo`` compares target-only decoding,
-single-draft SD and the multi-draft verifiers on HumanEval prompts and writes
-``demo.jsonl``, ``demo.md`` and ``demo.png`` in ``--out``.
+``demo`` compares target-only decoding, single-draft SD and the multi-draft verifiers on
+HumanEval prompts and writes ``demo.jsonl``, ``demo.md`` and ``demo.png`` in ``--out``.
 """
 from __future__ import annotations
 
 import sys
 
 from . import UserError
-from ._args import draft_ftype, k_list, name_list
+from ._args import k_list, name_list
 
 
 def _eprint(msg: str) -> None:
@@ -21,24 +16,6 @@ def _eprint(msg: str) -> None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "setup-models",
-        help="assemble, verify and convert the default model pair (cached)",
-        description="Find the GGUF slices of the default pair in site-packages, check size and sha256, "
-                    "convert each model once to bf16 safetensors in the cache and print the directories.",
-    )
-    p.add_argument("--cache-dir", default=None, help="cache directory (default $MULTIDRAFT_CACHE or ~/.cache/multidraft/models)")
-    p.add_argument("--gguf", action="store_true",
-                   help="also keep the assembled Q4_K_M GGUF files of both models in <cache>/gguf (for llama.cpp)")
-    p.add_argument("--bf16-target", action="store_true",
-                   help="also write the target requantized to BF16 by llama.cpp, <cache>/gguf/<name>.BF16.gguf "
-                        "(3.3 GiB, about 10-15 s; needs the llama extra: pip install 'multidraft[llama]')")
-    p.add_argument("--draft-ftype", default=None, metavar="FTYPE",
-                   help="also write the draft requantized by llama.cpp to FTYPE, <cache>/gguf/<name>.<FTYPE>.gguf "
-                        "(q4_0: about a third cheaper per draft token on AVX2 / AVX-512 CPUs; a few seconds; "
-                        "needs the llama extra)")
-    p.set_defaults(func=run_setup)
-
     d = subparsers.add_parser(
         "demo",
         help="end-to-end speed: target-only vs single-draft SD vs multi-draft verifiers",
@@ -65,39 +42,6 @@ def register(subparsers) -> None:
                    help="seconds of decoding after which no new prompt round starts (default 180; 0 = none)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(func=run)
-
-
-def _size(path) -> str:
-    return f"{path.stat().st_size / 2**30:.2f} GiB"
-
-
-def run_setup(args) -> int:
-    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET, ensure_default_models, ensure_gguf, import_llama_cpp
-
-    ftype = draft_ftype(args.draft_ftype, None)
-    try:
-        if args.bf16_target or ftype:
-            import_llama_cpp()  # fail before any long step
-        target, draft = ensure_default_models(args.cache_dir, log=_eprint)
-        ggufs = []
-        if args.gguf:
-            ggufs += [("target gguf", ensure_gguf(DEFAULT_TARGET, cache_dir=args.cache_dir, log=_eprint)),
-                      ("draft gguf", ensure_gguf(DEFAULT_DRAFT, cache_dir=args.cache_dir, log=_eprint))]
-        if args.bf16_target:
-            ggufs.append(("target bf16 gguf", ensure_gguf(DEFAULT_TARGET, bf16=True, cache_dir=args.cache_dir, log=_eprint)))
-        if ftype:
-            ggufs.append((f"draft {ftype} gguf", ensure_gguf(DEFAULT_DRAFT, ftype=ftype, cache_dir=args.cache_dir, log=_eprint)))
-    except (ImportError, RuntimeError) as exc:
-        raise UserError(str(exc)) from None
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise UserError(str(exc)) from None
-    print(f"target: {target}")
-    print(f"draft:  {draft}")
-    for label, path in ggufs:
-        print(f"{label}: {path} ({_size(path)})")
-    return 0
 
 
 def run(args) -> int:

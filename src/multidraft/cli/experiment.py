@@ -14,38 +14,13 @@ import sys
 from ..datasets import DATASETS, check_dataset
 from ..experiments.collect import POSITIONS_FROM
 from . import UserError
+from ._args import close_mapper as _close
+from ._args import eprint as _log
 from ._args import float_list, k_list, name_list
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _models(args):
-    def load():
-        from ..models import resolve_pair
-
-        _log("loading models ...")
-        return resolve_pair(args.target, args.draft, log=_log)
-
-    return load
-
-
-def _model_names(args) -> dict:
-    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
-
-    return {
-        "target": str(args.target) if args.target else DEFAULT_TARGET.title,
-        "draft": str(args.draft) if args.draft else DEFAULT_DRAFT.title,
-    }
-
-
-def _progress(args):
-    if args.no_progress:
-        return None
-    from ..experiments.progress import progress
-
-    return progress
+from ._args import mapper_kw as _mapper_kw
+from ._args import model_loader as _models
+from ._args import model_names as _model_names
+from ._args import progress_bar as _progress
 
 
 def _common(p, *, positions: bool = True) -> None:
@@ -159,24 +134,6 @@ def _positions_kw(args) -> dict:
         positions_per_text=ppt, max_tokens=args.max_tokens, eps=args.eps, seed=args.seed,
         collect_kw=_collect_kw(args) or None, log=_log, progress=_progress(args), **_mapper_kw(args),
     )
-
-
-def _mapper_kw(args) -> dict:
-    """``{"mapper": RayMapper}`` for ``--ray``, else nothing (the single-process default)."""
-    if not args.ray:
-        return {}
-    from ..experiments.distributed import ray_mapper
-
-    try:
-        return {"mapper": ray_mapper(args.ray)}  # connects on the first cell, after collection
-    except ImportError as exc:
-        raise UserError(str(exc)) from None
-
-
-def _close(kw: dict) -> None:
-    close = getattr(kw.get("mapper"), "close", None)
-    if close is not None:
-        close()  # shuts down a Ray session that --ray started
 
 
 def _print(rows, path, kind: str, run_dir) -> None:

@@ -10,7 +10,7 @@ goes to RUN_DIR/stages.jsonl and into the report.
 """
 from __future__ import annotations
 
-from ._args import name_list
+from ._args import close_mapper, eprint, mapper_kw, model_loader, model_names, name_list, progress_bar
 
 
 def register(es) -> None:
@@ -34,16 +34,15 @@ def register(es) -> None:
 
 def run(args) -> int:
     from ..experiments import paper, report
-    from .experiment import _close, _log, _mapper_kw, _model_names, _models, _progress
 
     stages = name_list(args.stages, "--stages")
     config = paper.QUICK if args.quick else paper.PAPER
-    kw = _mapper_kw(args)
+    kw = mapper_kw(args)
     try:
-        spent = paper.run(args.run_dir, models=_models(args), model_names=_model_names(args), config=config,
-                          stages=stages, seed=args.seed, log=_log, progress=_progress(args), **kw)
+        spent = paper.run(args.run_dir, models=model_loader(args), model_names=model_names(args), config=config,
+                          stages=stages, seed=args.seed, log=eprint, progress=progress_bar(args), **kw)
     finally:
-        _close(kw)
+        close_mapper(kw)
     for stage, secs in spent.items():
         print(f"{stage:12s} {secs:9.1f} s")
     if not args.no_report:

@@ -73,11 +73,10 @@ def check_args(args):
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.engine == "llama.cpp":
-        from ..decoding.llamacpp import llama_cpp_available
-        from ..models import LLAMA_HINT
+        from .. import _optional
 
-        if not llama_cpp_available():
-            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {LLAMA_HINT}")
+        if not _optional.available("llama_cpp"):
+            raise ValueError(f"--engine llama.cpp needs llama-cpp-python: {_optional.hint('llama_cpp')}")
         if args.dtype is not None:
             raise ValueError("--dtype applies to --engine transformers only (llama.cpp runs the GGUF's own types)")
         if args.bf16_target and args.target is not None:
@@ -104,19 +103,13 @@ def _load(args, nodes, draft_nodes, log):
     (``None, None`` with ``--overhead-tokens 0``: nothing decodes it)."""
     import torch
 
-    if args.engine == "llama.cpp":
-        from ..models import resolve_llama_pair
+    from ..decoding.pair import load_pair
 
-        n_ctx = max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1]))
-        target, draft = resolve_llama_pair(args.target, args.draft, bf16_target=args.bf16_target,
-                                           n_threads=args.threads, n_ctx=n_ctx, log=log, draft_ftype=args.draft_ftype)
-        tokenizer = target
-    else:
-        from ..models import resolve_pair
-
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        target, draft, tokenizer = resolve_pair(args.target, args.draft, getattr(torch, args.dtype or "bfloat16"), log=log)
+    llama = args.engine == "llama.cpp"
+    target, draft, tokenizer = load_pair(
+        args.engine, target=args.target, draft=args.draft, dtype=None if llama else getattr(torch, args.dtype or "bfloat16"),
+        bf16_target=args.bf16_target, draft_ftype=args.draft_ftype, n_threads=args.threads,
+        n_ctx=max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1])), log=log)
     if not args.overhead_tokens:
         return target, draft, None, None
     from ..datasets import encode_prompt, instruction_for, load_prompts

@@ -1,7 +1,7 @@
 """llama.cpp as a decoding engine (``pip install 'multidraft[llama]'``: llama-cpp-python).
 
 ``LlamaCppModel(path)`` loads a GGUF file directly (any quantisation llama.cpp reads: the
-default pair's Q4_K_M files, or a BF16 requantisation, ``models.ensure_gguf``) and can be
+default pair's Q4_K_M files, or a BF16 requantisation, ``decoding.quantize.ensure_gguf``) and can be
 passed to ``generate`` as target and draft, exactly where a transformers model goes; the
 drafting, the verifiers and the walk are the engine's own (``engine._Decoder``), only the
 forward passes and the KV cache are llama.cpp's.
@@ -32,6 +32,7 @@ how the decoder uses it.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -40,18 +41,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available"]
+from .. import _optional
+
+__all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available", "import_llama_cpp", "llama_log_to"]
 
 
 def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether llama-cpp-python can be imported (``multidraft._optional``)."""
+    return _optional.available("llama_cpp")
+
+
+def import_llama_cpp():
+    """The ``llama_cpp`` module, or a one-line ``ImportError`` naming the extra."""
+    return _optional.require("llama_cpp")
 
 
 _CACHE_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
+# enum ggml_log_level of the bundled llama.cpp: DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (llama-cpp-python
+# 0.3.36's own _logger still maps the older numbering, in which 4 was DEBUG)
+LOG_WARN, LOG_ERROR = 3, 4
 _LOG: list[str] = []  # recent llama.cpp error lines (attached to exceptions)
 _LOG_CB = None
 
@@ -64,12 +72,32 @@ def _install_log(L) -> None:
 
     @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
     def cb(level, text, _user):
-        if level >= 3 and text:  # GGML_LOG_LEVEL_WARN = 3, ERROR = 4
+        if level >= LOG_WARN and text:
             _LOG.append(text.decode("utf-8", "replace").rstrip())
             del _LOG[:-20]
 
     _LOG_CB = cb
     L.llama_log_set(cb, ctypes.c_void_p())
+
+
+@contextlib.contextmanager
+def llama_log_to(llama_cpp, sink: list):
+    """Route llama.cpp's log (a process-wide callback) into ``sink`` as ``(level, text)``
+    pairs, warnings and errors only, and restore the previous callback afterwards."""
+    prev_cb = llama_cpp.llama_log_callback()
+    prev_ud = ctypes.c_void_p()
+    llama_cpp.llama_log_get(ctypes.byref(prev_cb), ctypes.byref(prev_ud))
+
+    @llama_cpp.llama_log_callback
+    def _callback(level, text, _user_data):
+        if level in (LOG_WARN, LOG_ERROR) and text:
+            sink.append((int(level), text.decode("utf-8", "replace").strip()))
+
+    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+    try:
+        yield
+    finally:
+        llama_cpp.llama_log_set(prev_cb, prev_ud)
 
 
 class LlamaCppModel:
@@ -90,8 +118,6 @@ class LlamaCppModel:
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, cache_type: str = "f16", flash_attn: bool | None = None):
-        from ..models import import_llama_cpp
-
         L = import_llama_cpp()  # ImportError naming the extra
         self._L = L
         path = Path(path)

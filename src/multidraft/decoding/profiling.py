@@ -24,6 +24,7 @@ per-node term.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import platform
 import statistics
@@ -32,6 +33,7 @@ from dataclasses import replace
 
 import torch
 
+from .. import _optional
 from .runners import runner_for
 from .treeopt import CostProfile, fit_overhead
 
@@ -90,12 +92,7 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
-    try:
-        import transformers
-
-        tv = transformers.__version__
-    except ImportError:  # pragma: no cover
-        tv = None
+    tv = importlib.import_module("transformers").__version__ if _optional.available("transformers") else None
     load = _load()
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average": load,
             "platform": platform.platform(), "python": platform.python_version(),
@@ -131,8 +128,7 @@ def engine_info(target, draft) -> dict:
                          "llama.cpp GGUF models)")
     engine = engines.pop()
     if engine == "llama.cpp":
-        import llama_cpp
-
+        llama_cpp = _optional.require("llama_cpp")
         return {"engine": engine, "dtype": _gguf_type(target), "draft_dtype": _gguf_type(draft),
                 "target_file": target.path.name, "draft_file": draft.path.name,
                 "llama_cpp_python": getattr(llama_cpp, "__version__", None),

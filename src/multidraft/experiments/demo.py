@@ -181,10 +181,12 @@ def format_table(summary: Sequence[dict]) -> str:
 
 def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Path | None:
     """Two bar panels (speedup over target-only, block efficiency); None without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
+    from .. import _optional
+
+    if not _optional.available("matplotlib"):
         return None
+    import matplotlib
+
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -234,9 +236,9 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
         raise OSError(f"out_dir: cannot create {out_dir}: {exc.strerror or exc}") from None
     t_start = time.perf_counter()
     if models is None:
-        from ..models import resolve_pair
+        from ..decoding.pair import load_pair
 
-        models = resolve_pair(cfg.target, cfg.draft, cache_dir=cfg.cache_dir, log=log)
+        models = load_pair("transformers", target=cfg.target, draft=cfg.draft, cache_dir=cfg.cache_dir, log=log)
     target, draft, tok = models
     eos = tok.eos_token_id if cfg.stop_at_eos else None
     encoded = [(tid, encode_prompt(tok, text, chat=cfg.chat)) for tid, text in prompts]

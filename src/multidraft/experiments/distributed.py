@@ -34,18 +34,16 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from .. import _optional
+
 __all__ = ["RAY_EXTRA", "ray_mapper", "RayMapper", "import_ray", "worker_env"]
 
-RAY_EXTRA = "pip install 'multidraft[ray]'"
+RAY_EXTRA = _optional.hint("ray")
 
 
 def import_ray():
     """``import ray``, or ``ImportError`` with one line naming the extra to install."""
-    try:
-        import ray  # noqa: PLC0415 (optional dependency, imported lazily)
-    except ImportError:
-        raise ImportError(f"--ray needs Ray, which is not installed: {RAY_EXTRA}") from None
-    return ray
+    return _optional.require("ray", "--ray")
 
 
 def worker_env() -> dict:

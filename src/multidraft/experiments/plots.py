@@ -4,15 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .. import _optional
+
 __all__ = ["available", "lines"]
 
 
 def available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether matplotlib can be imported (``multidraft._optional``)."""
+    return _optional.available("matplotlib")
 
 
 def lines(

@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from .. import _optional
 from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, t95
@@ -526,7 +527,7 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
         lines.append("## End-to-end block efficiency\n")
         _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines, reference)
     if no_mpl:
-        lines.append("_(plots skipped: matplotlib is not installed; `pip install multidraft[plots]`)_\n")
+        lines.append(f"_(plots skipped: matplotlib is not installed; `{_optional.hint('matplotlib')}`)_\n")
     path = out / "report.md"
     try:
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")

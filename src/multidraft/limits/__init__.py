@@ -5,8 +5,9 @@
 ``is_lp_optimal_acceptance(p, law)`` two-step importance-sampling LP (Khisti et al.), small V
 ``k2_optimal_acceptance(p, q)``      K = 2 identical drafts: min_S [1 + p(S) - q(S)^2] (k2.py)
 ``unit_acceptance_possible(p, q, k)`` whether acceptance 1 is reachable, O(V log V)
-``llama_speculative_law(p, q, k)``   exact output law of llama.cpp's llama-speculative node rule
-                                     (a lossy peer, for comparison; peer.py, docs/guide/llama_cpp_peer.md)
+
+Ceilings only: the law of llama.cpp's lossy llama-speculative node rule, a peer compared
+against, is ``multidraft.peers``.
 
 See docs/guide/optimal_acceptance.md for the derivations.
 """
@@ -24,7 +25,6 @@ from .lp import (
     solve_coupling,
     tuple_count,
 )
-from .peer import PeerLaw, llama_speculative_law
 
 __all__ = [
     "optimal_acceptance",
@@ -41,6 +41,4 @@ __all__ = [
     "tuple_count",
     "check_lp_size",
     "MAX_LP_TUPLES",
-    "llama_speculative_law",
-    "PeerLaw",
 ]

@@ -1,5 +1,8 @@
 """The exact next-token law of llama.cpp's ``llama-speculative`` at one draft-tree node.
 
+A lossy peer's law, for comparison (not a ceiling: ``limits`` holds those); pure maths on
+``(p, q)`` rows, at the floor of the layers with ``drafts`` and ``sampling``.
+
 The peer (``examples/speculative/speculative.cpp`` of llama.cpp commit 0c1e57098, the copy
 vendored in llama-cpp-python 0.3.36; docs/guide/llama_cpp_peer.md describes it in full) does, at a
 node whose target distribution is ``p`` and whose draft distribution is ``q`` (both the
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import as_k, as_probs64
+from ._validate import as_k, as_probs64
 
 __all__ = ["PeerLaw", "MAX_CHILDREN", "DRAFT_CHOICES", "peer_branches", "llama_speculative_law"]
 
