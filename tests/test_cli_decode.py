@@ -251,4 +251,4 @@ def test_llama_engine_without_the_extra_names_it(no_models, capsys, monkeypatch)
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     assert main(BASE + ["--engine", "llama.cpp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'multidraft[llama]'" in err[0]
+    assert len(err) == 1 and "scripts/install_llama_cpp.sh .venv/bin/python" in err[0]

@@ -166,7 +166,7 @@ def test_llama_engine_without_the_extra_is_one_line_before_any_model(monkeypatch
     assert main(["profile", "--quiet", "--engine", "llama.cpp"] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("multidraft profile: error:")
-    assert "pip install 'multidraft[llama]'" in err[0]
+    assert "scripts/install_llama_cpp.sh .venv/bin/python" in err[0]
 
 
 @pytest.mark.parametrize("bad,words", [

@@ -173,7 +173,7 @@ def test_errors(files, models, monkeypatch):
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         LlamaCppModel(files[0].parent / "missing.gguf")
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(ImportError, match=r"multidraft\[llama\]"):
+    with pytest.raises(ImportError, match=r"install_llama_cpp.sh"):
         LlamaCppModel(files[0])
 
 

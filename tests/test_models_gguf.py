@@ -129,7 +129,7 @@ def test_requantize_bad_arguments(tmp_path, tiny):
 
 def test_requantize_without_llama_cpp_names_the_extra(tmp_path, tiny, monkeypatch):
     _no_llama(monkeypatch)
-    with pytest.raises(ImportError, match=r"needs the 'llama' extra: pip install 'multidraft\[llama\]'") as e:
+    with pytest.raises(ImportError, match=r"needs the 'llama' extra: scripts/install_llama_cpp.sh") as e:
         Q.requantize_gguf(tiny, tmp_path / "x.gguf")
     assert "\n" not in str(e.value)
     assert not (tmp_path / "x.gguf").exists()
@@ -200,7 +200,7 @@ def test_ensure_gguf_bf16_is_built_once(tmp_path, tiny, monkeypatch):
 def test_ensure_gguf_bf16_without_llama_cpp_fails_first(tmp_path, tiny, monkeypatch):
     spec = _fake_spec(tmp_path / "site", tiny.read_bytes())
     _no_llama(monkeypatch)
-    with pytest.raises(ImportError, match=r"pip install 'multidraft\[llama\]'"):
+    with pytest.raises(ImportError, match=r"scripts/install_llama_cpp.sh"):
         Q.ensure_gguf(spec, bf16=True, cache_dir=tmp_path / "cache", search_path=[tmp_path / "site"])
     assert not (tmp_path / "cache" / "gguf" / spec.gguf_name).exists()  # nothing assembled
 
@@ -263,7 +263,7 @@ def test_cli_setup_models_bf16_without_llama_cpp(tmp_path, fake_defaults, monkey
     assert main(["setup-models", "--cache-dir", str(tmp_path / "cache"), "--bf16-target"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("multidraft setup-models: error: llama.cpp support needs the 'llama' extra: "
-                          "pip install 'multidraft[llama]'")
+                          "scripts/install_llama_cpp.sh .venv/bin/python")
     assert "\n" not in err
     assert calls == []  # failed before the long steps
 

@@ -34,7 +34,7 @@ class Dependency:
 OPTIONAL: dict[str, Dependency] = {o.module: o for o in (
     Dependency("transformers", "models", "pip install -e '.[models]'", "multidraft's transformers models"),
     Dependency("gguf", "models", "pip install -e '.[models]' (or pip install gguf)", "multidraft.testing"),
-    Dependency("llama_cpp", "llama", "pip install 'multidraft[llama]'", "llama.cpp support"),
+    Dependency("llama_cpp", "llama", "scripts/install_llama_cpp.sh .venv/bin/python", "llama.cpp support"),
     Dependency("matplotlib", "plots", "pip install 'multidraft[plots]'", "plots"),
     Dependency("ray", "ray", "pip install 'multidraft[ray]'", "--ray"),
 )}

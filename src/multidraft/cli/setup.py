@@ -24,7 +24,7 @@ def register(subparsers) -> None:
                    help="also keep the assembled Q4_K_M GGUF files of both models in <cache>/gguf (for llama.cpp)")
     p.add_argument("--bf16-target", action="store_true",
                    help="also write the target requantized to BF16 by llama.cpp, <cache>/gguf/<name>.BF16.gguf "
-                        "(3.3 GiB, about 10-15 s; needs the llama extra: pip install 'multidraft[llama]')")
+                        "(3.3 GiB, about 10-15 s; needs the llama extra: scripts/install_llama_cpp.sh .venv/bin/python)")
     p.add_argument("--draft-ftype", default=None, metavar="FTYPE",
                    help="also write the draft requantized by llama.cpp to FTYPE, <cache>/gguf/<name>.<FTYPE>.gguf "
                         "(q4_0: about a third cheaper per draft token on AVX2 / AVX-512 CPUs; a few seconds; "

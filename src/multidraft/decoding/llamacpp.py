@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from .. import _optional
+from .llama_build import check_build, cpu_flags
 
 __all__ = ["LlamaCppModel", "LlamaRunner", "llama_cpp_available", "import_llama_cpp", "llama_log_to"]
 
@@ -51,9 +52,19 @@ def llama_cpp_available() -> bool:
     return _optional.available("llama_cpp")
 
 
+_BUILD_CHECKED = False
+
+
 def import_llama_cpp():
-    """The ``llama_cpp`` module, or a one-line ``ImportError`` naming the extra."""
-    return _optional.require("llama_cpp")
+    """The ``llama_cpp`` module, or a one-line ``ImportError`` naming the extra, or naming the
+    rebuild when the installed build could die by SIGILL here (``llama_build.check_build``:
+    AMX kernels, or an instruction set this CPU lacks); the build is checked once a process."""
+    global _BUILD_CHECKED
+    L = _optional.require("llama_cpp")
+    if not _BUILD_CHECKED:
+        check_build(L.llama_print_system_info().decode("utf-8", "replace"), cpu_flags())
+        _BUILD_CHECKED = True
+    return L
 
 
 _CACHE_TYPES = {"f16": 1, "f32": 0}  # GGML_TYPE_F16, GGML_TYPE_F32
