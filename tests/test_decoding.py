@@ -308,8 +308,8 @@ def test_caches_after_many_steps_equal_fresh_prefill(pair, tree):
     g = torch.Generator().manual_seed(5)
     settings = engine.check_settings(verifier="nss", k=2, depth=3, draft_law="iid", tree=tree, temperature=1.0,
                                      draft_temperature=0.7, max_new_tokens=25)
-    plan = engine._make_plan(t, d, ids, settings, None)
-    dec = engine._Decoder(t, d, plan, g, None)
+    eos = engine._check_models(t, d, ids, settings, None)
+    dec = engine._Decoder(t, d, settings, g, None, eos=eos)
     with torch.inference_mode():
         res = dec.run(ids)
         full = ids[0].tolist() + res.tokens.tolist()
