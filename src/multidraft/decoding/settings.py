@@ -118,8 +118,13 @@ class Settings:
         if dynamic and (listed or kind == "independent"):
             raise ArgumentError("draft_law", ": tree='dynamic' supports the iid, wor and greedy laws, not "
                                              "'independent' (a list of draft temperatures)")
-        if kind is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
-            kind = "independent" if listed else v.implied_law(shape.k)
+        if kind is None and listed:
+            kind = "independent"
+        elif kind is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
+            try:
+                kind = v.implied_law(shape.k)
+            except ValueError as exc:  # the verifier takes no law at this K
+                raise ArgumentError.of("k", exc) from None
 
         if draft_temperature is None:
             temps = [temperature]
