@@ -63,7 +63,7 @@ from .records import JsonlWriter, derived_seed, read_jsonl, resume, row_key
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
-           "default_verifiers", "position_errors", "run", "run_experiment", "AcceptanceConfig", "ExperimentResult", "experiment_config",
+           "default_verifiers", "position_errors", "run", "run_experiment", "AcceptanceConfig", "ExperimentResult",
            "read_along", "along_alphas", "tree_acceptance"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
@@ -484,30 +484,17 @@ class AcceptanceConfig:
         set_("collect_kw", dict(self.collect_kw) if self.collect_kw else None)
 
     def binding(self, model_names: dict) -> dict:
-        """The config the results file is bound to (:func:`experiment_config`)."""
-        return experiment_config(
-            model_names=model_names, datasets=self.datasets, temperatures=self.temperatures, ks=self.ks,
-            laws=self.laws, verifiers=self.verifiers, draws=self.draws, eval_support=self.eval_support,
-            top_k=self.top_k, top_p=self.top_p, n_texts=self.n_texts, positions_per_text=self.positions_per_text,
-            max_tokens=self.max_tokens, eps=self.eps, experiment=self.experiment, collect_kw=self.collect_kw)
-
-
-def experiment_config(*, model_names: dict, datasets, temperatures, ks, laws, verifiers, draws, eval_support,
-                      top_k, top_p, n_texts, positions_per_text, max_tokens, eps, experiment: str,
-                      collect_kw: dict | None = None) -> dict:
-    """The config a results file is bound to (JSON-ready; ``KEYED`` keys may grow on a resume).
-
-    ``collect_kw`` (the collector's position options: ``positions_from``, ``new_tokens``, ...)
-    is bound too, under ``"positions"``, when given."""
-    extra = {"positions": dict(collect_kw)} if collect_kw else {}
-    return {**extra,
-        "experiment": experiment, "models": dict(model_names), "datasets": list(datasets),
-        "temperatures": [[float(a), float(b)] for a, b in temperatures], "k": [int(x) for x in ks],
-        "laws": list(laws), "verifiers": list(verifiers) if verifiers is not None else None,
-        "draws": int(draws), "eval_support": eval_support, "top_k": top_k, "top_p": top_p, "texts": int(n_texts),
-        "positions_per_text": None if positions_per_text is None else int(positions_per_text),
-        "max_tokens": int(max_tokens), "eps": float(eps),
-    }
+        """The config the results file is bound to (JSON-ready; ``KEYED`` keys may grow on a
+        resume). ``collect_kw`` is bound too, under ``"positions"``, when given."""
+        extra = {"positions": dict(self.collect_kw)} if self.collect_kw else {}
+        return {**extra,
+            "experiment": self.experiment, "models": dict(model_names), "datasets": list(self.datasets),
+            "temperatures": [[a, b] for a, b in self.temperatures], "k": list(self.ks),
+            "laws": list(self.laws), "verifiers": list(self.verifiers) if self.verifiers is not None else None,
+            "draws": self.draws, "eval_support": self.eval_support, "top_k": self.top_k, "top_p": self.top_p,
+            "texts": self.n_texts, "positions_per_text": self.positions_per_text,
+            "max_tokens": self.max_tokens, "eps": self.eps,
+        }
 
 
 def run_experiment(
