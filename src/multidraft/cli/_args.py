@@ -9,7 +9,7 @@ values are validated once, by the settings or config object they go to (``k >= 1
 """
 from __future__ import annotations
 
-from .._validate import ArgumentError
+from .._errors import ArgumentError
 
 __all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype"]
 

@@ -36,7 +36,7 @@ import os
 import sys
 from pathlib import Path
 
-from .._validate import ArgumentError
+from .._errors import ArgumentError
 from ..drafts import LAW_KINDS
 from ._args import draft_ftype, float_list, k_list
 
