@@ -33,8 +33,8 @@ def test_compare_monte_carlo_path(tmp_path, capsys, monkeypatch):
     from multidraft.experiments import compare as C
 
     monkeypatch.setattr(C, "EXACT_MAX_TUPLES", 0)
-    rows = C.run(C.builtin_cases(), C.Settings(ks=(2,), laws=("iid",), verifiers=("nss",), samples=20_000), show_progress=False)
-    exact = C.run(C.builtin_cases(), C.Settings(ks=(2,), laws=("iid",), verifiers=("nss",)), show_progress=False)
+    rows = C.run(C.builtin_cases(), C.CompareConfig(ks=(2,), laws=("iid",), verifiers=("nss",), samples=20_000), show_progress=False)
+    exact = C.run(C.builtin_cases(), C.CompareConfig(ks=(2,), laws=("iid",), verifiers=("nss",)), show_progress=False)
     monkeypatch.undo()
     for r in rows:
         if r["verifier"] == "nss":
@@ -48,7 +48,7 @@ def test_compare_monte_carlo_path(tmp_path, capsys, monkeypatch):
     [
         (["compare", "--p", "missing.npy", "--q", "missing.npy"], "no such file"),
         (["compare", "--p", "x.npy"], "--p and --q go together"),
-        (["compare", "--k", "0"], "every value must be >= 1"),
+        (["compare", "--k", "0"], "--k must be >= 1"),
         (["compare", "--laws", "bogus"], "unknown draft law"),
         (["compare", "--verifiers", "nope"], "unknown verifier"),
     ],
@@ -99,7 +99,7 @@ def test_compare_sizes_first(capsys):
     from multidraft.experiments import compare as C
 
     cases = C.builtin_cases()
-    pl = C.plan(cases, C.Settings(ks=(8,), laws=("iid",)))
+    pl = C.plan(cases, C.CompareConfig(ks=(8,), laws=("iid",)))
     assert all(c.alpha_method == "dual" and c.tuples == 6**8 for c in pl.cells)
     assert all(m == "mc" for c in pl.cells for _, m in c.verifiers)
     assert all("lp_optimal" not in [n for n, _ in c.verifiers] for c in pl.cells)
@@ -109,7 +109,7 @@ def test_compare_sizes_first(capsys):
     line = _one_line(capsys)
     assert "lp_optimal" in line and "10^38" in line
     # the dual stands in for the LP and says so in the method column
-    rows = C.run(cases, C.Settings(ks=(8,), laws=("iid",), verifiers=("naive",), samples=10), show_progress=False)
+    rows = C.run(cases, C.CompareConfig(ks=(8,), laws=("iid",), verifiers=("naive",), samples=10), show_progress=False)
     a = [r for r in rows if r["verifier"] == "alpha*"]
     assert a and all(r["method"] == "dual (LP too large)" and r["acceptance"] is not None for r in a)
     assert "LP being too large" in C.format_table(rows)

@@ -73,7 +73,7 @@ def test_verifier_implies_its_law(pair, name, law):
         pytest.skip(f"{name} not registered")
     t, d = pair
     assert md.verifiers.get(name).implied_law(2) == law
-    assert engine.check_settings(verifier=name, k=2).law == law
+    assert engine.Settings.from_args(verifier=name, k=2).law == law
     ids = PROMPTS[0]
     ref = tm.greedy_reference(t, ids, 8)
     r = md.generate(t, d, ids, verifier=name, k=2, depth=2, temperature=0, max_new_tokens=8, generator=0)
@@ -82,13 +82,13 @@ def test_verifier_implies_its_law(pair, name, law):
 
 def test_settings_accept_numpy_integers_and_list_means_independent():
     np = pytest.importorskip("numpy")
-    s = engine.check_settings(verifier="specinfer", k=np.int64(2), depth=np.int32(3), top_k=np.int64(4),
+    s = engine.Settings.from_args(verifier="specinfer", k=np.int64(2), depth=np.int32(3), top_k=np.int64(4),
                               top_p=np.float32(0.9), temperature=np.float64(0.7), max_new_tokens=np.int16(5))
     assert (s.k, s.depth, s.top_k, s.max_new_tokens, s.law) == (2, 3, 4, 5, "iid")
     assert type(s.k) is int and type(s.top_k) is int
-    assert engine.check_settings(verifier="specinfer", k=2, draft_temperature=[0.5, 1.0]).law == "independent"
+    assert engine.Settings.from_args(verifier="specinfer", k=2, draft_temperature=[0.5, 1.0]).law == "independent"
     # a tree whose nodes have one child each: the law is implied at K = 1, so naive works without one
-    assert engine.check_settings(verifier="naive", k=2, tree=[[0], [0, 0]]).law == "iid"
+    assert engine.Settings.from_args(verifier="naive", k=2, tree=[[0], [0, 0]]).law == "iid"
 
 
 def test_greedy_llama_and_target_only():
@@ -306,10 +306,10 @@ def test_caches_after_many_steps_equal_fresh_prefill(pair, tree):
     t, d = pair
     ids = PROMPTS[0]
     g = torch.Generator().manual_seed(5)
-    settings = engine.check_settings(verifier="nss", k=2, depth=3, draft_law="iid", tree=tree, temperature=1.0,
+    settings = engine.Settings.from_args(verifier="nss", k=2, depth=3, draft_law="iid", tree=tree, temperature=1.0,
                                      draft_temperature=0.7, max_new_tokens=25)
-    plan = engine._make_plan(t, d, ids, settings, None)
-    dec = engine._Decoder(t, d, plan, g, None)
+    eos = engine._check_models(t, d, ids, settings, None)
+    dec = engine._Decoder(t, d, settings, g, None, eos=eos)
     with torch.inference_mode():
         res = dec.run(ids)
         full = ids[0].tolist() + res.tokens.tolist()

@@ -25,9 +25,13 @@ the same result. Note that ``law.sample(11)`` therefore differs from
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 import operator
 
 import torch
+
+from ._errors import ArgumentError  # noqa: F401  (re-exported: the checks below raise it)
 
 SUM_TOLERANCE = {
     torch.float64: 1e-6,
@@ -89,15 +93,15 @@ def as_int(x, name: str, *, minimum: int | None = None, what: str = "an integer"
     """``x`` as a Python int via ``operator.index`` (int, numpy integer, 0-d integer tensor);
     ``ValueError`` naming ``name`` for bool, float or anything else, or when below ``minimum``."""
     if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dtype == torch.bool or x.numel() != 1)):
-        raise ValueError(f"{name} must be {what}, got {x!r}")
+        raise ArgumentError(name, f"must be {what}, got {x!r}")
     try:
         n = operator.index(x)
     except TypeError:
-        raise ValueError(f"{name} must be {what}, got {x!r}") from None
+        raise ArgumentError(name, f"must be {what}, got {x!r}") from None
     if type(x).__name__ == "bool_":  # numpy.bool_ (operator.index accepts it on old numpy)
-        raise ValueError(f"{name} must be {what}, got {x!r}")
+        raise ArgumentError(name, f"must be {what}, got {x!r}")
     if minimum is not None and n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+        raise ArgumentError(name, f"must be >= {minimum}, got {n}")
     return int(n)
 
 
@@ -105,8 +109,51 @@ def as_k(k, name: str = "k") -> int:
     """A number of drafts: an integer >= 1 (any integer type, see the module notes)."""
     k = as_int(k, name, what="a positive integer (number of drafts)")
     if k < 1:
-        raise ValueError(f"{name} must be >= 1 (number of drafts), got {k}")
+        raise ArgumentError(name, f"must be >= 1 (number of drafts), got {k}")
     return k
+
+
+def as_ks(ks, name: str = "k") -> tuple[int, ...]:
+    """Numbers of drafts (a sequence, or one integer): each an integer >= 1; sorted, no duplicates."""
+    items = [ks] if not isinstance(ks, (list, tuple, set, frozenset, range)) else list(ks)
+    if not items:
+        raise ArgumentError(name, "is empty; give at least one number of drafts")
+    return tuple(sorted({as_k(k, name) for k in items}))
+
+
+def _is_bool(x) -> bool:
+    return isinstance(x, bool) or getattr(x, "dtype", None) == bool  # Python or numpy bool
+
+
+def as_temperature(x, name: str = "temperature") -> float:
+    """A sampling temperature: a finite real number >= 0 (0 = greedy), as a float."""
+    if not isinstance(x, numbers.Real) or _is_bool(x) or not math.isfinite(x):
+        raise ArgumentError(name, f"must be a finite number >= 0, got {x!r}")
+    if x < 0:
+        raise ArgumentError(name, f"must be >= 0 (0 = greedy), got {x}")
+    return float(x)
+
+
+def as_top_k(x, name: str = "top_k") -> int | None:
+    """None or an integer >= 1 (any integer type; bools refused)."""
+    if x is None:
+        return None
+    try:
+        k = None if _is_bool(x) else operator.index(x)
+    except TypeError:
+        k = None
+    if k is None or k < 1:
+        raise ArgumentError(name, f"must be None or an integer >= 1, got {x!r}")
+    return int(k)
+
+
+def as_top_p(x, name: str = "top_p") -> float | None:
+    """None or a real number in (0, 1]."""
+    if x is None:
+        return None
+    if not isinstance(x, numbers.Real) or _is_bool(x) or not (0.0 < x <= 1.0):
+        raise ArgumentError(name, f"must be None or a number in (0, 1], got {x!r}")
+    return float(x)
 
 
 def as_tokens(drafts, name: str, V: int) -> torch.Tensor:

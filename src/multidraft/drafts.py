@@ -28,7 +28,7 @@ import math
 import torch
 
 from ._scan import top_desc_stable
-from ._validate import as_generator, as_int, as_k, as_probs, as_tokens
+from ._validate import ArgumentError, as_generator, as_int, as_k, as_probs, as_tokens
 
 __all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind", "parse_laws"]
 
@@ -50,8 +50,8 @@ def law_kind(law, name: str = "law") -> str:
             return s
         if s in _ALIASES:
             return _ALIASES[s]
-    raise ValueError(
-        f"{name}: unknown draft law {law!r}; expected a DraftLaw or one of {', '.join(LAW_KINDS)} "
+    raise ArgumentError(
+        name, f": unknown draft law {law!r}; expected a DraftLaw or one of {', '.join(LAW_KINDS)} "
         f"(aliases: {', '.join(_ALIASES)})"
     )
 
@@ -66,11 +66,11 @@ def parse_laws(laws, allowed=LAW_KINDS, name: str = "laws") -> tuple[str, ...]:
             continue
         kind = law_kind(item, name)
         if kind not in allowed:
-            raise ValueError(f"{name}: the {kind!r} law is not available here; choose from {', '.join(allowed)}")
+            raise ArgumentError(name, f": the {kind!r} law is not available here; choose from {', '.join(allowed)}")
         if kind not in out:
             out.append(kind)
     if not out:
-        raise ValueError(f"{name} is empty; choose from {', '.join(allowed)}")
+        raise ArgumentError(name, f"is empty; choose from {', '.join(allowed)}")
     return tuple(out)
 
 

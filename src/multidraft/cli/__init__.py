@@ -27,6 +27,37 @@ class UserError(Exception):
     """A mistake in the user's input; printed without a traceback."""
 
 
+# The ONE table from library argument names (``ArgumentError.arg``) to flags. Every check below
+# the CLI raises ``ArgumentError(arg, ...)``; :func:`main` prints it with the flag from here.
+ARG_FLAGS = {
+    "verifier": "--verifier", "verifiers": "--verifiers", "k": "--k", "depth": "--depth", "depths": "--depths",
+    "draft_law": "--draft-law", "laws": "--laws", "tree": "--tree", "temperature": "--temperature",
+    "draft_temperature": "--draft-temperature", "top_k": "--top-k", "top_p": "--top-p",
+    "max_new_tokens": "--max-new-tokens", "max_nodes": "--max-nodes", "min_gain": "--min-gain",
+    "generator": "--seed", "seed": "--seed", "draws": "--draws", "eval_support": "--eval-support",
+    "samples": "--samples", "datasets": "--datasets", "n_texts": "--texts", "positions_per_text": "--positions-per-text",
+    "max_tokens": "--max-tokens", "eps": "--eps", "stages": "--stages", "budget": "--budget", "n_prompts": "--prompts",
+    "max_prompt_tokens": "--max-prompt-tokens", "independent_temperatures": "--independent-temperatures",
+    "draft_temperatures": "--draft-temperatures", "target_temperatures": "--target-temperatures",
+    "fixed_target": "--fixed-target-temperature", "fixed_draft": "--fixed-draft-temperature",
+    "new_tokens": "--new-tokens", "sample_temperature": "--sample-temperature", "min_positions": "--min-positions",
+}
+# where one argument has another flag in one mode of one command: (command, mode) -> {arg: flag}
+MODE_FLAGS = {
+    ("decode", "dynamic"): {"k": "--k-max", "depth": "--max-depth"},  # --tree dynamic: k and depth are the caps
+    ("experiment", "acceptance"): {"t_target": "--target-temperature", "t_draft": "--draft-temperature"},
+}
+
+
+def flag_for(arg: str, command: str | None = None, mode: str | None = None) -> str:
+    """The flag of library argument ``arg`` (in ``command``'s ``mode``): ``MODE_FLAGS``, then
+    ``ARG_FLAGS``, else ``--`` and the name with dashes (the convention every flag follows).
+    An ``arg`` that is already a flag is returned as is."""
+    if arg.startswith("-"):
+        return arg
+    return MODE_FLAGS.get((command, mode), {}).get(arg) or ARG_FLAGS.get(arg) or "--" + arg.replace("_", "-")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -55,6 +86,7 @@ def os_error_message(exc: OSError) -> str:
 
 def main(argv=None) -> int:
     prog = "multidraft"
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -67,6 +99,9 @@ def main(argv=None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except (UserError, ValueError) as exc:
+        if getattr(exc, "arg", None) is not None:  # an ArgumentError (multidraft._validate): restated with its flag
+            mode = getattr(args, "arg_mode", None) or getattr(args, "experiment", None)
+            exc = exc.restated(flag_for(exc.arg, getattr(args, "command", None), mode))
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:

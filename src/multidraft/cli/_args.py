@@ -1,58 +1,64 @@
 """Argument parsing shared by every subcommand: ONE parser per kind of value, and the run
 inputs that the ``experiment`` and ``experiment paper`` commands make from parsed arguments.
 
-Each parser returns the parsed value or raises ``ValueError`` whose message starts with the
-flag name, so ``multidraft.cli.main`` prints it as one line and exits 2. Call them on the raw
-string after ``argparse`` (not as ``type=``), so the message is ours, not argparse's.
+Each turns the raw text of a flag into values and raises ``ArgumentError`` naming the library
+argument the value goes to (``k``, ``laws``, ...), so ``multidraft.cli.main`` prints it with
+the flag from its one table (``ARG_FLAGS``) as one line and exits 2. They parse only: the
+values are validated once, by the settings or config object they go to (``k >= 1`` by
+``decoding.Settings`` or the experiment's config). Call them on the raw string after
+``argparse`` (not as ``type=``), so the message is ours, not argparse's.
 """
 from __future__ import annotations
 
 import sys
 
+from .._errors import ArgumentError
+
 __all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype",
            "eprint", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper"]
 
 
-def name_list(text, flag: str) -> list[str]:
+def name_list(text, arg: str) -> list[str]:
     """Comma-separated names, stripped, empty items dropped; at least one."""
     out = [x.strip() for x in str(text).split(",") if x.strip()]
     if not out:
-        raise ValueError(f"{flag} is empty")
+        raise ArgumentError(arg, "is empty")
     return out
 
 
-def int_list(text, flag: str, *, lo: int = 1) -> list[int]:
-    """Comma-separated integers and ranges ``a-b`` (inclusive), sorted, no duplicates, each >= lo."""
+def int_list(text, arg: str, *, lo: int | None = None) -> list[int]:
+    """Comma-separated integers and ranges ``a-b`` (inclusive), sorted, no duplicates; each >= ``lo``
+    when given (for values that no library object checks)."""
     out: set[int] = set()
-    for part in name_list(text, flag):
+    for part in name_list(text, arg):
         a, sep, b = part.partition("-")
         try:
             vals = range(int(a), int(b) + 1) if sep and a else [int(part)]
         except ValueError:
-            raise ValueError(f"{flag}: expected comma-separated integers or ranges like 1-8, got {part!r}") from None
+            raise ArgumentError(arg, f": expected comma-separated integers or ranges like 1-8, got {part!r}") from None
         if sep and a and int(b) < int(a):
-            raise ValueError(f"{flag}: empty range {part!r}")
+            raise ArgumentError(arg, f": empty range {part!r}")
         out.update(vals)
-    if min(out) < lo:
-        raise ValueError(f"{flag}: every value must be >= {lo}, got {text!r}")
+    if lo is not None and min(out) < lo:
+        raise ArgumentError(arg, f": every value must be >= {lo}, got {text!r}")
     return sorted(out)
 
 
-def k_list(text, flag: str = "--k") -> list[int]:
-    """Numbers of drafts K (``--k 2,4`` or ``--k 1-8``)."""
-    return int_list(text, flag, lo=1)
+def k_list(text, arg: str = "k") -> list[int]:
+    """Numbers of drafts K (``--k 2,4`` or ``--k 1-8``), parsed; ``>= 1`` is checked where they go."""
+    return int_list(text, arg)
 
 
-def float_list(text, flag: str) -> list[float]:
+def float_list(text, arg: str) -> list[float]:
     """Comma-separated finite numbers."""
     out = []
-    for part in name_list(text, flag):
+    for part in name_list(text, arg):
         try:
             x = float(part)
         except ValueError:
-            raise ValueError(f"{flag}: {part!r} is not a number") from None
+            raise ArgumentError(arg, f": {part!r} is not a number") from None
         if x != x or x in (float("inf"), float("-inf")):
-            raise ValueError(f"{flag}: {part!r} is not a finite number")
+            raise ArgumentError(arg, f": {part!r} is not a finite number")
         out.append(x)
     return out
 

@@ -55,8 +55,10 @@ def run(args) -> int:
     from ..drafts import greedy, iid, independent, without_replacement
     from ..limits import optimal_acceptance
 
-    laws = parse_laws(args.laws, LAW_KINDS, "--laws")
-    ks = k_list(args.k, "--k")
+    from .._validate import as_ks
+
+    laws = parse_laws(args.laws, LAW_KINDS, "laws")   # checked kinds from here on
+    ks = as_ks(k_list(args.k), "k")                   # each K >= 1, checked once
     dt = args.temperature if args.draft_temperature is None else args.draft_temperature
     p = _load(args.p, "p", args.logits, args.temperature)
     q = _load(args.q, "q", args.logits, dt)

@@ -34,16 +34,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..drafts import SHARED_Q_KINDS, parse_laws
     from ..experiments import compare as C
     from ..experiments.records import check_binding, ensure_dir
 
     if (args.p is None) != (args.q is None):
         raise ValueError("--p and --q go together")
-    s = C.Settings(
-        ks=tuple(k_list(args.k)),
-        laws=parse_laws(args.laws, SHARED_Q_KINDS, "--laws"),
-        verifiers=tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None,
+    s = C.CompareConfig(  # every value validated here, once
+        ks=k_list(args.k),
+        laws=args.laws.split(","),
+        verifiers=name_list(args.verifiers, "verifiers") if args.verifiers else None,
         samples=args.samples,
         seed=args.seed,
     )

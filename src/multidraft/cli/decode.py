@@ -25,8 +25,9 @@ draft is uncertain), under a node budget ``--max-nodes`` (default 16, root inclu
 expected tokens, so confident stretches stay chains (``decoding.trees.allocate``; lossless,
 see ``decoding.trees``).
 
-Every argument is checked before any model is loaded or built (``decoding.check_settings``);
-a mistake is one line on stderr and exit status 2.
+Every argument is checked once, before any model is loaded or built: the decoding settings
+by ``decoding.Settings.from_args`` (the object then passed to ``generate``), the rest here; a
+mistake is one line on stderr naming the flag (``cli.ARG_FLAGS``) and exit status 2.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import os
 import sys
 from pathlib import Path
 
+from .._errors import ArgumentError
 from ..drafts import LAW_KINDS
 from ._args import draft_ftype, float_list, k_list
 
@@ -117,7 +119,7 @@ def register(sub) -> None:
 def _draft_temperature(raw):
     if raw is None:
         return None
-    vals = float_list(raw, "--draft-temperature")
+    vals = float_list(raw, "draft_temperature")
     return vals if "," in str(raw) else vals[0]
 
 
@@ -129,9 +131,10 @@ def _tree(raw):
     try:
         val = json.loads(raw)
     except json.JSONDecodeError:
-        raise ValueError(f"--tree must be 'full', 'sequences' or a JSON list of paths like [[0],[1],[0,0]], got {raw!r}") from None
+        val = None
     if not isinstance(val, list):
-        raise ValueError(f"--tree must be 'full', 'sequences' or a JSON list of paths like [[0],[1],[0,0]], got {raw!r}")
+        raise ArgumentError("tree", "must be 'full', 'sequences', 'auto', 'dynamic' or a JSON list of paths like "
+                                    f"[[0],[1],[0,0]], got {raw!r}")
     return val
 
 
@@ -151,28 +154,18 @@ def _check_out(raw) -> Path | None:
 
 
 def check_args(args):
-    """Every argument checked and resolved, before any model is loaded: ``(settings, draft_temperature, tree, out)``.
+    """Every argument checked and resolved once, before any model is loaded:
+    ``(settings, draft_temperature, tree, out)`` with ``settings`` the ``decoding.Settings`` that
+    ``generate`` will take (``--tree auto``: a full K-ary tree until the tree is chosen).
 
-    ValueError naming the flag (the CLI prints it as one line and exits 2).
+    A bad argument raises ``ArgumentError`` naming the library argument (the CLI prints it with
+    its flag) or a ValueError naming a flag of the CLI alone; one line, exit 2.
     """
-    from .. import verifiers
-    from ..decoding import check_settings
+    from ..decoding import Settings
 
-    verifier = None if args.verifier.lower() == "none" else args.verifier
-    if verifier is not None and verifier not in verifiers.names():
-        raise ValueError(f"--verifier: unknown verifier {args.verifier!r}; registered: {', '.join(verifiers.names())}, none")
-    ks = k_list(args.k, "--k")
+    ks = k_list(args.k)
     if len(ks) != 1:
-        raise ValueError(f"--k: decode takes one number of drafts, got {args.k!r}")
-    for name in ("depth", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+        raise ArgumentError("k", f": decode takes one number of drafts, got {args.k!r}")
     if args.engine == "llama.cpp":
         from .. import _optional
 
@@ -191,41 +184,27 @@ def check_args(args):
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
     out = _check_out(args.out)
-    if tree == "auto" and verifier is None:
+    target_only = args.verifier.strip().lower() == "none"
+    if tree == "auto" and target_only:
         raise ValueError("--tree auto needs a --verifier (with 'none' there is no tree to choose)")
-    dyn = {}
+    sizes = dict(k=ks[0], depth=args.depth)
     if tree == "dynamic":
-        if verifier is None:
+        if target_only:
             raise ValueError("--tree dynamic needs a --verifier (with 'none' there is no tree)")
-        if args.max_nodes is None:
-            args.max_nodes = 16
-        from ..decoding.trees import MAX_DYNAMIC_NODES
-        if not 2 <= args.max_nodes <= MAX_DYNAMIC_NODES:
-            raise ValueError(f"--max-nodes must be in [2, {MAX_DYNAMIC_NODES}], got {args.max_nodes}")
         if not 1 <= args.max_depth <= 8:
             raise ValueError(f"--max-depth must be in [1, 8], got {args.max_depth}")
-        if args.k_max < 1:
-            raise ValueError(f"--k-max must be >= 1, got {args.k_max}")
-        dyn = dict(k=args.k_max, depth=args.max_depth, max_nodes=args.max_nodes, min_gain=args.min_gain)
+        args.arg_mode = "dynamic"  # k and depth come from --k-max and --max-depth (cli.MODE_FLAGS)
+        sizes = dict(k=args.k_max, depth=args.max_depth, max_nodes=16 if args.max_nodes is None else args.max_nodes,
+                     min_gain=args.min_gain)
     elif args.min_gain is not None:
         raise ValueError("--min-gain applies to --tree dynamic only")
     elif args.max_nodes is None:
         args.max_nodes = 64
-    try:
-        settings = check_settings(
-            verifier=verifier, **({"k": ks[0], "depth": args.depth} | dyn), draft_law=args.draft_law,
-            tree=None if tree == "auto" else tree,
-            temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
-            top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        )
-    except ValueError as exc:
-        msg = str(exc)
-        if dyn:  # in dynamic mode k and depth come from --k-max and --max-depth
-            head = msg.split(":", 1)[0].split(" ", 1)[0]
-            flag = {"k": "--k-max", "depth": "--max-depth", "max_nodes": "--max-nodes", "min_gain": "--min-gain"}.get(head)
-            if flag:
-                raise ValueError(flag + msg[len(head):]) from None
-        raise ValueError(_flag(msg)) from None
+    settings = Settings.from_args(
+        verifier=args.verifier, **sizes, draft_law=args.draft_law, tree=None if tree == "auto" else tree,
+        temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
+        top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+    )
     return settings, draft_temperature, tree, out
 
 
@@ -266,12 +245,11 @@ def check_auto(args, settings):
     if args.accept_stats is not None:
         from ..experiments.acceptance import tree_acceptance
 
-        td = _draft_temperature(args.draft_temperature)   # per-draft temperatures: the study row's is the target's
-        if isinstance(td, list):
-            td = td[0] if len(set(td)) == 1 else None
+        td = settings.draft_temps   # per-draft temperatures: the study row's is the target's
+        td = td[0] if len(set(td)) == 1 else settings.temperature
         try:
             stats, along = tree_acceptance(args.accept_stats, verifier=v.name, law=settings.law, ks=ks,
-                                           t_target=args.temperature, t_draft=args.temperature if td is None else td,
+                                           t_target=settings.temperature, t_draft=td,
                                            dataset=args.accept_dataset)
         except ValueError as exc:
             raise ValueError(f"--accept-stats: {exc}") from None
@@ -287,10 +265,8 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     profile, stats, along, ks = auto
     if stats is None:
         records: list = []
-        generate(target, draft, input_ids, verifier=settings.verifier.name, k=settings.k, depth=2,
-                 draft_law=settings.law, tree=full_tree(settings.k, 2), temperature=args.temperature,
-                 draft_temperature=_draft_temperature(args.draft_temperature), top_k=args.top_k, top_p=args.top_p,
-                 max_new_tokens=args.warmup_tokens, eos_token_id=eos,
+        warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=args.warmup_tokens)
+        generate(target, draft, input_ids, warmup, eos_token_id=eos,
                  generator=stream_seed(args.seed, "tree-auto-warmup"), node_log=records)
         if not records:
             raise ValueError("--tree auto: the warm-up decode verified no tree node (it stopped at once); "
@@ -327,16 +303,6 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
                 + ("decoding with the best tree anyway (--force-tree)" if use else
                    "decoding target-only (--force-tree decodes with the best tree)"))
     return (choice.tree.paths if use else None), info
-
-
-_FLAGS = {"draft_law": "--draft-law", "draft_temperature": "--draft-temperature", "k": "--k", "tree": "--tree",
-          "top_k": "--top-k", "top_p": "--top-p", "temperature": "--temperature", "depth": "--depth"}
-
-
-def _flag(msg: str) -> str:
-    """A library message that starts with an argument name, restated with the flag."""
-    head = msg.split(":", 1)[0].split(" ", 1)[0]
-    return _FLAGS[head] + msg[len(head):] if head in _FLAGS else msg
 
 
 def _progress(enabled: bool):
@@ -385,22 +351,15 @@ def run(args) -> int:
         detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     if input_ids.shape[1] < 1:
         raise ValueError("--prompt encodes to no tokens")
-    verifier = settings.verifier.name if settings.verifier is not None else None
     auto_info = None
-    if auto is not None:
+    if auto is not None:  # the chosen tree, or the target alone when no tree pays
         tree, auto_info = _auto_tree(args, settings, auto, target, draft, input_ids, eos, log)
-        if tree is None:
-            verifier = None
+        settings = settings.derive(tree=tree) if tree is not None else settings.derive(verifier=None)
+    verifier = settings.verifier.name if settings.verifier is not None else None
     cb, close = _progress(not args.quiet)
     try:
-        res = generate(
-            target, draft if verifier is not None else None, input_ids,
-            verifier=verifier, k=settings.k or 1, depth=settings.depth or 1, draft_law=settings.law, tree=tree,
-            temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, eos_token_id=eos, generator=args.seed, progress=cb,
-            max_nodes=settings.shape.budget if tree == "dynamic" else None,
-            min_gain=settings.shape.min_gain if tree == "dynamic" else None,
-        )
+        res = generate(target, draft if verifier is not None else None, input_ids, settings,
+                       generator=args.seed, eos_token_id=eos, progress=cb)
     finally:
         close()
     text = detok(res.tokens.tolist())

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sys
 
-from ..datasets import DATASETS, check_dataset
+from ..datasets import DATASETS
 from ..experiments.collect import POSITIONS_FROM
 from . import UserError
 from ._args import close_mapper as _close
 from ._args import eprint as _log
-from ._args import float_list, k_list, name_list
+from ._args import float_list, int_list, k_list, name_list
 from ._args import mapper_kw as _mapper_kw
 from ._args import model_loader as _models
 from ._args import model_names as _model_names
@@ -115,25 +115,31 @@ def _collect_kw(args) -> dict:
     elif args.min_positions is not None:
         raise UserError("--min-positions needs --positions-from continuation")
     if args.independent_temperatures:
-        kw["independent_temperatures"] = float_list(args.independent_temperatures, "--independent-temperatures")
+        kw["independent_temperatures"] = float_list(args.independent_temperatures, "independent_temperatures")
     return kw
 
 
-def _positions_kw(args) -> dict:
-    laws = name_list(args.laws, "--laws")
+def _config_fields(args) -> dict:
+    """The fields of ``acceptance.AcceptanceConfig`` from the flags: parsed here, validated once
+    by the config (an ``ArgumentError`` there names the field; ``cli.ARG_FLAGS`` gives its flag)."""
+    laws = name_list(args.laws, "laws")
     if "independent" in laws and not args.independent_temperatures:
         raise UserError("--laws independent needs --independent-temperatures (one draft temperature per draft, e.g. 1,0.7,1.3,0.5)")
     ppt = args.positions_per_text
     if ppt is None and args.positions_from == "teacher-forcing":
         ppt = 8
     return dict(
-        models=_models(args), model_names=_model_names(args), datasets=[check_dataset(d) for d in name_list(args.datasets, "--datasets")],
-        ks=k_list(args.k), laws=laws,
-        verifiers=name_list(args.verifiers, "--verifiers") if args.verifiers else None,
+        datasets=tuple(name_list(args.datasets, "datasets")), ks=tuple(k_list(args.k)), laws=tuple(laws),
+        verifiers=tuple(name_list(args.verifiers, "verifiers")) if args.verifiers else None,
         draws=args.draws, eval_support=args.eval_support, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,
-        positions_per_text=ppt, max_tokens=args.max_tokens, eps=args.eps, seed=args.seed,
-        collect_kw=_collect_kw(args) or None, log=_log, progress=_progress(args), **_mapper_kw(args),
+        positions_per_text=ppt, max_tokens=args.max_tokens, eps=args.eps, collect_kw=_collect_kw(args) or None,
     )
+
+
+def _run_kw(args) -> dict:
+    """What a run needs besides its config: the models (loaded on demand), seed, log, progress, mapper."""
+    return dict(models=_models(args), model_names=_model_names(args), seed=args.seed, log=_log,
+                progress=_progress(args), **_mapper_kw(args))
 
 
 def _print(rows, path, kind: str, run_dir) -> None:
@@ -144,11 +150,12 @@ def _print(rows, path, kind: str, run_dir) -> None:
 
 
 def run_acceptance(args) -> int:
-    from ..experiments.acceptance import run_experiment
+    from ..experiments.acceptance import AcceptanceConfig, run_experiment
 
-    kw = _positions_kw(args)
+    config = AcceptanceConfig(temperatures=((args.target_temperature, args.draft_temperature),), **_config_fields(args))
+    kw = _run_kw(args)
     try:
-        res = run_experiment(args.run_dir, temperatures=[(args.target_temperature, args.draft_temperature)], **kw)
+        res = run_experiment(args.run_dir, config=config, **kw)
     finally:
         _close(kw)
     _print(res.rows, res.path, "acceptance", args.run_dir)
@@ -156,15 +163,16 @@ def run_acceptance(args) -> int:
 
 
 def run_temperature(args) -> int:
-    from ..experiments.temperature import run_experiment
+    from ..experiments.temperature import run_experiment, sweep_config
 
-    kw = _positions_kw(args)
+    config = sweep_config(
+        draft_temperatures=float_list(args.draft_temperatures, "draft_temperatures"),
+        target_temperatures=float_list(args.target_temperatures, "target_temperatures"),
+        fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature, **_config_fields(args),
+    )
+    kw = _run_kw(args)
     try:
-        res = run_experiment(
-            args.run_dir, draft_temperatures=float_list(args.draft_temperatures, "--draft-temperatures"),
-            target_temperatures=float_list(args.target_temperatures, "--target-temperatures"),
-            fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature, **kw,
-        )
+        res = run_experiment(args.run_dir, config=config, **kw)
     finally:
         _close(kw)
     _print(res.rows, res.path, "temperature", args.run_dir)
@@ -173,16 +181,20 @@ def run_temperature(args) -> int:
 
 def run_blocks(args) -> int:
     from .. import verifiers as V
+    from .._validate import ArgumentError, as_ks
     from ..drafts import parse_laws
     from ..experiments import blocks
     from ..experiments.records import read_jsonl
 
     names = _model_names(args)
-    verifiers = name_list(args.verifiers, "--verifiers") if args.verifiers else [n for n in V.names() if n != "lp_optimal"]
+    verifiers = name_list(args.verifiers, "verifiers") if args.verifiers else [n for n in V.names() if n != "lp_optimal"]
     for n in verifiers:
-        V.get(n)
-    laws = list(parse_laws(args.laws, name="--laws"))
-    ks = k_list(args.k)
+        try:
+            V.get(n)
+        except ValueError as exc:
+            raise ArgumentError.of("verifiers", exc) from None
+    laws = list(parse_laws(args.laws, name="laws"))  # checked kinds from here on
+    ks = list(as_ks(k_list(args.k), "k"))
     if args.budget is not None:
         if args.depths is not None:
             raise ValueError("--budget sets each depth (B // K); drop --depths")
@@ -190,7 +202,7 @@ def run_blocks(args) -> int:
             raise ValueError(f"--budget must be >= every K (K sequences of length B // K), got {args.budget} and K = {ks}")
         depths = None
     else:
-        depths = k_list(args.depths or "1,3", "--depths")
+        depths = int_list(args.depths or "1,3", "depths", lo=1)
     config = {
         "experiment": "blocks", "models": names, "verifiers": verifiers, "laws": laws, "k": ks, "depths": depths,
         "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,

@@ -6,16 +6,18 @@
 >>> res.tokens, res.block_efficiency                                         # doctest: +SKIP
 
 Modules: ``trees`` (tree shapes, the per-step draft tree), ``kv`` (tree attention masks,
-KV-cache compaction), ``engine`` (``generate``; ``check_settings`` checks every model-free
-argument before any model is loaded; without ``draft_law`` the verifier's
-``implied_law(k)`` is used).
+KV-cache compaction), ``settings`` (``Settings.from_args`` checks every model-free argument
+once, before any model is loaded; without ``draft_law`` the verifier's ``implied_law(k)`` is
+used; ``generate(target, draft, ids, settings, generator=...)`` takes the object as it is),
+``engine`` (``generate``).
 Logit processing lives in ``multidraft.sampling`` and model loading in ``multidraft.models``.
 """
 from __future__ import annotations
 
-from .engine import GenerationResult, Settings, check_settings, generate, node_ks
+from .engine import GenerationResult, generate
+from .settings import ArgumentError, Settings, check_settings, node_ks
 from .kv import PromptCache
 from .trees import TreeShape, full_tree, parse_tree
 
-__all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "check_settings", "node_ks", "TreeShape", "full_tree",
+__all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "ArgumentError", "check_settings", "node_ks", "TreeShape", "full_tree",
            "parse_tree"]

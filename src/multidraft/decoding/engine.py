@@ -43,13 +43,14 @@ import torch
 
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
-from .._validate import as_generator, as_int
-from ..sampling import check_sampling_args, process_logits, sample_token
+from .._validate import ArgumentError, as_generator
+from ..sampling import process_logits, sample_token
 from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
-from .trees import MAX_DYNAMIC_NODES, DraftTree, TreeShape, allocate
+from .settings import Settings, check_settings, node_ks
+from .trees import DraftTree, TreeShape, allocate
 
-__all__ = ["generate", "GenerationResult", "Settings", "check_settings", "score_tree", "node_ks"]
+__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "check_settings", "score_tree", "node_ks"]
 
 
 @dataclass
@@ -97,149 +98,19 @@ class GenerationResult:
         return d
 
 
-# ---------------------------------------------------------------------------------------------
-def node_ks(v, kind: str, k_max: int) -> list[int]:
-    """The numbers of drafts 1..k_max a tree node may have when ``v`` verifies drafts of law
-    ``kind``: 1 always (a single draft is verified with 'naive'), k > 1 where ``v.supports``."""
-    return [k for k in range(1, k_max + 1) if k == 1 or v.supports(kind, k)]
-
-
-def _unsupported(v, kind: str, k: int) -> str:
-    """The message for a (verifier, law, K) the verifier is not lossless for; names what would work."""
-    ok = v.laws_for(k)
-    krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
-    if ok:
-        return (f"draft_law: verifier {v.name!r} is not lossless for the {kind!r} draft law with {k} drafts "
-                f"per node; laws that work with {k} drafts: {', '.join(ok)}")
-    return (f"k: verifier {v.name!r} is not lossless with {k} drafts per node "
-            f"(it supports laws {', '.join(v.laws)} with {krange})")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The model-free part of a ``generate`` call, checked and resolved (see :func:`check_settings`).
-
-    ``verifier`` is None for the target alone; ``law`` is the resolved draft law kind;
-    ``shape`` the tree shape (None for the target alone); ``draft_temps`` one temperature
-    per draft column (one entry unless the law is 'independent').
-    """
-
-    verifier: object
-    law: str
-    shape: TreeShape | None
-    k: int
-    depth: int
-    temperature: float
-    draft_temps: tuple
-    top_k: int | None
-    top_p: float | None
-    max_new_tokens: int
-
-
-def check_settings(*, verifier="specinfer", k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
-                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None,
-                   min_gain=None) -> Settings:
-    """Check every argument of ``generate`` that needs no model; ValueError naming the argument.
-
-    The CLI calls this before loading any model; ``generate`` calls it first. ``draft_law=None``
-    means the law the verifier implies (``Verifier.implied_law``; 'independent' when
-    ``draft_temperature`` is a list). ``tree="dynamic"``: ``k`` is the most drafts per node,
-    ``depth`` the largest depth and ``max_nodes`` (default 16) the node budget per step, root
-    included, and ``min_gain`` (default 0) the least value (reach x coverage increment, in
-    expected tokens) for which a draft is granted; the verifier must be lossless for the law
-    at every k in 2..k.
-    """
-    check_sampling_args(temperature, top_k, top_p, "temperature")
-    top_k = None if top_k is None else operator.index(top_k)
-    top_p = None if top_p is None else float(top_p)
-    max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=1)
-    if verifier is None or (isinstance(verifier, str) and verifier.lower() == "none"):
-        return Settings(None, "iid", None, 0, 0, float(temperature), (), top_k, top_p, max_new_tokens)
-    v = _verifiers.get(verifier)
-    K = as_int(k, "k", minimum=1, what="an integer number of drafts")
-    L = as_int(depth, "depth", minimum=1)
-    listed = isinstance(draft_temperature, (list, tuple))
-    dynamic = isinstance(tree, str) and tree == "dynamic"
-    if max_nodes is not None and not dynamic:
-        raise ValueError(f"max_nodes applies only to tree='dynamic', got tree={tree!r}")
-    if dynamic and max_nodes is not None:
-        max_nodes = as_int(max_nodes, "max_nodes", minimum=2)
-        if max_nodes > MAX_DYNAMIC_NODES:
-            raise ValueError(f"max_nodes must be <= {MAX_DYNAMIC_NODES}, got {max_nodes}")
-    if min_gain is not None:
-        if not dynamic:
-            raise ValueError(f"min_gain applies only to tree='dynamic', got tree={tree!r}")
-        try:
-            min_gain = float(min_gain)
-        except (TypeError, ValueError):
-            raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}") from None
-        if not 0 <= min_gain < 1:
-            raise ValueError(f"min_gain must be in [0, 1) (a draft is worth at most one token), got {min_gain}")
-    shape = TreeShape.from_args(tree, K, L, max_nodes, min_gain or 0.0)
-    if dynamic and (listed or draft_law is not None and _drafts.law_kind(draft_law, "draft_law") == "independent"):
-        raise ValueError("draft_law: tree='dynamic' supports the iid, wor and greedy laws, not 'independent' "
-                         "(a list of draft temperatures)")
-    if draft_law is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
-        kind = "independent" if listed else v.implied_law(shape.k)
-    else:
-        kind = _drafts.law_kind(draft_law, "draft_law")
-
-    if draft_temperature is None:
-        temps = [float(temperature)]
-    elif listed:
-        if kind not in ("iid", "independent"):
-            raise ValueError(f"draft_temperature: a list (one per draft) means the independent law, not {draft_law!r}")
-        if len(draft_temperature) != K:
-            raise ValueError(f"draft_temperature has {len(draft_temperature)} entries but k = {K}; give one per draft")
-        for t in draft_temperature:
-            check_sampling_args(t, top_k, top_p, "draft_temperature")
-        temps = [float(t) for t in draft_temperature]
-        kind = "independent"
-    else:
-        check_sampling_args(draft_temperature, top_k, top_p, "draft_temperature")
-        temps = [float(draft_temperature)]
-    if kind == "independent" and len(temps) == 1:
-        temps = temps * K
-
-    if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
-        raise ValueError(f"tree has a node with {shape.k} children but only {len(temps)} draft temperatures")
-    if shape.mode == "sequences":
-        ks = {shape.k}
-    elif shape.mode == "dynamic":
-        ks = set(range(1, shape.k + 1))  # the allocator may choose any k <= K
-    else:
-        ks = {n for n in shape.children.values() if n > 0}
-    allowed = node_ks(v, kind, max(ks, default=1))
-    for n in sorted(ks):
-        if n not in allowed:
-            raise ValueError(_unsupported(v, kind, n))
-    return Settings(v, kind, shape, K, L, float(temperature), tuple(temps), top_k, top_p, max_new_tokens)
-
-
-@dataclass
-class _Plan:
-    verifier: object            # Verifier or None (target alone)
-    kind: str
-    shape: TreeShape | None
-    temperature: float
-    draft_temps: list           # one entry per draft column
-    top_k: int | None
-    top_p: float | None
-    max_new_tokens: int
-    eos: frozenset
-    K: int
-
-
-def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _Plan:
+def _check_models(target, draft, input_ids, settings: Settings, eos_token_id) -> frozenset:
+    """The model-dependent arguments of ``generate`` against ``settings``: the models, the
+    prompt (its ids in the vocabulary, shorter than the context window) and the eos ids,
+    returned as a set."""
     if not is_model(target):
-        raise ValueError("target must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel")
+        raise ArgumentError("target", "must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel")
     if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
-        raise ValueError("input_ids must be an integer LongTensor of shape [1, T]")
+        raise ArgumentError("input_ids", "must be an integer LongTensor of shape [1, T]")
     if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids must have shape [1, T] with T >= 1 (batch size 1), got {tuple(input_ids.shape)}")
+        raise ArgumentError("input_ids", f"must have shape [1, T] with T >= 1 (batch size 1), got {tuple(input_ids.shape)}")
     V = model_vocab_size(target, "target")
     if bool(((input_ids < 0) | (input_ids >= V)).any()):
-        raise ValueError(f"input_ids holds token ids outside the target vocabulary [0, {V})")
+        raise ArgumentError("input_ids", f"holds token ids outside the target vocabulary [0, {V})")
     if eos_token_id is None:
         eos = frozenset()
     else:
@@ -248,32 +119,30 @@ def _make_plan(target, draft, input_ids, settings: Settings, eos_token_id) -> _P
             if any(isinstance(e, bool) or not (0 <= operator.index(e) < V) for e in ids):
                 raise TypeError
         except TypeError:
-            raise ValueError(f"eos_token_id must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}") from None
+            raise ArgumentError("eos_token_id", f"must be None, a token id or a list of token ids in [0, {V}), got {eos_token_id!r}") from None
         eos = frozenset(operator.index(e) for e in ids)
     ctx = model_context(target)
     T = input_ids.shape[1]
-    s = settings
-    if s.verifier is None:
+    if settings.verifier is None:
         if T >= ctx:
-            raise ValueError(f"input_ids has {T} tokens but the target's context window is {ctx}; the prompt is too long")
-        return _Plan(None, "iid", None, s.temperature, [], s.top_k, s.top_p, s.max_new_tokens, eos, 0)
+            raise ArgumentError("input_ids", f"has {T} tokens but the target's context window is {ctx}; the prompt is too long")
+        return eos
     if not is_model(draft):
-        raise ValueError("draft must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel "
-                         "(or use verifier=None for the target alone)")
+        raise ArgumentError("draft", "must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel "
+                                     "(or use verifier=None for the target alone)")
     if getattr(draft, "engine", "transformers") != getattr(target, "engine", "transformers"):
-        raise ValueError(f"target and draft must run on one engine, got {getattr(target, 'engine', 'transformers')} "
-                         f"and {getattr(draft, 'engine', 'transformers')}")
+        raise ArgumentError("draft", f"and target must run on one engine, got {getattr(target, 'engine', 'transformers')} "
+                                     f"and {getattr(draft, 'engine', 'transformers')}")
     if draft is target and getattr(target, "engine", None) == "llama.cpp":
-        raise ValueError("target and draft must be two LlamaCppModel objects (each owns one KV cache); "
-                         "load the GGUF twice to draft with the target's own weights")
+        raise ArgumentError("draft", "and target must be two LlamaCppModel objects (each owns one KV cache); "
+                                     "load the GGUF twice to draft with the target's own weights")
     Vd = model_vocab_size(draft, "draft")
     if Vd != V:
-        raise ValueError(f"draft has a vocabulary of {Vd} tokens but target has {V}; they must share one tokenizer")
+        raise ArgumentError("draft", f"has a vocabulary of {Vd} tokens but target has {V}; they must share one tokenizer")
     ctx = min(ctx, model_context(draft))
     if T >= ctx:
-        raise ValueError(f"input_ids has {T} tokens but the context window is {ctx}; the prompt is too long")
-    return _Plan(s.verifier, s.law, s.shape, s.temperature, list(s.draft_temps), s.top_k, s.top_p,
-                 s.max_new_tokens, eos, s.k)
+        raise ArgumentError("input_ids", f"has {T} tokens but the context window is {ctx}; the prompt is too long")
+    return eos
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,17 +157,32 @@ def score_tree(runner, tree: DraftTree) -> torch.Tensor:
     return runner.extend([nd.token for nd in tree.nodes], parents)
 
 
-def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, draft_law=None,
-             tree=None, temperature=1.0, draft_temperature=None, top_k=None, top_p=None,
-             max_new_tokens=128, eos_token_id=None, generator=None, progress=None,
-             prompt_cache: PromptCache | None = None, node_log: list | None = None,
-             max_nodes: int | None = None, min_gain: float | None = None) -> GenerationResult:
+def generate(target, draft, input_ids, settings: Settings | None = None, *, generator=None, eos_token_id=None,
+             progress=None, prompt_cache: PromptCache | None = None, node_log: list | None = None,
+             **kwargs) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
-                    when ``verifier`` is None / "none": the target alone, one token per call).
+                    when the verifier is None / "none": the target alone, one token per call).
     input_ids       LongTensor ``[1, T]``, the prompt.
-    verifier        a registered verifier name (``multidraft.verifiers.names()``) or None.
+    settings        a :class:`Settings` (``Settings.from_args(...)``, validated once), or None
+                    and the same settings as keyword arguments (``**kwargs``, below), which
+                    are validated here by ``Settings.from_args``; not both.
+    generator       a ``torch.Generator`` or an integer seed (required; all randomness).
+    eos_token_id    None, a token id or a list of them: decoding stops after emitting one.
+    progress        optional callable ``progress(tokens_done, max_new_tokens)`` after each step.
+    prompt_cache    optional ``PromptCache``: the prompt prefill of each model is computed
+                    once per prompt and copied for later calls (e.g. several methods on one
+                    prompt); the result is the same either way.
+    node_log        optional list; every verified tree node appends ``(k, slot, depth)``: its
+                    number of drafts, the draft slot the walk entered (the first slot holding
+                    the output token) or None, and its depth (acceptance statistics for
+                    ``treeopt.AcceptStats.from_records``). Decoding is unchanged.
+
+    Keyword settings (``Settings.from_args``):
+
+    verifier        a registered verifier name (``multidraft.verifiers.names()``) or None
+                    (default 'specinfer').
     k, depth        K drafts per node and tree depth L: the full K-ary tree of depth L, or
                     with ``tree="sequences"`` K draft sequences of length L merged into a
                     trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both);
@@ -314,41 +198,40 @@ def generate(target, draft, input_ids, *, verifier="specinfer", k=2, depth=4, dr
                     temperature t_j).
     temperature     target temperature (0 = greedy); ``draft_temperature`` defaults to it.
     top_k, top_p    applied to both target and draft distributions (see ``sampling``).
-    generator       a ``torch.Generator`` or an integer seed (required; all randomness).
-    progress        optional callable ``progress(tokens_done, max_new_tokens)`` after each step.
-    prompt_cache    optional ``PromptCache``: the prompt prefill of each model is computed
-                    once per prompt and copied for later calls (e.g. several methods on one
-                    prompt); the result is the same either way.
-    node_log        optional list; every verified tree node appends ``(k, slot, depth)``: its
-                    number of drafts, the draft slot the walk entered (the first slot holding
-                    the output token) or None, and its depth (acceptance statistics for
-                    ``treeopt.AcceptStats.from_records``). Decoding is unchanged.
+    max_new_tokens  tokens to generate at most (default 128).
 
-    Every model-free argument is checked by :func:`check_settings` (also usable alone, before
-    loading models); an unsupported (verifier, law, K) names the laws that would work.
+    A bad argument raises ``ArgumentError`` (a ValueError) naming it; an unsupported
+    (verifier, law, K) names the laws that would work.
     """
     g = as_generator(generator)
-    settings = check_settings(verifier=verifier, k=k, depth=depth, draft_law=draft_law, tree=tree,
-                              temperature=temperature, draft_temperature=draft_temperature, top_k=top_k,
-                              top_p=top_p, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-                              min_gain=min_gain)
-    plan = _make_plan(target, draft, input_ids, settings, eos_token_id)
+    if settings is None:
+        settings = Settings.from_args(**kwargs)
+    elif not isinstance(settings, Settings):
+        raise ArgumentError("settings", f"must be a multidraft.decoding.Settings (Settings.from_args(...)) or None, "
+                                        f"got {type(settings).__name__}")
+    elif kwargs:
+        raise ArgumentError("settings", f": give a Settings or keyword settings, not both (got {', '.join(sorted(kwargs))})")
+    eos = _check_models(target, draft, input_ids, settings, eos_token_id)
     if progress is not None and not callable(progress):
-        raise ValueError("progress must be None or a callable progress(done, total)")
+        raise ArgumentError("progress", "must be None or a callable progress(done, total)")
     if prompt_cache is not None and not isinstance(prompt_cache, PromptCache):
-        raise ValueError(f"prompt_cache must be None or a multidraft.decoding.PromptCache, got {type(prompt_cache).__name__}")
+        raise ArgumentError("prompt_cache", f"must be None or a multidraft.decoding.PromptCache, got {type(prompt_cache).__name__}")
     if node_log is not None and not isinstance(node_log, list):
-        raise ValueError(f"node_log must be None or a list, got {type(node_log).__name__}")
+        raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
     with torch.inference_mode():
-        return _Decoder(target, draft if plan.verifier is not None else None, plan, g, progress,
-                        prompt_cache, node_log).run(input_ids)
+        return _Decoder(target, draft if settings.verifier is not None else None, settings, g, progress,
+                        prompt_cache, node_log, eos=eos).run(input_ids)
 
 
 class _Decoder:
-    def __init__(self, target, draft, plan: _Plan, g: torch.Generator, progress, prompt_cache=None, node_log=None):
+    """One decode: ``settings`` (model-free, validated once) and the model facts: ``eos`` the set of
+    end-of-sequence ids (checked by ``_check_models``), the context window from the models."""
+
+    def __init__(self, target, draft, settings: Settings, g: torch.Generator, progress, prompt_cache=None,
+                 node_log=None, *, eos: frozenset = frozenset()):
         self.t = runner_for(target, prompt_cache)
         self.d = runner_for(draft, prompt_cache) if draft is not None else None
-        self.plan, self.g, self.progress = plan, g, progress
+        self.settings, self.eos, self.g, self.progress = settings, eos, g, progress
         self.node_log = node_log
         self.ctx = model_context(target) if draft is None else min(model_context(target), model_context(draft))
         self._vcache: dict[int, object] = {}
@@ -360,8 +243,8 @@ class _Decoder:
     def _verifier_for(self, k: int):
         v = self._vcache.get(k)
         if v is None:
-            main = self.plan.verifier
-            if main.supports(self.plan.kind, k):
+            main = self.settings.verifier
+            if main.supports(self.settings.law, k):
                 v = main
             elif k == 1:
                 v = _verifiers.get("naive")
@@ -371,7 +254,7 @@ class _Decoder:
         return v
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
-        plan = self.plan
+        s = self.settings
         ids = input_ids.long()
         T = ids.shape[1]
         prefill_s = self.t.prefill(ids[:, :-1])
@@ -384,28 +267,28 @@ class _Decoder:
         out: list[int] = []
         accepted, depths = [], []
         stop = "max_new_tokens"
-        while len(out) < plan.max_new_tokens:
+        while len(out) < s.max_new_tokens:
             room = self.ctx - 1 - rootpos
             if room < 0:
                 stop = "context"
                 break
-            remaining = plan.max_new_tokens - len(out)
-            cap = 0 if plan.verifier is None else min(plan.shape.depth, remaining - 1, room)
+            remaining = s.max_new_tokens - len(out)
+            cap = 0 if s.verifier is None else min(s.shape.depth, remaining - 1, room)
             new, m, dd = self._step(root, cap)
             accepted.append(m)
             depths.append(dd)
-            hit = next((j for j, tk in enumerate(new) if tk in plan.eos), None)
+            hit = next((j for j, tk in enumerate(new) if tk in self.eos), None)
             if hit is not None:
                 new = new[: hit + 1]
             out.extend(new)
             rootpos += m + 1
             root = new[-1]
             if self.progress is not None:
-                self.progress(min(len(out), plan.max_new_tokens), plan.max_new_tokens)
+                self.progress(min(len(out), s.max_new_tokens), s.max_new_tokens)
             if hit is not None:
                 stop = "eos"
                 break
-        out = out[: plan.max_new_tokens]
+        out = out[: s.max_new_tokens]
         secs = time.perf_counter() - t0
         rates = [a / d for a, d in zip(accepted, depths) if d > 0]
         n = len(out)
@@ -427,7 +310,7 @@ class _Decoder:
 
     # one step ---------------------------------------------------------------------------
     def _step(self, root: int, cap: int):
-        plan = self.plan
+        plan = self.settings
         shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
         tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)))
         drafted = cap > 0
@@ -446,7 +329,7 @@ class _Decoder:
             if nd.drafts:
                 dr = torch.tensor(nd.drafts, dtype=torch.long, device=p.device)
                 v = self._verifier_for(len(nd.drafts))
-                y = int(v.verify(p, nd.q, dr, generator=self.g, law=plan.kind, validate=False).token)
+                y = int(v.verify(p, nd.q, dr, generator=self.g, law=plan.law, validate=False).token)
                 c = nd.child.get(y)
                 if self.node_log is not None:
                     self.node_log.append((len(nd.drafts), None if c is None else nd.drafts.index(y), nd.depth))
@@ -511,19 +394,19 @@ class _Decoder:
     def _allocate_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> None:
         """Dynamic trees: the drafts of every node of ``level`` (logits ``[len(level), V]``) from
         its q and reach, all decided here before ``_sample_level`` draws any of them."""
-        plan = self.plan
+        plan = self.settings
         room = tree.shape.budget - len(tree)
         q = process_logits(logits, plan.draft_temps[0], plan.top_k, plan.top_p)  # [n, V]
         reach = torch.tensor([tree.nodes[i].reach for i in level], dtype=torch.float64)
         cap = [i for i in level if tree.nodes[i].depth < tree.depth_cap]
-        ks = allocate(q, reach, tree.shape.k, room, plan.kind, tree.shape.min_gain).tolist()
+        ks = allocate(q, reach, tree.shape.k, room, plan.law, tree.shape.min_gain).tolist()
         for r, i in enumerate(level):
             tree.nodes[i].k = int(ks[r]) if i in cap else 0
 
     def _sample_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> list[int]:
         """Draw the drafts of every node in ``level`` (logits ``[len(level), V]``); return new node ids."""
-        plan = self.plan
-        kind = plan.kind
+        plan = self.settings
+        kind = plan.law
         ks = [tree.n_children(i) for i in level]
         cols = [tree.draft_cols(i, k) for i, k in zip(level, ks)]
         need = sorted({c for cs in cols for c in cs}) if kind == "independent" else [0]

@@ -53,6 +53,8 @@ import torch
 
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
+from .._validate import ArgumentError, as_int, as_ks, as_temperature, as_top_k, as_top_p
+from ..datasets import check_dataset
 from ..exact import acceptance_given
 from ..limits import optimal_acceptance
 from . import collect as _collect
@@ -61,7 +63,7 @@ from .records import JsonlWriter, derived_seed, read_jsonl, resume, row_key
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
-           "default_verifiers", "position_errors", "run", "run_experiment", "ExperimentResult", "experiment_config",
+           "default_verifiers", "position_errors", "run", "run_experiment", "AcceptanceConfig", "ExperimentResult",
            "read_along", "along_alphas", "tree_acceptance"]
 
 KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
@@ -83,8 +85,9 @@ def default_verifiers() -> list[str]:
 
 
 def make_law(Q: torch.Tensor, law: str, k: int):
-    """The draft law object of kind ``law`` for draft probs Q ``[..., V]``."""
-    return _drafts.make(_drafts.parse_laws([law], LAWS, "law")[0], Q, k)
+    """The draft law object of kind ``law`` (a checked kind, ``AcceptanceConfig.laws``) for
+    draft probs Q ``[..., V]``."""
+    return _drafts.make(law, Q, k)
 
 
 def optimal(P: torch.Tensor, Q: torch.Tensor, law: str, k: int) -> torch.Tensor:
@@ -273,8 +276,10 @@ def evaluate(
 ) -> int:
     """Write the missing rows for one position store; returns the number of rows written.
 
-    ``mapper`` evaluates each cell's position blocks (:func:`cell_acceptance`); the default runs
-    them here, a distributed one elsewhere, with the same rows."""
+    ``laws`` are checked kinds and ``ks`` checked numbers of drafts (``AcceptanceConfig``
+    validates them once). ``mapper`` evaluates each cell's position blocks
+    (:func:`cell_acceptance`); the default runs them here, a distributed one elsewhere, with
+    the same rows."""
     info = ps.info
     settings = info.get("settings", {})
     base = {
@@ -298,7 +303,6 @@ def evaluate(
         ps = store.relump(store.without_qs(ps), eps=eps, k_max=max(ks), max_support=store._MAX_SUPPORT)
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
-    laws = _drafts.parse_laws(laws, LAWS, "laws")
     ind_t = info.get("independent_temperatures") or []
     Qs = store.lumped_qs(full) if "independent" in laws and full.qs is not None else None  # [n, J, M+1]
     P_ind = store.lumped(full)[0] if Qs is not None else None
@@ -399,31 +403,112 @@ class ExperimentResult:
     written: int          # rows written by this call
 
 
-def experiment_config(*, model_names: dict, datasets, temperatures, ks, laws, verifiers, draws, eval_support,
-                      top_k, top_p, n_texts, positions_per_text, max_tokens, eps, experiment: str,
-                      collect_kw: dict | None = None) -> dict:
-    """The config a results file is bound to (JSON-ready; ``KEYED`` keys may grow on a resume).
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """One acceptance (or temperature) experiment, validated once when made: every field is
+    checked in ``__post_init__`` (``ArgumentError`` naming it) and stored resolved, so nothing
+    below re-checks it: ``laws`` as kinds of ``LAWS`` (parsed once), ``ks`` sorted numbers of
+    drafts >= 1 (``k``), ``verifiers`` registered names or None (all but lp_optimal).
 
-    ``collect_kw`` (the collector's position options: ``positions_from``, ``new_tokens``, ...)
-    is bound too, under ``"positions"``, when given."""
-    extra = {"positions": dict(collect_kw)} if collect_kw else {}
-    return {**extra,
-        "experiment": experiment, "models": dict(model_names), "datasets": list(datasets),
-        "temperatures": [[float(a), float(b)] for a, b in temperatures], "k": [int(x) for x in ks],
-        "laws": list(laws), "verifiers": list(verifiers) if verifiers is not None else None,
-        "draws": int(draws), "eval_support": eval_support, "top_k": top_k, "top_p": top_p, "texts": int(n_texts),
-        "positions_per_text": None if positions_per_text is None else int(positions_per_text),
-        "max_tokens": int(max_tokens), "eps": float(eps),
-    }
+    ``temperatures`` (t_target, t_draft) pairs; ``collect_kw`` the collector's position options
+    (``positions_from``, ``new_tokens``, ...; bound into the results' config); ``experiment``
+    and ``file`` name the results file (the temperature experiment: 'temperature',
+    'temperature.jsonl', see ``temperature.sweep_config``).
+    """
+
+    datasets: tuple
+    temperatures: tuple
+    ks: tuple = tuple(range(1, 9))
+    laws: tuple = LAWS
+    verifiers: tuple | None = None
+    draws: int = 200
+    eval_support: int | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    n_texts: int = 4
+    positions_per_text: int | None = 8
+    max_tokens: int = 256
+    eps: float = 1e-4
+    collect_kw: dict | None = None
+    experiment: str = "acceptance"
+    file: str = "acceptance.jsonl"
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        datasets = [self.datasets] if isinstance(self.datasets, str) else list(self.datasets)
+        if not datasets:
+            raise ArgumentError("datasets", "is empty")
+        try:
+            set_("datasets", tuple(check_dataset(d) for d in datasets))
+        except ValueError as exc:
+            raise ArgumentError.of("datasets", exc) from None
+        temps = tuple((as_temperature(a, "t_target"), as_temperature(b, "t_draft")) for a, b in self.temperatures)
+        for _, td in temps:
+            if not td > 0:
+                raise ArgumentError("t_draft", f"must be > 0 (the drafts are sampled), got {td}")
+        if not temps:
+            raise ArgumentError("temperatures", "is empty; give at least one (t_target, t_draft) pair")
+        set_("temperatures", temps)
+        set_("ks", as_ks(self.ks, "k"))
+        set_("laws", _drafts.parse_laws(self.laws, LAWS, "laws"))
+        if self.verifiers is not None:
+            names = tuple(self.verifiers)
+            for n in names:
+                try:
+                    _verifiers.get(n)
+                except ValueError as exc:
+                    raise ArgumentError.of("verifiers", exc) from None
+            set_("verifiers", names)
+        draws = as_int(self.draws, "draws")
+        if draws < 2:
+            raise ArgumentError("draws", f"must be >= 2 (for a standard error), got {draws}")
+        set_("draws", draws)
+        if self.eval_support is not None:
+            n = as_int(self.eval_support, "eval_support")
+            if n < 2:
+                raise ArgumentError("eval_support", f"must be >= 2 tokens, got {n}")
+            set_("eval_support", n)
+        set_("top_k", as_top_k(self.top_k, "top_k"))
+        set_("top_p", as_top_p(self.top_p, "top_p"))
+        set_("n_texts", as_int(self.n_texts, "n_texts", minimum=1))
+        if self.positions_per_text is not None:
+            set_("positions_per_text", as_int(self.positions_per_text, "positions_per_text", minimum=1))
+        set_("max_tokens", as_int(self.max_tokens, "max_tokens", minimum=1))
+        try:
+            eps = float(self.eps)
+        except (TypeError, ValueError):
+            eps = math.nan
+        if not 0 <= eps < 1:
+            raise ArgumentError("eps", f"must be a number in [0, 1), got {self.eps!r}")
+        set_("eps", eps)
+        set_("collect_kw", dict(self.collect_kw) if self.collect_kw else None)
+
+    def binding(self, model_names: dict) -> dict:
+        """The config the results file is bound to (JSON-ready; ``KEYED`` keys may grow on a
+        resume). ``collect_kw`` is bound too, under ``"positions"``, when given."""
+        extra = {"positions": dict(self.collect_kw)} if self.collect_kw else {}
+        return {**extra,
+            "experiment": self.experiment, "models": dict(model_names), "datasets": list(self.datasets),
+            "temperatures": [[a, b] for a, b in self.temperatures], "k": list(self.ks),
+            "laws": list(self.laws), "verifiers": list(self.verifiers) if self.verifiers is not None else None,
+            "draws": self.draws, "eval_support": self.eval_support, "top_k": self.top_k, "top_p": self.top_p,
+            "texts": self.n_texts, "positions_per_text": self.positions_per_text,
+            "max_tokens": self.max_tokens, "eps": self.eps,
+        }
 
 
 def run_experiment(
     run_dir: str | Path,
+    config: AcceptanceConfig | None = None,
     *,
     models: Callable[[], tuple],
     model_names: dict,
-    datasets: Sequence[str],
-    temperatures: Sequence[tuple[float, float]],
+    seed: int = 0,
+    mapper: Callable[[Sequence[tuple]], list] = local_map,
+    log: Callable[[str], None] = lambda _m: None,
+    progress=None,
+    datasets: Sequence[str] | None = None,
+    temperatures: Sequence[tuple[float, float]] | None = None,
     ks: Sequence[int] = tuple(range(1, 9)),
     laws: Sequence[str] = LAWS,
     verifiers: Sequence[str] | None = None,
@@ -435,59 +520,53 @@ def run_experiment(
     positions_per_text: int = 8,
     max_tokens: int = 256,
     eps: float = 1e-4,
-    seed: int = 0,
     file: str = "acceptance.jsonl",
     experiment: str = "acceptance",
-    mapper: Callable[[Sequence[tuple]], list] = local_map,
     collect_kw: dict | None = None,
-    log: Callable[[str], None] = lambda _m: None,
-    progress=None,
 ) -> ExperimentResult:
     """The acceptance experiment: collect position stores (the only model calls, skipped when
     the stores exist) for every dataset x (t_target, t_draft) pair, then write the missing rows
-    of ``RUN_DIR/file``. Every argument is checked, and the run directory checked writable and
-    bound to this config, before ``models()`` is called. ``collect_kw``: more options of
-    :func:`multidraft.experiments.collect.collect` (where positions come from, continuation
-    length, independent temperatures, ...), bound into the config."""
-    laws = _drafts.parse_laws(laws, LAWS, "laws")
-    if verifiers is not None:
-        verifiers = list(verifiers)
-        for n in verifiers:
-            _verifiers.get(n)  # unknown name -> ValueError
-    ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1:
-        raise ValueError(f"ks must be numbers of drafts >= 1, got {ks}")
-    if int(draws) < 2:
-        raise ValueError(f"draws must be >= 2 (for a standard error), got {draws}")
-    if eval_support is not None and int(eval_support) < 2:
-        raise ValueError(f"eval_support must be >= 2 tokens, got {eval_support}")
-    config = experiment_config(
-        model_names=model_names, datasets=datasets, temperatures=temperatures, ks=ks, laws=laws, verifiers=verifiers,
-        draws=draws, eval_support=eval_support, top_k=top_k, top_p=top_p, n_texts=n_texts,
-        positions_per_text=positions_per_text, max_tokens=max_tokens, eps=eps, experiment=experiment,
-        collect_kw=collect_kw,
-    )
-    path = Path(run_dir) / file
-    resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuse a foreign file before any model call
+    of ``RUN_DIR/config.file``.
+
+    ``config`` is an :class:`AcceptanceConfig` (validated once, when made); without it the
+    keywords from ``datasets`` on make one (the same fields). The run directory is checked
+    writable and bound to this config before ``models()`` is called. ``collect_kw``: more
+    options of :func:`multidraft.experiments.collect.collect` (where positions come from,
+    continuation length, independent temperatures, ...), bound into the config."""
+    if config is None:
+        if datasets is None or temperatures is None:
+            raise TypeError("run_experiment needs a config, or datasets= and temperatures=")
+        config = AcceptanceConfig(
+            datasets=tuple(datasets), temperatures=tuple(temperatures), ks=tuple(ks), laws=tuple(laws),
+            verifiers=None if verifiers is None else tuple(verifiers), draws=draws, eval_support=eval_support,
+            top_k=top_k, top_p=top_p, n_texts=n_texts, positions_per_text=positions_per_text, max_tokens=max_tokens,
+            eps=eps, collect_kw=collect_kw, experiment=experiment, file=file)
+    elif not isinstance(config, AcceptanceConfig):
+        raise ArgumentError("config", f"must be an AcceptanceConfig, got {type(config).__name__}")
+    c = config
+    path = Path(run_dir) / c.file
+    binding = c.binding(model_names)
+    resume(path, binding, seed, key_fields=KEY, keyed=KEYED)  # refuse a foreign file before any model call
     paths = _collect.collect(
-        run_dir, models=models, model_names=model_names, datasets=datasets, configs=temperatures, top_k=top_k,
-        top_p=top_p, n_texts=n_texts, positions_per_text=positions_per_text, max_tokens=max_tokens, eps=eps,
-        k_max=max(ks), seed=seed, log=log, progress=progress, **(collect_kw or {}),
+        run_dir, models=models, model_names=model_names, datasets=list(c.datasets), configs=list(c.temperatures),
+        top_k=c.top_k, top_p=c.top_p, n_texts=c.n_texts, positions_per_text=c.positions_per_text,
+        max_tokens=c.max_tokens, eps=c.eps, k_max=max(c.ks), seed=seed, log=log, progress=progress,
+        **(c.collect_kw or {}),
     )
     stores = list(paths.values())
     written = 0
-    with JsonlWriter(path, config, seed, keyed=KEYED) as w:
+    with JsonlWriter(path, binding, seed, keyed=KEYED) as w:
         done = w.done(KEY)
         for s in stores:
             ps = store.load(s)
-            log(f"{s.name}: {len(ps)} positions, eps = {eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
+            log(f"{s.name}: {len(ps)} positions, eps = {c.eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
                 f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= "
                 f"{float(ps.p_tail.max()):.3g} (iid, greedy)")
-            if max(float(ps.p_tail.max()), float(ps.q_tail.max())) > eps * (1 + 1e-9):
-                log(f"WARNING: {s.name}: stored tails exceed eps = {eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
+            if max(float(ps.p_tail.max()), float(ps.q_tail.max())) > c.eps * (1 + 1e-9):
+                log(f"WARNING: {s.name}: stored tails exceed eps = {c.eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
                     "the report states the tails in force")
-            written += evaluate(ps, w, done=done, laws=laws, ks=ks, verifiers=verifiers, draws=draws, seed=seed,
-                                eval_support=eval_support, mapper=mapper, log=log, progress=progress)
+            written += evaluate(ps, w, done=done, laws=c.laws, ks=c.ks, verifiers=c.verifiers, draws=c.draws, seed=seed,
+                                eval_support=c.eval_support, mapper=mapper, log=log, progress=progress)
     _, rows = read_jsonl(path)
     return ExperimentResult(path=path, rows=rows, stores=stores, written=written)
 

@@ -26,13 +26,13 @@ import torch
 from .. import drafts as D
 from .. import exact
 from .. import verifiers as V
-from .._validate import as_probs
+from .._validate import ArgumentError, as_int, as_ks, as_probs
 from ..limits import lp_optimal_acceptance, optimal_acceptance
 from ..limits.lp import MAX_LP_TUPLES, tuple_count
 from .progress import progress
 from .records import JsonlWriter, row_key
 
-__all__ = ["EXACT_MAX_TUPLES", "KEY", "KEYED", "Settings", "Cell", "Plan", "builtin_cases",
+__all__ = ["EXACT_MAX_TUPLES", "KEY", "KEYED", "CompareConfig", "Cell", "Plan", "builtin_cases",
            "load_case", "plan", "run", "jsonl_config", "write_jsonl", "format_table"]
 
 EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many (the LP limit is limits.lp.MAX_LP_TUPLES)
@@ -79,13 +79,33 @@ def load_case(p_path: str | Path, q_path: str | Path) -> tuple[torch.Tensor, tor
     return out[0], out[1]
 
 
-@dataclass
-class Settings:
+@dataclass(frozen=True)
+class CompareConfig:
+    """What ``compare`` computes, validated once when made (``ArgumentError`` naming the field):
+    ``ks`` numbers of drafts (sorted, each >= 1), ``laws`` checked kinds of the single-q laws
+    (names or aliases accepted, stored as kinds), ``verifiers`` registered names or None (all),
+    ``samples`` Monte-Carlo draws (>= 1), ``seed``."""
+
     ks: tuple[int, ...] = (1, 2, 3, 4)
     laws: tuple[str, ...] = D.SHARED_Q_KINDS
     verifiers: tuple[str, ...] | None = None
     samples: int = 200_000
     seed: int = 0
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        set_("ks", as_ks(self.ks, "k"))
+        set_("laws", D.parse_laws(self.laws, D.SHARED_Q_KINDS, "laws"))
+        if self.verifiers is not None:
+            names = tuple(self.verifiers)
+            for n in names:
+                try:
+                    V.get(n)
+                except ValueError as exc:
+                    raise ArgumentError.of("verifiers", exc) from None
+            set_("verifiers", names)
+        set_("samples", as_int(self.samples, "samples", minimum=1))
+        set_("seed", as_int(self.seed, "seed"))
 
 
 def _count(n: int) -> str:
@@ -124,23 +144,16 @@ class Plan:
                 f"{self.n_monte_carlo} Monte-Carlo runs of {samples:,} draws")
 
 
-def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings) -> Plan:
+def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: CompareConfig) -> Plan:
     """Sizes first: how every (case, law, K, verifier) will be computed, without computing it.
 
-    ``ValueError`` when a verifier asked for by name cannot run at some K (``lp_optimal``
-    over more than ``limits.lp.MAX_LP_TUPLES`` draft tuples)."""
+    ``ArgumentError`` (verifiers) when a verifier asked for by name cannot run at some K
+    (``lp_optimal`` over more than ``limits.lp.MAX_LP_TUPLES`` draft tuples)."""
     explicit = s.verifiers is not None
     names = list(s.verifiers) if explicit else V.names()
-    for n in names:
-        V.get(n)  # unknown name -> ValueError
-    laws = D.parse_laws(s.laws, D.SHARED_Q_KINDS, "--laws")
-    if not s.ks or min(s.ks) < 1:
-        raise ValueError(f"--k: every K must be >= 1, got {list(s.ks)}")
-    if s.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {s.samples}")
     cells, notes = [], []
     for case, (p, q) in cases.items():
-        for law_name in laws:
+        for law_name in s.laws:
             for k in s.ks:
                 if law_name in ("wor", "greedy") and int((q > 0).sum()) < k:
                     notes.append(f"{case}: the {law_name} law needs K <= {int((q > 0).sum())} tokens with q > 0; K = {k} skipped")
@@ -157,7 +170,7 @@ def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings) -> Pl
                         msg = (f"{name} at {law_name} K = {k} (case {case}) needs an LP over {_count(nt)} draft tuples "
                                f"(limit {MAX_LP_TUPLES:,}); alpha* comes from the exact dual instead")
                         if explicit:
-                            raise ValueError(f"--verifiers: {msg}; lower --k or leave {name} out")
+                            raise ArgumentError("verifiers", f": {msg}; lower K or leave {name} out")
                         notes.append(f"skipped {msg}")
                         continue
                     cell.verifiers.append((name, "exact" if nt <= EXACT_MAX_TUPLES else "mc"))
@@ -186,7 +199,7 @@ def _monte_carlo(v, p, law, n: int, g: torch.Generator) -> tuple[float, float]:
     return a, math.sqrt(max(a * (1 - a), 1.0 / n) / n)
 
 
-def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings, *, show_progress: bool = True,
+def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: CompareConfig, *, show_progress: bool = True,
         log: Callable[[str], None] = lambda _m: None, the_plan: Plan | None = None) -> list[dict]:
     """All rows, one per (case, law, K, verifier), plus one 'alpha*' row per (case, law, K)."""
     pl = the_plan if the_plan is not None else plan(cases, s)
@@ -217,13 +230,13 @@ def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: Settings, *, sho
     return rows
 
 
-def jsonl_config(cases: dict, s: Settings) -> dict:
+def jsonl_config(cases: dict, s: CompareConfig) -> dict:
     """The config a ``--out`` file is bound to (``KEYED`` keys may grow)."""
     return dict(k=list(s.ks), laws=list(s.laws), verifiers=list(s.verifiers) if s.verifiers else None,
                 samples=s.samples, cases={k: {"p": v[0].tolist(), "q": v[1].tolist()} for k, v in cases.items()})
 
 
-def write_jsonl(path: str | Path, rows: list[dict], cases: dict, s: Settings) -> int:
+def write_jsonl(path: str | Path, rows: list[dict], cases: dict, s: CompareConfig) -> int:
     """Append the rows missing from ``path`` (bound to the cases, samples and seed; more Ks,
     laws or verifiers may be added to an existing file); returns how many were written."""
     with JsonlWriter(path, jsonl_config(cases, s), s.seed, keyed=KEYED) as w:

@@ -121,7 +121,16 @@ def run(
                       independent_temperatures=list(c.independent_temperatures), min_positions=c.min_positions)
     common = dict(models=models_once, model_names=model_names, datasets=list(c.datasets), eps=c.eps,
                   n_texts=c.max_prompts, positions_per_text=None, seed=seed, log=log, progress=progress)
-    eval_kw = dict(common, draws=c.draws, collect_kw=collect_kw, **({"mapper": mapper} if mapper else {}))
+    run_kw = dict(models=models_once, model_names=model_names, seed=seed, log=log, progress=progress,
+                  **({"mapper": mapper} if mapper else {}))
+    # the two evaluation stages' configs, validated once here, before any stage runs
+    fields = dict(datasets=tuple(c.datasets), eps=c.eps, n_texts=c.max_prompts, positions_per_text=None,
+                  draws=c.draws, collect_kw=collect_kw)
+    acceptance_cfg = _acceptance.AcceptanceConfig(temperatures=((1.0, 1.0),), ks=c.ks, laws=c.laws,
+                                                  verifiers=tuple(c.verifiers) if c.verifiers else None, **fields)
+    temperature_cfg = _acceptance.AcceptanceConfig(temperatures=tuple(temps_sweep), ks=c.sweep_ks, laws=c.sweep_laws,
+                                                   verifiers=tuple(c.sweep_verifiers), file="temperature.jsonl",
+                                                   experiment="temperature", **fields)
     all_temps = [(1.0, 1.0)] + [t for t in temps_sweep if t != (1.0, 1.0)]
     k_max = max(max(c.ks), max(c.sweep_ks))
     stage_file = run_dir / "stages.jsonl"
@@ -135,12 +144,9 @@ def run(
             before = sum(p.exists() for p in _store_paths())
             return len(_collect.collect(run_dir, configs=all_temps, k_max=k_max, **common, **collect_kw)) - before
         if stage == "acceptance":
-            return _acceptance.run_experiment(run_dir, temperatures=[(1.0, 1.0)], ks=c.ks, laws=c.laws,
-                                              verifiers=list(c.verifiers) if c.verifiers else None, **eval_kw).written
+            return _acceptance.run_experiment(run_dir, config=acceptance_cfg, **run_kw).written
         if stage == "temperature":
-            return _acceptance.run_experiment(run_dir, temperatures=temps_sweep, ks=c.sweep_ks, laws=c.sweep_laws,
-                                              verifiers=list(c.sweep_verifiers), file="temperature.jsonl",
-                                              experiment="temperature", **eval_kw).written
+            return _acceptance.run_experiment(run_dir, config=temperature_cfg, **run_kw).written
         before = _count(run_dir / "blocks.jsonl")
         # K = 1 is single-draft SD for every verifier of the list: it runs once, as `naive`
         multi = [k for k in c.block_ks if k > 1]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["sweep_configs", "run_experiment"]
+__all__ = ["sweep_configs", "sweep_config", "run_experiment"]
 
 
 def sweep_configs(
@@ -36,19 +36,60 @@ def sweep_configs(
     return out
 
 
-def run_experiment(
-    run_dir: str | Path,
+def sweep_config(
     *,
     draft_temperatures: Sequence[float],
     target_temperatures: Sequence[float],
     fixed_target: float = 1.0,
     fixed_draft: float = 1.0,
     ks: Sequence[int] = (2, 4, 8),
-    **kw,
+    **fields,
 ):
-    """Both sweeps into ``RUN_DIR/temperature.jsonl``; the other keywords are those of
-    :func:`multidraft.experiments.acceptance.run_experiment`. Returns its ``ExperimentResult``."""
+    """The temperature experiment's config: an ``acceptance.AcceptanceConfig`` over both sweeps,
+    written to ``temperature.jsonl``, validated once (each sweep value under its own name:
+    ``draft_temperatures``, ``target_temperatures``, ``fixed_target``, ``fixed_draft``).
+    ``fields``: the other fields of ``AcceptanceConfig`` (datasets, laws, verifiers, ...)."""
+    from .._validate import ArgumentError, as_temperature
+    from .acceptance import AcceptanceConfig
+
+    def draft_t(t, name):  # the drafts are sampled: > 0
+        t = as_temperature(t, name)
+        if not t > 0:
+            raise ArgumentError(name, f"must be > 0 (the drafts are sampled), got {t}")
+        return t
+
+    dts = [draft_t(t, "draft_temperatures") for t in draft_temperatures]
+    tts = [as_temperature(t, "target_temperatures") for t in target_temperatures]
+    temps = sweep_configs(dts, tts, fixed_target=as_temperature(fixed_target, "fixed_target"),
+                          fixed_draft=draft_t(fixed_draft, "fixed_draft"))
+    return AcceptanceConfig(temperatures=tuple(temps), ks=tuple(ks), file="temperature.jsonl",
+                            experiment="temperature", **fields)
+
+
+def run_experiment(
+    run_dir: str | Path,
+    config=None,
+    *,
+    draft_temperatures: Sequence[float] = (),
+    target_temperatures: Sequence[float] = (),
+    fixed_target: float = 1.0,
+    fixed_draft: float = 1.0,
+    ks: Sequence[int] = (2, 4, 8),
+    models,
+    model_names: dict,
+    seed: int = 0,
+    mapper=None,
+    log=None,
+    progress=None,
+    **fields,
+):
+    """Both sweeps into ``RUN_DIR/temperature.jsonl``: ``config`` from :func:`sweep_config`, or
+    made here from the sweep keywords and ``fields`` (those of ``AcceptanceConfig``). Returns
+    :func:`multidraft.experiments.acceptance.run_experiment`'s ``ExperimentResult``."""
     from .acceptance import run_experiment as _run
 
-    temps = sweep_configs(draft_temperatures, target_temperatures, fixed_target=fixed_target, fixed_draft=fixed_draft)
-    return _run(run_dir, temperatures=temps, ks=ks, file="temperature.jsonl", experiment="temperature", **kw)
+    if config is None:
+        config = sweep_config(draft_temperatures=draft_temperatures, target_temperatures=target_temperatures,
+                              fixed_target=fixed_target, fixed_draft=fixed_draft, ks=ks, **fields)
+    run_kw = {k: v for k, v in dict(mapper=mapper, log=log, progress=progress).items() if v is not None}
+    return _run(run_dir, config=config, models=models, model_names=model_names, seed=seed, **run_kw)

@@ -1,0 +1,186 @@
+"""The model-free settings of one ``generate`` call: made and validated once, then passed down.
+
+``Settings.from_args(verifier=..., k=..., depth=..., ...)`` checks every argument that needs
+no model and resolves it (the verifier name to a ``Verifier``, the law name to a kind from
+``drafts.LAW_KINDS``, the tree argument to a ``TreeShape``, the draft temperatures to one
+per draft column). A bad argument raises ``ArgumentError`` (a ``ValueError``) whose ``arg``
+is the argument's name and whose message starts with it; the CLI turns ``arg`` into its flag
+from one table. ``generate(target, draft, ids, settings, generator=...)`` then uses the
+object as it is: nothing below re-checks it. ``generate(..., **keyword settings)`` makes the
+object from the keywords (the same call), so both forms decode the same tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import drafts as _drafts
+from .. import verifiers as _verifiers
+from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
+from .trees import MAX_DYNAMIC_NODES, TreeShape
+
+__all__ = ["Settings", "ArgumentError", "check_settings", "node_ks"]
+
+
+def node_ks(v, kind: str, k_max: int) -> list[int]:
+    """The numbers of drafts 1..k_max a tree node may have when ``v`` verifies drafts of law
+    ``kind``: 1 always (a single draft is verified with 'naive'), k > 1 where ``v.supports``."""
+    return [k for k in range(1, k_max + 1) if k == 1 or v.supports(kind, k)]
+
+
+def _unsupported(v, kind: str, k: int) -> ArgumentError:
+    """The error for a (verifier, law, K) the verifier is not lossless for; names what would work."""
+    ok = v.laws_for(k)
+    krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
+    if ok:
+        return ArgumentError("draft_law", f": verifier {v.name!r} is not lossless for the {kind!r} draft law with "
+                                          f"{k} drafts per node; laws that work with {k} drafts: {', '.join(ok)}")
+    return ArgumentError("k", f": verifier {v.name!r} is not lossless with {k} drafts per node "
+                              f"(it supports laws {', '.join(v.laws)} with {krange})")
+
+
+def _verifier(verifier):
+    """None for the target alone (None or 'none'), else a Verifier (a registered name or an instance)."""
+    if verifier is None or (isinstance(verifier, str) and verifier.strip().lower() == "none"):
+        return None
+    try:
+        return _verifiers.get(verifier)
+    except ValueError as exc:
+        raise ArgumentError("verifier", f": {exc}, none") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The model-free part of a ``generate`` call, checked and resolved; make it with
+    :meth:`from_args` (the fields are resolved values, not arguments).
+
+    ``verifier`` a Verifier, or None for the target alone; ``law`` the draft law's kind
+    (``drafts.LAW_KINDS``); ``shape`` the tree shape (None for the target alone); ``k`` and
+    ``depth`` as given (0 for the target alone); ``draft_temps`` one temperature per draft
+    column (one entry unless the law is 'independent'; empty for the target alone).
+    """
+
+    verifier: object
+    law: str
+    shape: TreeShape | None
+    k: int
+    depth: int
+    temperature: float
+    draft_temps: tuple
+    top_k: int | None
+    top_p: float | None
+    max_new_tokens: int
+
+    @classmethod
+    def from_args(cls, *, verifier="specinfer", k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
+                  draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None,
+                  min_gain=None) -> "Settings":
+        """Check every argument of ``generate`` that needs no model, each once; ``ArgumentError``
+        naming the first bad one.
+
+        ``draft_law=None`` means the law the verifier implies (``Verifier.implied_law``;
+        'independent' when ``draft_temperature`` is a list). ``tree="dynamic"``: ``k`` is the most
+        drafts per node, ``depth`` the largest depth, ``max_nodes`` (default 16) the node budget
+        per step, root included, and ``min_gain`` (default 0) the least value (reach x coverage
+        increment, in expected tokens) for which a draft is granted; the verifier must be
+        lossless for the law at every k in 2..k.
+        """
+        temperature = as_temperature(temperature, "temperature")
+        top_k = as_top_k(top_k, "top_k")
+        top_p = as_top_p(top_p, "top_p")
+        max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=1)
+        v = _verifier(verifier)
+        if v is None:
+            return cls(None, "iid", None, 0, 0, temperature, (), top_k, top_p, max_new_tokens)
+        K = as_k(k, "k")
+        L = as_int(depth, "depth", minimum=1)
+        listed = isinstance(draft_temperature, (list, tuple))
+        dynamic = isinstance(tree, str) and tree == "dynamic"
+        if max_nodes is not None:
+            if not dynamic:
+                raise ArgumentError("max_nodes", f"applies only to tree='dynamic', got tree={tree!r}")
+            max_nodes = as_int(max_nodes, "max_nodes", minimum=2)
+            if max_nodes > MAX_DYNAMIC_NODES:
+                raise ArgumentError("max_nodes", f"must be <= {MAX_DYNAMIC_NODES}, got {max_nodes}")
+        if min_gain is not None:
+            if not dynamic:
+                raise ArgumentError("min_gain", f"applies only to tree='dynamic', got tree={tree!r}")
+            try:
+                min_gain = float(min_gain)
+            except (TypeError, ValueError):
+                raise ArgumentError("min_gain", f"must be a number in [0, 1), got {min_gain!r}") from None
+            if not 0 <= min_gain < 1:
+                raise ArgumentError("min_gain", f"must be in [0, 1) (a draft is worth at most one token), got {min_gain}")
+        try:
+            shape = TreeShape.from_args(tree, K, L, max_nodes, min_gain or 0.0)
+        except ValueError as exc:
+            raise ArgumentError.of("tree", exc) from None
+        kind = None if draft_law is None else _drafts.law_kind(draft_law, "draft_law")
+        if dynamic and (listed or kind == "independent"):
+            raise ArgumentError("draft_law", ": tree='dynamic' supports the iid, wor and greedy laws, not "
+                                             "'independent' (a list of draft temperatures)")
+        if kind is None and listed:
+            kind = "independent"
+        elif kind is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
+            try:
+                kind = v.implied_law(shape.k)
+            except ValueError as exc:  # the verifier takes no law at this K
+                raise ArgumentError.of("k", exc) from None
+
+        if draft_temperature is None:
+            temps = [temperature]
+        elif listed:
+            if kind not in ("iid", "independent"):
+                raise ArgumentError("draft_temperature", f": a list (one per draft) means the independent law, "
+                                                         f"not {draft_law!r}")
+            if len(draft_temperature) != K:
+                raise ArgumentError("draft_temperature", f"has {len(draft_temperature)} entries but k = {K}; "
+                                                         "give one per draft")
+            temps = [as_temperature(t, "draft_temperature") for t in draft_temperature]
+            kind = "independent"
+        else:
+            temps = [as_temperature(draft_temperature, "draft_temperature")]
+        if kind == "independent" and len(temps) == 1:
+            temps = temps * K
+
+        if shape.mode == "paths" and tree is not None and kind == "independent" and shape.k > len(temps):
+            raise ArgumentError("tree", f"has a node with {shape.k} children but only {len(temps)} draft temperatures")
+        if shape.mode == "sequences":
+            ks = {shape.k}
+        elif shape.mode == "dynamic":
+            ks = set(range(1, shape.k + 1))  # the allocator may choose any k <= K
+        else:
+            ks = {n for n in shape.children.values() if n > 0}
+        allowed = node_ks(v, kind, max(ks, default=1))
+        for n in sorted(ks):
+            if n not in allowed:
+                raise _unsupported(v, kind, n)
+        return cls(v, kind, shape, K, L, temperature, tuple(temps), top_k, top_p, max_new_tokens)
+
+    def as_args(self) -> dict:
+        """Keyword arguments of :meth:`from_args` that give these settings again (the law and the
+        draft temperatures as resolved; the tree as its shape's argument)."""
+        if self.verifier is None:
+            return dict(verifier=None, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                        max_new_tokens=self.max_new_tokens)
+        s = self.shape
+        if s.mode == "dynamic":
+            tree = dict(tree="dynamic", max_nodes=s.budget, min_gain=s.min_gain)
+        elif s.mode == "sequences":
+            tree = dict(tree="sequences")
+        else:
+            tree = dict(tree=[list(p) for p in s.children if p])
+        independent = self.law == "independent"
+        return dict(verifier=self.verifier, k=self.k, depth=self.depth, draft_law=self.law,
+                    draft_temperature=list(self.draft_temps) if independent else self.draft_temps[0],
+                    temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    max_new_tokens=self.max_new_tokens, **tree)
+
+    def derive(self, **changes) -> "Settings":
+        """New settings: these with ``changes`` (keyword arguments of :meth:`from_args`), checked
+        as one new call. ``verifier=None`` gives the target alone at the same sampling settings."""
+        return Settings.from_args(**{**self.as_args(), **changes})
+
+
+def check_settings(**kwargs) -> Settings:
+    """``Settings.from_args(**kwargs)`` (the name callers used before ``Settings`` was the one object)."""
+    return Settings.from_args(**kwargs)

@@ -1,0 +1,178 @@
+"""Bad arguments on the command line: one line naming the flag, exit 2, no model loaded.
+
+The library raises ``ArgumentError`` with the argument's name; ``cli.main`` restates it with
+the flag from ONE table (``cli.ARG_FLAGS`` / ``cli.MODE_FLAGS``). These tests go through
+``main`` with the model loader replaced by one that fails the test if called.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from multidraft import cli, models
+from multidraft.cli import main
+
+
+class Loaded(Exception):
+    pass
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    calls = []
+
+    def boom(*a, **kw):
+        calls.append(1)
+        raise Loaded("a model would have been loaded")
+
+    for name in ("resolve_pair", "ensure_default_models", "resolve_llama_pair"):
+        if hasattr(models, name):
+            monkeypatch.setattr(models, name, boom)
+    return calls
+
+
+def _one_line(capsys, prog: str, flag: str) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"{prog}: error: {flag}"), lines[0]
+    return lines[0]
+
+
+DECODE = ["decode", "--prompt", "x", "--quiet"]
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--k", "0"], "--k"),
+    (["--k", "x"], "--k"),
+    (["--depth", "0"], "--depth"),
+    (["--draft-law", "bogus"], "--draft-law"),
+    (["--verifier", "rrs_wor", "--draft-law", "iid"], "--draft-law"),
+    (["--verifier", "bogus"], "--verifier"),
+    (["--temperature", "-2"], "--temperature"),
+    (["--draft-temperature", "-1"], "--draft-temperature"),
+    (["--draft-temperature", "1,2,3"], "--draft-temperature"),
+    (["--top-k", "0"], "--top-k"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--tree", "[[1]]"], "--tree"),
+    (["--tree", "bushy"], "--tree"),
+    # --tree dynamic: the caps come from --k-max and --max-depth (cli.MODE_FLAGS)
+    (["--tree", "dynamic", "--k-max", "0"], "--k-max"),
+    (["--tree", "dynamic", "--verifier", "spechub", "--k-max", "3"], "--k-max"),
+    (["--tree", "dynamic", "--max-nodes", "1"], "--max-nodes"),
+    (["--tree", "dynamic", "--min-gain", "2"], "--min-gain"),
+])
+def test_bad_decode_argument_names_its_flag(no_models, capsys, extra, flag):
+    assert main(DECODE + extra) == 2
+    _one_line(capsys, "multidraft decode", flag)
+    assert no_models == []
+
+
+@pytest.mark.parametrize("command,extra,flag", [
+    ("acceptance", ["--k", "0"], "--k"),
+    ("acceptance", ["--k", "2-1"], "--k"),
+    ("acceptance", ["--laws", "bogus"], "--laws"),
+    ("acceptance", ["--verifiers", "nope"], "--verifiers"),
+    ("acceptance", ["--datasets", "nope"], "--datasets"),
+    ("acceptance", ["--draws", "1"], "--draws"),
+    ("acceptance", ["--eval-support", "1"], "--eval-support"),
+    ("acceptance", ["--top-p", "2"], "--top-p"),
+    ("acceptance", ["--top-k", "0"], "--top-k"),
+    ("acceptance", ["--texts", "0"], "--texts"),
+    ("acceptance", ["--draft-temperature", "0"], "--draft-temperature"),
+    ("acceptance", ["--target-temperature", "-1"], "--target-temperature"),
+    ("temperature", ["--draft-temperatures", "0.5,0"], "--draft-temperatures"),
+    ("temperature", ["--target-temperatures", "x"], "--target-temperatures"),
+    ("temperature", ["--fixed-draft-temperature", "0"], "--fixed-draft-temperature"),
+    ("temperature", ["--k", "0"], "--k"),
+    ("blocks", ["--k", "0"], "--k"),
+    ("blocks", ["--laws", "bogus"], "--laws"),
+    ("blocks", ["--verifiers", "nope"], "--verifiers"),
+    ("blocks", ["--depths", "0"], "--depths"),
+])
+def test_bad_experiment_argument_names_its_flag(no_models, capsys, tmp_path, command, extra, flag):
+    assert main(["experiment", command, str(tmp_path / "run"), "--no-progress", *extra]) == 2
+    _one_line(capsys, "multidraft experiment", flag)
+    assert no_models == []
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["compare", "--k", "0"], "--k"),
+    (["compare", "--laws", "independent"], "--laws"),
+    (["compare", "--verifiers", "nope"], "--verifiers"),
+    (["compare", "--samples", "0"], "--samples"),
+    (["bound", "--p", "p.npy", "--q", "q.npy", "--k", "0"], "--k"),
+    (["bound", "--p", "p.npy", "--q", "q.npy", "--laws", "bogus"], "--laws"),
+])
+def test_bad_math_command_argument_names_its_flag(capsys, argv, flag):
+    assert main(argv) == 2
+    _one_line(capsys, f"multidraft {argv[0]}", flag)
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    out = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _options(sub)
+    return out
+
+
+def test_every_flag_of_the_table_exists():
+    flags = _options(cli.build_parser())
+    table = set(cli.ARG_FLAGS.values()) | {f for m in cli.MODE_FLAGS.values() for f in m.values()}
+    assert table - flags == set()
+    assert cli.flag_for("k") == "--k" and cli.flag_for("k", "decode", "dynamic") == "--k-max"
+    assert cli.flag_for("n_texts") == "--texts" and cli.flag_for("some_arg") == "--some-arg"
+    assert cli.flag_for("--already-a-flag") == "--already-a-flag"
+
+
+def test_decode_builds_its_settings_once(monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    from multidraft.decoding import Settings
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    monkeypatch.setattr(models, "resolve_pair", lambda *a, **kw: (t, d, tm.tiny_tokenizer()))
+    made = []
+    real = Settings.from_args.__func__
+    monkeypatch.setattr(Settings, "from_args", classmethod(lambda cls, **kw: made.append(kw) or real(cls, **kw)))
+    argv = ["decode", "--prompt", "hellothere", "--quiet", "--ignore-eos", "--max-new-tokens", "5", "--verifier", "nss",
+            "--k", "2", "--depth", "2", "--seed", "3", "--json"]
+    assert main(argv) == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(made) == 1 and obj["new_tokens"] == 5
+    # the tokens are those of the library call with the same settings
+    import multidraft as md
+
+    ids = tm.tiny_tokenizer()("hellothere", return_tensors="pt")["input_ids"]
+    ref = md.generate(t, d, ids, verifier="nss", k=2, depth=2, max_new_tokens=5, generator=3)
+    assert obj["tokens"] == ref.tokens.tolist()
+
+
+def test_experiment_validates_k_and_laws_once(monkeypatch, tmp_path):
+    """K is checked once under the name k and the law string parsed once, before the models."""
+    from multidraft import drafts
+    from multidraft.experiments import acceptance
+
+    ks, laws = [], []
+    real_ks, real_laws = acceptance.as_ks, drafts.parse_laws
+    monkeypatch.setattr(acceptance, "as_ks", lambda *a, **kw: ks.append(a) or real_ks(*a, **kw))
+    monkeypatch.setattr(drafts, "parse_laws", lambda *a, **kw: laws.append(a) or real_laws(*a, **kw))
+
+    def boom(*a, **kw):
+        raise Loaded("models")
+
+    monkeypatch.setattr(models, "resolve_pair", boom)
+    f = tmp_path / "t.txt"
+    f.write_text("in the beginning\n", encoding="utf-8")
+    with pytest.raises(Loaded):
+        main(["experiment", "acceptance", str(tmp_path / "run"), "--datasets", f"file:{f}", "--k", "1-3",
+              "--laws", "iid,wor", "--no-progress"])
+    assert len(ks) == 1 and ks[0][1] == "k"
+    assert len(laws) == 1
