@@ -22,8 +22,8 @@ target-only, unless ``--force-tree``.
 chosen from the draft distribution at that node before its drafts are drawn (more where the
 draft is uncertain), under a node budget ``--max-nodes`` (default 16, root included) and depth
 ``--max-depth``; with ``--min-gain G`` a draft is granted only if it is worth at least G
-expected tokens, so confident stretches stay chains (``decoding.trees.allocate``; lossless,
-see ``decoding.trees``).
+expected tokens, so confident stretches stay chains (``trees.allocate``; lossless,
+see ``trees.walk``).
 
 Every argument is checked before any model is loaded or built (``decoding.check_settings``);
 a mistake is one line on stderr and exit status 2.
@@ -200,7 +200,7 @@ def check_args(args):
             raise ValueError("--tree dynamic needs a --verifier (with 'none' there is no tree)")
         if args.max_nodes is None:
             args.max_nodes = 16
-        from ..decoding.trees import MAX_DYNAMIC_NODES
+        from ..trees import MAX_DYNAMIC_NODES
         if not 2 <= args.max_nodes <= MAX_DYNAMIC_NODES:
             raise ValueError(f"--max-nodes must be in [2, {MAX_DYNAMIC_NODES}], got {args.max_nodes}")
         if not 1 <= args.max_depth <= 8:

@@ -5,7 +5,8 @@
 ...                   temperature=1.0, max_new_tokens=64, generator=0)      # doctest: +SKIP
 >>> res.tokens, res.block_efficiency                                         # doctest: +SKIP
 
-Modules: ``trees`` (tree shapes, the per-step draft tree), ``kv`` (tree attention masks,
+Tree shapes, the per-step draft tree and the walk live in ``multidraft.trees`` (pure maths);
+re-exported here: ``TreeShape``, ``full_tree``, ``parse_tree``. Modules: ``kv`` (tree attention masks,
 KV-cache compaction), ``engine`` (``generate``; ``check_settings`` checks every model-free
 argument before any model is loaded; without ``draft_law`` the verifier's
 ``implied_law(k)`` is used).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from .engine import GenerationResult, Settings, check_settings, generate, node_ks
 from .kv import PromptCache
-from .trees import TreeShape, full_tree, parse_tree
+from ..trees import TreeShape, full_tree, parse_tree
 
 __all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "check_settings", "node_ks", "TreeShape", "full_tree",
            "parse_tree"]
