@@ -87,8 +87,13 @@ class TokenWalk(TreeRule):
         allowed = node_ks(self.verifier, self.law, max(ks, default=1))
         return all(k in allowed for k in ks)
 
+    def _check_tree(self, tree: DraftTree) -> None:
+        if tree.law != self.law:
+            raise ValueError(f"tree: drafted by the {tree.law!r} law but this walk verifies {self.law!r} drafts")
+
     # sampling path --------------------------------------------------------------------------
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
+        self._check_tree(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
         path: list[int] = []
         i = 0
@@ -138,6 +143,7 @@ class TokenWalk(TreeRule):
         return out
 
     def output_distribution(self, tree: DraftTree) -> dict:
+        self._check_tree(tree)
         law: dict[tuple, float] = {}
 
         def walk(i: int, prefix: tuple, w: float) -> None:
