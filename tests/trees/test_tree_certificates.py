@@ -25,7 +25,7 @@ def _tree_laws(kind: str, V: int, slow: bool) -> list:
            trees.explicit([[0], [1], [0, 0], [0, 0, 0]], kind), trees.explicit([[0], [1], [2], [1, 0]], kind)]
     if kind == "iid":
         out += [trees.sequences(2, 2), trees.sequences(3, 1)]
-        if slow:
+        if slow and V <= 3:
             out += [trees.sequences(2, 3), trees.sequences(3, 2)]
     if slow and V <= 2:
         out += [trees.kary(2, 3, kind), trees.kary(3, 2, kind)]
@@ -35,7 +35,8 @@ def _tree_laws(kind: str, V: int, slow: bool) -> list:
 
 
 def _cases(slow: bool):
-    """(verifier, law kind, tree law, model) for every supported combination; model styles rotate."""
+    """(verifier, law kind, tree law, model) for every supported combination; model styles rotate
+    (one per combination by default, two in the slow sweep, so every style meets every law)."""
     styles = trees.STYLES
     Vs = (2, 3, 4) if slow else (3,)
     n = 0
@@ -49,7 +50,7 @@ def _cases(slow: bool):
                 for law in _tree_laws(kind, V, slow):
                     if not rule.supports(law):
                         continue
-                    reps = styles if slow else (styles[n % len(styles)],)
+                    reps = [styles[(n + j) % len(styles)] for j in range(2 if slow else 1)]
                     for style in reps:
                         yield rule, law, trees.TableModel.random(V, seed=n, style=style)
                         n += 1
@@ -79,7 +80,7 @@ def test_every_verifier_and_tree_law_is_lossless_sweep(one_thread):
     for rule, law, model in _cases(slow=True):
         _check(rule, law, model)
         count += 1
-    assert count > 500
+    assert count > 400
 
 
 @pytest.mark.parametrize("style", ["random", "q_zero", "one_hot", "same", "flat", "peaked"])
