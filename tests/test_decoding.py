@@ -15,7 +15,8 @@ import tiny_models as tm  # noqa: E402
 
 import multidraft as md  # noqa: E402
 from multidraft import sampling  # noqa: E402
-from multidraft.decoding import engine, kv, runners, trees  # noqa: E402
+from multidraft import trees  # noqa: E402
+from multidraft.decoding import engine, kv, runners  # noqa: E402
 
 torch.set_num_threads(1)
 

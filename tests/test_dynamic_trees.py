@@ -14,7 +14,8 @@ import tiny_models as tm  # noqa: E402
 from test_decoding import _law_case  # noqa: E402
 
 import multidraft as md  # noqa: E402
-from multidraft.decoding import engine, trees  # noqa: E402
+from multidraft import trees  # noqa: E402
+from multidraft.decoding import engine  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -23,7 +23,8 @@ import tiny_models as tm  # noqa: E402
 
 import multidraft as md  # noqa: E402
 from multidraft import sampling  # noqa: E402
-from multidraft.decoding import engine, trees  # noqa: E402
+from multidraft import trees  # noqa: E402
+from multidraft.decoding import engine  # noqa: E402
 from multidraft.decoding.llamacpp import LlamaCppModel  # noqa: E402
 from multidraft.testing import tiny_gguf  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 from multidraft.decoding.treeopt import (AcceptStats, CostProfile, TreeDP, chain, choose_tree, expected_tokens,
                                          expected_tokens_along, fit_overhead, level_counts, slot_increments, step_seconds,
                                          tree_candidates)
-from multidraft.decoding.trees import parse_tree
+from multidraft.trees import parse_tree
 
 
 # brute force ---------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ target-only, unless ``--force-tree``.
 chosen from the draft distribution at that node before its drafts are drawn (more where the
 draft is uncertain), under a node budget ``--max-nodes`` (default 16, root included) and depth
 ``--max-depth``; with ``--min-gain G`` a draft is granted only if it is worth at least G
-expected tokens, so confident stretches stay chains (``decoding.trees.allocate``; lossless,
-see ``decoding.trees``).
+expected tokens, so confident stretches stay chains (``trees.allocate``; lossless,
+see ``trees.walk``).
 
 Every argument is checked once, before any model is loaded or built: the decoding settings
 by ``decoding.Settings.from_args`` (the object then passed to ``generate``), the rest here; a

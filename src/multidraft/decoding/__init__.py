@@ -5,11 +5,12 @@
 ...                   temperature=1.0, max_new_tokens=64, generator=0)      # doctest: +SKIP
 >>> res.tokens, res.block_efficiency                                         # doctest: +SKIP
 
-Modules: ``trees`` (tree shapes, the per-step draft tree), ``kv`` (tree attention masks,
-KV-cache compaction), ``settings`` (``Settings.from_args`` checks every model-free argument
+Tree shapes, the per-step draft tree and the walk live in ``multidraft.trees`` (pure maths);
+re-exported here: ``TreeShape``, ``full_tree``, ``parse_tree``. Modules: ``kv`` (tree attention
+masks, KV-cache compaction), ``settings`` (``Settings.from_args`` checks every model-free argument
 once, before any model is loaded; without ``draft_law`` the verifier's ``implied_law(k)`` is
 used; ``generate(target, draft, ids, settings, generator=...)`` takes the object as it is),
-``engine`` (``generate``).
+``engine`` (``generate``), ``pair`` (``load_pair``).
 Logit processing lives in ``multidraft.sampling`` and model loading in ``multidraft.models``.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from .engine import GenerationResult, generate
 from .settings import ArgumentError, Settings, check_settings, node_ks
 from .kv import PromptCache
-from .trees import TreeShape, full_tree, parse_tree
+from ..trees import TreeShape, full_tree, parse_tree
 
 __all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "ArgumentError", "check_settings", "node_ks", "TreeShape", "full_tree",
            "parse_tree"]

@@ -14,15 +14,17 @@ One decoding step, with ``r`` the last committed token (not yet in either KV cac
    additive mask lets each node attend to the cached prefix and to its ancestors only,
    and node positions are ``pos(r) + depth``. Logits of node i give ``p`` after the path
    to i.
-3. **Walk.** From the root, ``verifiers.get(name).verify(p, q, drafts, law=kind)`` picks
-   the output token at the node; if it is one of the node's drafts the walk enters that
-   child (accepted token), otherwise it stops (recovered token). At a node without drafts
-   (a leaf: the whole path was accepted) one bonus token is sampled from ``p``.
+3. **Walk.** The tree (a ``trees.DraftTree``: drafts and q rows per node, p rows processed
+   from the target logits on demand) goes to ``trees.TokenWalk``: from the root,
+   ``verifiers.get(name).verify(p, q, drafts, law=kind)`` picks the output token at the node;
+   if it is one of the node's drafts the walk enters that child (accepted token), otherwise
+   it stops (recovered token). At a node without drafts (a leaf: the whole path was accepted)
+   one bonus token is sampled from ``p``.
 4. **Caches.** Both caches are compacted in place to the prefix plus the accepted path;
    the accepted prefix is never recomputed. The final token becomes the next ``r``.
 
 Every output token is distributed exactly as the target's processed distribution given
-the prefix (see ``trees`` for the argument); at temperature 0 the output equals the
+the prefix (see ``trees.walk`` for the argument); at temperature 0 the output equals the
 target's greedy decoding (up to floating-point differences between the tree pass and a
 plain forward, which the tests bound on float32 models).
 
@@ -33,6 +35,7 @@ compaction, since rows accept different numbers of tokens) and per-row stopping.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import time
@@ -44,11 +47,11 @@ import torch
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_generator
-from ..sampling import process_logits, sample_token
+from ..sampling import process_logits
+from ..trees import DraftTree, TokenWalk, TreeShape, allocate
 from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
 from .settings import Settings, check_settings, node_ks
-from .trees import DraftTree, TreeShape, allocate
 
 __all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "check_settings", "score_tree", "node_ks"]
 
@@ -234,24 +237,14 @@ class _Decoder:
         self.settings, self.eos, self.g, self.progress = settings, eos, g, progress
         self.node_log = node_log
         self.ctx = model_context(target) if draft is None else min(model_context(target), model_context(draft))
-        self._vcache: dict[int, object] = {}
         self.target_calls = 0
         self.draft_calls = 0
         self.tree_tokens = 0
 
-    # verifier for a node with k drafts (fallbacks keep the walk lossless) --------------------
-    def _verifier_for(self, k: int):
-        v = self._vcache.get(k)
-        if v is None:
-            main = self.settings.verifier
-            if main.supports(self.settings.law, k):
-                v = main
-            elif k == 1:
-                v = _verifiers.get("naive")
-            else:
-                v = _verifiers.get("nss")
-            self._vcache[k] = v
-        return v
+    # the walk: the token-level verifier at each node (fallbacks in trees.TokenWalk) ------------
+    @functools.cached_property
+    def walk(self) -> TokenWalk:
+        return TokenWalk(self.settings.verifier or "naive", self.settings.law)
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
         s = self.settings
@@ -312,7 +305,7 @@ class _Decoder:
     def _step(self, root: int, cap: int):
         plan = self.settings
         shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
-        tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)))
+        tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)), plan.law)
         drafted = cap > 0
         if drafted:
             self._draft_tree(tree)
@@ -320,27 +313,12 @@ class _Decoder:
         logits = score_tree(self.t, tree)
         self.target_calls += 1
         self.tree_tokens += len(tree.nodes)
-        # walk
-        path: list[int] = []
-        i = 0
-        while True:
-            nd = tree.nodes[i]
-            p = process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p)
-            if nd.drafts:
-                dr = torch.tensor(nd.drafts, dtype=torch.long, device=p.device)
-                v = self._verifier_for(len(nd.drafts))
-                y = int(v.verify(p, nd.q, dr, generator=self.g, law=plan.law, validate=False).token)
-                c = nd.child.get(y)
-                if self.node_log is not None:
-                    self.node_log.append((len(nd.drafts), None if c is None else nd.drafts.index(y), nd.depth))
-                if c is not None:
-                    path.append(c)
-                    i = c
-                    continue
-                final = y
-            else:
-                final = int(sample_token(p, self.g))
-            break
+        # walk: p rows processed on demand, only at the nodes the walk visits
+        tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
+        verdict = self.walk.verify(tree, self.g)
+        if self.node_log is not None:
+            self.node_log.extend(self.walk.node_records(tree, verdict))
+        path, final = list(verdict.path), verdict.token
         m = len(path)
         # caches: keep prefix + root + accepted path
         self.t.commit([0] + path)

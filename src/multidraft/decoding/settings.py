@@ -16,15 +16,9 @@ from dataclasses import dataclass
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
-from .trees import MAX_DYNAMIC_NODES, TreeShape
+from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
 
 __all__ = ["Settings", "ArgumentError", "check_settings", "node_ks"]
-
-
-def node_ks(v, kind: str, k_max: int) -> list[int]:
-    """The numbers of drafts 1..k_max a tree node may have when ``v`` verifies drafts of law
-    ``kind``: 1 always (a single draft is verified with 'naive'), k > 1 where ``v.supports``."""
-    return [k for k in range(1, k_max + 1) if k == 1 or v.supports(kind, k)]
 
 
 def _unsupported(v, kind: str, k: int) -> ArgumentError:

@@ -424,7 +424,7 @@ def expected_tokens_along(paths, slots: dict) -> float:
 
 
 def _children(paths) -> dict:
-    from .trees import parse_tree
+    from ..trees import parse_tree
 
     return parse_tree(paths)
 

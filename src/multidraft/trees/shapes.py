@@ -1,4 +1,4 @@
-"""Draft-tree shapes and the per-step draft tree.
+"""Draft-tree shapes: explicit paths, K sequences, dynamic trees and their node allocator.
 
 Shapes (``TreeShape``)
     ``paths``      an explicit tree as a list of paths of child indices, as in the tree
@@ -10,21 +10,6 @@ Shapes (``TreeShape``)
     ``sequences``  K independent draft sequences of length L merged into a trie (SpecTr /
                    SpecInfer "K sequences"): the root gets K drafts; a node reached by m of
                    the K sequences gets m drafts, the next tokens of those m sequences.
-
-The draft tree of one step (``DraftTree``) has node 0 = the root (the last committed token,
-not yet in any KV cache) and one node per *distinct* drafted token under each parent.
-Every node keeps the full list of its drafts, duplicates included (that is what the
-verifier sees), and a map token -> child node (the first draft slot with that token).
-
-Losslessness of the walk. At a node the verifier receives drafts that are a fresh draw of
-the draft law given the path so far: in ``paths`` mode a node's drafts are drawn only after
-the node exists, from q at that node, by the law with its own k; duplicate slots are
-never expanded (the walk enters the first matching child, whose subtree is one valid draw
-given the path). In ``sequences`` mode the m continuations of the sequences through a node
-are, given the path, m draws from q at that node (iid, or each from its own temperature
-for the ``independent`` law); m is fixed by earlier levels, so the verifier at that node
-is run with a law it is lossless for. By induction the walk outputs each token with the
-target's law given the path (the property the tests check end to end).
 
 Dynamic trees (``TreeShape`` mode ``dynamic``; ``generate(..., tree="dynamic", k=K_MAX,
 depth=L_MAX, max_nodes=N)``). The tree is built level by level; after the draft forward of
@@ -41,7 +26,7 @@ with k_v = 0 is a leaf. Lossless because k_v is a function of
 information fixed before v's drafts are drawn (the path, the q's of this and earlier
 levels, tokens drawn at earlier levels, the remaining budget): given that information the
 verifier at v receives a fresh draw of the law with k_v drafts, for which it is lossless
-(``check_settings`` refuses a verifier that is not lossless for some k <= K_MAX), and by
+(the decoder refuses a verifier that is not lossless for some k <= K_MAX), and by
 induction over depth the walk outputs the target's law. What must not happen, and cannot
 here since the engine assigns every k of a level before it samples the level: k_v depending
 on v's own drafts or on any draw at v's level or later.
@@ -52,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeShape", "full_tree", "parse_tree", "DraftTree", "Node", "coverage", "allocate"]
+__all__ = ["TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES"]
 
 
 def full_tree(k: int, depth: int) -> list[list[int]]:
@@ -199,102 +184,3 @@ class TreeShape:
         if self.mode == "dynamic":
             return self.budget
         return len(self.children)
-
-
-@dataclass
-class Node:
-    token: int
-    parent: int
-    depth: int
-    slot: tuple = ()          # paths mode: the shape path this node was drawn into
-    cols: tuple = ()          # which draft columns (temperatures / sequences) its drafts use
-    drafts: list = field(default_factory=list)      # drafted tokens, duplicates kept
-    child: dict = field(default_factory=dict)       # token -> node id (first slot)
-    q: object = None          # draft distribution its drafts came from: [V], or [k, V] (independent)
-    fed: int = -1             # index among the tree entries fed to the draft cache, -1 if not fed
-    k: int = 0                # dynamic mode: drafts allotted by ``allocate`` (0 = leaf)
-    reach: float = 1.0        # dynamic mode: product of q along the path (root 1)
-
-
-class DraftTree:
-    """The draft tree of one decoding step; node 0 is the root."""
-
-    def __init__(self, shape: TreeShape, root_token: int, depth_cap: int, n_cols: int):
-        self.shape = shape
-        self.depth_cap = depth_cap
-        self.n_cols = n_cols
-        root_cols = tuple(range(shape.k)) if shape.mode == "sequences" else ()
-        self.nodes: list[Node] = [Node(root_token, -1, 0, (), root_cols)]
-        cap = shape.max_nodes()
-        self._anc = torch.zeros(cap, cap, dtype=torch.bool)  # ancestor-or-self
-        self._anc[0, 0] = True
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def n_children(self, i: int) -> int:
-        """How many drafts node i receives (0 at the depth cap or a shape leaf)."""
-        nd = self.nodes[i]
-        if nd.depth >= self.depth_cap:
-            return 0
-        if self.shape.mode == "sequences":
-            return len(nd.cols)
-        if self.shape.mode == "dynamic":
-            return nd.k
-        return self.shape.children.get(nd.slot, 0)
-
-    def draft_cols(self, i: int, k: int) -> tuple:
-        """Draft-temperature column of each of node i's k drafts."""
-        nd = self.nodes[i]
-        if self.shape.mode == "sequences":
-            return tuple(c % self.n_cols for c in nd.cols[:k])
-        return tuple(j % self.n_cols for j in range(k))
-
-    def add_drafts(self, i: int, drafts: list[int]) -> list[int]:
-        """Record node i's drafts; create one child per distinct token; return the new node ids."""
-        nd = self.nodes[i]
-        nd.drafts = list(drafts)
-        new: list[int] = []
-        for j, t in enumerate(drafts):
-            if t in nd.child:
-                if self.shape.mode == "sequences":
-                    c = self.nodes[nd.child[t]]
-                    c.cols = c.cols + (nd.cols[j],)
-                continue
-            nid = len(self.nodes)
-            if self.shape.mode == "sequences":
-                child = Node(t, i, nd.depth + 1, (), (nd.cols[j],))
-            else:
-                child = Node(t, i, nd.depth + 1, nd.slot + (j,), ())
-            self.nodes.append(child)
-            nd.child[t] = nid
-            row = self._anc[i].clone()
-            row[nid] = True
-            self._anc[nid] = row
-            new.append(nid)
-        return new
-
-    # tensors for the forward passes ----------------------------------------------------------
-    def tokens(self) -> torch.Tensor:
-        return torch.tensor([n.token for n in self.nodes], dtype=torch.long)
-
-    def depths(self) -> torch.Tensor:
-        return torch.tensor([n.depth for n in self.nodes], dtype=torch.long)
-
-    def ancestors(self, rows=None, cols=None) -> torch.Tensor:
-        """Ancestor-or-self matrix ``[len(rows), len(cols)]`` (bool); default all nodes."""
-        n = len(self.nodes)
-        a = self._anc[:n, :n]
-        if rows is not None:
-            a = a[torch.as_tensor(rows, dtype=torch.long)]
-        if cols is not None:
-            a = a[:, torch.as_tensor(cols, dtype=torch.long)]
-        return a
-
-    def path_to(self, i: int) -> list[int]:
-        """Node ids from the root's first child down to node i."""
-        out = []
-        while i > 0:
-            out.append(i)
-            i = self.nodes[i].parent
-        return out[::-1]

@@ -1,0 +1,41 @@
+"""Pure mathematics of one decoding step: draft trees, tree draft laws, tree rules, certificates.
+
+Knows no models (the decoder in ``multidraft.decoding`` builds trees from models and calls
+the rules here). Modules:
+
+* ``shapes``   tree shapes (``TreeShape``, ``full_tree``, ``parse_tree``) and the dynamic-tree
+               allocator (``coverage``, ``allocate``);
+* ``tree``     the draft tree of a step (``DraftTree``, ``Node``): tokens, parents, depths,
+               each node's drafts (duplicates kept), q row and p row;
+* ``tables``   ``TableModel``: q(.|prefix) and p(.|prefix) at small V, for the maths;
+* ``laws``     tree draft laws (``chain``, ``sequences``, ``kary``, ``explicit``): sample and
+               enumerate filled trees;
+* ``rules``    the tree-rule interface (``TreeRule``, ``TreeVerdict``) and its registry
+               (``register``, ``get``, ``names``);
+* ``walk``     ``TokenWalk``: every token-level verifier as a tree rule (the root-first walk);
+* ``certify``  ``certify_tree``: exact path certificates.
+
+>>> import multidraft as md
+>>> from multidraft import trees
+>>> m = trees.TableModel.random(V=3, seed=0)
+>>> rule = trees.get("token_walk", verifier="specinfer", law="iid")
+>>> cert = trees.certify_tree(rule, trees.kary(2, 2), m)
+>>> cert.max_abs_error < 1e-12
+True
+"""
+from __future__ import annotations
+
+from .certify import TreeCertificate, certify_tree, emitted_law
+from .laws import MAX_TREES, TreeLaw, chain, explicit, kary, sequences
+from .rules import TreeRule, TreeVerdict, get, names, register
+from .shapes import DEFAULT_MAX_NODES, MAX_DYNAMIC_NODES, TreeShape, allocate, coverage, full_tree, parse_tree
+from .tables import STYLES, TableModel
+from .tree import DraftTree, Node
+from .walk import TokenWalk, node_ks
+
+__all__ = [
+    "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
+    "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "MAX_TREES",
+    "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
+    "TreeCertificate", "certify_tree", "emitted_law",
+]

@@ -1,0 +1,82 @@
+"""One interface for verifying a whole draft tree, and the registry of tree rules by name.
+
+A tree rule reads a filled ``DraftTree`` (every node's drafts, q row and, after the target
+pass, p row) and emits ``Y = (y_1 .. y_tau, y_(tau+1))``: the tokens of an accepted path of
+the tree plus one more token (recovered or bonus). It is *lossless* for a tree draft law when
+Y followed by target samples up to length L + 1 has exactly the target's sequence law
+``p(s) = prod_i p(s_i | s_<i)`` on ``V^(L+1)`` (``certify.certify_tree`` checks this by
+enumeration at small V).
+
+    rule.verify(tree, generator) -> TreeVerdict(path, token)
+    rule.output_distribution(tree) -> {Y: probability}   # exact law of Y given this tree
+    rule.supports(tree_law) -> bool
+
+``path`` is the accepted node ids from the root's first child down (``DraftTree.path_to`` of
+the last accepted node; empty when nothing was accepted) and ``token`` the token emitted
+after it. Rules are registered by name (``register``) and built with options (``get``):
+the token-level walk is ``get("token_walk", verifier="specinfer", law="iid")``.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from .tree import DraftTree
+
+__all__ = ["TreeVerdict", "TreeRule", "register", "get", "names"]
+
+
+class TreeVerdict(NamedTuple):
+    path: tuple       # accepted node ids, root's child first; () when no draft was kept
+    token: int        # the token emitted after the accepted path (recovered or bonus)
+
+    def tokens(self, tree: DraftTree) -> tuple[int, ...]:
+        """The emitted sequence Y: the accepted path's tokens and the final token."""
+        return tuple(tree.nodes[i].token for i in self.path) + (int(self.token),)
+
+
+class TreeRule:
+    """Base class of tree rules: subclasses set ``name`` and implement the three methods."""
+
+    name: str = ""
+
+    def supports(self, tree_law) -> bool:  # pragma: no cover - interface
+        """Whether the rule is lossless for trees drawn by ``tree_law`` (a ``laws.TreeLaw``)."""
+        raise NotImplementedError
+
+    def verify(self, tree: DraftTree, generator) -> TreeVerdict:  # pragma: no cover - interface
+        """Sample the accepted path and the next token, reading ``generator`` in order."""
+        raise NotImplementedError
+
+    def output_distribution(self, tree: DraftTree) -> dict:  # pragma: no cover - interface
+        """Exact law of the emitted sequence Y given this tree: ``{tuple of tokens: float}``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<tree rule {self.name!r}>"
+
+
+_REGISTRY: dict[str, Callable[..., TreeRule]] = {}
+
+
+def register(name: str, factory: Callable[..., TreeRule]) -> None:
+    """Register a tree rule factory under ``name`` (``get(name, **options)`` calls it)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"tree rule {name!r} is already registered")
+    _REGISTRY[name] = factory
+
+
+def names() -> list[str]:
+    """Registered tree rule names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get(name, **options) -> TreeRule:
+    """The tree rule ``name`` built with ``options`` (e.g. ``verifier=``, ``law=`` for 'token_walk');
+    a ``TreeRule`` is returned as is."""
+    if isinstance(name, TreeRule):
+        return name
+    if name not in _REGISTRY:
+        raise ValueError(f"tree rule: unknown name {name!r}; registered: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name](**options)

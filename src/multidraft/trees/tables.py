@@ -1,0 +1,138 @@
+"""A model-free sequence model for the mathematics of trees: ``TableModel``.
+
+p and q depend on the path, so a tree draft law and a tree rule need p(.|prefix) and
+q(.|prefix) at every node. ``TableModel`` gives both at small V, from tables (dicts keyed
+by prefix tuples), from callables, or from a seeded generator of rows (``TableModel.random``):
+the rows at a prefix are a function of (seed, style, prefix) alone, so every tree and every
+continuation sees the same conditional laws.
+
+Styles of ``random`` (all float64, rows exactly normalised):
+
+==========  ====================================================================
+random      p and q drawn independently, uniformly on the simplex
+peaked      p and q softmax of 4 x Gaussian logits (one or two tokens dominate)
+flat        p uniform, q random
+one_hot     p one-hot on a random token, q random (full support)
+same        q equal to p (random)
+q_zero      p random with full support, q zero on a random nonempty strict subset
+mixed       one of the styles above, chosen per prefix
+==========  ====================================================================
+"""
+from __future__ import annotations
+
+
+import torch
+
+from .._validate import as_int, as_probs64
+
+__all__ = ["TableModel", "STYLES"]
+
+STYLES = ("random", "peaked", "flat", "one_hot", "same", "q_zero", "mixed")
+_BASIC = STYLES[:-1]
+
+
+def _simplex(g: torch.Generator, V: int) -> torch.Tensor:
+    e = -torch.log(torch.rand(V, generator=g, dtype=torch.float64).clamp_min(1e-300))  # [V]
+    return e / e.sum()
+
+
+def _rows(style: str, g: torch.Generator, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q) of one prefix, both float64 ``[V]``."""
+    if style == "mixed":
+        style = _BASIC[int(torch.randint(len(_BASIC), (), generator=g))]
+    if style == "random":
+        return _simplex(g, V), _simplex(g, V)
+    if style == "peaked":
+        lp = 4 * torch.randn(V, generator=g, dtype=torch.float64)
+        lq = 4 * torch.randn(V, generator=g, dtype=torch.float64)
+        return torch.softmax(lp, -1), torch.softmax(lq, -1)
+    if style == "flat":
+        return torch.full((V,), 1.0 / V, dtype=torch.float64), _simplex(g, V)
+    if style == "one_hot":
+        p = torch.zeros(V, dtype=torch.float64)
+        p[int(torch.randint(V, (), generator=g))] = 1.0
+        return p, _simplex(g, V)
+    if style == "same":
+        p = _simplex(g, V)
+        return p, p.clone()
+    if style == "q_zero":
+        p, q = _simplex(g, V), _simplex(g, V)
+        if V >= 2:
+            zero = torch.randperm(V, generator=g)[: 1 + int(torch.randint(V - 1, (), generator=g))]
+            q[zero] = 0.0
+            q = q / q.sum()
+        return p, q
+    raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
+
+
+class TableModel:
+    """q(.|prefix) and p(.|prefix) at small V, for tree draft laws and exact certificates.
+
+    ``target`` and ``draft``: dicts ``{prefix tuple: row [V]}`` or callables
+    ``prefix -> row [V]``; rows are validated once and cached (the same tensor object is
+    returned for the same prefix). ``TableModel.random(V, seed, style)`` draws the rows.
+    """
+
+    def __init__(self, V: int, target, draft):
+        self.V = as_int(V, "V", minimum=1)
+        self._src = {"target": target, "draft": draft}
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    @classmethod
+    def random(cls, V: int, seed: int, style: str = "random") -> "TableModel":
+        """Rows drawn from a generator seeded by (seed, prefix): reproducible, any prefix."""
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
+        V = as_int(V, "V", minimum=1)
+        seed = as_int(seed, "seed", minimum=0)
+        pairs: dict[tuple, tuple] = {}
+
+        def pair(prefix: tuple) -> tuple:
+            got = pairs.get(prefix)
+            if got is None:
+                code = seed
+                for t in prefix:
+                    code = (code * (V + 1) + t + 1) % (1 << 61)
+                g = torch.Generator().manual_seed((code * 1_000_003 + len(prefix)) % (1 << 63))
+                got = pairs[prefix] = _rows(style, g, V)
+            return got
+
+        m = cls(V, lambda s: pair(s)[0], lambda s: pair(s)[1])
+        m.style, m.seed = style, seed
+        return m
+
+    def _row(self, which: str, prefix) -> torch.Tensor:
+        prefix = tuple(int(t) for t in prefix)
+        key = (which,) + prefix
+        row = self._cache.get(key)
+        if row is None:
+            src = self._src[which]
+            try:
+                raw = src(prefix) if callable(src) else src[prefix]
+            except KeyError:
+                raise ValueError(f"{which}: no row for prefix {list(prefix)}") from None
+            row = as_probs64(raw, f"{which} row at prefix {list(prefix)}")
+            if row.shape != (self.V,):
+                raise ValueError(f"{which} row at prefix {list(prefix)} has shape {tuple(row.shape)}, expected ({self.V},)")
+            self._cache[key] = row
+        return row
+
+    def p(self, prefix=()) -> torch.Tensor:
+        """Target distribution ``[V]`` (float64) after ``prefix``."""
+        return self._row("target", prefix)
+
+    def q(self, prefix=()) -> torch.Tensor:
+        """Draft distribution ``[V]`` (float64) after ``prefix``."""
+        return self._row("draft", prefix)
+
+    def sequence_law(self, prefix=(), n: int = 1) -> torch.Tensor:
+        """The target's law of the next n tokens after ``prefix``: float64 ``[V] * n``
+        (a 0-d tensor 1.0 for n = 0), ``prod_i p(s_i | prefix, s_<i)``."""
+        prefix = tuple(int(t) for t in prefix)
+        if n == 0:
+            return torch.ones((), dtype=torch.float64)
+        p = self.p(prefix)
+        out = torch.zeros((self.V,) * n, dtype=torch.float64)
+        for y in torch.nonzero(p > 0).flatten().tolist():
+            out[y] = p[y] * self.sequence_law(prefix + (y,), n - 1)
+        return out
