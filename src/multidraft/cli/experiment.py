@@ -21,23 +21,40 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+ENGINES = ("transformers", "llama.cpp")
+
+
 def _models(args):
+    """``load() -> (target, draft, tokenizer)`` for ``--engine`` (llama.cpp: the GGUF target is its
+    own tokenizer); called only when some work needs the models."""
+    engine = getattr(args, "engine", "transformers")
+
     def load():
+        _log(f"loading models ({engine}) ...")
+        if engine == "llama.cpp":
+            from ..models import resolve_llama_pair
+
+            target, draft = resolve_llama_pair(args.target, args.draft, log=_log)
+            return target, draft, target
         from ..models import resolve_pair
 
-        _log("loading models ...")
         return resolve_pair(args.target, args.draft, log=_log)
 
     return load
 
 
 def _model_names(args) -> dict:
+    """The models a run is bound to (in every store's settings and results' config); the llama.cpp
+    engine's names say so, so its stores and rows never mix with the transformers ones."""
     from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    return {
+    names = {
         "target": str(args.target) if args.target else DEFAULT_TARGET.title,
         "draft": str(args.draft) if args.draft else DEFAULT_DRAFT.title,
     }
+    if getattr(args, "engine", "transformers") == "llama.cpp":
+        names = {k: f"{v} via llama.cpp" for k, v in names.items()}
+    return names
 
 
 def _progress(args):
@@ -50,8 +67,11 @@ def _progress(args):
 
 def _common(p, *, positions: bool = True) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="results directory (created; rerun to resume)")
-    p.add_argument("--target", metavar="PATH", help="target model directory (default: Qwen2.5-Coder-1.5B-Instruct)")
-    p.add_argument("--draft", metavar="PATH", help="draft model directory (default: Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--target", metavar="PATH", help="target model directory or .gguf (default: Qwen2.5-Coder-1.5B-Instruct)")
+    p.add_argument("--draft", metavar="PATH", help="draft model directory or .gguf (default: Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--engine", choices=ENGINES, default="transformers",
+                   help="run the models on transformers (default) or llama.cpp (the GGUF files; needs the llama extra); "
+                        "collection on llama.cpp takes positions from continuations only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verifiers", default=None, help="comma-separated verifier names (default: all registered but lp_optimal)")
     p.add_argument("--laws", default="iid,wor,greedy", help="draft laws, comma-separated (default iid,wor,greedy)")
@@ -139,6 +159,8 @@ def _collect_kw(args) -> dict:
             kw["min_positions"] = args.min_positions
     elif args.min_positions is not None:
         raise UserError("--min-positions needs --positions-from continuation")
+    if getattr(args, "engine", "transformers") == "llama.cpp" and args.positions_from != "continuation":
+        raise UserError("--engine llama.cpp collects --positions-from continuation only")
     if args.independent_temperatures:
         kw["independent_temperatures"] = float_list(args.independent_temperatures, "--independent-temperatures")
     return kw
