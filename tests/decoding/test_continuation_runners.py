@@ -109,3 +109,28 @@ def test_collect_on_llama_cpp_models(gguf_models, prompt_file, tmp_path):
     assert again.info["sources"] == srcs
     with pytest.raises(ValueError, match="teacher-forcing"):
         collect.collect(tmp_path / "c", **{**kw, "positions_from": "teacher-forcing"})
+
+
+def test_experiment_cli_collects_on_llama_cpp(gguf_models, prompt_file, tmp_path, monkeypatch, capsys):
+    """``multidraft experiment acceptance --engine llama.cpp``: the GGUF pair collects continuation
+    positions, bound to model names that say llama.cpp; teacher forcing is refused before any load."""
+    import multidraft.models as dm
+    from multidraft.cli import main
+    from multidraft.experiments import store
+    from multidraft.experiments.records import read_jsonl
+
+    t, d = gguf_models
+    loads = []
+    monkeypatch.setattr(dm, "resolve_llama_pair", lambda *a, **kw: loads.append(1) or (t, d))
+    base = ["experiment", "acceptance", str(tmp_path / "run"), "--engine", "llama.cpp", "--datasets", f"file:{prompt_file}",
+            "--texts", "2", "--new-tokens", "4", "--k", "1,2", "--laws", "iid", "--verifiers", "specinfer",
+            "--draws", "4", "--no-progress"]
+    assert main(base + ["--positions-from", "teacher-forcing"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine llama.cpp collects --positions-from continuation only" in err and len(err.strip().splitlines()) == 1
+    assert loads == []
+    assert main(base) == 0 and loads == [1]
+    meta, rows = read_jsonl(tmp_path / "run" / "acceptance.jsonl")
+    assert meta["config"]["models"]["target"].endswith("via llama.cpp") and {r["verifier"] for r in rows} >= {"specinfer"}
+    (path,) = (tmp_path / "run" / "positions").glob("*.pt")
+    assert store.load(path).info["V"] == t.vocab_size
