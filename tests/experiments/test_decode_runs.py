@@ -114,3 +114,23 @@ def test_methods_are_checked_before_any_model(pair):
     assert dr.parse_method("spectr:auto:2").method_kind == "auto"
     with pytest.raises(ValueError, match="cannot read"):
         dr.parse_method("what")
+
+
+def test_a_peer_runs_in_the_interleaving_with_its_own_seed(pair):
+    t, d = pair
+    calls = []
+
+    def peer(pid, ids, seed):
+        calls.append((pid, int(ids.shape[1]), seed))
+        return {"new_tokens": 6, "target_calls": 3, "draft_calls": -1, "seconds": 0.5, "block_efficiency": 2.0,
+                "acceptance_rate": float("nan")}
+
+    methods = [dr.target_alone(), dr.MethodSpec("peer D=4 NP=2", k=2, depth=4, kind="llama-spec", peer=peer)]
+    out = dr.run(t, d, PROMPTS, methods, seed=2, max_new_tokens=6)
+    assert calls == [(pid, int(ids.shape[1]), derived_seed(2, f"{pid}|llama-spec|-|0|0")) for pid, ids in PROMPTS]
+    row = out.rows[1]
+    assert (row["method_kind"], row["verifier"], row["law"], row["K"], row["depth"], row["tokens"]) == \
+        ("llama-spec", None, "-", 2, 4, None)
+    assert row["tokens_per_s"] == 12.0 and row["block_efficiency"] == 2.0
+    s = dr.summarize(out.rows)[1]
+    assert s["method_kind"] == "llama-spec" and s["tokens_per_s"] == 12.0 and s["acceptance_rate"] != s["acceptance_rate"]

@@ -30,7 +30,8 @@ K-ary tree, ``sequences``, ``dynamic``, or the explicit shape), ``temperature``,
 ``seed``, ``new_tokens``, ``target_calls``, ``draft_calls``, ``tree_tokens``,
 ``block_efficiency``, ``acceptance_rate`` (None for the target alone), ``seconds``,
 ``tokens_per_s``, ``prefill_seconds``, ``stop_reason``, ``tokens`` (the generated ids; a
-peer's rows have none). The blocks key (``verifier, law, K, depth, temperature, prompt``) is
+peer's rows have none, and carry its own K and depth if it has them, e.g. llama-speculative's
+parallel drafts and draft length). The blocks key (``verifier, law, K, depth, temperature, prompt``) is
 a subset.
 
 **One summary** (:func:`summarize`, :func:`format_table`): per method, rounds pooled per
@@ -229,8 +230,8 @@ def run_row(method: MethodSpec, prompt: str, ids: torch.Tensor, seed: int, res, 
         "kind": "run", "method": method.label, "method_kind": method.method_kind,
         "verifier": AUTOREGRESSIVE if target else method.verifier,
         "law": method.row_law if method.peer is None else "-",
-        "K": 0 if target or method.peer is not None else method.k,
-        "depth": 0 if target or method.peer is not None else method.depth,
+        "K": 0 if target else method.k,
+        "depth": 0 if target else method.depth,
         "tree": method.info if method.info is not None else
         ([list(p) for p in method.tree] if isinstance(method.tree, tuple) else method.tree),
         "temperature": float(method.temperature),
