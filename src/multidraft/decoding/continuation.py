@@ -1,12 +1,16 @@
 """Positions a decoder sees: a continuation sampled from the target, with both models' logits.
 
 ``continuation_logits(target, draft, input_ids, ...)`` samples ``max_new_tokens`` tokens from
-the target alone (KV caches, one forward per token and model, ``sampling.process_logits``
-then ``sampling.sample_token``, the decoder's own sampler) and returns, at every position of
-the continuation, the raw next-token logits of both models. Position i holds the logits of
-the distribution ``tokens[i]`` was drawn from (given ``input_ids`` and ``tokens[:i]``), so
-the experiments evaluate verifiers on exactly the (p, q) pairs a speculative decoder of
-this target meets on its own output, not on reference text it would not have written.
+the target alone and returns, at every position of the continuation, the raw next-token
+logits of both models. Position i holds the logits of the distribution ``tokens[i]`` was
+drawn from (given ``input_ids`` and ``tokens[:i]``), so the experiments evaluate verifiers on
+exactly the (p, q) pairs a speculative decoder of this target meets on its own output, not on
+reference text it would not have written.
+
+The models are driven through the decoder's runners (``runners.runner_for``: ``HFRunner`` for
+transformers, ``llamacpp.LlamaRunner`` for llama.cpp; ``prefill`` / ``extend`` / ``commit``),
+one token per forward and model, and sampled by the decoder's own sampler
+(``sampling.process_logits`` then ``sampling.sample_token``): one loop for either engine.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import torch
 
 from .._validate import as_generator, as_int
 from ..sampling import check_sampling_args, process_logits, sample_token
-from .kv import fresh_prefill
+from .runners import is_model, model_vocab_size, runner_for
 
 __all__ = ["continuation_logits", "Continuation"]
 
@@ -37,10 +41,12 @@ class Continuation:
         return int(self.tokens.numel())
 
 
-def _last_logits(model, cache, ids: torch.Tensor) -> torch.Tensor:  # ids [1, t] -> [V] float32
-    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits if hasattr(out, "logits") else out
-    return logits[0, -1].float()
+def _step(runner, token: int) -> torch.Tensor:  # -> [V] float32
+    """Feed one token after the committed prefix, keep it, and return the next-token logits (a copy:
+    a llama.cpp runner returns a view of a buffer the next decode overwrites)."""
+    logits = runner.extend([token], [-1])
+    runner.commit([0])
+    return logits[-1].float().cpu().clone()
 
 
 @torch.inference_mode()
@@ -49,39 +55,51 @@ def continuation_logits(target, draft, input_ids: torch.Tensor, *, max_new_token
                         eos_token_id=None) -> Continuation:
     """Sample a continuation of ``input_ids`` ``[1, T]`` from the target; both models' logits along it.
 
-    ``temperature``/``top_k``/``top_p`` define the target's sampling law (``temperature = 0``:
-    greedy). ``generator``: a ``torch.Generator`` or an integer seed (stream ``"decode"``).
-    ``eos_token_id``: an id or ids after which the continuation stops.
+    ``target``/``draft``: transformers causal LMs or ``llamacpp.LlamaCppModel`` objects (one
+    engine; ``draft`` may be None). ``temperature``/``top_k``/``top_p`` define the target's
+    sampling law (``temperature = 0``: greedy). ``generator``: a ``torch.Generator`` or an
+    integer seed (stream ``"decode"``). ``eos_token_id``: an id or ids after which the
+    continuation stops.
     """
     check_sampling_args(temperature, top_k, top_p)
     n = as_int(max_new_tokens, "max_new_tokens")
     if n < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids must be [1, T] with T >= 1, got {tuple(input_ids.shape)}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must be [1, T] with T >= 1, got {tuple(getattr(input_ids, 'shape', ()))}")
+    for name, model in (("target", target), ("draft", draft)):
+        if (model is not None or name == "target") and not is_model(model):
+            raise ValueError(f"{name} must be a loaded transformers causal LM or a multidraft.decoding.LlamaCppModel")
+    if draft is not None and getattr(draft, "engine", "transformers") != getattr(target, "engine", "transformers"):
+        raise ValueError("target and draft must run on one engine")
+    if draft is target and getattr(target, "engine", None) == "llama.cpp":
+        raise ValueError("target and draft must be two LlamaCppModel objects (each owns one KV cache)")
+    V = model_vocab_size(target, "target")
+    if bool(((input_ids < 0) | (input_ids >= V)).any()):
+        raise ValueError(f"input_ids holds token ids outside the target vocabulary [0, {V})")
     g = as_generator(generator, purpose="decode")
     eos = set() if eos_token_id is None else ({int(eos_token_id)} if not isinstance(eos_token_id, (list, tuple, set))
                                              else {int(e) for e in eos_token_id})
-    device = next(target.parameters()).device
-    ids = input_ids.to(device).long()
+    ids = input_ids.long()
     t0 = time.perf_counter()
-    tcache, _ = fresh_prefill(target, ids[:, :-1])
-    dcache = fresh_prefill(draft, ids[:, :-1])[0] if draft is not None else None
-    cur = ids[:, -1:]
+    runners = [runner_for(target)] + ([runner_for(draft)] if draft is not None else [])
+    for r in runners:
+        r.prefill(ids[:, :-1])
+    cur = int(ids[0, -1])
     toks, lts, lds = [], [], []
     for _ in range(n):
-        lt = _last_logits(target, tcache, cur)
+        lt = _step(runners[0], cur)
         lts.append(lt)
         if draft is not None:
-            lds.append(_last_logits(draft, dcache, cur))
+            lds.append(_step(runners[1], cur))
         tok = int(sample_token(process_logits(lt, temperature, top_k, top_p), g))
         toks.append(tok)
         if tok in eos:
             break
-        cur = torch.tensor([[tok]], dtype=torch.long, device=device)
+        cur = tok
     return Continuation(
         tokens=torch.tensor(toks, dtype=torch.long),
-        target_logits=torch.stack(lts).cpu(),
-        draft_logits=torch.stack(lds).cpu() if draft is not None else None,
+        target_logits=torch.stack(lts),
+        draft_logits=torch.stack(lds) if draft is not None else None,
         seconds=time.perf_counter() - t0,
     )

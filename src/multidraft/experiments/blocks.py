@@ -5,7 +5,9 @@ For each prompt (HumanEval by default), verifier, draft law, K and depth,
 efficiency (tokens per target forward pass), acceptance rate, target/draft calls and
 tokens/s. A target-only run of the same engine (``verifier=None``: one token per target
 call, KV cache) per prompt gives the tokens/s baseline (``verifier = "autoregressive"``,
-K = depth = 0). Each prompt's prefill runs once (``PromptCache``) and is left out of tokens/s.
+K = depth = 0). The runs go through the one decode runner (:mod:`.decode_runs`: its seed rule,
+row schema and interleaving); each prompt's prefill runs once (``PromptCache``) and is left
+out of tokens/s. Rows are keyed by ``KEY``; a rerun writes only the missing ones.
 
 Tree shapes: the full K-ary tree of each depth (default), or with ``budget`` = B the
 ``sequences`` trees of Khisti et al.'s and SpecTr's experiments at equal tree budget: K draft
@@ -16,12 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
-
 from .. import verifiers as _verifiers
 from ..datasets import load_prompts, prompt_ids
-from ..decoding import PromptCache, check_settings, generate
-from .records import JsonlWriter, derived_seed, resume, row_key
+from . import decode_runs
+from .decode_runs import AUTOREGRESSIVE
+from .records import JsonlWriter, resume, row_key
 
 __all__ = ["KEY", "run"]
 
@@ -83,46 +84,35 @@ def run(
                                          or "none at these K") for name in verifiers)
         raise ValueError(f"laws: no (verifier, law, K) combination is supported for laws {list(laws or [])} "
                          f"and K in {list(ks)}; laws that would work: {works}")
-    for name, law, k, depth in cells:  # every argument checked before any model is loaded
-        check_settings(verifier=name, k=k, depth=depth, draft_law=law, tree=tree, temperature=temperature,
-                       draft_temperature=draft_temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
+    methods = [decode_runs.target_alone(AUTOREGRESSIVE, temperature=temperature, top_k=top_k, top_p=top_p)] \
+        if baseline else []
+    methods += [decode_runs.tree_method(f"{name} {law} K={k} depth {depth}", name, k, depth, law=law, tree=tree,
+                                        temperature=temperature, draft_temperature=draft_temperature, top_k=top_k,
+                                        top_p=top_p) for name, law, k, depth in cells]
+    decode_runs.check_methods(methods, max_new_tokens=max_new_tokens)  # every argument, before any model loads
     prompts = load_prompts(dataset, n_prompts, seed=seed)
-    jobs = [(pid, text, c) for pid, text in prompts for c in ([("autoregressive", "-", 0, 0)] if baseline else []) + cells]
     path = Path(run_dir) / "blocks.jsonl"
     done = resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuses another run's file
-    todo = [j for j in jobs if row_key(_key(j, temperature), KEY) not in done]
+
+    def finished(pid: str, m) -> bool:
+        return row_key(_key(pid, m), KEY) in done
+
+    todo = [(pid, text) for pid, text in prompts if not all(finished(pid, m) for m in methods)]
     if not todo:
         return path
     target, draft, tokenizer = models()
-    cache = PromptCache(max_entries=2)  # jobs are grouped by prompt: its prefill runs once
+    encoded = []
+    for pid, text in todo:
+        ids = prompt_ids(tokenizer, dataset, text)
+        if max_prompt_tokens is not None:
+            ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
+        encoded.append((pid, ids))
     with JsonlWriter(path, config, seed, keyed=KEYED, models=model_names) as w:
-        it = todo if progress is None else progress(todo, total=len(todo), desc="blocks")
-        for pid, text, (name, law, k, depth) in it:
-            ids = prompt_ids(tokenizer, dataset, text)
-            if max_prompt_tokens is not None:
-                ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
-            base = {**_key((pid, text, (name, law, k, depth)), temperature), "prompt_tokens": int(ids.shape[-1])}
-            g = torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{name}|{law}|{k}|{depth}"))
-            if name == "autoregressive":
-                res = generate(target, None, ids, verifier=None, temperature=temperature, top_k=top_k, top_p=top_p,
-                               max_new_tokens=max_new_tokens, generator=g, prompt_cache=cache)
-                w.write(**base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=0,
-                        block_efficiency=float(res.block_efficiency), acceptance_rate=None, seconds=float(res.seconds),
-                        tokens_per_s=float(res.tokens_per_s))
-                continue
-            res = generate(
-                target, draft, ids, verifier=name, k=k, depth=depth, draft_law=law,
-                temperature=temperature, draft_temperature=draft_temperature if draft_temperature is not None else temperature,
-                top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, generator=g, tree=tree, prompt_cache=cache,
-            )
-            w.write(
-                **base, new_tokens=int(res.new_tokens), target_calls=int(res.target_calls), draft_calls=int(res.draft_calls),
-                block_efficiency=float(res.block_efficiency), acceptance_rate=float(res.acceptance_rate),
-                seconds=float(res.seconds), tokens_per_s=float(res.tokens_per_s),
-            )
+        decode_runs.run(target, draft, encoded, methods, seed=seed, max_new_tokens=max_new_tokens, skip=finished,
+                        write=lambda row: w.write(**row), progress=progress, desc="blocks", log=log)
     return path
 
 
-def _key(job, temperature: float) -> dict:
-    pid, _text, (name, law, k, depth) = job
-    return {"verifier": name, "law": law, "K": k, "depth": depth, "temperature": float(temperature), "prompt": pid}
+def _key(pid: str, m) -> dict:
+    return {"verifier": m.verifier or AUTOREGRESSIVE, "law": m.row_law, "K": m.k, "depth": m.depth,
+            "temperature": float(m.temperature), "prompt": pid}

@@ -4,12 +4,13 @@ Where the positions come from (``positions_from``, recorded in every store's set
 
 * ``"continuation"`` (what a decoder sees): each prompt of the dataset is continued by the
   target alone, ``new_tokens`` tokens sampled at ``sample_temperature``
-  (:func:`multidraft.decoding.continuation.continuation_logits`); the positions are the
-  continuation's, with both models' logits there. Instruction sets (``humaneval``,
+  (:func:`multidraft.decoding.continuation.continuation_logits`, through the decoder's runners:
+  transformers or llama.cpp models alike); the positions are the continuation's, with both
+  models' logits there. Instruction sets (``humaneval``,
   ``mtbench``) go through the chat template, ``kjv`` and ``file:`` passages are continued as
   raw text (:func:`multidraft.datasets.prompt_ids`).
 * ``"teacher-forcing"``: one forward pass of each model over a reference text gives the
-  next-token logits at every position.
+  next-token logits at every position (transformers models only).
 
 ``positions_per_text`` of a text's positions are sampled with an explicit seed (all of them
 when it is None), turned into distributions for every requested (target temperature, draft
@@ -101,7 +102,8 @@ def collect(
     """Collect (or reuse) the position stores for every dataset x (t_target, t_draft) pair.
 
     ``models()`` returns ``(target, draft, tokenizer)`` and is called only if some store is
-    missing. Existing stores are reused after checking they were made by the same models and
+    missing: transformers models and their tokenizer, or two ``decoding.llamacpp.LlamaCppModel``
+    objects and the target again as the tokenizer (its GGUF's own; continuation only). Existing stores are reused after checking they were made by the same models and
     settings (``ValueError`` otherwise: use another run directory). ``positions_per_text=None``
     keeps every position of a text. With ``min_positions`` (continuation only) prompts are taken
     in a seeded random order until the dataset has at least that many positions (at most
@@ -168,6 +170,12 @@ def collect(
     if not todo:
         return paths
     target, draft, tokenizer = models()
+    llama = getattr(target, "engine", None) == "llama.cpp"
+    if llama and not cont:
+        raise ValueError("positions_from: teacher-forcing runs transformers models only; "
+                         "llama.cpp models collect positions_from='continuation'")
+    # the end of a continuation: every end-of-generation token of a GGUF, the tokenizer's eos otherwise
+    eos = tokenizer.eos_token_ids if llama else getattr(tokenizer, "eos_token_id", None)
     for ds, cfgs in todo.items():
         if min_positions is not None:  # every prompt, in a seeded random order, until enough positions
             texts = load_prompts(ds, 1 << 30, seed=seed)
@@ -188,8 +196,7 @@ def collect(
             if cont:
                 ids = prompt_ids(tokenizer, ds, text)  # [1, T]
                 c = continuation_logits(target, draft, ids, max_new_tokens=new_tokens, temperature=sample_temperature,
-                                        top_k=top_k, top_p=top_p, generator=_text_seed(seed, tid),
-                                        eos_token_id=getattr(tokenizer, "eos_token_id", None))
+                                        top_k=top_k, top_p=top_p, generator=_text_seed(seed, tid), eos_token_id=eos)
                 lt, ld = c.target_logits, c.draft_logits
                 cand = torch.arange(len(c))
                 first = int(ids.shape[-1])  # position of the first continuation token

@@ -1,7 +1,8 @@
 """``multidraft demo``: end-to-end speed of multi-draft speculative decoding on a real pair.
 
 On the default pair (Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft) and a few HumanEval
-prompts at temperature 1, every method decodes every prompt with the same seed:
+prompts at temperature 1, every method decodes every prompt (the runs, their seeds, rows and
+summary are the one decode runner's, :mod:`.decode_runs`):
 
 * ``target-only``: the target alone, one token per forward pass (the reference);
 * ``SD``: single-draft speculative decoding (verifier ``naive``, K = 1, a chain of depth L);
@@ -18,8 +19,9 @@ machine hit all methods alike. Per method the summary pools the prompts:
 ``block_efficiency = sum new tokens / sum target calls``, ``tokens_per_s = sum new tokens /
 sum seconds`` (decoding time; each prompt's prefill is computed once, shared by every method
 through a ``PromptCache`` and reported apart as ``prefill_seconds``) and
-``speedup = tokens_per_s / tokens_per_s(target-only)``. Output: a JSONL
-file (a row per run and a summary row per method), a Markdown table and a PNG plot.
+``speedup = tokens_per_s / tokens_per_s(target-only)``, with per-prompt means and 95%
+intervals beside them. Output: a JSONL file (a row per run and a summary row per method), a
+Markdown table and a PNG plot.
 
 ``time_budget_s`` bounds the decoding time: before starting another prompt round the
 runner projects its cost from the rounds done and stops (saying so) if it would overrun;
@@ -37,11 +39,12 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..datasets import encode_prompt, load_prompts
-from ..decoding import PromptCache, check_settings, generate
+from . import decode_runs
+from .decode_runs import MethodSpec, format_table, summarize, target_alone, tree_method
 from .progress import progress as _progress
 from .records import JsonlWriter
 
-__all__ = ["DEFAULT_VERIFIERS", "DemoConfig", "Method", "plan_methods", "run_demo", "summarize", "format_table", "plot_summary"]
+__all__ = ["DEFAULT_VERIFIERS", "DemoConfig", "plan_methods", "run_demo", "summarize", "format_table", "plot_summary"]
 
 # verifiers that get no multi-draft row: the single-draft baseline has its own row, and the
 # LP coupling enumerates V^K draft tuples (small vocabularies only)
@@ -49,19 +52,6 @@ EXCLUDED = {"naive": "single-draft baseline (its own row)", "lp_optimal": "linea
 
 # the default multi-draft rows (i.i.d. drafts): the SpecInfer baseline, SpecTr's transport and the optimum
 DEFAULT_VERIFIERS = ("specinfer", "spectr", "optimal")
-
-
-@dataclass(frozen=True)
-class Method:
-    label: str
-    verifier: str | None
-    k: int          # drafts per node (0 for the target alone)
-    law: str        # draft law kind ('-' for the target alone)
-
-    def kwargs(self, depth: int) -> dict:
-        if self.verifier is None:
-            return {"verifier": None}
-        return {"verifier": self.verifier, "k": self.k, "depth": depth, "draft_law": self.law}
 
 
 @dataclass
@@ -102,8 +92,10 @@ class DemoConfig:
             raise ValueError(f"time_budget_s must be > 0 or None, got {self.time_budget_s!r}")
 
 
-def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> tuple[list[Method], list[str]]:
-    """(methods, skipped notes): target-only, single-draft SD, then each multi-draft verifier x K.
+def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None, *, depth: int = 3,
+                 temperature: float = 1.0) -> tuple[list[MethodSpec], list[str]]:
+    """(methods, skipped notes): target-only, single-draft SD, then each multi-draft verifier x K
+    (``decode_runs.MethodSpec``: the full K-ary tree of ``depth``, the verifier's implied law).
 
     ``verifiers`` None means ``DEFAULT_VERIFIERS``; ``("all",)`` every registered verifier.
     """
@@ -116,7 +108,8 @@ def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> t
         for n in verifiers:
             _verifiers.get(n)  # ValueError listing the registered names
         names = [n for n in names if n in verifiers]
-    methods = [Method("target-only", None, 0, "-"), Method("SD naive K=1", "naive", 1, "iid")]
+    methods = [target_alone("target-only", temperature=temperature),
+               tree_method("SD naive K=1", "naive", 1, depth, law="iid", temperature=temperature)]
     skipped = []
     for name in names:
         if name in EXCLUDED:
@@ -129,54 +122,8 @@ def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None) -> t
                 krange = f"K >= {v.min_k}" if v.max_k is None else f"{v.min_k} <= K <= {v.max_k}"
                 skipped.append(f"{name} K={k}: not supported (laws {', '.join(v.laws)} with {krange})")
                 continue
-            law = v.implied_law(k)
-            methods.append(Method(f"{name} K={k}", name, k, law))
+            methods.append(tree_method(f"{name} K={k}", name, k, depth, law=v.implied_law(k), temperature=temperature))
     return methods, skipped
-
-
-def summarize(rows: Sequence[dict], methods: Sequence[Method]) -> list[dict]:
-    """Pool the per-prompt rows of each method (see the module docstring)."""
-    out = []
-    base = None
-    for m in methods:
-        rs = [r for r in rows if r["method"] == m.label]
-        if not rs:
-            continue
-        tokens = sum(r["new_tokens"] for r in rs)
-        calls = sum(r["target_calls"] for r in rs)
-        secs = sum(r["seconds"] for r in rs)
-        tps = tokens / secs if secs > 0 else float("nan")
-        acc = [r["acceptance_rate"] for r in rs if r["verifier"] is not None]
-        s = {
-            "method": m.label, "verifier": m.verifier, "K": m.k, "law": m.law,
-            "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
-            "draft_calls": sum(r["draft_calls"] for r in rs), "seconds": secs,
-            "block_efficiency": tokens / calls if calls else float("nan"),
-            "acceptance_rate": sum(acc) / len(acc) if acc else float("nan"),
-            "tokens_per_s": tps,
-        }
-        if m.verifier is None and base is None:
-            base = tps
-        s["speedup"] = tps / base if base else float("nan")
-        out.append(s)
-    return out
-
-
-def _fmt(x, nd=2) -> str:
-    return "-" if x is None or x != x else f"{x:.{nd}f}"
-
-
-def format_table(summary: Sequence[dict]) -> str:
-    """A Markdown table (also readable in a terminal)."""
-    head = "| method | law | K | block eff. | acceptance | tokens/s | speedup | tokens | target calls |"
-    lines = [head, "|" + "---|" * 9]
-    for s in summary:
-        lines.append(
-            f"| {s['method']} | {s['law']} | {s['K'] or '-'} | {_fmt(s['block_efficiency'])} | "
-            f"{_fmt(s['acceptance_rate'])} | {_fmt(s['tokens_per_s'])} | {_fmt(s['speedup'])}x | "
-            f"{s['new_tokens']} | {s['target_calls']} |"
-        )
-    return "\n".join(lines)
 
 
 def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Path | None:
@@ -193,7 +140,7 @@ def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Pa
     labels = [s["method"] for s in summary]
     y = list(range(len(labels)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.35 * len(labels) + 1.6), dpi=110, sharey=True)
-    colors = ["0.55" if s["verifier"] is None else ("tab:orange" if s["K"] == 1 else "tab:blue") for s in summary]
+    colors = ["0.55" if s["method_kind"] != "tree" else ("tab:orange" if s["K"] == 1 else "tab:blue") for s in summary]
     for ax, key, xlabel in ((axes[0], "speedup", "speedup vs target-only (tokens/s)"),
                             (axes[1], "block_efficiency", "block efficiency (tokens / target call)")):
         vals = [s[key] if s[key] == s[key] else 0.0 for s in summary]
@@ -225,9 +172,8 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
     ``models`` may pass an already loaded ``(target, draft, tokenizer)``.
     """
     cfg.check()
-    methods, skipped = plan_methods(cfg.ks, cfg.verifiers)
-    for m in methods:  # every argument checked before any model is loaded
-        check_settings(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, **m.kwargs(cfg.depth))
+    methods, skipped = plan_methods(cfg.ks, cfg.verifiers, depth=cfg.depth, temperature=cfg.temperature)
+    decode_runs.check_methods(methods, max_new_tokens=cfg.max_new_tokens)  # every argument, before any model loads
     prompts = load_prompts("humaneval", cfg.prompts)
     out_dir = Path(cfg.out_dir)
     try:
@@ -257,60 +203,30 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
     for note in skipped:
         log(f"demo skips {note}")
 
-    # warm-up (first calls allocate): a few tokens with the target alone and with one draft tree;
-    # the prompt cache makes these prefills the first prompt's
-    prompt_cache = PromptCache(max_entries=2)  # target and draft prefill of the current prompt
-    ids0 = encoded[0][1]
-    generate(target, draft, ids0, verifier=None, max_new_tokens=2, temperature=cfg.temperature, generator=cfg.seed,
-             prompt_cache=prompt_cache)
-    generate(target, draft, ids0, verifier="naive", k=1, depth=cfg.depth, max_new_tokens=2,
-             temperature=cfg.temperature, generator=cfg.seed, prompt_cache=prompt_cache)
+    # warm-up (first calls allocate); the prompt cache makes these prefills the first prompt's
+    decode_runs.warm_up(target, draft, encoded[0][1], depth=cfg.depth, temperature=cfg.temperature)
 
     jsonl = out_dir / "demo.jsonl"
     if jsonl.exists():
         jsonl.unlink()  # one run per file; the previous run is replaced
-    rows: list[dict] = []
     config = {k: v for k, v in asdict(cfg).items() if k != "extra"} | {"methods": settings["methods"]}
-    runs = [(pi, m) for pi in range(len(encoded)) for m in methods]
-    stopped = None
-    t_loop = time.perf_counter()
     with JsonlWriter(jsonl, config, cfg.seed, kind="demo", skipped=skipped) as w:
-        for pi, m in _progress(runs, total=len(runs), desc="demo", enabled=show_progress):
-            if m is methods[0] and pi > 0 and cfg.time_budget_s is not None:
-                # whole prompt rounds only, so every method sees the same prompts
-                per_round = (time.perf_counter() - t_loop) / pi
-                if time.perf_counter() - t_loop + per_round > cfg.time_budget_s:
-                    stopped = (f"time budget {cfg.time_budget_s:.0f} s: stopped after {pi} of {len(encoded)} "
-                               f"prompts ({per_round:.0f} s per prompt round)")
-                    log(f"demo {stopped}")
-                    break
-            tid, ids = encoded[pi]
-            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + pi)
-            r = generate(target, draft, ids, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                         eos_token_id=eos, generator=g, prompt_cache=prompt_cache, **m.kwargs(cfg.depth))
-            row = {
-                "kind": "run", "method": m.label, "verifier": m.verifier, "K": m.k,
-                "law": m.law, "depth": cfg.depth if m.verifier else 0, "prompt": tid,
-                "prompt_tokens": int(ids.shape[1]), "new_tokens": int(r.new_tokens),
-                "target_calls": int(r.target_calls), "draft_calls": int(r.draft_calls),
-                "block_efficiency": float(r.block_efficiency), "acceptance_rate": float(r.acceptance_rate),
-                "seconds": float(r.seconds), "tokens_per_s": float(r.tokens_per_s),
-                "prefill_seconds": float(r.prefill_seconds),
-                "stop_reason": r.stop_reason,
-            }
-            rows.append(row)
-            w.write(**row)
-        summary = summarize(rows, methods)
+        done = decode_runs.run(target, draft, encoded, methods, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
+                               eos_token_id=eos, write=lambda row: w.write(**row), time_budget_s=cfg.time_budget_s,
+                               progress=(lambda it, total, desc: _progress(it, total=total, desc=desc))
+                               if show_progress else None, desc="demo", log=lambda m: log(f"demo {m}"))
+        rows = done.rows
+        summary = decode_runs.summarize(rows, methods)
         for s in summary:
             w.write(kind="summary", **s)
-        if stopped:
-            skipped = skipped + [stopped]
+        if done.stopped:
+            skipped = skipped + [done.stopped]
             settings["prompts"] = settings["prompts"][: len({r["prompt"] for r in rows})]
 
     elapsed = time.perf_counter() - t_start
     title = (f"multidraft demo: {len(prompts)} HumanEval prompts, {cfg.max_new_tokens} new tokens, "
              f"T={cfg.temperature:g}, depth {cfg.depth}")
-    table = format_table(summary)
+    table = decode_runs.format_table(summary)
     md_path = out_dir / "demo.md"
     md_path.write_text(
         f"# {title}\n\n"

@@ -16,17 +16,21 @@ For two ``blocks.jsonl`` (``multidraft experiment blocks`` / ``paper``), the run
 tokens with the same calls (new tokens, target and draft calls, block efficiency), every run
 that differs, and the seconds of the common runs by verifier with their ratio.
 
-    .venv/bin/python benchmarks/compare_runs.py docs/results/paper/acceptance.jsonl runs/rerun/acceptance.jsonl
-    .venv/bin/python benchmarks/compare_runs.py docs/results/paper/blocks.jsonl runs/rerun/blocks.jsonl
+    multidraft compare-runs docs/results/paper/acceptance.jsonl runs/rerun/acceptance.jsonl
+    multidraft compare-runs docs/results/paper/blocks.jsonl runs/rerun/blocks.jsonl
 
-No timing is done here: the seconds are the ones each run recorded in its rows.
+No timing is done here: the seconds are the ones each run recorded in its rows. For blocks
+rows that carry their ``tokens`` (the decode runner's schema, :mod:`.decode_runs`), "same" also
+means the same token ids.
 """
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
+from typing import Callable
 
-from multidraft.experiments.records import read_jsonl
+from .records import read_jsonl
+
+__all__ = ["compare_files", "compare_blocks", "KEY", "BLOCKS_KEY", "BLOCKS_SAME"]
 
 KEY = ("dataset", "t_target", "t_draft", "law", "K", "verifier")
 BLOCKS_KEY = ("prompt", "verifier", "law", "K", "depth", "temperature")
@@ -35,23 +39,32 @@ BLOCKS_SAME = ("new_tokens", "target_calls", "draft_calls", "block_efficiency")
 
 def _rows(path: str) -> list:
     _, rows = read_jsonl(path)
-    return [r for r in rows if r.get("type", "row") == "row"]
+    return [r for r in rows if r.get("type", "row") == "row" and r.get("kind", "run") == "run"]
 
 
 def _cells(rows: list, key=KEY) -> dict:
     return {tuple(r.get(f) for f in key): r for r in rows}
 
 
-def compare_blocks(first: str, second: str, rows_a: list, rows_b: list) -> None:
+def _same_run(ra: dict, rb: dict) -> bool:
+    if not all(ra.get(f) == rb.get(f) for f in BLOCKS_SAME):
+        return False
+    return ra.get("tokens") is None or rb.get("tokens") is None or ra["tokens"] == rb["tokens"]
+
+
+def compare_blocks(first: str, second: str, rows_a: list, rows_b: list, print: Callable[..., None] = print) -> None:
     """Print how two blocks files' common runs compare (tokens made, calls, seconds)."""
     a, b = _cells(rows_a, BLOCKS_KEY), _cells(rows_b, BLOCKS_KEY)
     common = sorted(set(a) & set(b), key=str)
     print(f"{first}: {len(a)} runs; {second}: {len(b)} runs; {len(common)} in both")
-    same = {k for k in common if all(a[k].get(f) == b[k].get(f) for f in BLOCKS_SAME)}
-    print(f"same new tokens, target calls, draft calls and block efficiency in {len(same)} of {len(common)} runs")
+    same = {k for k in common if _same_run(a[k], b[k])}
+    both = sum(a[k].get("tokens") is not None and b[k].get("tokens") is not None for k in common)
+    print(f"same new tokens, target calls, draft calls and block efficiency in {len(same)} of {len(common)} runs"
+          + (f" (token ids compared in the {both} runs both files record)" if both else ""))
     for k in common:
         if k not in same:
             diff = ", ".join(f"{f} {a[k].get(f)} -> {b[k].get(f)}" for f in BLOCKS_SAME if a[k].get(f) != b[k].get(f))
+            diff = diff or "other token ids"
             print(f"  differs: {'/'.join(map(str, k))}: {diff}")
     ta, tb = defaultdict(float), defaultdict(float)
     for k in common:
@@ -64,18 +77,16 @@ def compare_blocks(first: str, second: str, rows_a: list, rows_b: list) -> None:
     print(f"  {'all':>16}: {sa:8.0f} -> {sb:7.0f}" + (f" ({sb / sa:.2f}x)" if sa else ""))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("first")
-    ap.add_argument("second")
-    args = ap.parse_args(argv)
-    rows_a, rows_b = _rows(args.first), _rows(args.second)
+def compare_files(first: str, second: str, print: Callable[..., None] = print) -> None:
+    """Print the comparison of two results files: blocks runs when the rows have prompts, else
+    acceptance / temperature cells."""
+    rows_a, rows_b = _rows(first), _rows(second)
     if any("prompt" in r for r in rows_a[:1] + rows_b[:1]):
-        compare_blocks(args.first, args.second, rows_a, rows_b)
-        return 0
+        compare_blocks(first, second, rows_a, rows_b, print)
+        return
     a, b = _cells(rows_a), _cells(rows_b)
     common = sorted(set(a) & set(b), key=str)
-    print(f"{args.first}: {len(a)} cells; {args.second}: {len(b)} cells; {len(common)} in both")
+    print(f"{first}: {len(a)} cells; {second}: {len(b)} cells; {len(common)} in both")
     same_values = sum(a[k].get("values") == b[k].get("values") for k in common)
     same_mean = sum(a[k]["acceptance"] == b[k]["acceptance"] for k in common)
     print(f"identical per-position values in {same_values} of {len(common)} cells, identical means in {same_mean}")
@@ -101,8 +112,3 @@ def main(argv=None) -> int:
         for name in sorted(ta, key=lambda x: -tb[x]):
             print(f"  {name:>16}: {ta[name]:9.0f} -> {tb[name]:7.0f}")
         print(f"  {'all':>16}: {sum(ta.values()):9.0f} -> {sum(tb.values()):7.0f}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,499 @@
+"""The one decode runner behind every end-to-end table: the demo, the blocks stage and the
+decode-speed benchmark.
+
+A **method** (:class:`MethodSpec`) is what one decode run does: the target alone
+(``verifier=None``), a verifier on a draft tree (law, K, depth, tree shape, temperatures), or
+a peer (a callable that decodes one prompt its own way, e.g. ``transformers``' assisted
+generation or llama.cpp's binaries; see ``benchmarks/decode_speed.py``).
+
+:func:`run` decodes every prompt with every method, **interleaved** (for each prompt, every
+method in turn; with ``rounds`` > 1 each prompt is decoded ``rounds`` times, the method order
+reversed every other round), so slow phases of a shared machine hit every method alike.
+Each prompt gets one ``PromptCache``: its prefill runs once per model and is shared by every
+method (and left out of tokens/s).
+
+**One seed rule** (:func:`run_seed`): the run of method m on prompt ``pid`` draws everything
+from ``torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{verifier}|{law}|{K}|{depth}"))``
+(``verifier`` is ``autoregressive`` for the target alone, with law ``-`` and K = depth = 0).
+It depends on that run's identity alone, never on the order or on the other methods, so a
+run can be resumed, reordered or rerun alone with the same tokens; every round of a run
+repeats its tokens (only the timing differs). Methods that differ only in the tree shape
+(a full tree and ``sequences`` of the same K and depth) share the seed: a paired comparison.
+This is the rule the blocks stage always used, so ``docs/paper/blocks.jsonl`` reproduces.
+
+**One row schema** (:func:`run_row`; every row through :class:`.records.JsonlWriter`, which
+adds the run id and the code version and whose meta row holds the config, seed and
+versions): ``kind="run"``, ``method`` (label), ``method_kind`` (``target``, ``tree``, ``auto``
+or a peer's kind), ``verifier``, ``law``, ``K``, ``depth``, ``tree`` (None for the full
+K-ary tree, ``sequences``, ``dynamic``, or the explicit shape), ``temperature``,
+``draft_temperature``, ``top_k``, ``top_p``, ``prompt``, ``prompt_tokens``, ``round``,
+``seed``, ``new_tokens``, ``target_calls``, ``draft_calls``, ``tree_tokens``,
+``block_efficiency``, ``acceptance_rate`` (None for the target alone), ``seconds``,
+``tokens_per_s``, ``prefill_seconds``, ``stop_reason``, ``tokens`` (the generated ids; a
+peer's rows have none, and carry its own K and depth if it has them, e.g. llama-speculative's
+parallel drafts and draft length). The blocks key (``verifier, law, K, depth, temperature, prompt``) is
+a subset.
+
+**One summary** (:func:`summarize`, :func:`format_table`): per method, rounds pooled per
+prompt first (:func:`merge_rounds`), then pooled over prompts: block efficiency (new tokens /
+target calls) with the per-prompt mean and its 95% t-interval, acceptance, tokens/s pooled and
+per-prompt mean ± 95%, the speed-up over the reference (the target alone unless named)
+pooled and paired per prompt with its 95% interval, tree tokens per pass and ms per step.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from .. import verifiers as _verifiers
+from ..decoding import PromptCache, check_settings, generate
+from .findings import t95
+from .records import derived_seed
+
+__all__ = [
+    "MethodSpec", "target_alone", "tree_method", "parse_method", "check_methods", "run_seed", "run", "RunOutcome",
+    "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "round_spread", "summarize", "format_table",
+    "AUTOREGRESSIVE",
+]
+
+AUTOREGRESSIVE = "autoregressive"  # the verifier column of a target-alone row
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method. ``verifier=None``: the target alone (law ``-``, K = depth = 0).
+
+    ``law`` None means the law the verifier implies (``Verifier.implied_law``); ``tree`` None
+    is the full K-ary tree of depth ``depth``, ``"sequences"`` K draft sequences of length
+    ``depth``, ``"dynamic"`` a per-step tree (``max_nodes``, ``min_gain``), or an explicit
+    shape (a tuple of paths). ``draft_temperature`` None means ``temperature``.
+    ``peer``: a callable ``peer(prompt_id, input_ids, seed) -> dict`` of measurements
+    (``new_tokens``, ``target_calls``, ``draft_calls``, ``seconds``, ``block_efficiency``,
+    ``acceptance_rate``) for methods that are not this library's decoder; ``kind`` names it.
+    ``info``: extra facts written into every row's ``tree`` field (an automatically chosen tree).
+    """
+
+    label: str
+    verifier: str | None = None
+    law: str | None = None
+    k: int = 0
+    depth: int = 0
+    tree: object = None
+    max_nodes: int | None = None
+    min_gain: float | None = None
+    temperature: float = 1.0
+    draft_temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    kind: str | None = None
+    peer: Callable | None = field(default=None, compare=False, repr=False)
+    info: dict | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def method_kind(self) -> str:
+        if self.kind is not None:
+            return self.kind
+        return "target" if self.verifier is None else "tree"
+
+    @property
+    def row_law(self) -> str:
+        """The draft law kind the rows carry (``-`` for the target alone and peers)."""
+        if self.verifier is None:
+            return "-"
+        if self.law is not None:
+            return self.law
+        k = self.k
+        if isinstance(self.tree, (list, tuple)):
+            k = max(1, max((sum(1 for q in self.tree if len(q) == len(p) + 1 and tuple(q[:-1]) == tuple(p))
+                            for p in [()] + [tuple(x) for x in self.tree]), default=1))
+        return _verifiers.get(self.verifier).implied_law(k)
+
+    @property
+    def chain(self) -> bool:
+        """One draft per node: single-draft SD (a chain)."""
+        if self.verifier is None:
+            return False
+        if self.verifier == "naive" or self.k == 1:
+            return True
+        return isinstance(self.tree, (list, tuple)) and all(p[-1] == 0 for p in self.tree)
+
+    def generate_kwargs(self) -> dict:
+        """The keyword arguments of ``multidraft.generate`` this method decodes with."""
+        if self.verifier is None:
+            return {"verifier": None, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        kw = {"verifier": self.verifier, "k": self.k, "depth": self.depth, "draft_law": self.law,
+              "tree": [list(p) for p in self.tree] if isinstance(self.tree, tuple) else self.tree,
+              "temperature": self.temperature,
+              "draft_temperature": self.draft_temperature if self.draft_temperature is not None else self.temperature,
+              "top_k": self.top_k, "top_p": self.top_p}
+        if self.max_nodes is not None:
+            kw["max_nodes"] = self.max_nodes
+        if self.min_gain is not None:
+            kw["min_gain"] = self.min_gain
+        return kw
+
+
+def target_alone(label: str = "target-only", *, temperature: float = 1.0, top_k=None, top_p=None) -> MethodSpec:
+    return MethodSpec(label, None, temperature=float(temperature), top_k=top_k, top_p=top_p)
+
+
+def tree_method(label: str, verifier: str, k: int, depth: int, *, law: str | None = None, tree=None,
+                temperature: float = 1.0, draft_temperature: float | None = None, top_k=None, top_p=None,
+                max_nodes=None, min_gain=None) -> MethodSpec:
+    """A verifier on a draft tree; ``law`` None: the verifier's implied law at K, resolved here."""
+    if law is None and not isinstance(tree, (list, tuple)):
+        law = _verifiers.get(verifier).implied_law(int(k))
+    return MethodSpec(label, verifier, law, int(k), int(depth), tuple(tuple(p) for p in tree)
+                      if isinstance(tree, (list, tuple)) else tree, max_nodes, min_gain, float(temperature),
+                      draft_temperature, top_k, top_p)
+
+
+def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
+    """A method from its short form (``benchmarks/decode_speed.py --methods``):
+
+    ``target`` the target alone; ``sd:D`` single-draft SD on a chain of depth D; ``V:KxD``
+    verifier V on the full K-ary tree of depth D; ``V:seqKxD`` on K draft sequences of length
+    D; ``V:dyn:K:N:D[:G]`` on dynamic trees (at most K drafts a node, N nodes, depth D, gain G);
+    ``V:auto:K`` a tree chosen later from a cost profile (``kind="auto"``; the caller fills
+    ``tree``). ValueError for anything else."""
+    s = spec.strip()
+    t = float(temperature)
+    if s == "target":
+        return target_alone(temperature=t)
+    m = re.fullmatch(r"sd:(\d+)", s)
+    if m:
+        d = int(m.group(1))
+        return MethodSpec(f"SD depth {d}", "naive", None, 1, d, temperature=t)
+    m = re.fullmatch(r"(\w+):(seq)?(\d+)x(\d+)", s)
+    if m:
+        v, seq, k, d = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+        _verifiers.get(v)
+        return MethodSpec(f"{v} {'seq ' if seq else ''}K={k} depth {d}", v, None, k, d,
+                          "sequences" if seq else None, temperature=t)
+    m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)(?::([0-9.]+))?", s)
+    if m:
+        v, k, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+        _verifiers.get(v)
+        gain = float(m.group(5)) if m.group(5) is not None else None
+        label = f"{v} dynamic K<={k} {n} nodes depth<={d}" + (f" gain>={gain:g}" if gain is not None else "")
+        return MethodSpec(label, v, None, k, d, "dynamic", n, gain, temperature=t)
+    m = re.fullmatch(r"(\w+):auto:(\d+)", s)
+    if m:
+        v, k = m.group(1), int(m.group(2))
+        _verifiers.get(v)
+        return MethodSpec(f"{v} auto K<={k}", v, None, k, 0, temperature=t, kind="auto")
+    raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K)")
+
+
+def check_methods(methods: Sequence[MethodSpec], *, max_new_tokens: int) -> None:
+    """Every model-free argument of every method checked (ValueError naming it), before any model loads."""
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"methods: a label is listed twice: {sorted(x for x in set(labels) if labels.count(x) > 1)}")
+    for m in methods:
+        if m.peer is not None or m.method_kind == "auto" and m.tree is None:
+            continue
+        check_settings(max_new_tokens=max_new_tokens, **m.generate_kwargs())
+
+
+def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
+    """The seed of one run (see the module docstring): a function of (seed, prompt, verifier,
+    law, K, depth) alone."""
+    if method.peer is not None:
+        name, law, k, depth = method.method_kind, "-", 0, 0
+    elif method.verifier is None:
+        name, law, k, depth = AUTOREGRESSIVE, "-", 0, 0
+    else:
+        name, law, k, depth = method.verifier, method.row_law, method.k, method.depth
+    return derived_seed(seed, f"{prompt}|{name}|{law}|{k}|{depth}")
+
+
+def _num(x):
+    if x is None:
+        return None
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, int):
+        return int(x)
+    return float(x)
+
+
+def run_row(method: MethodSpec, prompt: str, ids: torch.Tensor, seed: int, res, *, round_: int = 0) -> dict:
+    """The row of one run: ``res`` a ``GenerationResult`` or a peer's dict of measurements."""
+    target = method.verifier is None and method.peer is None
+    row = {
+        "kind": "run", "method": method.label, "method_kind": method.method_kind,
+        "verifier": AUTOREGRESSIVE if target else method.verifier,
+        "law": method.row_law if method.peer is None else "-",
+        "K": 0 if target else method.k,
+        "depth": 0 if target else method.depth,
+        "tree": method.info if method.info is not None else
+        ([list(p) for p in method.tree] if isinstance(method.tree, tuple) else method.tree),
+        "temperature": float(method.temperature),
+        "draft_temperature": None if target else (method.draft_temperature if method.draft_temperature is not None
+                                                  else float(method.temperature)),
+        "top_k": method.top_k, "top_p": method.top_p,
+        "prompt": prompt, "prompt_tokens": int(ids.shape[-1]), "round": int(round_), "seed": int(seed),
+    }
+    if isinstance(res, dict):
+        meas = {k: _num(res.get(k)) for k in ("new_tokens", "target_calls", "draft_calls", "tree_tokens",
+                                               "block_efficiency", "acceptance_rate", "seconds")}
+        meas["prefill_seconds"] = _num(res.get("prefill_seconds"))
+        meas["stop_reason"] = res.get("stop_reason")
+        tokens = res.get("tokens")
+    else:
+        meas = {"new_tokens": int(res.new_tokens), "target_calls": int(res.target_calls),
+                "draft_calls": int(res.draft_calls), "tree_tokens": int(res.tree_tokens),
+                "block_efficiency": float(res.block_efficiency),
+                "acceptance_rate": None if target else float(res.acceptance_rate),
+                "seconds": float(res.seconds), "prefill_seconds": float(res.prefill_seconds),
+                "stop_reason": res.stop_reason}
+        tokens = res.tokens.tolist()
+    row.update(meas)
+    secs = row["seconds"]
+    row["tokens_per_s"] = row["new_tokens"] / secs if secs and secs > 0 else float("nan")
+    row["tokens"] = tokens
+    return row
+
+
+@dataclass
+class RunOutcome:
+    """What :func:`run` returns: the rows written, and why it stopped early (None: it did not)."""
+
+    rows: list
+    stopped: str | None = None
+    prompts_done: int = 0
+
+
+def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Sequence[MethodSpec], *, seed: int,
+        max_new_tokens: int, eos_token_id=None, rounds: int = 1, skip: Callable[[str, MethodSpec], bool] | None = None,
+        write: Callable[[dict], None] | None = None, time_budget_s: float | None = None,
+        progress=None, desc: str = "decode", log: Callable[[str], None] = lambda _m: None,
+        on_row: Callable[[dict, int, int], None] | None = None) -> RunOutcome:
+    """Decode every prompt ``(id, input_ids [1, T])`` with every method, interleaved (module docstring).
+
+    ``skip(prompt_id, method)`` True leaves a run out (a resumed file's finished rows);
+    ``write(row)`` is called for every row as soon as it exists; ``time_budget_s`` stops before a
+    prompt whose round of methods would overrun the budget (projected from the prompts done; the
+    first prompt always runs). ``progress``: a tqdm-like wrapper ``progress(iterable, total, desc)``;
+    ``on_row(row, done, total)`` after each row (e.g. a log line)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    jobs = []
+    for pi, (pid, ids) in enumerate(prompts):
+        for rnd in range(rounds):
+            for m in (methods if rnd % 2 == 0 else list(methods)[::-1]):
+                if skip is None or not skip(pid, m):
+                    jobs.append((pi, rnd, m))
+    out = RunOutcome([])
+    it = jobs if progress is None else progress(jobs, total=len(jobs), desc=desc)
+    cache, cache_pi = None, None
+    t_loop = time.perf_counter()
+    for pi, rnd, m in it:
+        pid, ids = prompts[pi]
+        if pi != cache_pi:  # a new prompt: a fresh prefill cache, and the time budget
+            if cache_pi is not None and time_budget_s is not None:
+                done = out.prompts_done
+                per_prompt = (time.perf_counter() - t_loop) / max(done, 1)
+                if time.perf_counter() - t_loop + per_prompt > time_budget_s:
+                    out.stopped = (f"time budget {time_budget_s:.0f} s: stopped after {done} of {len(prompts)} "
+                                   f"prompts ({per_prompt:.0f} s per prompt round)")
+                    log(out.stopped)
+                    break
+            cache, cache_pi = PromptCache(max_entries=2), pi  # target and draft prefill of this prompt
+            out.prompts_done += 1
+        s = run_seed(seed, pid, m)
+        if m.peer is not None:
+            res = m.peer(pid, ids, s)
+        else:
+            res = generate(target, draft if m.verifier is not None else None, ids, max_new_tokens=max_new_tokens,
+                           eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(s), prompt_cache=cache,
+                           **m.generate_kwargs())
+        row = run_row(m, pid, ids, s, res, round_=rnd)
+        out.rows.append(row)
+        if write is not None:
+            write(row)
+        if on_row is not None:
+            on_row(row, len(out.rows), len(jobs))
+    return out
+
+
+def warm_up(target, draft, ids: torch.Tensor, *, depth: int = 2, temperature: float = 1.0,
+            prompt_cache: PromptCache | None = None) -> None:
+    """A few tokens with the target alone, single-draft SD and a K = 2 tree: the first decodes of a
+    process pay one-off costs (allocation, kernels) that no measured run should carry."""
+    generate(target, None, ids, verifier=None, max_new_tokens=2, temperature=temperature, generator=0,
+             prompt_cache=prompt_cache)
+    if draft is not None:
+        for kw in ({"verifier": "naive", "k": 1}, {"verifier": "specinfer", "k": 2}):
+            generate(target, draft, ids, depth=depth, max_new_tokens=4, temperature=temperature, generator=0,
+                     prompt_cache=prompt_cache, **kw)
+
+
+# --- statistics ------------------------------------------------------------------------------
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and x == x and not math.isinf(x)
+
+
+def mean_ci(xs: Iterable[float]) -> tuple[float, float]:
+    """Mean and half-width of its 95% t-interval (NaN where undefined); NaN / None values dropped."""
+    xs = [x for x in xs if _finite(x)]
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, t95(n) * sd / math.sqrt(n)
+
+
+def merge_rounds(rows: Sequence[dict]) -> list[dict]:
+    """One row per (method, prompt): the rounds of a run pooled (tokens, seconds, target calls and
+    tree tokens summed, block efficiency and tokens/s recomputed from the sums, acceptance
+    averaged); ``round_tokens_per_s`` keeps each round's rate. A single round passes through (with
+    ``round_tokens_per_s``), and merged rows are left as they are (idempotent)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["prompt"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        if len(rs) == 1:
+            r = rs[0]
+            out.append(r if "round_tokens_per_s" in r else
+                       dict(r, round_tokens_per_s=[r["new_tokens"] / r["seconds"]] if r["seconds"] > 0 else []))
+            continue
+        m = dict(rs[0])
+        for k in ("new_tokens", "target_calls", "draft_calls", "seconds"):
+            if all(k in r for r in rs):
+                m[k] = sum(r[k] for r in rs)
+        m["tree_tokens"] = sum(r["tree_tokens"] for r in rs) if all(r.get("tree_tokens") for r in rs) else 0
+        m["block_efficiency"] = m["new_tokens"] / m["target_calls"] if m["target_calls"] else float("nan")
+        acc = [r["acceptance_rate"] for r in rs if _finite(r.get("acceptance_rate"))]
+        m["acceptance_rate"] = sum(acc) / len(acc) if acc else float("nan")
+        m["tokens_per_s"] = m["new_tokens"] / m["seconds"] if m["seconds"] > 0 else float("nan")
+        m["round_tokens_per_s"] = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
+        m["rounds"] = len(rs)
+        out.append(m)
+    return out
+
+
+def paired_ratio(rows: Sequence[dict], a: str, b: str) -> tuple[float, float, int]:
+    """Per prompt, tokens/s of method ``a`` over method ``b`` (rounds pooled): mean, 95% half-width, prompts."""
+    rows = merge_rounds(rows)
+    ra = {r["prompt"]: r for r in rows if r["method"] == a}
+    rb = {r["prompt"]: r for r in rows if r["method"] == b}
+    xs = [(ra[p]["new_tokens"] / ra[p]["seconds"]) / (rb[p]["new_tokens"] / rb[p]["seconds"])
+          for p in ra if p in rb and ra[p]["seconds"] > 0 and rb[p]["seconds"] > 0 and rb[p]["new_tokens"] > 0]
+    m, ci = mean_ci(xs)
+    return m, ci, len(xs)
+
+
+def round_spread(rows: Sequence[dict]) -> dict[str, float]:
+    """Per method, the median over prompts of ``(max - min) / mean`` of the rounds' tokens/s on one
+    prompt (same seed, so the same tokens: pure timing noise); methods with one round left out."""
+    per: dict[str, list[float]] = {}
+    for r in merge_rounds(rows):
+        xs = r.get("round_tokens_per_s") or []
+        if len(xs) >= 2:
+            per.setdefault(r["method"], []).append((max(xs) - min(xs)) / (sum(xs) / len(xs)))
+    out = {}
+    for m, v in per.items():
+        v = sorted(v)
+        n = len(v)
+        out[m] = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return out
+
+
+def _kind(r: dict) -> str:
+    if "method_kind" in r:
+        return r["method_kind"]
+    return "target" if r.get("verifier") in (None, AUTOREGRESSIVE) else "tree"
+
+
+def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str] | None = None, *,
+              reference: str | None = None, peer_reference: str | None = None) -> list[dict]:
+    """One row per method (in ``methods`` order, else first appearance), rounds pooled per prompt.
+
+    ``reference``: the method every speed-up is measured against (default: the first target-alone
+    method); ``peer_reference``: a second one (default: a ``llama-target`` peer if the run has one),
+    reported as ``vs_llama_*``."""
+    rows = merge_rounds([r for r in rows if r.get("kind", "run") == "run"])
+    order = [m if isinstance(m, str) else m.label for m in methods] if methods is not None else \
+        list(dict.fromkeys(r["method"] for r in rows))
+    first = {}
+    for r in rows:
+        first.setdefault(r["method"], r)
+    if reference is None:
+        reference = next((lab for lab in order if lab in first and _kind(first[lab]) == "target"), None)
+    if peer_reference is None:
+        peer_reference = next((lab for lab in order if lab in first and _kind(first[lab]) == "llama-target"), None)
+    base = None
+    if reference is not None:
+        rs = [r for r in rows if r["method"] == reference]
+        tok, secs = sum(r["new_tokens"] for r in rs), sum(r["seconds"] for r in rs)
+        base = tok / secs if secs > 0 else None
+    out = []
+    for label in order:
+        rs = [r for r in rows if r["method"] == label]
+        if not rs:
+            continue
+        r0 = rs[0]
+        kind = _kind(r0)
+        tokens = sum(r["new_tokens"] for r in rs)
+        calls = sum(r["target_calls"] for r in rs)
+        secs = sum(r["seconds"] for r in rs)
+        tps = tokens / secs if secs > 0 else float("nan")
+        acc = [r["acceptance_rate"] for r in rs if kind != "target" and _finite(r.get("acceptance_rate"))]
+        scored = [r.get("tree_tokens") for r in rs if r.get("tree_tokens")]
+        s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "law": r0.get("law", "-"),
+             "K": r0.get("K", 0), "depth": r0.get("depth", 0),
+             "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
+             "draft_calls": sum(r.get("draft_calls") or 0 for r in rs), "seconds": secs,
+             "block_efficiency": tokens / calls if calls else float("nan"),
+             "acceptance_rate": sum(acc) / len(acc) if acc else float("nan"),
+             "tokens_per_s": tps,
+             "tree_tokens_per_pass": sum(scored) / calls if len(scored) == len(rs) and calls else float("nan"),
+             "ms_per_step": 1000.0 * secs / calls if calls else float("nan"),
+             "speedup": tps / base if base else float("nan")}
+        s["tokens_per_s_mean"], s["tokens_per_s_ci95"] = mean_ci(r["new_tokens"] / r["seconds"] for r in rs
+                                                                 if r["seconds"] > 0)
+        s["block_efficiency_mean"], s["block_efficiency_ci95"] = mean_ci(r["block_efficiency"] for r in rs)
+        if reference is not None:
+            s["speedup_mean"], s["speedup_ci95"], _ = paired_ratio(rows, label, reference)
+        else:
+            s["speedup_mean"] = s["speedup_ci95"] = float("nan")
+        if peer_reference is not None:
+            s["vs_llama_mean"], s["vs_llama_ci95"], _ = paired_ratio(rows, label, peer_reference)
+        if isinstance(r0.get("tree"), dict):
+            s["tree"] = r0["tree"]
+        out.append(s)
+    return out
+
+
+def _f(x, nd=2) -> str:
+    return "-" if x is None or not isinstance(x, (int, float)) or x != x else f"{x:.{nd}f}"
+
+
+def format_table(summary: Sequence[dict]) -> str:
+    """The summary as one Markdown table (also readable in a terminal): ``± 95%`` intervals are over
+    prompts (rounds pooled first); ``-`` where a value is undefined (one prompt, no drafts)."""
+    llama = any("vs_llama_mean" in s for s in summary)
+    head = ("| method | law | K | block eff. ± 95% | acceptance | tokens/s | tokens/s mean ± 95% | speed-up "
+            "| speed-up per prompt ± 95% | tree tokens / pass | ms / step | tokens | target calls |"
+            + (" vs llama-completion ± 95% |" if llama else ""))
+    lines = [head, "|" + "---|" * (13 + llama)]
+    for s in summary:
+        lines.append(
+            f"| {s['method']} | {s.get('law', '-')} | {s.get('K') or '-'} | "
+            f"{_f(s['block_efficiency'])} ± {_f(s['block_efficiency_ci95'])} | {_f(s['acceptance_rate'])} | "
+            f"{_f(s['tokens_per_s'])} | {_f(s['tokens_per_s_mean'])} ± {_f(s['tokens_per_s_ci95'])} | "
+            f"{_f(s['speedup'])}x | {_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} | "
+            f"{_f(s.get('tree_tokens_per_pass'), 1)} | {_f(s.get('ms_per_step'), 1)} | {s['new_tokens']} | "
+            f"{s['target_calls']} |" + (f" {_f(s.get('vs_llama_mean'))} ± {_f(s.get('vs_llama_ci95'))} |" if llama else ""))
+    return "\n".join(lines)
