@@ -79,7 +79,7 @@ def test_decoding_and_experiments_see_the_same_distribution(tmp_path, temperatur
 
 
 def test_check_sampling_args_numpy_numbers_and_bools():
-    np = pytest.importorskip("numpy")
+    import numpy as np
     sampling.check_sampling_args(np.float32(0.7), np.int64(5), np.float64(0.9))
     sampling.check_sampling_args(np.int32(1), np.uint8(3), None)
     for args, word in [((True, None, None), "temperature"), ((np.bool_(True), None, None), "temperature"),

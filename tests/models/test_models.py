@@ -174,7 +174,7 @@ def test_default_specs_are_consistent():
     for spec in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT):
         assert len(spec.sha256) == 64 and spec.size > 0
         assert len(spec.dists()) == spec.parts
-    req = Path(__file__).resolve().parents[1] / "requirements-models.txt"
+    req = Path(__file__).resolve().parents[2] / "requirements-models.txt"
     lines = [l.strip() for l in req.read_text().splitlines() if l.strip() and not l.startswith("#")]
     want = [f"{d}=={s.version}" for s in (M.DEFAULT_DRAFT, M.DEFAULT_TARGET) for d in s.dists()]
     from multidraft.datasets import DATA_PACKAGES  # data sets installed the same way (--no-deps)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import math
 import json
 
@@ -11,7 +10,7 @@ import torch
 
 import multidraft as md
 from multidraft import datasets, exact
-from multidraft.experiments import acceptance, collect, report, store
+from multidraft.experiments import acceptance, collect, store
 from multidraft.experiments.records import JsonlWriter, done_keys, read_jsonl
 
 
@@ -425,7 +424,7 @@ def test_relump_keeps_the_bound(law):
 # errors over positions, paired gaps, Monte-Carlo fallback (issue 12 item 3)
 # ---------------------------------------------------------------------------------------
 def test_position_errors_equal_numpy():
-    np = pytest.importorskip("numpy")
+    import numpy as np
     g = torch.Generator().manual_seed(5)
     a = torch.rand(11, generator=g, dtype=torch.float64)
     alpha = a + torch.rand(11, generator=g, dtype=torch.float64) * 0.1
@@ -442,7 +441,7 @@ def test_position_errors_equal_numpy():
 
 
 def test_rows_carry_errors_over_positions_and_paired_gaps(tmp_path):
-    np = pytest.importorskip("numpy")
+    import numpy as np
     ps, _, _ = _position_set(n=7, V=6, seed=11)
     path = tmp_path / "acceptance.jsonl"
     with JsonlWriter(path, {}, 0) as w:
@@ -545,7 +544,6 @@ def test_default_study_stores_tails_at_most_1e_4():
 
 # reading per-position acceptances back for the tree chooser --------------------------------------
 def test_tree_acceptance_from_a_study_and_from_stats_json(tmp_path):
-    import json
 
     import numpy as np
 

@@ -10,7 +10,7 @@ import pytest
 
 from multidraft.decoding.treeopt import CostProfile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
@@ -18,7 +17,6 @@ import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-sys.path.insert(0, os.path.dirname(__file__))
 import tiny_models as tm  # noqa: E402
 
 import multidraft as md  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 from multidraft.experiments import decode_runs as dr
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
