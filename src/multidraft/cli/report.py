@@ -20,6 +20,15 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..experiments.report import build
 
-    path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline)
-    print(f"wrote {path}")
-    return 0
+    import sys
+
+    skipped: list[str] = []
+    notes: list[str] = []
+    path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline,
+                 skipped=skipped, notes=notes)
+    for line in skipped:  # damaged rows: one line each, the report has the good ones; exit 2 says so
+        print(f"multidraft report: {line}", file=sys.stderr)
+    print(f"wrote {path}" + (f" ({len(skipped)} damaged row(s) left out, listed in it)" if skipped else ""))
+    for line in notes:  # valid but incomplete rows (older runs): said, not an error
+        print(f"note: {line}")
+    return 2 if skipped else 0
