@@ -24,8 +24,14 @@ def run(args) -> int:
 
     skipped: list[str] = []
     notes: list[str] = []
-    path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline,
-                 skipped=skipped, notes=notes)
+    try:
+        path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline,
+                     skipped=skipped, notes=notes)
+    except ValueError as exc:  # nothing left to report: the rows left out first, unless the error names them
+        for line in skipped:
+            if line not in str(exc):
+                print(f"multidraft report: {line}", file=sys.stderr)
+        raise
     for line in skipped:  # damaged rows: one line each, the report has the good ones; exit 2 says so
         print(f"multidraft report: {line}", file=sys.stderr)
     print(f"wrote {path}" + (f" ({len(skipped)} damaged row(s) left out, listed in it)" if skipped else ""))

@@ -78,9 +78,12 @@ def load_run(run_dir: str | Path, skipped: list | None = None) -> dict[str, tupl
             rows = check_rows(run_dir / f, rows, lines, f.split(".")[0], skipped)
             if rows:
                 out[f] = (meta, rows)
+    if not out and skipped:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise ValueError(f"run directory {run_dir} has no valid rows: {skipped[0]}{more}")
     if not out:
         raise ValueError(f"run directory {run_dir} has no results (none of {', '.join(FILES)} with "
-                         f"{'valid ' if skipped else ''}rows); run `multidraft experiment ...` first")
+                         "rows); run `multidraft experiment ...` first")
     return out
 
 
