@@ -450,3 +450,26 @@ def test_extending_a_run_by_new_k_values_works(tiny, textfile, tmp_path, capsys)
     assert main(_argv(run, textfile, k="2")) == 0 and tiny == [1, 1]
     assert main(["report", str(run), "--no-plots"]) == 0
     assert "K=3" in (run / "report.md").read_text()
+
+
+def test_a_damaged_store_in_a_run_directory_is_one_line_before_any_model_loads(tiny, textfile, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(_argv(run, textfile)) == 0
+    path = next((run / "positions").glob("*.pt"))
+    d = torch.load(path, weights_only=True)
+    _nan_row(d)
+    torch.save(d, path)
+    capsys.readouterr()
+    assert main(_argv(run, textfile, "--verifiers", "naive,specinfer")) == 2
+    _one_line(capsys.readouterr().err, str(path), "is a damaged position store (position 2: p is NaN")
+    assert tiny == [1]
+
+
+def test_a_damaged_study_row_is_refused_naming_file_line(tmp_path):
+    from multidraft.experiments.acceptance import read_along
+
+    path = _write(tmp_path / "acceptance.jsonl", [ALPHA_ROW, GOOD, dict(GOOD, verifier="specinfer", values="x")])
+    with pytest.raises(ValueError, match=r"acceptance.jsonl:4: field 'values' must be a list of numbers"):
+        read_along(path, 1.0, 1.0)
+    path = _write(tmp_path / "b.jsonl", [ALPHA_ROW, GOOD])
+    assert set(read_along(path, 1.0, 1.0)) == {("d", "iid", "alpha*"), ("d", "iid", "naive")}

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 
+SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "compare-runs",
@@ -23,6 +26,8 @@ def run(args) -> int:
 
     skipped: list[str] = []
     compare_files(args.first, args.second, skipped=skipped)
-    for line in skipped:  # damaged or duplicated rows: one line each, left out of the comparison
+    for line in skipped[:SHOWN]:  # damaged or duplicated rows: one line each, left out of the comparison
         print(f"multidraft compare-runs: {line}", file=sys.stderr)
+    if len(skipped) > SHOWN:
+        print(f"multidraft compare-runs: ... and {len(skipped) - SHOWN} more damaged rows", file=sys.stderr)
     return 2 if skipped else 0

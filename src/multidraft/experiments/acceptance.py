@@ -59,7 +59,7 @@ from ..exact import acceptance_given
 from ..limits import optimal_acceptance
 from . import collect as _collect
 from . import store
-from .records import SCHEMAS, JsonlWriter, derived_seed, lock_run_dir, read_jsonl, resume, row_key
+from .records import SCHEMAS, JsonlWriter, derived_seed, lock_run_dir, read_jsonl, resume, row_key, valid_rows
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
@@ -583,7 +583,11 @@ def read_along(path, t_target: float, t_draft: float) -> dict:
     skipped. Entries are clipped to [0, 1] (rounding to 1e-6 can leave 1.0000005).
     """
     out: dict = {}
-    for row in read_jsonl(path)[1]:
+    _, rows, lines = read_jsonl(path, line_numbers=True)
+    rows, bad = valid_rows(path, rows, lines, "acceptance", needed=KEY[:3] + KEY[5:])
+    if bad:  # a damaged study is refused, naming its first damaged row
+        raise ValueError(bad[0].removesuffix("; row skipped") + (f" (and {len(bad) - 1} more damaged rows)" if len(bad) > 1 else ""))
+    for row in rows:
         if row.get("type") != "row" or row.get("t_target") != t_target or row.get("t_draft") != t_draft:
             continue
         if row.get("top_k") is not None or row.get("top_p") is not None or not row.get("values"):

@@ -21,6 +21,16 @@ measurement rows. This module is the ONE place that decides whether rows belong 
   (disk full): readers skip it and a writer cuts it before appending (``_drop_torn_tail``).
 * **I/O errors** are ``OSError`` with ``filename`` set to the path (:func:`ensure_dir`,
   the writer), which ``multidraft.cli.main`` prints as one line.
+* **Refusals in full.** A refused reopening names each differing config key (nested objects
+  by dotted key, ``positions.sample_temperature 1.0 -> 0.7``) with both values in full.
+* **One row schema.** :data:`SCHEMAS` says what a row of each kind is (the fields the runners
+  write, their types and ranges, the key that identifies a row); every reader checks rows
+  against it with :func:`valid_rows` (``report``, ``compare-runs``, the tree choice's study),
+  which names ``file:line``, the field and what was expected for each row it leaves out, and
+  leaves out a row that repeats an earlier row's key.
+* **One process per run directory.** :func:`lock_run_dir` holds an exclusive ``flock`` on
+  ``RUN_DIR/.multidraft.lock`` for a run; a second process is refused with one line naming
+  the directory and the holder's pid (two concurrent resumes would write every row twice).
 """
 from __future__ import annotations
 

@@ -3,6 +3,13 @@
 Reads ``acceptance.jsonl``, ``temperature.jsonl`` and ``blocks.jsonl`` (whichever exist);
 never loads a model or a position store. Writes ``report.md`` and ``plots/*.png`` into the
 output directory (default: the run directory).
+
+Every row is checked against the schema the runners write (``records.SCHEMAS``, defined next
+to the writer): a damaged row (a missing field, a wrong type, ``null`` where a number belongs,
+an acceptance outside [0, 1], a negative count) or one that repeats an earlier row's key is
+left out, named by ``file:line`` with the field and what was expected, and listed at the end of
+the report; the good rows are rendered. Rows without per-position ``values`` (older runs) are
+kept, and the report says that the claims table leaves them out.
 """
 from __future__ import annotations
 
@@ -441,10 +448,11 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     rows = [r for r in rows if r.get("type", "row") == "row"]
+    rows, bad = valid_rows(kind, rows, range(1, len(rows) + 1), kind)  # the schema, as in the report
     if not rows:
-        return f"(no {kind} rows)"
+        return f"(no {kind} rows" + (f"; {len(bad)} damaged, named by `multidraft report`)" if bad else ")")
     out = Path(out_dir) if out_dir is not None else Path(".")
-    lines: list[str] = []
+    lines: list[str] = [f"({len(bad)} damaged or repeated rows left out; `multidraft report` names them)\n"] if bad else []
     if kind == "acceptance":
         findings = _acceptance_section(rows, out, make_plots, lines)
         return "\n".join(["## Findings", ""] + findings + lines)
