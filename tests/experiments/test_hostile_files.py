@@ -21,7 +21,12 @@ import torch
 import multidraft
 from multidraft.cli import main
 from multidraft.experiments import records, store
-from multidraft.experiments.records import JsonlWriter, check_binding, lock_run_dir, read_jsonl
+from multidraft.experiments.records import (
+    JsonlWriter,
+    check_binding,
+    lock_run_dir,
+    read_jsonl,
+)
 
 SRC = str(Path(multidraft.__file__).resolve().parents[1])
 
@@ -363,8 +368,9 @@ def test_a_second_process_is_refused_naming_the_directory_and_holder(tmp_path):
 @pytest.fixture
 def tiny(monkeypatch):
     pytest.importorskip("transformers")
-    import multidraft.models as dm
     from tiny_models import tiny_pair, tiny_tokenizer
+
+    import multidraft.models as dm
 
     t, d = tiny_pair(vocab_size=32, seed=0)
     calls = []

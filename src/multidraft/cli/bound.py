@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 
 from ..drafts import LAW_KINDS, parse_laws
@@ -48,10 +47,9 @@ def _load(path: str, name: str, logits: bool, temperature: float, ndims: tuple[i
 
 
 def run(args) -> int:
+    from .._validate import as_ks, as_probs
     from ..drafts import greedy, iid, independent, without_replacement
     from ..limits import optimal_acceptance
-
-    from .._validate import as_ks, as_probs
 
     laws = parse_laws(args.laws, LAW_KINDS, "laws")   # checked kinds from here on
     ks = as_ks(k_list(args.k), "k")                   # each K >= 1, checked once

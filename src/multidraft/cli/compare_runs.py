@@ -1,7 +1,6 @@
 """``multidraft compare-runs FIRST SECOND``: two results files of one evaluation side by side."""
 from __future__ import annotations
 
-
 SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
 
 
@@ -20,9 +19,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..experiments.compare_runs import compare_files
-
     import sys
+
+    from ..experiments.compare_runs import compare_files
 
     skipped: list[str] = []
     compare_files(args.first, args.second, skipped=skipped)

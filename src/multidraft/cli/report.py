@@ -1,7 +1,6 @@
 """``multidraft report RUN_DIR``: Markdown report and PNG plots from a run's JSONL files alone."""
 from __future__ import annotations
 
-
 SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
 
 
@@ -23,9 +22,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..experiments.report import build
-
     import sys
+
+    from ..experiments.report import build
 
     skipped: list[str] = []
     notes: list[str] = []
