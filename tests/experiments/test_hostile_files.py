@@ -143,7 +143,7 @@ def test_report_with_a_damaged_meta_row_renders_the_rows(config, needle, tmp_pat
     meta["config"] = config
     path.write_text("\n".join([json.dumps(meta)] + lines[1:]) + "\n")
     assert main(["report", str(tmp_path), "--no-plots"]) == 2
-    _one_line(capsys.readouterr().err, str(path), needle)
+    _one_line(capsys.readouterr().err, f"{path}:1: ", needle)
     assert "0.500 ± 0.0100" in (tmp_path / "report.md").read_text()
 
 

@@ -57,7 +57,9 @@ def _meta(path, meta, skipped: list | None) -> dict | None:
     msg = meta_problem(meta)
     if msg is None:
         return meta
-    line = f"{path}: meta row: {msg}; its config, seed and versions are left out of the report"
+    with open(path, "rb") as f:  # the meta row is the file's first row (records.read_jsonl)
+        n = next((i for i, raw in enumerate(f, 1) if raw.strip()), 1)
+    line = f"{path}:{n}: meta row: {msg}; its config, seed and versions are left out of the report"
     if skipped is None:
         raise ValueError(line)
     skipped.append(line)
