@@ -62,11 +62,15 @@ def test_changed_config_resume_refused_and_k_extends(tiny, textfile, tmp_path, c
     _, more = read_jsonl(run / "acceptance.jsonl")
     assert more[: len(rows)] == rows and {r["verifier"] for r in more[len(rows):]} == {"specinfer"}
     assert len({_key(r) for r in more}) == len(more)
-    # a K beyond what the stores were collected for is refused by the collector, naming k_max
+    # a K beyond what the stores were collected for extends the run too: the stores are collected
+    # again for K <= 3 (the models load once more), the old rows are kept, only K = 3 is new
     argv[argv.index("--k") + 1] = "1-3"
     capsys.readouterr()
-    assert main(argv) == 2
-    _one_line_error(capsys, "k_max")
+    assert main(argv) == 0
+    assert tiny == [1, 1]
+    _, most = read_jsonl(run / "acceptance.jsonl")
+    assert most[: len(more)] == more and {r["K"] for r in most[len(more):]} == {3}
+    assert len({_key(r) for r in most}) == len(most)
 
 
 def test_kill_and_resume_through_the_cli(tiny, textfile, tmp_path, capsys, monkeypatch):

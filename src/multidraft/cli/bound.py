@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 
 from ..drafts import LAW_KINDS, parse_laws
@@ -34,38 +33,37 @@ def register(sub) -> None:
     ap.set_defaults(func=run)
 
 
-def _load(path: str, name: str, logits: bool, temperature: float) -> torch.Tensor:
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise ValueError(f"--{name}: cannot read {path!r} as a .npy array ({exc})") from None
-    x = torch.as_tensor(np.asarray(arr, dtype=np.float64))
+def _load(path: str, name: str, logits: bool, temperature: float, ndims: tuple[int, ...] = (1,)) -> torch.Tensor:
+    """The array of ``--name`` (shape, dtype, finiteness checked, the path in every error:
+    ``experiments.compare.load_array``), as probabilities (softmax with ``--logits``)."""
+    from ..experiments.compare import load_array
+
+    x = load_array(path, f"--{name}", ndims=ndims)
     if logits:
         if not temperature > 0:
             raise ValueError(f"temperature for --{name} must be > 0, got {temperature}")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"--{name}: logits contain NaN or inf")
         x = torch.softmax(x / temperature, -1)
     return x
 
 
 def run(args) -> int:
+    from .._validate import as_ks, as_probs
     from ..drafts import greedy, iid, independent, without_replacement
     from ..limits import optimal_acceptance
-
-    from .._validate import as_ks
 
     laws = parse_laws(args.laws, LAW_KINDS, "laws")   # checked kinds from here on
     ks = as_ks(k_list(args.k), "k")                   # each K >= 1, checked once
     dt = args.temperature if args.draft_temperature is None else args.draft_temperature
     p = _load(args.p, "p", args.logits, args.temperature)
-    q = _load(args.q, "q", args.logits, dt)
-    if p.ndim != 1:
-        raise ValueError(f"--p must be a 1-D vector [V], got shape {tuple(p.shape)}")
-    if q.ndim not in (1, 2) or q.shape[-1] != p.shape[-1]:
-        raise ValueError(f"--q must be [V] or [K, V] with V = {p.shape[-1]}, got shape {tuple(q.shape)}")
+    q = _load(args.q, "q", args.logits, dt, ndims=(1, 2))
+    if q.shape[-1] != p.shape[-1]:
+        raise ValueError(f"--q {args.q} must be [V] or [K, V] with V = {p.shape[-1]} (the length of --p {args.p}), "
+                         f"got shape {tuple(q.shape)}")
+    for flag, path, x in (("--p", args.p, p), ("--q", args.q, q)):
+        try:
+            as_probs(x, flag)
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {path}: {str(exc).removeprefix(flag).lstrip(': ')}") from None
     qs = q if q.ndim == 2 else None
     q1 = q[0] if q.ndim == 2 else q
     nnz = int((q1 > 0).sum())

@@ -4,8 +4,10 @@
 into ``RUN_DIR/positions/`` (the only step that runs the models) and evaluate alpha* and
 every verifier on them; ``blocks`` decodes end to end. All write JSONL rows to RUN_DIR,
 skip what is already there, and can be interrupted and rerun. A run directory is bound to
-its settings: rerunning with other settings is refused (naming them), except for adding
-values of --k, --laws, --verifiers, --datasets or temperatures, which extends the run.
+its settings: rerunning with other settings is refused (naming them, with both values),
+except for adding values of --k, --laws, --verifiers, --datasets or temperatures, which
+extends the run (a larger K collects the position stores again, for the wider draft support
+it needs; the rows already written are kept). One process at a time runs in a run directory.
 """
 from __future__ import annotations
 

@@ -1,12 +1,16 @@
 """``multidraft report RUN_DIR``: Markdown report and PNG plots from a run's JSONL files alone."""
 from __future__ import annotations
 
+SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
+
 
 def register(sub) -> None:
     p = sub.add_parser(
         "report",
         help="Markdown report with plots from an experiment run directory (no model calls)",
-        description="Read RUN_DIR/{acceptance,temperature,blocks}.jsonl and write report.md and plots/*.png.",
+        description="Read RUN_DIR/{acceptance,temperature,blocks}.jsonl and write report.md and plots/*.png. "
+                    "Damaged or duplicated rows are left out, each named on stderr (file:line, field, what was "
+                    "expected) and listed in the report; the exit status is then 2.",
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN_DIR)")
@@ -18,8 +22,25 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import sys
+
     from ..experiments.report import build
 
-    path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline)
-    print(f"wrote {path}")
-    return 0
+    skipped: list[str] = []
+    notes: list[str] = []
+    try:
+        path = build(args.run_dir, args.out, make_plots=not args.no_plots, blocks_baseline=args.blocks_baseline,
+                     skipped=skipped, notes=notes)
+    except ValueError as exc:  # nothing left to report: the rows left out first, unless the error names them
+        for line in skipped:
+            if line not in str(exc):
+                print(f"multidraft report: {line}", file=sys.stderr)
+        raise
+    for line in skipped[:SHOWN]:  # damaged rows: one line each, the report has the good ones; exit 2 says so
+        print(f"multidraft report: {line}", file=sys.stderr)
+    if len(skipped) > SHOWN:
+        print(f"multidraft report: ... and {len(skipped) - SHOWN} more damaged rows (all listed in the report)", file=sys.stderr)
+    print(f"wrote {path}" + (f" ({len(skipped)} damaged row(s) left out, listed in it)" if skipped else ""))
+    for line in notes:  # valid but incomplete rows (older runs): said, not an error
+        print(f"note: {line}")
+    return 2 if skipped else 0

@@ -59,14 +59,14 @@ from ..exact import acceptance_given
 from ..limits import optimal_acceptance
 from . import collect as _collect
 from . import store
-from .records import JsonlWriter, derived_seed, read_jsonl, resume, row_key
+from .records import SCHEMAS, JsonlWriter, derived_seed, lock_run_dir, read_jsonl, resume, row_key, valid_rows
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
            "default_verifiers", "position_errors", "run", "run_experiment", "AcceptanceConfig", "ExperimentResult",
            "read_along", "along_alphas", "tree_acceptance"]
 
-KEY = ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
+KEY = SCHEMAS["acceptance"].key  # ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")
 # config keys that only choose which rows exist (each row carries them in KEY): may grow on a resume
 KEYED = ("k", "laws", "verifiers", "datasets", "temperatures")
 # a stored position holds one draft distribution, and optionally J more (PositionSet.qs) for
@@ -388,7 +388,7 @@ def run(
 
     The file is bound to ``(config, seed)``: a file of another run is refused (ValueError)."""
     path = Path(run_dir) / file
-    with JsonlWriter(path, config, seed, keyed=keyed) as w:
+    with lock_run_dir(run_dir), JsonlWriter(path, config, seed, keyed=keyed) as w:
         done = w.done(KEY)
         for s in stores:
             evaluate(store.load(s), w, done=done, seed=seed, **kw)
@@ -546,28 +546,29 @@ def run_experiment(
     c = config
     path = Path(run_dir) / c.file
     binding = c.binding(model_names)
-    resume(path, binding, seed, key_fields=KEY, keyed=KEYED)  # refuse a foreign file before any model call
-    paths = _collect.collect(
-        run_dir, models=models, model_names=model_names, datasets=list(c.datasets), configs=list(c.temperatures),
-        top_k=c.top_k, top_p=c.top_p, n_texts=c.n_texts, positions_per_text=c.positions_per_text,
-        max_tokens=c.max_tokens, eps=c.eps, k_max=max(c.ks), seed=seed, log=log, progress=progress,
-        **(c.collect_kw or {}),
-    )
-    stores = list(paths.values())
-    written = 0
-    with JsonlWriter(path, binding, seed, keyed=KEYED) as w:
-        done = w.done(KEY)
-        for s in stores:
-            ps = store.load(s)
-            log(f"{s.name}: {len(ps)} positions, eps = {c.eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
-                f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= "
-                f"{float(ps.p_tail.max()):.3g} (iid, greedy)")
-            if max(float(ps.p_tail.max()), float(ps.q_tail.max())) > c.eps * (1 + 1e-9):
-                log(f"WARNING: {s.name}: stored tails exceed eps = {c.eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
-                    "the report states the tails in force")
-            written += evaluate(ps, w, done=done, laws=c.laws, ks=c.ks, verifiers=c.verifiers, draws=c.draws, seed=seed,
-                                eval_support=c.eval_support, mapper=mapper, log=log, progress=progress)
-    _, rows = read_jsonl(path)
+    with lock_run_dir(run_dir):  # one process per run directory: a second one is refused, naming the holder
+        resume(path, binding, seed, key_fields=KEY, keyed=KEYED)  # refuse a foreign file before any model call
+        paths = _collect.collect(
+            run_dir, models=models, model_names=model_names, datasets=list(c.datasets), configs=list(c.temperatures),
+            top_k=c.top_k, top_p=c.top_p, n_texts=c.n_texts, positions_per_text=c.positions_per_text,
+            max_tokens=c.max_tokens, eps=c.eps, k_max=max(c.ks), seed=seed, log=log, progress=progress,
+            **(c.collect_kw or {}),
+        )
+        stores = list(paths.values())
+        written = 0
+        with JsonlWriter(path, binding, seed, keyed=KEYED) as w:
+            done = w.done(KEY)
+            for s in stores:
+                ps = store.load(s)
+                log(f"{s.name}: {len(ps)} positions, eps = {c.eps:g}, max p(T) = {float(ps.p_tail.max()):.3g}, "
+                    f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= "
+                    f"{float(ps.p_tail.max()):.3g} (iid, greedy)")
+                if max(float(ps.p_tail.max()), float(ps.q_tail.max())) > c.eps * (1 + 1e-9):
+                    log(f"WARNING: {s.name}: stored tails exceed eps = {c.eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
+                        "the report states the tails in force")
+                written += evaluate(ps, w, done=done, laws=c.laws, ks=c.ks, verifiers=c.verifiers, draws=c.draws, seed=seed,
+                                    eval_support=c.eval_support, mapper=mapper, log=log, progress=progress)
+        _, rows = read_jsonl(path)
     return ExperimentResult(path=path, rows=rows, stores=stores, written=written)
 
 
@@ -582,7 +583,11 @@ def read_along(path, t_target: float, t_draft: float) -> dict:
     skipped. Entries are clipped to [0, 1] (rounding to 1e-6 can leave 1.0000005).
     """
     out: dict = {}
-    for row in read_jsonl(path)[1]:
+    _, rows, lines = read_jsonl(path, line_numbers=True)
+    rows, bad = valid_rows(path, rows, lines, "acceptance", needed=KEY[:3] + KEY[5:])
+    if bad:  # a damaged study is refused, naming its first damaged row
+        raise ValueError(bad[0].removesuffix("; row skipped") + (f" (and {len(bad) - 1} more damaged rows)" if len(bad) > 1 else ""))
+    for row in rows:
         if row.get("type") != "row" or row.get("t_target") != t_target or row.get("t_draft") != t_draft:
             continue
         if row.get("top_k") is not None or row.get("top_p") is not None or not row.get("values"):

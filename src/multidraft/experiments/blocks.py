@@ -22,7 +22,7 @@ from .. import verifiers as _verifiers
 from ..datasets import load_prompts, prompt_ids
 from . import decode_runs
 from .decode_runs import AUTOREGRESSIVE
-from .records import JsonlWriter, resume, row_key
+from .records import JsonlWriter, lock_run_dir, resume, row_key
 
 __all__ = ["KEY", "run"]
 
@@ -92,25 +92,26 @@ def run(
     decode_runs.check_methods(methods, max_new_tokens=max_new_tokens)  # every argument, before any model loads
     prompts = load_prompts(dataset, n_prompts, seed=seed)
     path = Path(run_dir) / "blocks.jsonl"
-    done = resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuses another run's file
+    with lock_run_dir(run_dir):  # one process per run directory
+        done = resume(path, config, seed, key_fields=KEY, keyed=KEYED)  # refuses another run's file
 
-    def finished(pid: str, m) -> bool:
-        return row_key(_key(pid, m), KEY) in done
+        def finished(pid: str, m) -> bool:
+            return row_key(_key(pid, m), KEY) in done
 
-    todo = [(pid, text) for pid, text in prompts if not all(finished(pid, m) for m in methods)]
-    if not todo:
+        todo = [(pid, text) for pid, text in prompts if not all(finished(pid, m) for m in methods)]
+        if not todo:
+            return path
+        target, draft, tokenizer = models()
+        encoded = []
+        for pid, text in todo:
+            ids = prompt_ids(tokenizer, dataset, text)
+            if max_prompt_tokens is not None:
+                ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
+            encoded.append((pid, ids))
+        with JsonlWriter(path, config, seed, keyed=KEYED, models=model_names) as w:
+            decode_runs.run(target, draft, encoded, methods, seed=seed, max_new_tokens=max_new_tokens, skip=finished,
+                            write=lambda row: w.write(**row), progress=progress, desc="blocks", log=log)
         return path
-    target, draft, tokenizer = models()
-    encoded = []
-    for pid, text in todo:
-        ids = prompt_ids(tokenizer, dataset, text)
-        if max_prompt_tokens is not None:
-            ids = ids[:, -int(max_prompt_tokens):]  # keep the end of the prompt (the function header)
-        encoded.append((pid, ids))
-    with JsonlWriter(path, config, seed, keyed=KEYED, models=model_names) as w:
-        decode_runs.run(target, draft, encoded, methods, seed=seed, max_new_tokens=max_new_tokens, skip=finished,
-                        write=lambda row: w.write(**row), progress=progress, desc="blocks", log=log)
-    return path
 
 
 def _key(pid: str, m) -> dict:

@@ -150,22 +150,29 @@ def collect(
         settings["min_positions"] = int(min_positions)
     paths: dict[tuple[str, float, float], Path] = {}
     todo: dict[str, list[tuple[float, float]]] = {}
+    widen: dict[Path, list] = {}  # stores collected again for a larger k_max: their old positions
     for ds in datasets:
         for tt, td in configs:
             path = pos_dir / store_name(ds, tt, td, top_k, top_p)
             paths[(ds, tt, td)] = path
             if path.exists():
-                old = store.load(path).info.get("settings", {})
+                old_ps = store.load(path)
+                old = old_ps.info.get("settings", {})
                 want = json.loads(json.dumps(settings))
-                # a store made for a larger k_max serves any smaller one
-                diff = sorted(k for k in set(old) | set(want) if old.get(k) != want.get(k)
-                              and not (k == "k_max" and isinstance(old.get(k), int) and old[k] >= want[k]))
+                # a store made for a larger k_max serves any smaller one; a smaller one is collected
+                # again (below): its support holds the draft's top k_max tokens only
+                diff = sorted(k for k in set(old) | set(want) if old.get(k) != want.get(k) and k != "k_max")
                 if diff:
+                    shown = "; ".join(f"{k} {json.dumps(old.get(k))} -> {json.dumps(want.get(k))}" for k in diff)
                     raise ValueError(
-                        f"run directory {run_dir}: {path.name} was collected with different settings ({', '.join(diff)}); "
+                        f"run directory {run_dir}: {path.name} was collected with different settings ({shown}); "
                         "use a new run directory or the same settings"
                     )
-                continue
+                if isinstance(old.get("k_max"), int) and old["k_max"] >= k_max:
+                    continue
+                log(f"{path.name}: collected for K <= {old.get('k_max')}; collecting it again for K <= {k_max} "
+                    "(a larger K needs the draft's top K tokens in the stored support); rows already written are kept")
+                widen[path] = old_ps.info.get("sources")
             todo.setdefault(ds, []).append((tt, td))
     if not todo:
         return paths
@@ -239,6 +246,9 @@ def collect(
             if ind:
                 info["independent_temperatures"] = ind
             ps = store.from_rows(rows[(tt, td)], info)
+            if paths[(ds, tt, td)] in widen and widen[paths[(ds, tt, td)]] != sources:
+                log(f"WARNING: {paths[(ds, tt, td)].name}: collected again at other positions than before (the models "
+                    "or their numerics changed); rows written before are from the old positions")
             store.save(ps, paths[(ds, tt, td)])
             log(
                 f"stored {len(ps)} positions of {ds} at t_target={tt:g}, t_draft={td:g}: "

@@ -32,7 +32,7 @@ from ..limits.lp import MAX_LP_TUPLES, tuple_count
 from .progress import progress
 from .records import JsonlWriter, row_key
 
-__all__ = ["EXACT_MAX_TUPLES", "KEY", "KEYED", "CompareConfig", "Cell", "Plan", "builtin_cases",
+__all__ = ["EXACT_MAX_TUPLES", "KEY", "KEYED", "load_array", "CompareConfig", "Cell", "Plan", "builtin_cases",
            "load_case", "plan", "run", "jsonl_config", "write_jsonl", "format_table"]
 
 EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many (the LP limit is limits.lp.MAX_LP_TUPLES)
@@ -59,23 +59,63 @@ def builtin_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
+def load_array(path: str | Path, flag: str, *, ndims: tuple[int, ...] = (1,)) -> torch.Tensor:
+    """A float64 tensor from a ``.npy`` file (or an ``.npz`` holding exactly one array), checked
+    before any use: a readable array (never unpickled), a real numeric dtype (float or integer),
+    ``ndim`` in ``ndims``, no empty dimension, every entry finite. Every failure names ``flag``
+    and the path in one line (``FileNotFoundError`` for a missing file, ``ValueError`` else)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(2, f"{flag}: no such file", str(path))
+    if not path.is_file():
+        raise IsADirectoryError(21, f"{flag}: expected a .npy file, found a directory", str(path))
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{flag}: cannot read ({exc.strerror or exc})", str(path)) from None
+    except Exception:  # noqa: BLE001 (numpy's many errors for a damaged or pickled file)
+        # never relay numpy's text: for a pickle it suggests allow_pickle=True, i.e. running the file's code
+        raise ValueError(f"{flag}: {path} is not a readable .npy/.npz array (corrupt, truncated, pickled objects "
+                         "or not numpy's format)") from None
+    if isinstance(arr, np.lib.npyio.NpzFile):
+        with arr:
+            names = list(arr.files)
+            if len(names) != 1:
+                raise ValueError(f"{flag}: {path} is an .npz archive of {len(names)} arrays ({', '.join(names[:5]) or 'none'}); "
+                                 "give a .npy file or an .npz holding one array")
+            try:
+                arr = arr[names[0]]
+            except Exception:  # noqa: BLE001
+                raise ValueError(f"{flag}: {path}: array {names[0]!r} is not readable (corrupt, or pickled objects)") from None
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"{flag}: {path} does not hold an array")
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{flag}: {path} holds dtype {arr.dtype}; expected floating-point numbers")
+    if arr.ndim not in ndims:
+        want = " or ".join(f"{d}-D" for d in ndims)
+        raise ValueError(f"{flag}: {path} must hold a {want} array, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{flag}: {path} is empty (shape {arr.shape})")
+    out = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{flag}: {path} has a NaN or infinite entry (at index {at[0] if len(at) == 1 else at})")
+    return out
+
+
 def load_case(p_path: str | Path, q_path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p, q) from two ``.npy`` files holding probability vectors of the same length."""
+    """(p, q) from two ``.npy`` files holding probability vectors of the same length
+    (:func:`load_array`, then ``as_probs``; every error names the flag and the file)."""
     out = []
     for name, path in (("p", p_path), ("q", q_path)):
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"--{name}: no such file {path}")
+        t = load_array(path, f"--{name}")
         try:
-            arr = np.load(path, allow_pickle=False)
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"--{name}: {path} is not a readable .npy array ({exc})") from None
-        t = torch.from_numpy(np.asarray(arr, dtype=np.float64)).flatten() if arr.ndim <= 1 else None
-        if t is None:
-            raise ValueError(f"--{name}: expected a 1-D probability vector, got shape {arr.shape}")
-        out.append(as_probs(t, name))
+            out.append(as_probs(t, name))
+        except ValueError as exc:
+            raise ValueError(f"--{name}: {path}: {exc}") from None
     if out[0].shape != out[1].shape:
-        raise ValueError(f"p has V = {out[0].shape[-1]} but q has V = {out[1].shape[-1]}")
+        raise ValueError(f"--p {p_path} has V = {out[0].shape[-1]} but --q {q_path} has V = {out[1].shape[-1]}")
     return out[0], out[1]
 
 

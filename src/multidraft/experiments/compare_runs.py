@@ -28,18 +28,34 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-from .records import read_jsonl
+from .records import SCHEMAS, read_jsonl, valid_rows
 
 __all__ = ["compare_files", "compare_blocks", "KEY", "BLOCKS_KEY", "BLOCKS_SAME"]
 
 KEY = ("dataset", "t_target", "t_draft", "law", "K", "verifier")
 BLOCKS_KEY = ("prompt", "verifier", "law", "K", "depth", "temperature")
+assert set(KEY) <= set(SCHEMAS["acceptance"].key) and set(BLOCKS_KEY) <= set(SCHEMAS["blocks"].key)
 BLOCKS_SAME = ("new_tokens", "target_calls", "draft_calls", "block_efficiency")
 
 
-def _rows(path: str) -> list:
-    _, rows = read_jsonl(path)
-    return [r for r in rows if r.get("type", "row") == "row" and r.get("kind", "run") == "run"]
+def _rows(path: str) -> tuple[list, list]:
+    """``(rows, lines)``: the measurement rows of a results file (not summaries) and their line numbers."""
+    _, rows, lines = read_jsonl(path, line_numbers=True)
+    keep = [i for i, r in enumerate(rows) if r.get("type", "row") == "row" and r.get("kind", "run") == "run"]
+    return [rows[i] for i in keep], [lines[i] for i in keep]
+
+
+def _checked(path: str, rows: list, lines: list, kind: str, skipped: list | None) -> list:
+    """The rows that satisfy the schema the runners write (``records.SCHEMAS[kind]``), duplicates
+    left out; one ``file:line`` line per other row into ``skipped`` (ValueError without a list)."""
+    # what this comparison reads: the cell's key and mean (blocks: the run's key)
+    needed = KEY + ("acceptance",) if kind == "acceptance" else BLOCKS_KEY
+    good, bad = valid_rows(path, rows, lines, kind, needed)
+    if bad and skipped is None:
+        raise ValueError(bad[0])
+    if skipped is not None:
+        skipped += bad
+    return good
 
 
 def _cells(rows: list, key=KEY) -> dict:
@@ -77,11 +93,16 @@ def compare_blocks(first: str, second: str, rows_a: list, rows_b: list, print: C
     print(f"  {'all':>16}: {sa:8.0f} -> {sb:7.0f}" + (f" ({sb / sa:.2f}x)" if sa else ""))
 
 
-def compare_files(first: str, second: str, print: Callable[..., None] = print) -> None:
+def compare_files(first: str, second: str, print: Callable[..., None] = print, skipped: list | None = None) -> None:
     """Print the comparison of two results files: blocks runs when the rows have prompts, else
-    acceptance / temperature cells."""
-    rows_a, rows_b = _rows(first), _rows(second)
-    if any("prompt" in r for r in rows_a[:1] + rows_b[:1]):
+    acceptance / temperature cells. Every row is checked against the schema of its kind
+    (``records.SCHEMAS``): with a list ``skipped`` a damaged or duplicated row is left out with
+    one ``file:line`` line in it, without one it is a ``ValueError``."""
+    (rows_a, lines_a), (rows_b, lines_b) = _rows(first), _rows(second)
+    kind = "blocks" if any("prompt" in r for r in rows_a[:1] + rows_b[:1]) else "acceptance"
+    rows_a = _checked(first, rows_a, lines_a, kind, skipped)
+    rows_b = _checked(second, rows_b, lines_b, kind, skipped)
+    if kind == "blocks":
         compare_blocks(first, second, rows_a, rows_b, print)
         return
     a, b = _cells(rows_a), _cells(rows_b)

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from . import acceptance as _acceptance
 from . import blocks as _blocks
 from . import collect as _collect
-from .records import JsonlWriter, read_jsonl
+from .records import JsonlWriter, lock_run_dir, read_jsonl
 from .temperature import sweep_configs
 
 __all__ = ["PaperConfig", "PAPER", "QUICK", "STAGES", "run"]
@@ -166,20 +166,21 @@ def run(
                         dataset=c.block_dataset, log=log, progress=progress)
         return _count(run_dir / "blocks.jsonl") - before
 
-    spent: dict[str, float] = {}
-    for stage in STAGES:
-        if stage not in stages:
-            continue
-        log(f"== stage {stage} ==")
-        t0 = time.perf_counter()
-        try:
-            written = run_stage(stage)
-        except BaseException:  # interrupted or failed: the time spent is recorded all the same
-            _record(stage_file, c, seed, stage, time.perf_counter() - t0, None, complete=False)
-            raise
-        spent[stage] = time.perf_counter() - t0
-        _record(stage_file, c, seed, stage, spent[stage], written, complete=True)
-        log(f"== stage {stage}: {spent[stage]:.0f} s, {written} new ==")
+    with lock_run_dir(run_dir):  # one process per run directory, every stage
+        spent: dict[str, float] = {}
+        for stage in STAGES:
+            if stage not in stages:
+                continue
+            log(f"== stage {stage} ==")
+            t0 = time.perf_counter()
+            try:
+                written = run_stage(stage)
+            except BaseException:  # interrupted or failed: the time spent is recorded all the same
+                _record(stage_file, c, seed, stage, time.perf_counter() - t0, None, complete=False)
+                raise
+            spent[stage] = time.perf_counter() - t0
+            _record(stage_file, c, seed, stage, spent[stage], written, complete=True)
+            log(f"== stage {stage}: {spent[stage]:.0f} s, {written} new ==")
     return spent
 
 

@@ -21,9 +21,21 @@ measurement rows. This module is the ONE place that decides whether rows belong 
   (disk full): readers skip it and a writer cuts it before appending (``_drop_torn_tail``).
 * **I/O errors** are ``OSError`` with ``filename`` set to the path (:func:`ensure_dir`,
   the writer), which ``multidraft.cli.main`` prints as one line.
+* **Refusals in full.** A refused reopening names each differing config key (nested objects
+  by dotted key, ``positions.sample_temperature 1.0 -> 0.7``) with both values in full.
+* **One row schema.** :data:`SCHEMAS` says what a row of each kind is (the fields the runners
+  write, their types and ranges, the key that identifies a row); every reader checks rows
+  against it with :func:`valid_rows` (``report``, ``compare-runs``, the tree choice's study),
+  which names ``file:line``, the field and what was expected for each row it leaves out, and
+  leaves out a row that repeats an earlier row's key.
+* **One process per run directory.** :func:`lock_run_dir` holds an exclusive ``flock`` on
+  ``RUN_DIR/.multidraft.lock`` for a run; a second process is refused with one line naming
+  the directory and the holder's pid (two concurrent resumes would write every row twice).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -32,12 +44,15 @@ import platform
 import sys
 import time
 import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
     "read_jsonl", "done_keys", "row_key", "require_fields", "derived_seed",
+    "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir",
 ]
 
 
@@ -176,9 +191,24 @@ def _drop_torn_tail(path: Path) -> None:
         f.truncate(0)
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, limit: int | None = 40) -> str:
     s = json.dumps(v, sort_keys=True)
-    return s if len(s) <= 40 else s[:37] + "..."
+    return s if limit is None or len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``key old -> new`` for every differing key, nested objects by dotted key, each value in
+    full (two long values that share a prefix must never print as the same text)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_diff(a, b, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k} {_fmt(a, None)} -> {_fmt(b, None)}")
+    return out
 
 
 def check_binding(path: str | os.PathLike, config: dict, seed: int | None, keyed: Iterable[str] = ()) -> list[dict]:
@@ -200,12 +230,15 @@ def check_binding(path: str | os.PathLike, config: dict, seed: int | None, keyed
     if meta.get("run_id") is None:
         raise ValueError(f"{path} has no run id (written by an older multidraft): its rows cannot be checked against "
                          "this run; use a new file or run directory")
+    if not isinstance(meta.get("config", {}), dict):
+        raise ValueError(f"{path}: damaged meta row (field 'config' must be an object, got {_fmt(meta.get('config'))}); "
+                         "use a new file or run directory")
     keyed = set(keyed)
     old = {k: v for k, v in _canon(meta.get("config") or {}).items() if k not in keyed}
     new = {k: v for k, v in _canon(config).items() if k not in keyed}
-    diff = [f"{k} {_fmt(old.get(k))} -> {_fmt(new.get(k))}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    diff = _config_diff(old, new)
     if meta.get("seed") != seed:
-        diff.insert(0, f"seed {_fmt(meta.get('seed'))} -> {_fmt(seed)}")
+        diff.insert(0, f"seed {_fmt(meta.get('seed'), None)} -> {_fmt(seed, None)}")
     if diff:
         raise ValueError(f"{path} was written with another config ({'; '.join(diff)}); rerun with the same settings "
                          "or use a new run directory")
@@ -352,3 +385,243 @@ def require_fields(path, rows: Sequence[dict], lines: Sequence[int], fields: Seq
                 raise ValueError(f"{path}:{line}: missing field {f!r}")
             if f in numeric and row[f] is not None and (isinstance(row[f], bool) or not isinstance(row[f], (int, float))):
                 raise ValueError(f"{path}:{line}: field {f!r} must be a number, got {_fmt(row[f])}")
+
+
+# --- the row schema: what the runners write, checked by every reader ---------------------------
+@dataclass(frozen=True)
+class Field:
+    """One field of a row: ``kind`` is ``text``, ``number``, ``integer``, ``numbers`` (a list of
+    numbers), ``integers``, ``object``, ``list`` or ``bool``; numbers lie in ``[lo, hi]`` (either
+    end None: open) up to ``tol``; ``null`` allows JSON null; ``required`` fields must be present
+    (in rows where ``when(row)`` holds, if given)."""
+
+    name: str
+    kind: str = "number"
+    lo: float | None = None
+    hi: float | None = None
+    required: bool = False
+    null: bool = False
+    tol: float = 0.0
+    when: Callable[[dict], bool] | None = None
+
+    def expected(self) -> str:
+        what = {"text": "a string", "number": "a number", "integer": "an integer", "numbers": "a list of numbers",
+                "integers": "a list of integers", "object": "an object", "list": "a list", "bool": "true or false"}[self.kind]
+        if self.lo is not None and self.hi is not None:
+            what += f" in [{self.lo:g}, {self.hi:g}]"
+        elif self.lo is not None:
+            what += f" >= {self.lo:g}"
+        elif self.hi is not None:
+            what += f" <= {self.hi:g}"
+        return what + (" or null" if self.null else "")
+
+    def _num_ok(self, x, integer: bool) -> bool:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            return False
+        if integer and not isinstance(x, int):
+            return False
+        return (self.lo is None or x >= self.lo - self.tol) and (self.hi is None or x <= self.hi + self.tol)
+
+    def problem(self, row: dict, needed: Iterable[str] | None = None) -> str | None:
+        """None when ``row`` satisfies this field, else ``field 'x' must be ..., got ...``.
+        ``needed``: if given, only these of the required fields are required (a reader that
+        uses fewer); every field present is still checked."""
+        if self.name not in row:
+            if self.required and (needed is None or self.name in needed) and (self.when is None or self.when(row)):
+                return f"missing field {self.name!r} ({self.expected()})"
+            return None
+        v = row[self.name]
+        if v is None:
+            return None if self.null else f"field {self.name!r} must be {self.expected()}, got null"
+        k = self.kind
+        ok = (k == "text" and isinstance(v, str)) or (k == "object" and isinstance(v, dict)) \
+            or (k == "list" and isinstance(v, list)) or (k == "bool" and isinstance(v, bool)) \
+            or (k in ("number", "integer") and self._num_ok(v, k == "integer")) \
+            or (k in ("numbers", "integers") and isinstance(v, list) and all(self._num_ok(x, k == "integers") for x in v))
+        if ok:
+            return None
+        if k in ("numbers", "integers") and isinstance(v, list):
+            i, x = next((i, x) for i, x in enumerate(v) if not self._num_ok(x, k == "integers"))
+            return f"field {self.name!r} must be {self.expected()}, entry {i} is {_fmt(x)}"
+        return f"field {self.name!r} must be {self.expected()}, got {_fmt(v)}"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The fields of one kind of row and ``key``, the fields that identify a row (two rows with
+    the same key are duplicates)."""
+
+    fields: tuple
+    key: tuple = ()
+
+
+def _verifier_row(row: dict) -> bool:
+    return row.get("verifier") != "alpha*"
+
+
+def _cell_fields() -> tuple:
+    """Rows of ``experiment acceptance`` / ``temperature`` (:func:`.acceptance.evaluate`)."""
+    req = dict(required=True)
+    return (
+        Field("dataset", "text", **req), Field("t_target", lo=0, **req), Field("t_draft", lo=0, **req),
+        Field("law", "text", **req), Field("K", "integer", lo=1, **req), Field("verifier", "text", **req),
+        Field("acceptance", lo=0, hi=1, tol=1e-9, **req), Field("se", lo=0, **req),
+        Field("alpha_star", lo=0, hi=1, tol=1e-9, required=True, when=_verifier_row),
+        Field("gap_pct", required=True, when=_verifier_row),
+        Field("top_k", "integer", lo=1, null=True), Field("top_p", lo=0, hi=1, null=True),
+        Field("values", "numbers", lo=0, hi=1, tol=1e-6),  # rounded to 1e-6: 1.0000005 is a 1
+        Field("se_mc", lo=0, null=True), Field("sd_positions", lo=0, null=True),
+        Field("gap", required=True, when=lambda r: r.get("gap_se") is not None),
+        Field("gap_se", lo=0, null=True), Field("gap_pct_se", lo=0, null=True),
+        Field("n_positions", "integer", lo=0), Field("n_excluded", "integer", lo=0), Field("draws", "integer", lo=1),
+        Field("above_alpha_positions", "integer", lo=0), Field("estimator", "text"),
+        Field("lump_bound_mean", lo=0, null=True), Field("lump_bound_max", lo=0, null=True),
+        Field("p_tail_max", lo=0, hi=1, tol=1e-9, null=True), Field("q_tail_max", lo=0, hi=1, tol=1e-9, null=True),
+        Field("eval_support", "integer", lo=2, null=True), Field("eval_support_warning", "text"),
+        Field("seconds", lo=0, null=True), Field("independent_temperatures", "numbers", lo=0),
+        Field("alpha_lower", lo=0, hi=1, tol=1e-9, null=True), Field("bound_width_max", lo=0, null=True),
+    )
+
+
+_CELL = _cell_fields()
+
+# ONE place that says what a results row is: the runners write these fields, the readers
+# (``multidraft report``, ``compare-runs``) check every row against them (:func:`valid_rows`)
+SCHEMAS: dict[str, Schema] = {
+    "acceptance": Schema(_CELL, ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")),
+    "temperature": Schema(_CELL, ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")),
+    # decode runs (:func:`.decode_runs.run_row`); the blocks table reads the required ones
+    "blocks": Schema((
+        Field("verifier", "text", required=True), Field("law", "text", required=True),
+        Field("K", "integer", lo=0, required=True), Field("depth", "integer", lo=0, required=True),
+        Field("temperature", lo=0, required=True), Field("prompt", "text", required=True),
+        Field("block_efficiency", lo=0, required=True), Field("tokens_per_s", lo=0, null=True, required=True),
+        Field("acceptance_rate", lo=0, hi=1, tol=1e-9, null=True), Field("draft_temperature", lo=0, null=True),
+        Field("top_k", "integer", lo=1, null=True), Field("top_p", lo=0, hi=1, null=True),
+        Field("new_tokens", "integer", lo=0), Field("target_calls", "integer", lo=0),
+        Field("draft_calls", "integer", lo=0, null=True), Field("tree_tokens", "integer", lo=0, null=True),
+        Field("prompt_tokens", "integer", lo=0), Field("round", "integer", lo=0), Field("seed", "integer"),
+        Field("seconds", lo=0, null=True), Field("prefill_seconds", lo=0, null=True),
+        Field("tokens", "integers", lo=0, null=True), Field("method", "text"),
+    ), ("verifier", "law", "K", "depth", "temperature", "prompt", "round", "method", "tree", "draft_temperature",
+        "top_k", "top_p")),
+    # ``experiment paper``'s stage timings (stages.jsonl)
+    "stages": Schema((
+        Field("stage", "text", required=True), Field("seconds", lo=0, null=True), Field("complete", "bool"),
+        Field("rows_written", "integer", lo=0, null=True), Field("load_average", "numbers", lo=0),
+        Field("config", "object", null=True),
+    )),
+    "meta": Schema((
+        Field("run_id", "text", null=True), Field("seed", "integer", null=True), Field("config", "object"),
+        Field("keyed", "list"), Field("versions", "object"), Field("command", "text"), Field("started", "text"),
+    )),
+}
+_META_CONFIG = (Field("models", "object", null=True), Field("eps", lo=0, hi=1, null=True))
+
+
+def row_problem(row: dict, kind: str, needed: Iterable[str] | None = None) -> str | None:
+    """The first way ``row`` breaks the schema of ``kind`` (``SCHEMAS``), or None; ``needed``
+    narrows the required fields to those a reader uses (:meth:`Field.problem`)."""
+    if kind not in SCHEMAS:
+        raise ValueError(f"kind must be one of {', '.join(SCHEMAS)}, got {kind!r}")
+    needed = None if needed is None else set(needed)
+    for f in SCHEMAS[kind].fields:
+        msg = f.problem(row, needed)
+        if msg:
+            return msg
+    return None
+
+
+def meta_problem(meta: dict) -> str | None:
+    """The first way a meta row breaks its schema (its config's ``models`` and ``eps`` included), or None."""
+    msg = row_problem(meta, "meta")
+    if msg is None and isinstance(meta.get("config"), dict):
+        for f in _META_CONFIG:
+            msg = f.problem(meta["config"])
+            if msg:
+                return "config: " + msg
+    return msg
+
+
+def valid_rows(path, rows: Sequence[dict], lines: Sequence[int], kind: str,
+               needed: Iterable[str] | None = None) -> tuple[list[dict], list[str]]:
+    """``(good rows, messages)``: the rows of ``path`` that satisfy the schema of ``kind``, the
+    first of each key among them, and one ``file:line: what; row skipped`` message per row left
+    out (the field and what was expected, or the line it duplicates). ``needed``: the required
+    fields this reader uses (default: all the schema requires)."""
+    key = SCHEMAS[kind].key
+    needed = None if needed is None else tuple(needed)
+    good, skipped, seen = [], [], {}
+    for row, line in zip(rows, lines):
+        msg = row_problem(row, kind, needed)
+        if msg is None and key:
+            k = row_key(row, key)
+            if k in seen:
+                msg = f"duplicate of line {seen[k]} (same {', '.join(f for f in key if f in row)})"
+            else:
+                seen[k] = line
+        if msg is None:
+            good.append(row)
+        else:
+            skipped.append(f"{path}:{line}: {msg}; row skipped")
+    return good, skipped
+
+
+# --- one process per run directory ---------------------------------------------------------
+LOCK_NAME = ".multidraft.lock"
+_HELD: dict[str, list] = {}  # resolved run directory -> [open lock file, depth]: re-entrant in one process
+
+
+class RunDirLocked(OSError):
+    """Another process holds the run directory's lock (its pid in the message)."""
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: str | os.PathLike):
+    """Hold the exclusive lock of a run directory (``fcntl.flock`` on ``RUN_DIR/.multidraft.lock``,
+    which records the holder's pid) for the ``with`` block; released on exit, and by the system
+    if the process dies. Re-entrant within one process. A second process gets
+    :class:`RunDirLocked` (an ``OSError`` whose ``filename`` is the directory), one line naming
+    the holder's pid; creates the directory first (:func:`ensure_dir`)."""
+    run_dir = ensure_dir(run_dir)
+    name = str(run_dir.resolve())
+    if name in _HELD:
+        _HELD[name][1] += 1
+        try:
+            yield run_dir
+        finally:
+            _HELD[name][1] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover (not a POSIX system: no lock)
+        yield run_dir
+        return
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise io_error(exc, path, "open the run directory's lock file") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunDirLocked(errno.EBUSY, f"run directory is in use by another multidraft process (pid {holder}); "
+                                            "wait for it to finish or use another run directory", str(run_dir)) from None
+        raise io_error(exc, path, "lock the run directory") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the lock holds without the pid
+    _HELD[name] = [fd, 1]
+    try:
+        yield run_dir
+    finally:
+        del _HELD[name]
+        os.close(fd)  # releases the flock

@@ -3,6 +3,13 @@
 Reads ``acceptance.jsonl``, ``temperature.jsonl`` and ``blocks.jsonl`` (whichever exist);
 never loads a model or a position store. Writes ``report.md`` and ``plots/*.png`` into the
 output directory (default: the run directory).
+
+Every row is checked against the schema the runners write (``records.SCHEMAS``, defined next
+to the writer): a damaged row (a missing field, a wrong type, ``null`` where a number belongs,
+an acceptance outside [0, 1], a negative count) or one that repeats an earlier row's key is
+left out, named by ``file:line`` with the field and what was expected, and listed at the end of
+the report; the good rows are rendered. Rows without per-position ``values`` (older runs) are
+kept, and the report says that the claims table leaves them out.
 """
 from __future__ import annotations
 
@@ -15,9 +22,10 @@ from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, t95
 from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
-from .records import ensure_dir, io_error, read_jsonl, require_fields
+from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, valid_rows
 
-__all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "summary", "paired_difference", "tail_note"]
+__all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "values_note", "summary", "paired_difference",
+           "tail_note"]
 
 FILES = ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl")
 KINDS = tuple(f.split(".")[0] for f in FILES)
@@ -25,28 +33,45 @@ HEADLINE = ("specinfer", "rrs_wor", "spectr", "khisti_is")
 ALPHA = "alpha*"
 LAW_ORDER = tuple(SHARED_Q_KINDS) + ("independent",)
 
-# fields the report reads: (every row, numbers among them, verifier rows only)
-_ACC = (("dataset", "t_target", "t_draft", "law", "K", "verifier", "acceptance", "se"),
-        ("t_target", "t_draft", "K", "acceptance", "se"), ("alpha_star", "gap_pct"))
-FIELDS = {
-    "acceptance": _ACC,
-    "temperature": _ACC,
-    "blocks": (("verifier", "law", "K", "depth", "temperature", "prompt", "block_efficiency", "tokens_per_s"),
-               ("K", "depth", "temperature", "block_efficiency", "tokens_per_s"), ()),
-}
+# the fields of every kind of row: ONE schema, next to the writer (records.SCHEMAS)
+FIELDS = {kind: SCHEMAS[kind] for kind in KINDS}
 
 
-def check_rows(path, rows, lines, kind: str) -> None:
-    """``ValueError('file:line: missing field X')`` unless every row has what the report reads."""
-    every, numeric, per_verifier = FIELDS[kind]
-    require_fields(path, rows, lines, every, numeric=numeric)
-    if per_verifier:
-        require_fields(path, rows, lines, per_verifier, numeric=per_verifier, when=lambda r: r.get("verifier") != ALPHA)
+def check_rows(path, rows, lines, kind: str, skipped: list | None = None) -> list[dict]:
+    """The rows of ``path`` that satisfy the schema the runners write (``records.SCHEMAS[kind]``),
+    duplicates of an earlier row's key left out. Each row left out adds one ``file:line: field,
+    what was expected; row skipped`` line to ``skipped``; without a list, the first one is a
+    ``ValueError``."""
+    good, bad = valid_rows(path, rows, lines, kind)
+    if bad and skipped is None:
+        raise ValueError(bad[0])
+    if skipped is not None:
+        skipped += bad
+    return good
 
 
-def load_run(run_dir: str | Path) -> dict[str, tuple[dict | None, list[dict]]]:
-    """``{file name: (meta, rows)}`` for the results files of a run, each checked
-    (:func:`check_rows`); ``ValueError`` naming ``file:line`` for a bad row."""
+def _meta(path, meta, skipped: list | None) -> dict | None:
+    """The meta row, or None (with a message) when it is damaged: the rows still count."""
+    if meta is None:
+        return None
+    msg = meta_problem(meta)
+    if msg is None:
+        return meta
+    with open(path, "rb") as f:  # the meta row is the file's first row (records.read_jsonl)
+        n = next((i for i, raw in enumerate(f, 1) if raw.strip()), 1)
+    line = f"{path}:{n}: meta row: {msg}; its config, seed and versions are left out of the report"
+    if skipped is None:
+        raise ValueError(line)
+    skipped.append(line)
+    return None
+
+
+def load_run(run_dir: str | Path, skipped: list | None = None) -> dict[str, tuple[dict | None, list[dict]]]:
+    """``{file name: (meta, rows)}`` for the results files of a run, each row checked against
+    the schema (:func:`check_rows`). With a list ``skipped``, damaged rows are left out and
+    one line per row (``file:line``, the field, what was expected) is added to it; without one,
+    the first damaged row is a ``ValueError`` naming ``file:line``. A file that is not JSONL
+    (an unreadable line) is always a ``ValueError``."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise FileNotFoundError(2, "run directory does not exist", str(run_dir))
@@ -58,12 +83,27 @@ def load_run(run_dir: str | Path) -> dict[str, tuple[dict | None, list[dict]]]:
             meta, rows, lines = read_jsonl(run_dir / f, line_numbers=True)
             keep = [i for i, r in enumerate(rows) if r.get("type", "row") == "row"]
             rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
-            check_rows(run_dir / f, rows, lines, f.split(".")[0])
+            meta = _meta(run_dir / f, meta, skipped)
+            rows = check_rows(run_dir / f, rows, lines, f.split(".")[0], skipped)
             if rows:
                 out[f] = (meta, rows)
+    if not out and skipped:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise ValueError(f"run directory {run_dir} has no valid rows: {skipped[0]}{more}")
     if not out:
-        raise ValueError(f"run directory {run_dir} has no results (none of {', '.join(FILES)} with rows); run `multidraft experiment ...` first")
+        raise ValueError(f"run directory {run_dir} has no results (none of {', '.join(FILES)} with "
+                         "rows); run `multidraft experiment ...` first")
     return out
+
+
+def values_note(name: str, rows) -> str | None:
+    """A line saying how many rows lack per-position ``values`` (the findings' paired differences
+    leave them out), or None when every row has them."""
+    n = sum("values" not in r for r in rows)
+    if not n:
+        return None
+    return (f"{name}: {n} of {len(rows)} rows have no per-position values (field 'values', written by runs "
+            "before it existed): the claims table and the paired differences leave them out")
 
 
 def _num(x, nd=3) -> str:
@@ -345,11 +385,11 @@ def _mean_ci(xs) -> tuple[float, float]:
 def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], reference: tuple[str, list[dict]] | None = None) -> None:
     """``reference``: (label, rows of another blocks file) whose target-only rows every row is
     also paired with, prompt by prompt (an extra speed-up column)."""
-    ar = [r for r in rows if r["verifier"] == "autoregressive"]
+    ar = [r for r in rows if r["verifier"] == "autoregressive" and r["tokens_per_s"] is not None]
     ar_by = {r["prompt"]: r["tokens_per_s"] for r in ar}  # the baseline of each prompt
     ref_by = {}
     if reference is not None:
-        ref_ar = [r for r in reference[1] if r.get("verifier") == "autoregressive"]
+        ref_ar = [r for r in reference[1] if r.get("verifier") == "autoregressive" and r.get("tokens_per_s") is not None]
         ref_by = {r["prompt"]: r["tokens_per_s"] for r in ref_ar}
         if not ref_by:
             raise ValueError(f"blocks baseline {reference[0]}: no target-only (autoregressive) rows")
@@ -374,11 +414,12 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], ref
     for (n, law, k, d), g in sorted(cells.items(), key=lambda t: (t[0][0], t[0][1], t[0][2], t[0][3])):
         be, be_ci = _mean_ci([r["block_efficiency"] for r in g])
         acc = [r["acceptance_rate"] for r in g if r.get("acceptance_rate") is not None]
-        tps, tps_ci = _mean_ci([r["tokens_per_s"] for r in g])
-        ratios = [r["tokens_per_s"] / ar_by[r["prompt"]] for r in g if ar_by.get(r["prompt"])]
+        timed = [r for r in g if r["tokens_per_s"] is not None]  # a run too fast to time has none
+        tps, tps_ci = _mean_ci([r["tokens_per_s"] for r in timed]) if timed else (math.nan, math.nan)
+        ratios = [r["tokens_per_s"] / ar_by[r["prompt"]] for r in timed if ar_by.get(r["prompt"])]
         sp = "{:.2f}x ± {:.2f}".format(*_mean_ci(ratios)) if ratios else "-"  # no baseline in the run: no ratio
         if reference is not None:
-            rr = [r["tokens_per_s"] / ref_by[r["prompt"]] for r in g if ref_by.get(r["prompt"])]
+            rr = [r["tokens_per_s"] / ref_by[r["prompt"]] for r in timed if ref_by.get(r["prompt"])]
             sp += " | " + ("{:.2f}x ± {:.2f}".format(*_mean_ci(rr)) if rr else "-")
         lines.append(
             f"| {n} | {law} | {k} | {d} | {len(g)} | {be:.3f} ± {be_ci:.3f} | {_num(sum(acc) / len(acc)) if acc else '-'} | "
@@ -409,10 +450,11 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     rows = [r for r in rows if r.get("type", "row") == "row"]
+    rows, bad = valid_rows(kind, rows, range(1, len(rows) + 1), kind)  # the schema, as in the report
     if not rows:
-        return f"(no {kind} rows)"
+        return f"(no {kind} rows" + (f"; {len(bad)} damaged, named by `multidraft report`)" if bad else ")")
     out = Path(out_dir) if out_dir is not None else Path(".")
-    lines: list[str] = []
+    lines: list[str] = [f"({len(bad)} damaged or repeated rows left out; `multidraft report` names them)\n"] if bad else []
     if kind == "acceptance":
         findings = _acceptance_section(rows, out, make_plots, lines)
         return "\n".join(["## Findings", ""] + findings + lines)
@@ -423,13 +465,18 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
     return "\n".join(lines)
 
 
-def _stages_section(run_dir: Path) -> list[str]:
+def _stages_section(run_dir: Path, skipped: list | None = None) -> list[str]:
     """The time of each stage from ``stages.jsonl`` (written by ``multidraft experiment paper``), if any:
     one line per invocation of a stage, with the data sets it ran on and whether it finished."""
     path = run_dir / "stages.jsonl"
     if not path.exists():
         return []
-    _, rows = read_jsonl(path)
+    _, rows, lines = read_jsonl(path, line_numbers=True)
+    rows, bad = valid_rows(path, rows, lines, "stages")
+    if skipped is not None:
+        skipped += bad
+    elif bad:
+        raise ValueError(bad[0])
     if not rows:
         return []
     out = ["## Time of each stage\n", "Wall time on this machine of every invocation of a stage (an interrupted one "
@@ -440,7 +487,9 @@ def _stages_section(run_dir: Path) -> list[str]:
         secs = float(r.get("seconds") or 0.0)
         tot[r["stage"]] += secs
         load = r.get("load_average") or []
-        out.append(f"| {r['stage']} | {', '.join((r.get('config') or {}).get('datasets') or []) or '-'} | {secs:.0f} | {secs / 60:.1f} | "
+        sets = (r.get("config") or {}).get("datasets")
+        sets = ", ".join(map(str, sets)) if isinstance(sets, list) else "-"
+        out.append(f"| {r['stage']} | {sets or '-'} | {secs:.0f} | {secs / 60:.1f} | "
                    f"{'yes' if r.get('complete') else 'no'} | {load[0] if load else '-'} |")
     out.append("")
     out.append("Sum per stage: " + ", ".join(f"{st} {secs / 60:.1f} min" for st, secs in tot.items())
@@ -478,22 +527,36 @@ def _cost_section(rows: list[dict]) -> list[str]:
 
 
 def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots: bool = True,
-          blocks_baseline: str | Path | None = None) -> Path:
+          blocks_baseline: str | Path | None = None, skipped: list | None = None,
+          notes: list | None = None) -> Path:
     """Write ``report.md`` (and plots) for a run; returns the report path. ``blocks_baseline``: a
-    second ``blocks.jsonl`` whose target-only rows the blocks table is also paired with."""
-    run = load_run(run_dir)
+    second ``blocks.jsonl`` whose target-only rows the blocks table is also paired with.
+
+    Every row is checked against the schema the runners write (``records.SCHEMAS``): with a
+    list ``skipped``, damaged and duplicated rows are left out, one ``file:line: ...; row
+    skipped`` line each is added to it and listed in the report, and the good rows are
+    rendered; without one, the first is a ``ValueError``. ``notes`` gets lines about rows that
+    are valid but incomplete (no per-position ``values``)."""
+    run = load_run(run_dir, skipped)
     reference = None
     if blocks_baseline is not None:
         bpath = Path(blocks_baseline)
         if not bpath.is_file():
             raise ValueError(f"--blocks-baseline: no such file: {bpath}")
-        reference = (str(blocks_baseline), read_jsonl(bpath)[1])
+        _, brows, blines = read_jsonl(bpath, line_numbers=True)
+        brows, bad = valid_rows(bpath, [r for r in brows if r.get("type", "row") == "row"],
+                                [n for r, n in zip(brows, blines) if r.get("type", "row") == "row"], "blocks")
+        if bad and skipped is None:
+            raise ValueError(bad[0])
+        if skipped is not None:
+            skipped += bad
+        reference = (str(blocks_baseline), brows)
     out = ensure_dir(Path(out_dir) if out_dir is not None else Path(run_dir), "output directory")
     no_mpl = make_plots and not plots.available()
     make_plots = make_plots and not no_mpl
     lines = ["# multidraft experiment report\n"]
     meta = next((m for m, _ in run.values() if m), None) or {}
-    cfg = meta.get("config", {})
+    cfg = meta.get("config") or {}
     lines.append(f"Run directory `{Path(run_dir).name}`; generated from its JSONL files alone (`multidraft report`).\n")
     if cfg.get("models"):
         lines.append("Models: " + ", ".join(f"{k} `{v}`" for k, v in cfg["models"].items()) + ".")
@@ -513,7 +576,12 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
                   "Each claim of the two source papers (Hu et al. 2025; Khisti et al. 2024) beside our measurement at "
                   "target and draft temperature 1. Differences are paired over the same positions (or prompts); a "
                   "verdict needs the difference to clear 2 standard errors.\n"] + claims + [""]
-    lines += _stages_section(Path(run_dir))
+    lines += _stages_section(Path(run_dir), skipped)
+    for f in ("acceptance.jsonl", "temperature.jsonl"):
+        if f in run and values_note(f, run[f][1]):
+            lines.append(f"_{values_note(f, run[f][1])}._\n")
+            if notes is not None:
+                notes.append(values_note(str(Path(run_dir) / f), run[f][1]))
     if "acceptance.jsonl" in run:
         body: list[str] = ["## Acceptance vs number of drafts\n"]
         findings = _acceptance_section(run["acceptance.jsonl"][1], out, make_plots, body)
@@ -526,6 +594,11 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     if "blocks.jsonl" in run:
         lines.append("## End-to-end block efficiency\n")
         _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines, reference)
+    if skipped:
+        lines.append("## Rows left out\n")
+        lines.append("Rows that do not match the schema the runners write, or repeat an earlier row's key, "
+                     "are not in the tables above:\n")
+        lines += [f"- `{m}`" for m in skipped] + [""]
     if no_mpl:
         lines.append(f"_(plots skipped: matplotlib is not installed; `{_optional.hint('matplotlib')}`)_\n")
     path = out / "report.md"

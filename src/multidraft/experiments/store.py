@@ -30,7 +30,8 @@ import torch
 FORMAT = "multidraft-positions/1"
 _MAX_SUPPORT = 16384
 
-__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "lumped_qs", "without_qs", "relump", "alpha_bounds", "save", "load"]
+__all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "lumped_qs", "without_qs", "relump", "alpha_bounds", "save", "load",
+           "check"]
 
 
 @dataclass
@@ -361,12 +362,89 @@ def load(path: str | os.PathLike) -> PositionSet:
             p_tail=d["p_tail"], q_tail=d["q_tail"], info=json.loads(d["info"]),
             qs=d.get("qs"), qs_tail=d.get("qs_tail"),
         )
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+    except KeyError as exc:
         raise ValueError(f"{path} is a damaged position store (missing {exc})") from None
-    n = len(ps)
-    if n < 1 or int(ps.offsets[-1]) != ps.ids.numel() or ps.p.numel() != ps.ids.numel() or ps.q.numel() != ps.ids.numel() \
-            or ps.p_tail.numel() != n or ps.q_tail.numel() != n \
-            or (ps.qs is not None and (ps.qs_tail is None or ps.qs.shape[0] != ps.ids.numel()
-                                       or tuple(ps.qs_tail.shape) != (n, ps.qs.shape[1]))):
-        raise ValueError(f"{path} is a damaged position store (inconsistent sizes)")
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is a damaged position store (info is not JSON: {' '.join(str(exc).split())[:120]})") from None
+    problem = check(ps)
+    if problem:
+        raise ValueError(f"{path} is a damaged position store ({problem}); delete it to collect it again")
     return ps
+
+
+MASS_TOL = 1e-3  # |sum over the support + tail - 1| of a stored row (float32 storage rounds by < 1e-6)
+
+
+def check(ps: PositionSet) -> str | None:
+    """What is wrong with a position set, or None: every tensor's type, dtype and shape, the
+    offsets (0 first, nondecreasing, the last the number of stored entries), the token ids
+    (>= 0, below ``info['V']`` when given), finiteness and range of every probability and tail,
+    and each position's total mass (support + tail = 1 within ``MASS_TOL``). Positions are
+    named by their index. Vectorised over the whole set."""
+    tensors = {"ids": ps.ids, "p": ps.p, "q": ps.q, "offsets": ps.offsets, "p_tail": ps.p_tail, "q_tail": ps.q_tail}
+    if ps.qs is not None or ps.qs_tail is not None:
+        tensors.update(qs=ps.qs, qs_tail=ps.qs_tail)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is a {type(t).__name__}, not a tensor"
+    for name in ("ids", "offsets"):
+        if tensors[name].is_floating_point() or tensors[name].is_complex() or tensors[name].dtype == torch.bool:
+            return f"{name} must hold integers, got dtype {tensors[name].dtype}"
+    for name in ("p", "q", "p_tail", "q_tail") + (("qs", "qs_tail") if ps.qs is not None else ()):
+        if not tensors[name].is_floating_point():
+            return f"{name} must hold floating-point probabilities, got dtype {tensors[name].dtype}"
+    want_ndim = {"ids": 1, "p": 1, "q": 1, "offsets": 1, "p_tail": 1, "q_tail": 1, "qs": 2, "qs_tail": 2}
+    for name, t in tensors.items():
+        if t.ndim != want_ndim[name]:
+            return f"{name} must be {want_ndim[name]}-D, got shape {tuple(t.shape)}"
+    if not isinstance(ps.info, dict):
+        return f"info must be an object, got {type(ps.info).__name__}"
+    off = ps.offsets.long()
+    n, total = off.numel() - 1, ps.ids.numel()
+    if n < 1:
+        return "no positions (offsets has fewer than 2 entries)"
+    if int(off[0]) != 0 or int(off[-1]) != total:
+        return f"offsets must run from 0 to the {total} stored entries, got {int(off[0])} .. {int(off[-1])}"
+    step = off[1:] - off[:-1]
+    if bool((step < 0).any()):
+        i = int((step < 0).nonzero()[0])
+        return f"offsets decrease at position {i} ({int(off[i])} -> {int(off[i + 1])})"
+    for name in ("p", "q"):
+        if tensors[name].numel() != total:
+            return f"{name} has {tensors[name].numel()} entries, ids {total}"
+    for name in ("p_tail", "q_tail"):
+        if tensors[name].numel() != n:
+            return f"{name} has {tensors[name].numel()} entries for {n} positions"
+    if ps.qs is not None:
+        if ps.qs.shape[0] != total or tuple(ps.qs_tail.shape) != (n, ps.qs.shape[1]):
+            return f"qs {tuple(ps.qs.shape)} and qs_tail {tuple(ps.qs_tail.shape)} must be [{total}, J] and [{n}, J]"
+    ids = ps.ids.long()
+    V = ps.info.get("V")
+    if total and (int(ids.min()) < 0 or (isinstance(V, int) and int(ids.max()) >= V)):
+        return f"token ids must lie in [0, {V if isinstance(V, int) else 'V'}), got {int(ids.min())} .. {int(ids.max())}"
+    row = torch.repeat_interleave(torch.arange(n), step)  # [total] the position of each stored entry
+
+    def bad_rows(x: torch.Tensor, per_entry: bool) -> torch.Tensor:  # positions with a non-finite or out-of-range value
+        b = ~torch.isfinite(x) | (x < 0) | (x > 1 + 1e-6)
+        if b.ndim == 2:
+            b = b.any(-1)
+        return row[b] if per_entry else b.nonzero().squeeze(-1)
+
+    for name, per_entry in (("p", True), ("q", True), ("p_tail", False), ("q_tail", False), ("qs", True), ("qs_tail", False)):
+        if tensors.get(name) is None:
+            continue
+        b = bad_rows(tensors[name].double(), per_entry)
+        if b.numel():
+            return f"position {int(b[0])}: {name} is NaN, infinite or outside [0, 1]"
+    for name, vals, tail in (("p", ps.p, ps.p_tail), ("q", ps.q, ps.q_tail)) + \
+            ((("qs", ps.qs, ps.qs_tail),) if ps.qs is not None else ()):
+        v = vals.double()
+        mass = torch.zeros((n,) + tuple(v.shape[1:]), dtype=torch.float64).index_add_(0, row, v) + tail.double()
+        dev = (mass - 1).abs()
+        if dev.ndim == 2:
+            dev = dev.amax(-1)
+        if bool((dev > MASS_TOL).any()):
+            i = int((dev > MASS_TOL).nonzero()[0])
+            m = mass[i] if mass.ndim == 1 else mass[i][(mass[i] - 1).abs().argmax()]
+            return f"position {i}: {name} and its tail sum to {float(m):.6g}, not 1"
+    return None
