@@ -8,7 +8,7 @@ import torch
 
 from .registry import register
 from .._scan import top_desc_stable
-from ._residual import chunk_rows, sample_rows
+from ._residual import accept, accept_prob, chunk_rows, residual_law, residual_or, sample_rows
 from .base import Verifier
 
 __all__ = ["KhistiIS"]
@@ -406,13 +406,12 @@ class KhistiIS(Verifier):
                 qy = qk.gather(-1, y.view(-1, 1, 1).expand(-1, qk.shape[1], 1)).squeeze(-1)  # [r, k1]
                 Ay = A.gather(-1, by.unsqueeze(1).expand(-1, qk.shape[1], 1)).squeeze(-1)  # [r, k1]
                 qi[r] = (qy * Ay).sum(-1)
-        py = fp.gather(-1, w.unsqueeze(-1)).squeeze(-1).double()
-        accept = u[:, 0] * qi <= py
+        py = fp.gather(-1, w.unsqueeze(-1)).squeeze(-1)
         token = w.clone()
-        rej = (~accept).nonzero().squeeze(-1)
+        rej = (~accept(u[:, 0], py, qi)).nonzero().squeeze(-1)
         if rej.numel():
             token[rej] = sample_rows(
-                lambda rows: (fp[rows].double() - self._q_inf_full(fq, plan, rows, K)).clamp_min(0.0), rej, g
+                lambda rows: residual_or((fp[rows] - self._q_inf_full(fq, plan, rows, K)).clamp_min(0.0), fp[rows]), rej, g
             )
         return token.reshape(batch)
 
@@ -464,9 +463,6 @@ class KhistiIS(Verifier):
             lost = (win * (1 - sel)).sum(-1)
             win = win * sel
             win[rows, b] += lost
-        a = (fp / qi.clamp_min(1e-300)).clamp(max=1.0)
-        acc = win * a  # [N, V]
-        res = (fp - qi).clamp_min(0.0)
-        z = res.sum(-1, keepdim=True)
-        res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
+        acc = win * accept_prob(fp, qi)  # [N, V]
+        res = residual_law((fp - qi).clamp_min(0.0), fp)
         return acc + (1 - acc.sum(-1, keepdim=True)) * res

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
 from ._residual import inverse_cdf
 from .base import Verifier
+from .registry import register
 
 
 def _law(q: torch.Tensor, kind: str, K: int):
@@ -48,6 +48,11 @@ class LPOptimal(Verifier):
             lawobj = _law(Qf[i0].double(), law, K)
             sol = solve_coupling(P[i0].double(), lawobj)
             cond = coupling_rows(sol)  # [N_tuples, V]
+            # a tuple whose mass is below the solver's tolerance may come back with a row short
+            # of 1 (nothing matched, no residual left): its missing mass follows p, so the row
+            # is a law inside the support of p (a change of at most the solver's tolerance)
+            short = (1.0 - cond.sum(-1, keepdim=True)).clamp_min(0.0)
+            cond = cond + short * P[i0].double().unsqueeze(0)
             Vb = V + 1
             keys = (sol.tuples * Vb ** torch.arange(K - 1, -1, -1)).sum(-1)
             sorted_keys, perm = torch.sort(keys)
@@ -63,6 +68,6 @@ class LPOptimal(Verifier):
         return self._rows(p, q, drafts, law)
 
     def _verify(self, p, q, drafts, g, law):
-        rows = self._rows(p.double(), q.double(), drafts, law).reshape(-1, p.shape[-1])
+        rows = self._rows(p, q, drafts, law).reshape(-1, p.shape[-1])
         u = torch.rand(rows.shape[0], generator=g, dtype=torch.float64)
         return inverse_cdf(rows, u).reshape(p.shape[:-1])

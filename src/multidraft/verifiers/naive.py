@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
-from ._residual import sample_rows
+from ._residual import accept, residual_law, residual_or, sample_rows
 from .base import Verifier
+from .registry import register
 
 
 @register
@@ -24,21 +24,20 @@ class Naive(Verifier):
     max_k = 1
 
     def _verify(self, p, q, drafts, g, law):
-        # p [..., V], q [..., V] or [..., 1, V], drafts [..., 1]
+        # p [..., V], q [..., V] or [..., 1, V] (float64 rows), drafts [..., 1]
         if q.ndim == p.ndim + 1:
             q = q.squeeze(-2)
         x = drafts[..., 0]
         px = p.gather(-1, drafts).squeeze(-1)
         qx = q.gather(-1, drafts).squeeze(-1)
         u = torch.rand(x.shape, generator=g, dtype=torch.float64, device=p.device)
-        accept = u * qx <= px
         token = x.clone()
-        rej = (~accept).reshape(-1).nonzero().squeeze(-1)
+        rej = (~accept(u, px, qx)).reshape(-1).nonzero().squeeze(-1)
         if rej.numel():
             flat_p = p.reshape(-1, p.shape[-1])
             flat_q = q.reshape(-1, q.shape[-1])
             token.view(-1)[rej] = sample_rows(
-                lambda rows: (flat_p[rows].double() - flat_q[rows].double()).clamp_min(0.0), rej, g
+                lambda rows: residual_or((flat_p[rows] - flat_q[rows]).clamp_min(0.0), flat_p[rows]), rej, g
             )
         return token
 
@@ -48,8 +47,6 @@ class Naive(Verifier):
         px = p.gather(-1, drafts).squeeze(-1)
         qx = q.gather(-1, drafts).squeeze(-1)
         a = (px / qx).clamp(max=1.0)  # [...]
-        res = (p - q).clamp_min(0.0)
-        z = res.sum(-1, keepdim=True)
-        res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
+        res = residual_law((p - q).clamp_min(0.0), p)
         out = (1 - a).unsqueeze(-1) * res
         return out.scatter_add(-1, drafts, a.unsqueeze(-1))
