@@ -41,20 +41,39 @@ CHUNK_ELEMS = 1 << 17  # float64 elements per chunk (1 MiB): stays in L2 on comm
 NORMALISED = 2.0 ** -45
 
 
+def row_scale(x: torch.Tensor) -> torch.Tensor:
+    """The divisor ``[..., 1]`` float64 that ``rows64`` applies to each row of x ``[..., V]``: its
+    float64 sum, or 1.0 where that is within ``NORMALISED`` of 1 (or not positive). Summed a
+    cache-sized chunk of rows at a time (a float64 sum of a whole float32 batch would first
+    copy it to float64)."""
+    V = x.shape[-1]
+    if x.dtype == torch.float64:
+        s = x.sum(-1, keepdim=True)
+    else:
+        flat = x.reshape(-1, V)
+        s = torch.empty(flat.shape[0], 1, dtype=torch.float64, device=x.device)
+        step = chunk_rows(V)
+        for s0 in range(0, flat.shape[0], step):
+            s[s0 : s0 + step] = flat[s0 : s0 + step].sum(-1, keepdim=True, dtype=torch.float64)
+        s = s.reshape(*x.shape[:-1], 1)
+    off = ((s - 1.0).abs() > NORMALISED) & (s > 0)
+    return torch.where(off, s, torch.ones_like(s))
+
+
 def rows64(x: torch.Tensor) -> torch.Tensor:
     """Probability rows ``[..., V]`` (any float dtype, nonnegative, positive rows) as float64
     rows divided by their float64 sum: the law each row represents, normalised in float64.
     A row whose float64 sum is already 1 up to ``NORMALISED`` keeps its values (float64
-    inputs normalised in float64 pass through unchanged, and ``rows64(rows64(x)) == rows64(x)``). Rows repeated along the first
-    dimension (an expanded view, stride 0) stay an expanded view of one normalised copy."""
+    inputs normalised in float64 pass through unchanged, and ``rows64(rows64(x)) == rows64(x)``).
+    Rows repeated along the first dimension (an expanded view, stride 0) stay an expanded
+    view of one normalised copy. ``x.double() / row_scale(x)`` bit for bit."""
     if x.dim() >= 2 and x.shape[0] > 1 and x.stride(0) == 0:
         return rows64(x[0]).unsqueeze(0).expand(x.shape)
+    scale = row_scale(x)
     x64 = x.double()
-    s = x64.sum(-1, keepdim=True)
-    off = (s - 1.0).abs() > NORMALISED
-    if not bool(off.any()):
+    if not bool((scale != 1.0).any()):
         return x64
-    return torch.where(off, x64 / torch.where(s > 0, s, torch.ones_like(s)), x64)
+    return x64.div_(scale) if x64 is not x else x64 / scale  # x / 1.0 is exact
 
 
 def accept(u: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

@@ -71,6 +71,10 @@ class Verifier:
     _registered: ClassVar[dict[str, type["Verifier"]]] = {}
     laws: ClassVar[tuple[str, ...]] = ()
     default_law: ClassVar[str] = "iid"
+    # True for a rule whose sampling path reads the rows in the caller's dtype and divides by
+    # ``_residual.row_scale`` itself, only where it touches them (``specinfer``: most rows
+    # need two gathers); False: ``_verify`` gets ``rows64(p), rows64(q)``
+    raw_rows: ClassVar[bool] = False
     min_k: ClassVar[int] = 1
     max_k: ClassVar[int | None] = None
 
@@ -182,7 +186,10 @@ class Verifier:
         """
         p, q, drafts, kind = self._check(p, q, drafts, law, validate)
         g = as_generator(generator, p.device, purpose="verify")
-        token = self._verify(rows64(p), rows64(q), drafts, g, kind)
+        if self.raw_rows:  # the rule divides by row_scale itself, on the rows it touches
+            token = self._verify(p, q, drafts, g, kind)
+        else:
+            token = self._verify(rows64(p), rows64(q), drafts, g, kind)
         return Verdict(token, first_match(drafts, token))
 
     def output_distribution(self, p, q, drafts, *, law=None) -> torch.Tensor:

@@ -6,10 +6,10 @@ import functools
 import numpy as np
 import torch
 
-from .registry import register
 from .._scan import top_desc_stable
 from ._residual import accept, accept_prob, chunk_rows, residual_law, residual_or, sample_rows
 from .base import Verifier
+from .registry import register
 
 __all__ = ["KhistiIS"]
 
@@ -360,12 +360,8 @@ class KhistiIS(Verifier):
     # sampling path ---------------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law):
         # p [..., V], q [..., V] or [..., K, V], drafts [..., K]
-        V, K = p.shape[-1], drafts.shape[-1]
-        batch = drafts.shape[:-1]
-        fp = p.reshape(-1, V)
-        fq = q.reshape(-1, V) if q.ndim == p.ndim else q.reshape(-1, K, V)
-        fd = drafts.reshape(-1, K)
-        N = fp.shape[0]
+        fp, fq, fd, batch = self._flat(p, q, drafts)
+        N, K = fd.shape
         plan = self._plan(fp, fq, K)
         S, active, rule = plan.S, plan.active, plan.rule
         ar = torch.arange(N, device=p.device)
@@ -417,13 +413,11 @@ class KhistiIS(Verifier):
 
     # exact path ------------------------------------------------------------------------------
     def _output_distribution(self, p, q, drafts, law):
-        V, K = p.shape[-1], drafts.shape[-1]
-        batch = drafts.shape[:-1]
-        fp = p.reshape(-1, V)
-        fq = q.reshape(-1, V) if q.ndim == p.ndim else q.reshape(-1, K, V)
+        fp, fq, fd, batch = self._flat(p, q, drafts)
+        K, V = fd.shape[-1], fp.shape[-1]
         plan = self._plan(fp, fq, K)
         qi = self._q_inf_full(fq, plan, torch.arange(fp.shape[0], device=p.device), K)  # [N, V]
-        return self._output_from_plan(fp, plan, qi, drafts.reshape(-1, K)).reshape(*batch, V)
+        return self._output_from_plan(fp, plan, qi, fd).reshape(*batch, V)
 
     # prepared rows (Verifier.prepare): the LPs and q_I once, tiled over the tuples ------------
     def _prepare(self, p, q, k, law):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._residual import accept, inverse_cdf_blocked, residual_law, residual_or, rows_per_chunk
+from ._residual import accept, inverse_cdf_blocked, residual_law, residual_or, row_scale, rows_per_chunk
 from .base import Verifier, per_draft
 from .registry import register
 
@@ -47,26 +47,30 @@ def rrs_output(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, wor: bool
     return out + stay * res
 
 
-def _round_q(q, rows, drafts, i: int, wor: bool) -> torch.Tensor:
+def _round_q(q, sq, rows, drafts, i: int, wor: bool) -> torch.Tensor:
     """q_i ``[n, V]`` float64 for round i (0-based) of the given rows: draft i's row of q (q
-    ``[B, V]`` shared or ``[B, K, V]`` per draft); with ``wor`` the tokens drafted before
+    ``[B, V]`` shared or ``[B, K, V]`` per draft, divided by its ``row_scale`` sq); with ``wor`` the tokens drafted before
     round i removed and the row divided by its remaining mass, summed directly (never as
     sum(q) - q(drafted), which cancels to 0 for a confident q with subnormal tails)."""
-    qi = (q[rows, i] if q.ndim == 3 else q.index_select(0, rows)).double()
+    if q.ndim == 3:
+        qi = q[rows, i].double() / sq[rows, i]
+    else:
+        qi = q.index_select(0, rows).double() / sq[rows]
     if wor and i > 0:
         qi = qi.scatter(-1, drafts[rows, :i], 0.0)
-    if wor:
         d = qi.sum(-1, keepdim=True)
         qi = qi / torch.where(d > 0, d, torch.ones_like(d))
     return qi
 
 
-def rrs_sample(p, q, drafts, u, u_res, wor: bool) -> torch.Tensor:
+def rrs_sample(p, q, drafts, u, u_res, wor: bool, sp=None, sq=None) -> torch.Tensor:
     """Batched sampling path of recursive rejection sampling on given uniforms.
 
-    p ``[B, V]``, q ``[B, V]`` or ``[B, K, V]`` (normalised rows; worked on in float64), drafts
-    ``[B, K]``, u ``[B, K]`` (acceptance uniforms, round i uses ``u[:, i]``), u_res ``[B]`` (the
-    residual draw). Returns tokens ``[B]``.
+    p ``[B, V]``, q ``[B, V]`` or ``[B, K, V]`` (probability rows in any float dtype; read as
+    ``rows64`` reads them: divided by their ``row_scale`` sp ``[B, 1]``, sq ``[B, 1]`` or
+    ``[B, K, 1]``, computed when not given, and worked on in float64), drafts ``[B, K]``, u
+    ``[B, K]`` (acceptance uniforms, round i uses ``u[:, i]``), u_res ``[B]`` (the residual
+    draw). Returns tokens ``[B]``.
 
     Only p(x), q(x) ``[B, K]`` are gathered for every row; the full vocabulary is touched
     only for rows whose first draft is rejected, one cache-sized chunk of rows at a time,
@@ -79,20 +83,20 @@ def rrs_sample(p, q, drafts, u, u_res, wor: bool) -> torch.Tensor:
     B, V = p.shape
     K = drafts.shape[-1]
     per = q.ndim == 3
-    px = p.gather(-1, drafts).double()  # [B, K]
+    sp = row_scale(p) if sp is None else sp  # [B, 1]
+    sq = row_scale(q) if sq is None else sq  # [B, 1] or [B, K, 1]
+    px = p.gather(-1, drafts).double() / sp  # [B, K]
     if per:
-        qx = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).double()  # [B, K]
+        qx = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).double() / sq.squeeze(-1)  # [B, K]
     else:
-        qx = q.gather(-1, drafts).double()  # [B, K]
+        qx = q.gather(-1, drafts).double() / sq  # [B, K]
     token = drafts[:, 0].clone()
-    if wor:  # q_1 over its own mass, as every later round
-        qx = qx / (q[:, 0] if per else q).sum(-1, keepdim=True, dtype=torch.float64)
     rej = (~accept(u[:, 0], px[:, 0], qx[:, 0])).nonzero().squeeze(-1)  # rows whose first draft is rejected
     step = rows_per_chunk(V, 16)
     for s0 in range(0, rej.numel(), step):
         live = rej[s0 : s0 + step]  # [n]
-        t = p.index_select(0, live).double()  # [n, V] p_1 = p
-        qi = _round_q(q, live, drafts, 0, wor)  # [n, V] q_1
+        t = p.index_select(0, live).double() / sp[live]  # [n, V] p_1 = p
+        qi = _round_q(q, sq, live, drafts, 0, wor)  # [n, V] q_1
         for i in range(1, K + 1):
             # round i-1 (0-based) was rejected: p_i <- norm((p_{i-1} - q_{i-1})+)
             t = residual_or((t - qi).clamp_min_(0.0), t)
@@ -100,7 +104,7 @@ def rrs_sample(p, q, drafts, u, u_res, wor: bool) -> torch.Tensor:
             if i == K:
                 break
             # round i: accept x_i with min(1, p_i(x_i) / q_i(x_i))
-            qi = _round_q(q, live, drafts, i, wor)
+            qi = _round_q(q, sq, live, drafts, i, wor)
             x = drafts[live, i : i + 1]  # [n, 1]
             acc = accept(u[live, i : i + 1], t.gather(-1, x), qi.gather(-1, x)).squeeze(-1)
             if bool(acc.any()):
@@ -129,6 +133,7 @@ class SpecInfer(Verifier):
     name = "specinfer"
     laws = ("iid", "independent")
     wor = False
+    raw_rows = True  # rrs_sample divides by row_scale on the rows it touches
 
     def _verify(self, p, q, drafts, g, law):
         # p [..., V], q [..., V] or [..., K, V], drafts [..., K]
