@@ -80,8 +80,7 @@ def rrs_sample(p, q, drafts, u, u_res, wor: bool, sp=None, sq=None) -> torch.Ten
     never output and no scale overflows (a without-replacement q_i over a subnormal remaining
     mass is a row of ordinary numbers; 1 / that mass is not).
     """
-    B, V = p.shape
-    K = drafts.shape[-1]
+    V, K = p.shape[-1], drafts.shape[-1]
     per = q.ndim == 3
     sp = row_scale(p) if sp is None else sp  # [B, 1]
     sq = row_scale(q) if sq is None else sq  # [B, 1] or [B, K, 1]
