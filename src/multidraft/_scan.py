@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["argsort_desc_stable", "top_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search"]
+__all__ = ["argsort_desc_stable", "top_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search", "lift_tiny", "cdf_search"]
 
 TOP_SORT_V = 2048  # below this vocabulary size top_desc_stable is one stable sort
 
@@ -144,3 +144,28 @@ def _lift_torch(c, first, end, w, nbits):
         ok = cand < end
         pc = torch.where(ok & (c[torch.where(ok, cand, 0)] < w), cand, pc)
     return pc + 1
+
+
+# rows whose float64 total is below TINY_TOTAL are scaled by LIFT (a power of two: exact) before
+# an inverse-CDF search: u * total at a subnormal total keeps only a few bits of u (two masses
+# of 5e-324 split 25/75, not 50/50)
+TINY_TOTAL = 2.0 ** -900
+LIFT = 2.0 ** 900
+
+
+def lift_tiny(c: torch.Tensor, tot: torch.Tensor) -> torch.Tensor:
+    """float64 rows ``c [n, m]`` times LIFT where their total ``tot [n, 1]`` is below TINY_TOTAL
+    (exact: a power of two), unchanged elsewhere (the same values, so the same draws)."""
+    tiny = tot < TINY_TOTAL
+    if bool(tiny.any()):
+        return torch.where(tiny, c * LIFT, c)
+    return c
+
+
+def cdf_search(c: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``[n]`` indices: the first strict increase of the float64 cumulative sums ``c [n, V]`` past
+    ``u * total`` (u ``[n]`` or ``[n, 1]`` in [0, 1)), full precision at subnormal totals
+    (``lift_tiny``). An index V (a target rounded up to the total) is the caller's to map to its
+    row's last positive entry."""
+    c = lift_tiny(c, c[:, -1:])
+    return torch.searchsorted(c, u.reshape(-1, 1).to(c.dtype) * c[:, -1:], right=True).squeeze(-1)

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from ._scan import top_desc_stable
+from ._scan import cdf_search, top_desc_stable
 from ._validate import ArgumentError, as_generator, as_int, as_k, as_probs, as_tokens
 
 __all__ = ["DraftLaw", "iid", "without_replacement", "greedy", "independent", "make", "LAW_KINDS", "law_kind", "parse_laws"]
@@ -183,13 +183,13 @@ def _icdf(flat: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``_categorical`` on rows flat ``[n, V]`` with uniforms u ``[n, 1]``: indices ``[n]``."""
     V = flat.shape[-1]
     c = torch.cumsum(flat, -1, dtype=torch.float64)  # [n, V]
-    idx = torch.searchsorted(c, u * c[:, -1:], right=True)  # [n, 1]
+    idx = cdf_search(c, u)  # [n]; subnormal totals at full precision
     over = (idx >= V).nonzero()[:, 0]
     if over.numel():
         ar = torch.arange(V, device=flat.device)
         last = torch.where(flat.index_select(0, over) > 0, ar, torch.zeros_like(ar)).amax(-1)
-        idx[over, 0] = last
-    return idx.squeeze(-1)
+        idx[over] = last
+    return idx
 
 
 def _check_nnz(q: torch.Tensor, k: int, what: str) -> None:
@@ -254,8 +254,7 @@ class WithoutReplacement(DraftLaw):
         for s0 in range(0, raced.numel(), step):
             rows = raced[s0 : s0 + step]
             keys = torch.rand(rows.numel(), V, generator=g, dtype=torch.float64, device=q.device)
-            keys.neg_().log1p_().neg_().div_(flat.index_select(0, rows))  # E_x / q(x), in place
-            out[rows] = torch.topk(keys, k, dim=-1, largest=False, sorted=True).indices
+            out[rows] = torch.topk(_race_keys(keys, flat.index_select(0, rows)), k, dim=-1, largest=False, sorted=True).indices
         return out.reshape(*q.shape[:-1], k)
 
     @staticmethod
@@ -299,6 +298,19 @@ class WithoutReplacement(DraftLaw):
         s = self._support(self.q)
         self._check_size(math.perm(len(s), self.k))
         return torch.tensor(list(itertools.permutations(s, self.k)), dtype=torch.long).reshape(-1, self.k)
+
+
+def _race_keys(u: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Arrival times of the exponential race, in place of u ``[n, V]`` (float64 uniforms):
+    ``log E_x - log q(x)`` with ``E_x = -log(1 - u_x)``, and +inf exactly where q(x) = 0.
+
+    The log of ``E_x / q(x)``, so the order (and so the draws) is the same, but computed in log
+    space: ``E / q`` overflows to inf for subnormal q (1 / 5e-324), which would tie a token of
+    positive mass with the q = 0 tokens; ``log q`` of a subnormal is finite (>= -745)."""
+    u.neg_().log1p_().neg_().log_()  # log E, -inf where u = 0 (that token arrives first)
+    lq = q.double().log()
+    u.sub_(torch.where(q > 0, lq, torch.zeros_like(lq)))
+    return u.masked_fill_(q <= 0, float("inf"))
 
 
 class Greedy(DraftLaw):

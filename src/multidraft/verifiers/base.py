@@ -14,6 +14,18 @@ batch and q of a law object, identical per-draft rows under a single-q law, dist
 under 'wor' and 'greedy', the top K-1 tokens under 'greedy'), and derives
 ``accepted_index`` from the output token: the lowest ``k`` with ``drafts[..., k] == token``, or -1. So acceptance is
 always ``P(accepted_index >= 0) = P(output in drafts)``, whatever the rule's internals.
+
+The prologue, once for every rule (``Verifier._rows``): after the checks, p and q reach
+``_verify`` and ``_output_distribution`` as float64 rows divided by their own float64 sums
+(``_residual.rows64``), whatever the caller's dtype (float16, bfloat16, float32, float64) and
+however well the rows were normalised in it. Every rule is therefore the exact rule for the
+laws ``p / sum(p)`` and ``q / sum(q)``: a float32 q = [1, 1e-9, 1e-9, 0] (which sums to 1 in
+float32) is read as the law it represents, whose residual against a one-hot p is not empty.
+The residual and acceptance arithmetic the rules share (``_residual``) is written so that a
+token with p = 0 can never be output (``accept``, ``residual_or``, ``inverse_cdf``).
+
+The registry table lives here (``Verifier._registered``, filled by ``registry.register``), so
+this module imports nothing of the registry.
 """
 from __future__ import annotations
 
@@ -23,6 +35,7 @@ import torch
 
 from .._validate import as_generator, as_int, as_probs, as_tokens, check_law, check_law_shape
 from ..drafts import DraftLaw, law_kind
+from ._residual import rows64
 
 __all__ = ["Prepared", "Verdict", "Verifier", "first_match", "per_draft"]
 
@@ -53,8 +66,15 @@ class Verifier:
     """Base class: subclasses set ``name``, ``laws``, ``default_law`` and the K range."""
 
     name: ClassVar[str] = ""
+    # the registry table (name -> class, in registration order): filled by registry.register,
+    # read here for the alternatives an error message names
+    _registered: ClassVar[dict[str, type["Verifier"]]] = {}
     laws: ClassVar[tuple[str, ...]] = ()
     default_law: ClassVar[str] = "iid"
+    # True for a rule whose sampling path reads the rows in the caller's dtype and divides by
+    # ``_residual.row_scale`` itself, only where it touches them (``specinfer``: most rows
+    # need two gathers); False: ``_verify`` gets ``rows64(p), rows64(q)``
+    raw_rows: ClassVar[bool] = False
     min_k: ClassVar[int] = 1
     max_k: ClassVar[int | None] = None
 
@@ -112,9 +132,7 @@ class Verifier:
             what = f"it supports only the {here[0]!r} law with K = {K}"
         else:
             what = f"it supports the laws {', '.join(map(repr, here))} with K = {K}"
-        from .registry import get, names  # the registry imports this module
-
-        others = [n for n in names() if n != self.name and get(n).supports(kind, K)]
+        others = [n for n, cls in Verifier._registered.items() if n != self.name and cls().supports(kind, K)]
         alt = f"; for {kind!r} with K = {K} use one of {', '.join(others)}" if others else ""
         raise ValueError(
             f"law: verifier {self.name!r} is not lossless for the {kind!r} draft law with K = {K}: {what}{alt}"
@@ -168,13 +186,16 @@ class Verifier:
         """
         p, q, drafts, kind = self._check(p, q, drafts, law, validate)
         g = as_generator(generator, p.device, purpose="verify")
-        token = self._verify(p, q, drafts, g, kind)
+        if self.raw_rows:  # the rule divides by row_scale itself, on the rows it touches
+            token = self._verify(p, q, drafts, g, kind)
+        else:
+            token = self._verify(rows64(p), rows64(q), drafts, g, kind)
         return Verdict(token, first_match(drafts, token))
 
     def output_distribution(self, p, q, drafts, *, law=None) -> torch.Tensor:
         """Exact float64 law ``[..., V]`` of the output token given these drafts."""
         p, q, drafts, kind = self._check(p, q, drafts, law, True)
-        return self._output_distribution(p.double(), q.double(), drafts, kind)
+        return self._output_distribution(rows64(p), rows64(q), drafts, kind)
 
     def prepare(self, p, q, *, law=None) -> "Prepared":
         """The rule with ``(p, q)`` fixed, for the exact output laws of many draft tuples.
@@ -185,6 +206,17 @@ class Verifier:
         whose work on ``(p, q)`` alone is large (``optimal``'s fit, ``khisti_is``'s LPs) do it
         once here instead of once per call and per tuple (``_prepare``)."""
         return Prepared(self, p, q, law)
+
+    # the shared batching of the rules: flat rows ---------------------------------------
+    @staticmethod
+    def _flat(p, q, drafts):
+        """(P ``[N, V]``, Q ``[N, V]`` or ``[N, K, V]``, X ``[N, K]``, batch): the rows of p, q and
+        drafts ``[*batch, ...]`` flattened to N rows (views where possible)."""
+        V, K = p.shape[-1], drafts.shape[-1]
+        batch = p.shape[:-1]
+        P = p.reshape(-1, V)
+        Q = q.reshape(-1, K, V) if q.ndim == p.ndim + 1 else q.reshape(-1, V)
+        return P, Q, drafts.reshape(-1, K), batch
 
     # to implement (optional) ------------------------------------------------------------------
     def _prepare(self, p, q, k: int, law: str):
@@ -197,7 +229,8 @@ class Verifier:
         of p, q ``[N, ...]``) from ``_prepare``'s state."""
         raise NotImplementedError
 
-    # to implement -----------------------------------------------------------------------
+    # to implement: p [..., V] and q [..., V] / [..., K, V] arrive as float64 rows normalised
+    # in float64 (the prologue), drafts [..., K] as int64 -----------------------------------
     def _verify(self, p, q, drafts, g, law: str) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
@@ -230,11 +263,11 @@ class Prepared:
         pc, qc, drafts, kind = v._check(pc, qc, drafts, self.law, True)  # the checks of output_distribution
         if self._key is None or self._key != (K, kind):
             V = p.shape[-1]
-            p64 = p.double().reshape(-1, V)
-            q64 = q.double().reshape(-1, V) if q.ndim == p.ndim else q.double().reshape(-1, K, V)
+            p64 = rows64(p).reshape(-1, V)
+            q64 = rows64(q).reshape(-1, V) if q.ndim == p.ndim else rows64(q).reshape(-1, K, V)
             self._state, self._key, self._flat = v._prepare(p64, q64, K, kind), (K, kind), (p64, q64)
         if self._state is None:
-            return v._output_distribution(pc.double(), qc.double(), drafts, kind)
+            return v._output_distribution(rows64(pc), rows64(qc), drafts, kind)
         p64, q64 = self._flat
         out = v._output_prepared(self._state, p64, q64, drafts.reshape(-1, K), kind)
         return out.reshape(*drafts.shape[:-1], p.shape[-1])

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
-from ._residual import sample_rows
+from ._residual import accept, residual_law, residual_or, sample_rows
 from .base import Verifier
+from .registry import register
 
 __all__ = ["GreedyOptimal", "split_greedy"]
 
@@ -58,26 +58,18 @@ class GreedyOptimal(Verifier):
     min_k = 1
 
     def _verify(self, p, q, drafts, g, law):
-        # p [..., V], q [..., V] or [..., K, V], drafts [..., K]
+        # p [..., V], q [..., V] or [..., K, V] (float64 rows), drafts [..., K]
         q, T, x, Z = split_greedy(q, p, drafts)
-        px = p.gather(-1, x.unsqueeze(-1)).squeeze(-1).double()
-        qx = q.gather(-1, x.unsqueeze(-1)).squeeze(-1).double()
+        px = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        qx = q.gather(-1, x.unsqueeze(-1)).squeeze(-1) / Z  # q'(x): never a product of subnormals
         u = torch.rand(x.shape, generator=g, dtype=torch.float64, device=p.device)
-        accept = u * qx <= px * Z  # u < p(x) / q'(x)
         token = x.clone()
-        rej = (~accept).reshape(-1).nonzero().squeeze(-1)
+        rej = (~accept(u, px, qx)).reshape(-1).nonzero().squeeze(-1)
         if rej.numel():
             V = p.shape[-1]
             fp, fq = p.reshape(-1, V), q.reshape(-1, V)
             fT, fZ = T.reshape(fp.shape[0], T.shape[-1]), Z.reshape(-1)
-
-            def weights(rows):
-                pr = fp[rows].double()
-                w = (pr - fq[rows].double() / fZ[rows].unsqueeze(-1)).clamp_min(0.0)
-                t = fT[rows]
-                return w.scatter(-1, t, pr.gather(-1, t))  # q' = 0 on T
-
-            token.view(-1)[rej] = sample_rows(weights, rej, g)
+            token.view(-1)[rej] = sample_rows(lambda rows: _residual_rows(fp[rows], fq[rows], fT[rows], fZ[rows]), rej, g)
         return token
 
     def _output_distribution(self, p, q, drafts, law):
@@ -86,8 +78,13 @@ class GreedyOptimal(Verifier):
         px = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
         qx = qr.gather(-1, x.unsqueeze(-1)).squeeze(-1)
         a = (px / qx).clamp(max=1.0)  # [...]
-        res = (p - qr).clamp_min(0.0)
-        z = res.sum(-1, keepdim=True)
-        res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
+        res = residual_law((p - qr).clamp_min(0.0), p)
         out = (1 - a).unsqueeze(-1) * res
         return out.scatter_add(-1, x.unsqueeze(-1), a.unsqueeze(-1))
+
+
+def _residual_rows(p, q, T, Z):
+    """Residual weights (p - q')+ ``[r, V]`` with q' = q / Z off T and 0 on T (so the residual
+    holds all of p on T), p where that is empty. p, q ``[r, V]`` float64, T ``[r, K-1]``, Z ``[r]``."""
+    w = (p - (q / Z.unsqueeze(-1)).scatter(-1, T, 0.0)).clamp_min(0.0)
+    return residual_or(w, p)

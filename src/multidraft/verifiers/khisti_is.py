@@ -6,10 +6,10 @@ import functools
 import numpy as np
 import torch
 
-from .registry import register
 from .._scan import top_desc_stable
-from ._residual import chunk_rows, sample_rows
+from ._residual import accept, accept_prob, chunk_rows, residual_law, residual_or, sample_rows
 from .base import Verifier
+from .registry import register
 
 __all__ = ["KhistiIS"]
 
@@ -360,12 +360,8 @@ class KhistiIS(Verifier):
     # sampling path ---------------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law):
         # p [..., V], q [..., V] or [..., K, V], drafts [..., K]
-        V, K = p.shape[-1], drafts.shape[-1]
-        batch = drafts.shape[:-1]
-        fp = p.reshape(-1, V)
-        fq = q.reshape(-1, V) if q.ndim == p.ndim else q.reshape(-1, K, V)
-        fd = drafts.reshape(-1, K)
-        N = fp.shape[0]
+        fp, fq, fd, batch = self._flat(p, q, drafts)
+        N, K = fd.shape
         plan = self._plan(fp, fq, K)
         S, active, rule = plan.S, plan.active, plan.rule
         ar = torch.arange(N, device=p.device)
@@ -406,25 +402,22 @@ class KhistiIS(Verifier):
                 qy = qk.gather(-1, y.view(-1, 1, 1).expand(-1, qk.shape[1], 1)).squeeze(-1)  # [r, k1]
                 Ay = A.gather(-1, by.unsqueeze(1).expand(-1, qk.shape[1], 1)).squeeze(-1)  # [r, k1]
                 qi[r] = (qy * Ay).sum(-1)
-        py = fp.gather(-1, w.unsqueeze(-1)).squeeze(-1).double()
-        accept = u[:, 0] * qi <= py
+        py = fp.gather(-1, w.unsqueeze(-1)).squeeze(-1)
         token = w.clone()
-        rej = (~accept).nonzero().squeeze(-1)
+        rej = (~accept(u[:, 0], py, qi)).nonzero().squeeze(-1)
         if rej.numel():
             token[rej] = sample_rows(
-                lambda rows: (fp[rows].double() - self._q_inf_full(fq, plan, rows, K)).clamp_min(0.0), rej, g
+                lambda rows: residual_or((fp[rows] - self._q_inf_full(fq, plan, rows, K)).clamp_min(0.0), fp[rows]), rej, g
             )
         return token.reshape(batch)
 
     # exact path ------------------------------------------------------------------------------
     def _output_distribution(self, p, q, drafts, law):
-        V, K = p.shape[-1], drafts.shape[-1]
-        batch = drafts.shape[:-1]
-        fp = p.reshape(-1, V)
-        fq = q.reshape(-1, V) if q.ndim == p.ndim else q.reshape(-1, K, V)
+        fp, fq, fd, batch = self._flat(p, q, drafts)
+        K, V = fd.shape[-1], fp.shape[-1]
         plan = self._plan(fp, fq, K)
         qi = self._q_inf_full(fq, plan, torch.arange(fp.shape[0], device=p.device), K)  # [N, V]
-        return self._output_from_plan(fp, plan, qi, drafts.reshape(-1, K)).reshape(*batch, V)
+        return self._output_from_plan(fp, plan, qi, fd).reshape(*batch, V)
 
     # prepared rows (Verifier.prepare): the LPs and q_I once, tiled over the tuples ------------
     def _prepare(self, p, q, k, law):
@@ -464,9 +457,6 @@ class KhistiIS(Verifier):
             lost = (win * (1 - sel)).sum(-1)
             win = win * sel
             win[rows, b] += lost
-        a = (fp / qi.clamp_min(1e-300)).clamp(max=1.0)
-        acc = win * a  # [N, V]
-        res = (fp - qi).clamp_min(0.0)
-        z = res.sum(-1, keepdim=True)
-        res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
+        acc = win * accept_prob(fp, qi)  # [N, V]
+        res = residual_law((fp - qi).clamp_min(0.0), fp)
         return acc + (1 - acc.sum(-1, keepdim=True)) * res

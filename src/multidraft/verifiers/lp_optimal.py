@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
 from ._residual import inverse_cdf
 from .base import Verifier
+from .registry import register
 
 
 def _law(q: torch.Tensor, kind: str, K: int):
@@ -34,10 +34,8 @@ class LPOptimal(Verifier):
         # p [N, V] or [V], q [N, V] / [N, K, V], drafts [N, K] -> conditional laws [N, V]
         from ..limits.lp import coupling_rows, solve_coupling
 
-        V, K = p.shape[-1], drafts.shape[-1]
-        P = p.reshape(-1, V)
-        Qf = q.reshape(P.shape[0], *q.shape[p.ndim - 1 :])
-        D = drafts.reshape(-1, K)
+        P, Qf, D, _ = self._flat(p, q, drafts)
+        V, K = P.shape[-1], D.shape[-1]
         out = torch.empty(P.shape[0], V, dtype=torch.float64)
         groups: dict = {}
         for i in range(P.shape[0]):
@@ -45,9 +43,14 @@ class LPOptimal(Verifier):
             groups.setdefault(key, []).append(i)
         for rows in groups.values():
             i0 = rows[0]
-            lawobj = _law(Qf[i0].double(), law, K)
-            sol = solve_coupling(P[i0].double(), lawobj)
+            lawobj = _law(Qf[i0], law, K)
+            sol = solve_coupling(P[i0], lawobj)
             cond = coupling_rows(sol)  # [N_tuples, V]
+            # a tuple whose mass is below the solver's tolerance may come back with a row short
+            # of 1 (nothing matched, no residual left): its missing mass follows p, so the row
+            # is a law inside the support of p (a change of at most the solver's tolerance)
+            short = (1.0 - cond.sum(-1, keepdim=True)).clamp_min(0.0)
+            cond = cond + short * P[i0].unsqueeze(0)
             Vb = V + 1
             keys = (sol.tuples * Vb ** torch.arange(K - 1, -1, -1)).sum(-1)
             sorted_keys, perm = torch.sort(keys)
@@ -63,6 +66,6 @@ class LPOptimal(Verifier):
         return self._rows(p, q, drafts, law)
 
     def _verify(self, p, q, drafts, g, law):
-        rows = self._rows(p.double(), q.double(), drafts, law).reshape(-1, p.shape[-1])
+        rows = self._rows(p, q, drafts, law).reshape(-1, p.shape[-1])
         u = torch.rand(rows.shape[0], generator=g, dtype=torch.float64)
         return inverse_cdf(rows, u).reshape(p.shape[:-1])

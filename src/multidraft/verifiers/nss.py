@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
 from ._residual import sample_rows
 from .base import Verifier
+from .registry import register
 
 
 @register
@@ -24,7 +24,7 @@ class NSS(Verifier):
         # p [..., V]; one draw per row by inverse CDF, never a [B, V] multinomial
         flat = p.reshape(-1, p.shape[-1])
         rows = torch.arange(flat.shape[0], device=p.device)
-        return sample_rows(lambda r: flat[r].double(), rows, g).reshape(p.shape[:-1])
+        return sample_rows(lambda r: flat[r], rows, g).reshape(p.shape[:-1])
 
     def _output_distribution(self, p, q, drafts, law):
         return p.clone()

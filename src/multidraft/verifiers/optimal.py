@@ -55,7 +55,7 @@ import torch
 
 from .._scan import cummin, ipow, rev_cummin, segment_search
 from ..limits.dual import prefix_order
-from ._residual import sample_rows
+from ._residual import accept, accept_prob, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
 from .registry import register
 
@@ -472,9 +472,7 @@ def _shared_q(p, q, K):
     return q
 
 
-def _norm64(x):
-    x = x.double()
-    return x / x.sum(-1, keepdim=True)
+_norm64 = rows64  # the prologue's normalisation (a no-op on rows it already normalised)
 
 
 @register
@@ -605,17 +603,11 @@ class Optimal(Verifier):
         Z = D.gather(-1, win).squeeze(-1)
         rZ = rk.gather(-1, win).squeeze(-1)
         pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
-        accept = u_acc * rZ <= pZ
         token = Z.clone()
-        rej = (~accept).nonzero().squeeze(-1)
+        rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
         if rej.numel():
             res = self._residual_rows(p64, plan, rej)
-            tot = res.sum(-1)
-            empty = tot <= 0  # residual of mass 0: rejection has probability 0 (rounding); keep Z
-            go = rej[~empty]
-            if go.numel():
-                resg = res[~empty]
-                token[go] = sample_rows(lambda rows: resg[rows], torch.arange(go.numel(), device=p.device), g)
+            token[rej] = sample_rows(lambda rows: res[rows], torch.arange(rej.numel(), device=p.device), g)
         return token.reshape(batch)
 
     def _verify_single(self, p, q, drafts, g):
@@ -638,21 +630,18 @@ class Optimal(Verifier):
         rZ = q64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
         pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
         token = Z.clone()
-        rej = (~(u_acc * rZ <= pZ)).nonzero().squeeze(-1)
+        rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
         if rej.numel():
-            res = (p64[rej] - q64[rej]).clamp_min(0.0)
-            empty = res.sum(-1) <= 0  # residual of mass 0: rejection has probability 0 (rounding); keep Z
-            go = rej[~empty]
-            if go.numel():
-                resg = res[~empty]
-                token[go] = sample_rows(lambda rows: resg[rows], torch.arange(go.numel(), device=p.device), g)
+            res = residual_or((p64[rej] - q64[rej]).clamp_min(0.0), p64[rej])
+            token[rej] = sample_rows(lambda rows: res[rows], torch.arange(rej.numel(), device=p.device), g)
         return token.reshape(batch)
 
     @staticmethod
     def _residual_rows(p64, plan, rows):
         r_tok = torch.empty(rows.numel(), p64.shape[-1], dtype=torch.float64, device=p64.device)
         r_tok.scatter_(-1, plan.order[rows], plan.r_sorted[rows])
-        return (p64[rows] - r_tok).clamp_min(0.0)
+        pr = p64[rows]
+        return residual_or((pr - r_tok).clamp_min(0.0), pr)  # never empty (``_residual`` notes)
 
     # exact path -----------------------------------------------------------------------
     def _output_distribution(self, p, q, drafts, law):
@@ -665,13 +654,10 @@ class Optimal(Verifier):
         R = D.shape[0]
         _, lid, lo, f, rk = self._draft_info(plan, D)
         win = _win_probs(lid, lo, f)  # [R, K]
-        res = self._residual_rows(p64, plan, torch.arange(R, device=p64.device))
-        tot = res.sum(-1, keepdim=True)
-        has = tot > 0
-        res = torch.where(has, res / torch.where(has, tot, torch.ones_like(tot)), torch.zeros_like(res))
+        res = residual_law(self._residual_rows(p64, plan, torch.arange(R, device=p64.device)), p64)
         px = p64.gather(-1, D)
-        a = torch.where(rk > 0, (px / torch.where(rk > 0, rk, torch.ones_like(rk))).clamp(max=1.0), torch.ones_like(px))
-        a = torch.where(has, a, torch.ones_like(a))
+        # a = min(1, p/r) as ``_residual.accept`` decides it: 1 where r = 0 < p, 0 where p = 0
+        a = accept_prob(px, rk)
         out = (win * (1.0 - a)).sum(-1, keepdim=True) * res
         return out.scatter_add(-1, D, win * a)
 

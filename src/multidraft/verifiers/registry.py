@@ -1,11 +1,15 @@
-"""The verifier registry: one name per verifier family, in registration (display) order."""
+"""The verifier registry: one name per verifier family, in registration (display) order.
+
+The table itself is ``base.Verifier._registered`` (base reads it for its error messages and
+imports nothing from here); this module is its interface. The package ``__init__`` imports
+the verifier modules, which register themselves."""
 from __future__ import annotations
 
 from .base import Verifier
 
 __all__ = ["register", "names", "get"]
 
-_REGISTRY: dict[str, type[Verifier]] = {}
+_REGISTRY: dict[str, type[Verifier]] = Verifier._registered
 
 
 def register(cls: type[Verifier]) -> type[Verifier]:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
-from ._residual import chunk_rows, sample_rows
+from ._residual import accept, chunk_rows, residual_law, residual_or, sample_rows
 from .base import Verifier
+from .registry import register
 from .greedy_optimal import split_greedy
 
 __all__ = ["SpecHub"]
@@ -40,38 +40,40 @@ class SpecHub(Verifier):
     max_k = 2
 
     def _verify(self, p, q, drafts, g, law):
-        # p [..., V], q [..., V] or [..., 2, V], drafts [..., 2]: (hub a, sampled x)
+        # p [..., V], q [..., V] or [..., 2, V] (float64 rows), drafts [..., 2]: (hub a, sampled x)
         q, T, x, Z = split_greedy(q, p, drafts)
         a = T[..., 0]
-        px = p.gather(-1, x.unsqueeze(-1)).squeeze(-1).double()
-        qx = q.gather(-1, x.unsqueeze(-1)).squeeze(-1).double()
+        px = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        qx = q.gather(-1, x.unsqueeze(-1)).squeeze(-1) / Z  # q'(x)
         u = torch.rand(x.shape, generator=g, dtype=torch.float64, device=p.device)
         token = x.clone()
-        rej = (~(u * qx <= px * Z)).reshape(-1).nonzero().squeeze(-1)
+        rej = (~accept(u, px, qx)).reshape(-1).nonzero().squeeze(-1)
         if rej.numel() == 0:
             return token
         V = p.shape[-1]
         fp, fq, fa, fZ = p.reshape(-1, V), q.reshape(-1, V), a.reshape(-1), Z.reshape(-1)
+
+        def off_hub(rows):  # (p - q')+ off the hub [r, V]
+            w = (fp[rows] - fq[rows] / fZ[rows].unsqueeze(-1)).clamp_min(0.0)
+            return w.scatter(-1, fa[rows].unsqueeze(-1), 0.0)
+
         # residual mass M = sum_{y != a} (p - q')+ per rejected row (R = p(a) + M), in
         # cache-sized chunks of rows
-        pa = fp.gather(-1, fa.unsqueeze(-1)).squeeze(-1).double()[rej]
+        pa = fp.gather(-1, fa.unsqueeze(-1)).squeeze(-1)[rej]
         M = torch.empty(rej.numel(), dtype=torch.float64, device=p.device)
         step = chunk_rows(V)
         for s0 in range(0, rej.numel(), step):
             r = rej[s0 : s0 + step]
-            d = (fp[r].double() - fq[r].double() / fZ[r].unsqueeze(-1)).clamp_min(0.0)
-            M[s0 : s0 + r.numel()] = d.sum(-1) - d.gather(-1, fa[r].unsqueeze(-1)).squeeze(-1)
+            M[s0 : s0 + r.numel()] = off_hub(r).sum(-1)
         uh = torch.rand(rej.numel(), generator=g, dtype=torch.float64, device=p.device)
-        hub = (uh * (pa + M) <= pa) | (M <= 0)
+        # the hub with probability p(a) / R; always when nothing is left off it and p(a) > 0;
+        # when neither has mass (p == q' to rounding: reached with probability 0 up to
+        # rounding) p itself is sampled (``_residual`` notes)
+        hub = accept(uh, pa, pa + M) | ((M <= 0) & (pa > 0))
         token.view(-1)[rej[hub]] = fa[rej[hub]]
         rest = rej[~hub]
         if rest.numel():
-
-            def weights(rows):
-                w = (fp[rows].double() - fq[rows].double() / fZ[rows].unsqueeze(-1)).clamp_min(0.0)
-                return w.scatter(-1, fa[rows].unsqueeze(-1), 0.0)
-
-            token.view(-1)[rest] = sample_rows(weights, rest, g)
+            token.view(-1)[rest] = sample_rows(lambda rows: residual_or(off_hub(rows), fp[rows]), rest, g)
         return token
 
     def _output_distribution(self, p, q, drafts, law):
@@ -85,8 +87,9 @@ class SpecHub(Verifier):
         res = (p - qr).clamp_min(0.0).scatter(-1, a, 0.0)
         z = res.sum(-1, keepdim=True)
         R = pa + z.squeeze(-1)  # = sum_{y != a} (q' - p)+ when p and q' are normalised
-        h = torch.where(z.squeeze(-1) > 0, pa / torch.where(R > 0, R, 1.0), torch.ones_like(R))
-        res = torch.where(z > 0, res / torch.where(z > 0, z, 1.0), torch.zeros_like(res))
+        # as the sampling path decides: p(a) / R, else the hub when p(a) > 0, else p itself
+        h = torch.where(z.squeeze(-1) > 0, pa / torch.where(R > 0, R, 1.0), (pa > 0).to(R.dtype))
+        res = residual_law(res, p)
         rej = 1 - acc
         out = (rej * (1 - h)).unsqueeze(-1) * res
         out = out.scatter_add(-1, a, (rej * h).unsqueeze(-1))

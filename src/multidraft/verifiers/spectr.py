@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from .registry import register
-from ._residual import inverse_cdf_blocked, rows_per_chunk
+from ._residual import inverse_cdf_blocked, residual_law, residual_or, rows_per_chunk
 from .base import Verifier
+from .registry import register
 
 __all__ = ["SpecTr", "solve_rho", "solve_rho_rows", "k_seq_f", "k_seq_f_rejected", "kseq_sample"]
 
@@ -248,29 +248,19 @@ class SpecTr(Verifier):
         return p, q, drafts, kind
 
     def _verify(self, p, q, drafts, g, law):
-        # p [..., V], q [..., V], drafts [..., K]
-        V = p.shape[-1]
-        K = drafts.shape[-1]
-        batch = p.shape[:-1]
-        P = p.reshape(-1, V)
-        Q = q.reshape(-1, V)
-        X = drafts.reshape(-1, K)
-        B = P.shape[0]
+        # p [..., V], q [..., V] (float64 rows), drafts [..., K]
+        P, Q, X, batch = self._flat(p, q, drafts)
+        B, K = X.shape
         u = torch.rand(B, K, generator=g, dtype=torch.float64, device=p.device)
         u_res = torch.rand(B, generator=g, dtype=torch.float64, device=p.device)
         return kseq_sample(P, Q, X, u, u_res).reshape(batch)
 
     def _output_distribution(self, p, q, drafts, law):
-        V = p.shape[-1]
-        K = drafts.shape[-1]
-        batch = p.shape[:-1]
-        P = p.reshape(-1, V)
-        Q = q.reshape(-1, V)
-        X = drafts.reshape(-1, K)
+        P, Q, X, batch = self._flat(p, q, drafts)
+        V, K = P.shape[-1], X.shape[-1]
         rho = solve_rho(P, Q, K).unsqueeze(-1)  # [N, 1]
         res, _ = _residual(P, Q, rho, K)
-        z = res.sum(-1, keepdim=True)
-        res = torch.where(z > 0, res / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(res))
+        res = residual_law(res, P)  # the sampling path's residual, normalised
         px = P.gather(-1, X)
         qx = Q.gather(-1, X)
         a = (px / (rho * qx)).clamp(max=1.0)  # [N, K]
@@ -317,8 +307,6 @@ def kseq_sample(P, Q, X, u, u_res) -> torch.Tensor:
         q64 = Q.index_select(0, rows).double()
         rho = rho_all[s0 : s0 + step]
         res, _ = _residual(p64, q64, rho.unsqueeze(-1), K)
-        empty = res.sum(-1, keepdim=True) <= 0
-        if bool(empty.any()):  # p_acc == 1 up to rounding (p == q): the residual is p itself
-            res = torch.where(empty, p64, res)
-        token[rows] = inverse_cdf_blocked(res, u_res[rows])
+        # empty: p_acc == 1 up to rounding (p == q), the residual is p itself
+        token[rows] = inverse_cdf_blocked(residual_or(res, p64), u_res[rows])
     return token
