@@ -110,9 +110,6 @@ def main(argv=None) -> int:
             parser.print_help(sys.stderr)
             return 2
         prog = f"multidraft {args.command}"
-        from ._args import check_common
-
-        check_common(args)  # --seed, --target/--draft, file: data sets: before any work
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -133,7 +133,7 @@ def check_out_dir(raw, flag: str = "--out") -> Path:
     created (its nearest existing ancestor is a writable directory); never a file."""
     path = Path(raw).expanduser()
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag}: {path} exists and is not a directory")
+        raise ValueError(f"{flag}: {path} is a file, not a directory")
     probe = path
     while not probe.exists():
         if probe.parent == probe:
@@ -152,7 +152,8 @@ SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2^64)
 
 
 def check_common(args) -> None:
-    """The flags several commands share, checked once, before any model loads or work starts:
+    """The flags several commands share, checked the same way everywhere: each command calls it
+    after its own checks, before any model loads or work starts:
     ``--seed`` within 64 bits, ``--target`` / ``--draft`` paths that exist and suit ``--engine``
     (transformers: a model directory with its config.json, or a .gguf file; llama.cpp: a .gguf
     file), ``file:PATH`` data sets that exist. ValueError naming the flag."""
@@ -185,17 +186,17 @@ def check_common(args) -> None:
 
 def quiet_loading() -> None:
     """``--quiet``: no progress bars while models load either (transformers' "Loading checkpoint
-    shards", the hub's downloads, any tqdm bar): set before anything that draws them is imported,
-    and told to transformers too when it is already loaded."""
-    os.environ["TQDM_DISABLE"] = "1"  # every tqdm bar (tqdm >= 4.66 reads it when a bar is made)
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    tf = sys.modules.get("transformers")
-    if tf is not None:
-        try:
-            tf.utils.logging.disable_progress_bar()
-        except AttributeError:  # pragma: no cover (an old transformers)
-            pass
+    shards", the hub's downloads): the environment variables they read when imported, and their
+    switches when they already are."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # the hub's bars, and transformers' (it asks the hub)
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm reads it when imported
+    hub = sys.modules.get("huggingface_hub")
+    if hub is not None:
+        hub.utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        import transformers.utils.logging as tf_logging
+
+        tf_logging.disable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------

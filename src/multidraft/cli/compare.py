@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ._args import k_list, name_list
+from ._args import check_common, k_list, name_list
 
 
 def register(sub) -> None:
@@ -45,6 +45,7 @@ def run(args) -> int:
     from ..experiments import compare as C
     from ..experiments.records import check_binding, ensure_dir
 
+    check_common(args)  # --seed
     if (args.p is None) != (args.q is None):
         raise ValueError("--p and --q go together")
     s = C.CompareConfig(  # every value validated here, once

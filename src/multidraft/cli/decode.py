@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .._errors import ArgumentError
 from ..drafts import LAW_KINDS
-from ._args import check_out_file, draft_ftype, float_list, k_list, quiet_loading
+from ._args import check_common, check_out_file, draft_ftype, float_list, k_list, quiet_loading
 
 
 def register(sub) -> None:
@@ -224,6 +224,13 @@ def check_args(args):
         temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens,
     )
+    if args.engine == "llama.cpp" and settings.shape is not None:
+        from ..trees import LLAMA_CPP_TREE_NODES
+
+        if settings.shape.max_nodes() > LLAMA_CPP_TREE_NODES:
+            raise ArgumentError("depth", f": the tree has {settings.shape.max_nodes() - 1} drafted nodes a step; "
+                                         f"--engine llama.cpp takes at most {LLAMA_CPP_TREE_NODES - 1} (one batch)")
+    check_common(args)  # --seed, --target / --draft
     return settings, draft_temperature, tree, out
 
 

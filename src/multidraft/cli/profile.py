@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from ._args import check_out_file, draft_ftype, int_list, quiet_loading
+from ._args import check_common, check_out_file, draft_ftype, int_list, quiet_loading
 
 
 def register(sub) -> None:
@@ -84,6 +84,7 @@ def check_args(args):
     elif args.draft_ftype is not None:
         raise ValueError("--draft-ftype applies to --engine llama.cpp only")
     out = check_out_file(args.out)
+    check_common(args)  # --target / --draft
     return nodes, draft_nodes, out
 
 

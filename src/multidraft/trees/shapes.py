@@ -40,7 +40,7 @@ import torch
 from .._errors import ArgumentError
 
 __all__ = ["TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "tree_nodes", "DEFAULT_MAX_NODES",
-           "MAX_DYNAMIC_NODES", "MAX_TREE_NODES"]
+           "MAX_DYNAMIC_NODES", "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES"]
 
 
 def full_tree(k: int, depth: int) -> list[list[int]]:
@@ -93,12 +93,16 @@ def parse_tree(tree) -> dict[tuple[int, ...], int]:
 
 
 DEFAULT_MAX_NODES = 16
-# The most nodes of one step's tree, root included, for every shape: 255 drafted nodes, the most
-# new entries llama.cpp takes in one batch (``decoding.llamacpp``), and about 2 x 256 x V float32
-# of logits a step (0.3 GB at V = 151,936) on any engine. Checked by ``TreeShape.from_args`` from
-# the sizes alone, before any tree is built, so generate, decode, demo, blocks and profile share it.
-MAX_TREE_NODES = 256
-MAX_DYNAMIC_NODES = MAX_TREE_NODES
+# The most nodes of one step's tree, root included, for every shape: the target's logits of a step
+# are nodes x V float32 (0.6 GB at V = 151,936) and the draft's as many again, beside a nodes^2
+# attention mask. Checked by ``TreeShape.from_args`` from the sizes alone, before any tree is
+# built, so generate, decode, demo, blocks and profile all get it from here.
+MAX_TREE_NODES = 1024
+# llama.cpp takes at most 255 new entries a batch (256 sequences, ``decoding.llamacpp``): the
+# commands check a tree against it (``TreeShape.max_nodes() <= LLAMA_CPP_TREE_NODES``) when they
+# run on that engine, also before any model loads.
+LLAMA_CPP_TREE_NODES = 256
+MAX_DYNAMIC_NODES = LLAMA_CPP_TREE_NODES  # dynamic trees run on both engines
 
 
 def tree_nodes(mode: str, k: int, depth: int, cap: int = MAX_TREE_NODES) -> int:
@@ -125,7 +129,7 @@ def _check_size(mode: str, k: int, depth: int) -> None:
                 f"a full {k:,}-ary tree of depth {depth:,} has more than {cap}")
         raise ArgumentError("k" if k > cap else "depth",
                             f": {what} drafted nodes a step (k = {k:,}, depth = {depth:,}); the limit is {cap} "
-                            f"(llama.cpp's batch; about 2 x {MAX_TREE_NODES} x V floats of logits a step)")
+                            f"(about 2 x {MAX_TREE_NODES} x V floats of logits a step)")
 
 
 def coverage(q: torch.Tensor, k_max: int, kind: str = "iid") -> torch.Tensor:
@@ -208,9 +212,9 @@ class TreeShape:
             if tree == "dynamic":
                 if max_nodes is None:
                     max_nodes = DEFAULT_MAX_NODES
-                if k > MAX_TREE_NODES - 1:  # the allocator's tables are [nodes, k]
-                    raise ArgumentError("k", f": {k:,} drafts per node; at most {MAX_TREE_NODES - 1} "
-                                             "(a step's tree has at most that many drafted nodes)")
+                if k > MAX_DYNAMIC_NODES - 1:  # the allocator's tables are [nodes, k]
+                    raise ArgumentError("k", f": {k:,} drafts per node; at most {MAX_DYNAMIC_NODES - 1} "
+                                             "(a dynamic tree has at most that many drafted nodes)")
                 return cls("dynamic", depth, k, {}, max_nodes, float(min_gain))
             _check_size("sequences", k, depth)
             return cls("sequences", depth, k)
