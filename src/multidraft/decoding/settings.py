@@ -125,12 +125,9 @@ class Settings:
         if draft_temperature is None:
             temps = [temperature]
         elif listed:
-            if draft_law is not None and kind != "independent":  # e.g. 'iid' with a list: refused, not overridden
+            if kind != "independent":  # a law named with a list ('iid' included): refused, never overridden
                 raise ArgumentError("draft_temperature", f": a list (one temperature per draft) means the independent "
                                                          f"law, not the {draft_law!r} law; drop one of them")
-            if kind not in ("iid", "independent"):
-                raise ArgumentError("draft_temperature", f": a list (one per draft) means the independent law, "
-                                                         f"not {draft_law!r}")
             if len(draft_temperature) != K:
                 raise ArgumentError("draft_temperature", f"has {len(draft_temperature)} entries but k = {K}; "
                                                          "give one per draft")
