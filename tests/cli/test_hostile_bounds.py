@@ -402,6 +402,18 @@ def test_interrupt_inside_a_c_extension_import_is_an_interrupt(monkeypatch, caps
     monkeypatch.setattr(cli, "build_parser", interrupted_import)
     assert cli.main(["compare"]) == 130
     assert capsys.readouterr().err.strip() == "multidraft: interrupted"
+    def unchained():  # the C extension replaced the KeyboardInterrupt: only the signal tells
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass
+        raise ImportError("Importing the numpy C-extensions failed ... bad install")
+
+    monkeypatch.setattr(cli, "build_parser", unchained)
+    assert cli.main(["compare"]) == 130
+    assert capsys.readouterr().err.strip() == "multidraft: interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     monkeypatch.setattr(cli, "build_parser", lambda: (_ for _ in ()).throw(ImportError("a real one")))
     with pytest.raises(ImportError, match="a real one"):
         cli.main(["compare"])
@@ -414,3 +426,22 @@ def test_guard_fires():
         with _guard(1):
             while time.monotonic() - t0 < 30:
                 math.sqrt(2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.03, 0.05, 0.08, 0.12, 0.2, 0.3, 0.45])
+def test_early_ctrl_c_never_reports_a_bad_install(delay):
+    """SIGINT while the interpreter imports numpy and torch: never numpy's "bad install"
+    ImportError (an interrupt inside a C extension's import is reported as an interrupt).
+    Before the command line's own code runs (the first tens of ms) Python itself reports the
+    KeyboardInterrupt; nothing here can change that, so only the ImportError is asserted on."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "multidraft", "compare", "--k", "1,2,3,4,5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=GUARD_S)
+    assert "bad install" not in err and "ImportError" not in err, err

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 # subcommand modules, in help order
@@ -95,7 +96,29 @@ def os_error_message(exc: OSError) -> str:
     return _one_line(str(exc))
 
 
+_SIGINT_SEEN = [False]  # set by _note_sigint: a SIGINT arrived during main()
+
+
+def _note_sigint(signum, frame):
+    """Python's own SIGINT behaviour (raise KeyboardInterrupt), remembering that it happened: a C
+    extension whose import is interrupted may replace the KeyboardInterrupt by an ImportError."""
+    _SIGINT_SEEN[0] = True
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    _SIGINT_SEEN[0] = False
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, _note_sigint)
+    try:
+        return _main(argv)
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _main(argv) -> int:
     prog = "multidraft"
     args = None
     try:
@@ -115,10 +138,10 @@ def main(argv=None) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except ImportError as exc:
-        if not _interrupted(exc):
+        if not (_interrupted(exc) or _SIGINT_SEEN[0]):
             raise
-        # Ctrl-C inside a C extension's import (numpy's, torch's) surfaces as their ImportError
-        # ("bad install") chained to the KeyboardInterrupt: it is an interrupt, not an error
+        # Ctrl-C inside a C extension's import (numpy's) surfaces as its ImportError ("bad
+        # install"), chained to the KeyboardInterrupt or not: it is an interrupt, not an error
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except (UserError, ValueError) as exc:
