@@ -357,6 +357,25 @@ def test_read_only_output_is_refused_before_the_work(tmp_path, no_models, capsys
         ro.chmod(0o700)
 
 
+def test_unwritable_output_is_refused_before_the_work(tmp_path, no_models, capsys, monkeypatch):
+    """The same refusal wherever this user cannot create a file (here simulated for root, who
+    can write in a read-only directory): the probe's error, one line, before any model loads."""
+
+    def denied(*a, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_args.tempfile, "NamedTemporaryFile", denied)
+    for argv, flag in ((["profile", "--out", str(tmp_path / "p.json")], "--out"),
+                       (["demo", "--out", str(tmp_path / "demo")], "--out"),
+                       (["decode", "--prompt", "hi", "--out", str(tmp_path / "d.json")], "--out"),
+                       (["experiment", "blocks", str(tmp_path / "run")], "RUN_DIR"),
+                       (["experiment", "acceptance", str(tmp_path / "run")], "RUN_DIR")):
+        rc, lines = _run(argv, capsys)
+        assert rc == 2 and len(lines) == 1, (argv, lines)
+        assert lines[0].endswith(f"{flag}: cannot write in {tmp_path}: Permission denied"), lines
+    assert no_models == []
+
+
 def test_out_helpers(tmp_path):
     f = tmp_path / "f"
     f.write_text("")
