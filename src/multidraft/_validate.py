@@ -125,12 +125,22 @@ def _is_bool(x) -> bool:
     return isinstance(x, bool) or getattr(x, "dtype", None) == bool  # Python or numpy bool
 
 
+# The smallest positive temperature: softmax(logits / T) is computed in float32, where logits / T
+# overflows to inf (and the row to NaN) once |logits| / T > 3.4e38; at T >= 1e-30 that needs
+# |logits| > 3.4e8, far beyond any model's (sampling.process_logits also shifts the row's max to
+# 0 first for T < 1e-3, so no row is ever NaN there). Below it, 0 is greedy decoding.
+MIN_TEMPERATURE = 1e-30
+
+
 def as_temperature(x, name: str = "temperature") -> float:
-    """A sampling temperature: a finite real number >= 0 (0 = greedy), as a float."""
+    """A sampling temperature: 0 (greedy) or a finite real number >= ``MIN_TEMPERATURE``, as a float."""
     if not isinstance(x, numbers.Real) or _is_bool(x) or not math.isfinite(x):
         raise ArgumentError(name, f"must be a finite number >= 0, got {x!r}")
     if x < 0:
         raise ArgumentError(name, f"must be >= 0 (0 = greedy), got {x}")
+    if 0 < x < MIN_TEMPERATURE:
+        raise ArgumentError(name, f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {x:g} (the scaled logits "
+                                  "would overflow float32 and the law be undefined; use 0 for greedy decoding)")
     return float(x)
 
 

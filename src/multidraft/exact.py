@@ -34,11 +34,12 @@ def _gib(n: int) -> str:
 
 def _guard(law: DraftLaw, limit: int, what: str) -> int:
     """Tuple count of the law; ValueError when N x V x 8 bytes of output laws exceed limit."""
-    n = tuple_count(law)
+    n = tuple_count(law, cap=limit)  # stops counting above the limit: no n**K at K = 10^8
     need = n * law.V * 8
     if need > limit:
+        many, over = (f"{n:,}", "") if n <= limit else (f"more than {limit:,}", "over ")
         raise ValueError(
-            f"law: {what} needs {n:,} per-tuple output laws of V = {law.V} ({_gib(need)} in float64, "
+            f"law: {what} needs {many} per-tuple output laws of V = {law.V} ({over}{_gib(need)} in float64, "
             f"K = {law.k}, {law.kind!r} law); the limit is {_gib(limit)}: certificates are for small V and K"
         )
     return n

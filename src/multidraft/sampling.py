@@ -55,6 +55,8 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None =
     if temperature == 0:
         idx = x.argmax(-1, keepdim=True)  # first maximal index
         return torch.zeros_like(x).scatter_(-1, idx, 1.0)
+    if temperature < _SHIFT_BELOW_T:  # max at 0 first: (x - max) / T is <= 0, never +inf, so no NaN row
+        x = x - x.amax(-1, keepdim=True)
     probs = torch.softmax(x / float(temperature), dim=-1)
     cut_k = top_k is not None and top_k < V
     cut_p = top_p is not None and top_p < 1.0
@@ -75,6 +77,10 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int | None =
         probs = torch.zeros_like(probs).scatter_(-1, si, torch.where(keep, sp, torch.zeros_like(sp)))
     return probs / probs.sum(-1, keepdim=True)
 
+
+# Below this temperature the logits are shifted so the row's max is 0 before the division: the
+# same law, and no overflow to inf however small T is (``_validate.MIN_TEMPERATURE`` bounds T).
+_SHIFT_BELOW_T = 1e-3
 
 # The top-k / top-p cut without sorting the vocabulary (CPU, V > _HEAD_MIN_V): the head of the
 # stable descending order comes from _scan.top_desc_stable (exact, ties to the lower id), in

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 # subcommand modules, in help order
@@ -46,6 +47,7 @@ ARG_FLAGS = {
 MODE_FLAGS = {
     ("decode", "dynamic"): {"k": "--k-max", "depth": "--max-depth"},  # --tree dynamic: k and depth are the caps
     ("experiment", "acceptance"): {"t_target": "--target-temperature", "t_draft": "--draft-temperature"},
+    ("experiment", "blocks"): {"depth": "--depths"},
 }
 
 
@@ -58,10 +60,20 @@ def flag_for(arg: str, command: str | None = None, mode: str | None = None) -> s
     return MODE_FLAGS.get((command, mode), {}).get(arg) or ARG_FLAGS.get(arg) or "--" + arg.replace("_", "-")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose own errors (an unknown flag, a missing argument, a bad choice or
+    number) are ONE line, ``multidraft <cmd>: error: ...``, and exit 2, like every other error here
+    (argparse prints its usage block first). Subcommand parsers are made of this class too."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="multidraft",
         description="Multi-draft speculative decoding: lossless verifiers, optimal acceptance, end-to-end decoding.",
     )
@@ -84,18 +96,52 @@ def os_error_message(exc: OSError) -> str:
     return _one_line(str(exc))
 
 
+_SIGINT_SEEN = [False]  # set by _note_sigint: a SIGINT arrived during main()
+
+
+def _note_sigint(signum, frame):
+    """Python's own SIGINT behaviour (raise KeyboardInterrupt), remembering that it happened: a C
+    extension whose import is interrupted may replace the KeyboardInterrupt by an ImportError."""
+    _SIGINT_SEEN[0] = True
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    _SIGINT_SEEN[0] = False
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, _note_sigint)
+    try:
+        return _main(argv)
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _main(argv) -> int:
     prog = "multidraft"
     args = None
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the subcommand that got them, as argparse's other errors are
+            cmd = " ".join(x for x in (getattr(args, "command", None), getattr(args, "experiment", None)) if x)
+            sys.stderr.write(f"multidraft{' ' + cmd if cmd else ''}: error: unrecognized arguments: "
+                             f"{_one_line(' '.join(extra))} (see multidraft{' ' + cmd if cmd else ''} --help)\n")
+            return 2
         if not getattr(args, "func", None):
             parser.print_help(sys.stderr)
             return 2
         prog = f"multidraft {args.command}"
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except ImportError as exc:
+        if not (_interrupted(exc) or _SIGINT_SEEN[0]):
+            raise
+        # Ctrl-C inside a C extension's import (numpy's) surfaces as its ImportError ("bad
+        # install"), chained to the KeyboardInterrupt or not: it is an interrupt, not an error
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except (UserError, ValueError) as exc:
@@ -107,6 +153,17 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"{prog}: error: {os_error_message(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, _USER_OS_ERRORS) else 1
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was caused, directly or down its chain, by a KeyboardInterrupt."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _quiet_interrupt(kind, value, tb):

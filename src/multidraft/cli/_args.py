@@ -10,11 +10,14 @@ values are validated once, by the settings or config object they go to (``k >= 1
 """
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from .._errors import ArgumentError
 
-__all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype",
+__all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype", "check_out_file", "check_out_dir", "check_common", "quiet_loading",
            "eprint", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper"]
 
 
@@ -26,27 +29,47 @@ def name_list(text, arg: str) -> list[str]:
     return out
 
 
-def int_list(text, arg: str, *, lo: int | None = None) -> list[int]:
+# The most values a list flag may expand to (``--k 1-1000000000`` is refused before anything is
+# built: a range is checked by its endpoints, never expanded first).
+MAX_LIST_VALUES = 4096
+
+
+def int_list(text, arg: str, *, lo: int | None = None, hi: int | None = None,
+             max_values: int = MAX_LIST_VALUES) -> list[int]:
     """Comma-separated integers and ranges ``a-b`` (inclusive), sorted, no duplicates; each >= ``lo``
-    when given (for values that no library object checks)."""
-    out: set[int] = set()
+    and <= ``hi`` when given, and at most ``max_values`` values in all.
+
+    Lazy and bounded: every part is parsed and checked by its endpoints first (a range's size
+    is ``b - a + 1``, computed, not expanded), so a huge range costs nothing before it is
+    refused."""
+    parts = []
     for part in name_list(text, arg):
         a, sep, b = part.partition("-")
         try:
-            vals = range(int(a), int(b) + 1) if sep and a else [int(part)]
+            lo_v, hi_v = (int(a), int(b)) if sep and a else (int(part), int(part))
         except ValueError:
             raise ArgumentError(arg, f": expected comma-separated integers or ranges like 1-8, got {part!r}") from None
-        if sep and a and int(b) < int(a):
+        if hi_v < lo_v:
             raise ArgumentError(arg, f": empty range {part!r}")
-        out.update(vals)
-    if lo is not None and min(out) < lo:
-        raise ArgumentError(arg, f": every value must be >= {lo}, got {text!r}")
+        if lo is not None and lo_v < lo:
+            raise ArgumentError(arg, f": every value must be >= {lo}, got {text!r}")
+        if hi is not None and hi_v > hi:
+            raise ArgumentError(arg, f": every value must be <= {hi:,}, got {part!r}")
+        parts.append((lo_v, hi_v, part))
+    if sum(h - l + 1 for l, h, _ in parts) > max_values:
+        big = max(parts, key=lambda t: t[1] - t[0])
+        raise ArgumentError(arg, f": at most {max_values:,} values, got {sum(h - l + 1 for l, h, _ in parts):,} "
+                                 f"(the range {big[2]!r} alone has {big[1] - big[0] + 1:,})")
+    out: set[int] = set()
+    for l, h, _ in parts:
+        out.update(range(l, h + 1))
     return sorted(out)
 
 
-def k_list(text, arg: str = "k") -> list[int]:
-    """Numbers of drafts K (``--k 2,4`` or ``--k 1-8``), parsed; ``>= 1`` is checked where they go."""
-    return int_list(text, arg)
+def k_list(text, arg: str = "k", *, hi: int | None = None) -> list[int]:
+    """Numbers of drafts K (``--k 2,4`` or ``--k 1-8``), parsed lazily and bounded (:func:`int_list`;
+    ``hi`` the command's largest K); ``>= 1`` is checked where they go."""
+    return int_list(text, arg, hi=hi)
 
 
 def float_list(text, arg: str) -> list[float]:
@@ -72,6 +95,108 @@ def draft_ftype(text, draft_path, flag: str = "--draft-ftype") -> str | None:
     if key is not None and draft_path is not None:
         raise ValueError(f"{flag} picks the default draft's requantized GGUF; drop it or --draft")
     return key
+
+
+# ---------------------------------------------------------------------------------------
+# output paths, checked before any work (the ONE check for every --out and run directory)
+# ---------------------------------------------------------------------------------------
+def _probe_writable(directory: Path, flag: str) -> None:
+    """ValueError naming ``flag`` unless a file can be created in ``directory`` (tried, not
+    guessed from permission bits: a read-only file system, or root's rights, decide it)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".multidraft-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot write in {directory}: {exc.strerror or exc}") from None
+
+
+def check_out_file(raw, flag: str = "--out") -> Path | None:
+    """The output file of ``flag`` (None when not given): not a directory, in an existing
+    directory where a file can be written, itself writable if it exists. Call it before any
+    model loads or work starts, so a bad path costs nothing."""
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: directory {parent} does not exist")
+    _probe_writable(parent, flag)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag}: {path} is not writable")
+    return path
+
+
+def check_out_dir(raw, flag: str = "--out") -> Path:
+    """The output directory of ``flag``: an existing writable directory, or one that can be
+    created (its nearest existing ancestor is a writable directory); never a file."""
+    path = Path(raw).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag}: {path} is a file, not a directory")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{flag}: cannot create {path}: {probe} is not a directory")
+    _probe_writable(probe, flag)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# checks every command shares, run by ``cli.main`` right after parsing (before any work)
+# ---------------------------------------------------------------------------------------
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2^64)
+
+
+def check_common(args) -> None:
+    """The flags several commands share, checked the same way everywhere: each command calls it
+    after its own checks, before any model loads or work starts:
+    ``--seed`` within 64 bits, ``--target`` / ``--draft`` paths that exist and suit ``--engine``
+    (transformers: a model directory with its config.json, or a .gguf file; llama.cpp: a .gguf
+    file), ``file:PATH`` data sets that exist. ValueError naming the flag."""
+    seed = getattr(args, "seed", None)
+    if isinstance(seed, int) and not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be an integer in [0, 2^64 - 1], got {seed}")
+    engine = getattr(args, "engine", "transformers")
+    for name in ("target", "draft"):
+        raw = getattr(args, name, None)
+        if raw is None or raw is False:
+            continue
+        path = Path(str(raw)).expanduser()
+        if not path.exists():
+            raise ValueError(f"--{name}: {path} does not exist (a local model directory or .gguf file)")
+        if engine == "llama.cpp" and not path.is_file():
+            raise ValueError(f"--{name}: {path} is not a file (--engine llama.cpp reads .gguf files)")
+        if engine != "llama.cpp":
+            if path.is_file() and path.suffix.lower() != ".gguf":
+                raise ValueError(f"--{name}: {path} is a file, not a model directory (or a .gguf file)")
+            if path.is_dir() and not (path / "config.json").is_file():
+                raise ValueError(f"--{name}: {path} is not a model directory (no config.json)")
+    if getattr(args, "command", None) == "experiment" and getattr(args, "run_dir", None):
+        check_out_dir(args.run_dir, "RUN_DIR")  # a directory this run can write in, before the work
+    datasets = getattr(args, "datasets", None)
+    if isinstance(datasets, str):
+        for d in (x.strip() for x in datasets.split(",")):
+            if d.startswith("file:") and len(d) > 5 and not Path(d[5:]).expanduser().is_file():
+                raise ValueError(f"--datasets: {d}: no such file")
+
+
+def quiet_loading() -> None:
+    """``--quiet``: no progress bars while models load either (transformers' "Loading checkpoint
+    shards", the hub's downloads): the environment variables they read when imported, and their
+    switches when they already are."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # the hub's bars, and transformers' (it asks the hub)
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm reads it when imported
+    hub = sys.modules.get("huggingface_hub")
+    if hub is not None:
+        hub.utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        import transformers.utils.logging as tf_logging
+
+        tf_logging.disable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ._args import k_list, name_list
+from ._args import check_common, k_list, name_list
 
 
 def register(sub) -> None:
@@ -33,10 +33,19 @@ def register(sub) -> None:
     ap.set_defaults(func=run)
 
 
+LONG_SECONDS = 5.0  # work estimated longer than this is announced, with progress
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
 def run(args) -> int:
     from ..experiments import compare as C
     from ..experiments.records import check_binding, ensure_dir
 
+    check_common(args)  # --seed
     if (args.p is None) != (args.q is None):
         raise ValueError("--p and --q go together")
     s = C.CompareConfig(  # every value validated here, once
@@ -55,10 +64,17 @@ def run(args) -> int:
             raise IsADirectoryError(21, "--out is a directory; give a file name such as rows.jsonl", str(out))
         ensure_dir(out.parent, "directory")
         check_binding(out, C.jsonl_config(cases, s), s.seed, C.KEYED)
-    plan = C.plan(cases, s)
-    print(plan.describe(s.samples), file=sys.stderr, flush=True)
-    rows = C.run(cases, s, show_progress=sys.stderr.isatty() and not args.no_progress,
-                 log=lambda m: print(m, file=sys.stderr, flush=True), the_plan=plan)
+    plan = C.plan(cases, s)  # sizes first: refuses what cannot be done (ArgumentError naming the flag)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log(plan.describe(s.samples))
+    seconds = C.estimate_seconds(cases, s, plan) if plan.n_monte_carlo else 0.0
+    long = seconds > LONG_SECONDS
+    if long:  # say so before it starts, and show progress even where no bar is drawn
+        log(f"compare: the Monte-Carlo runs will take about {_duration(seconds)} (from timed pilots; fewer "
+            "--samples or --k make it shorter)")
+    bar = sys.stderr.isatty() and not args.no_progress
+    rows = C.run(cases, s, show_progress=bar, log=log, the_plan=plan,
+                 step_log=log if long and not bar and not args.no_progress else None)
     if args.out:
         n = C.write_jsonl(args.out, rows, cases, s)
         print(f"wrote {n} rows to {args.out}", file=sys.stderr)

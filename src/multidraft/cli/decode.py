@@ -32,13 +32,12 @@ mistake is one line on stderr naming the flag (``cli.ARG_FLAGS``) and exit statu
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from .._errors import ArgumentError
 from ..drafts import LAW_KINDS
-from ._args import draft_ftype, float_list, k_list
+from ._args import check_common, check_out_file, draft_ftype, float_list, k_list, quiet_loading
 
 
 def register(sub) -> None:
@@ -52,8 +51,9 @@ def register(sub) -> None:
     p.add_argument("--target", metavar="DIR", default=None, help="target model directory (default: the default pair)")
     p.add_argument("--draft", metavar="DIR", default=None, help="draft model directory (default: the default pair)")
     p.add_argument("--verifier", default="specinfer", help="registered verifier name, or 'none' for the target alone")
-    p.add_argument("--k", default="2", metavar="K", help="drafts per tree node (default 2)")
-    p.add_argument("--depth", type=int, default=4, metavar="L", help="draft tree depth (default 4)")
+    p.add_argument("--k", default=None, metavar="K", help="drafts per tree node (default 2; --tree dynamic: --k-max)")
+    p.add_argument("--depth", type=int, default=None, metavar="L",
+                   help="draft tree depth (default 4; --tree dynamic: --max-depth)")
     p.add_argument("--tree", default="full",
                    help="'full' (K-ary tree), 'sequences' (K sequences merged into a trie), a JSON list of paths, "
                         "'auto' (the fastest tree for --profile and the acceptance statistics; K = --k at most), "
@@ -73,14 +73,15 @@ def register(sub) -> None:
                    help="--tree auto: recompute the profile's points from its timed samples by this statistic "
                         "(default: median when the profile keeps samples, else its points as stored; a decode pays "
                         "the mean, 'min' is an unloaded machine)")
-    p.add_argument("--warmup-tokens", type=int, default=32, metavar="N",
+    p.add_argument("--warmup-tokens", type=int, default=None, metavar="N",
                    help="--tree auto without --accept-stats: tokens of the warm-up decode (K-ary tree of depth 2) "
                         "on the prompt that measures per-node acceptance (default 32)")
     p.add_argument("--max-nodes", type=int, default=None, metavar="N",
                    help="--tree auto / dynamic: node budget per step, root included (auto: <= 64, default 64; "
                         "dynamic: default 16)")
-    p.add_argument("--max-depth", type=int, default=8, metavar="L", help="--tree auto / dynamic: largest depth (<= 8)")
-    p.add_argument("--k-max", type=int, default=4, metavar="K",
+    p.add_argument("--max-depth", type=int, default=None, metavar="L",
+                   help="--tree auto / dynamic: largest depth (<= 8, default 8)")
+    p.add_argument("--k-max", type=int, default=None, metavar="K",
                    help="--tree dynamic: most drafts at one node (default 4)")
     p.add_argument("--min-gain", type=float, default=None, metavar="G",
                    help="--tree dynamic: grant a draft only if reach x coverage gain, its value in expected "
@@ -138,19 +139,34 @@ def _tree(raw):
     return val
 
 
-def _check_out(raw) -> Path | None:
-    """The --out file: not a directory, in an existing writable directory."""
-    if raw is None:
-        return None
-    path = Path(raw).expanduser()
-    if path.is_dir():
-        raise ValueError(f"--out: {path} is a directory; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"--out: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"--out: {path} is not writable")
-    return path
+# flags that only some --tree modes read: given with another mode they would be ignored, so refused
+_AUTO_ONLY = ("profile", "accept_stats", "accept_dataset", "profile_statistic", "warmup_tokens", "force_tree")
+_DYNAMIC_ONLY = ("k_max", "min_gain")
+_AUTO_OR_DYNAMIC = ("max_nodes", "max_depth")
+_FIXED_ONLY = ("depth",)  # --tree auto / dynamic take --max-depth (and dynamic --k-max) instead
+_DEFAULTS = dict(k="2", depth=4, warmup_tokens=32, max_depth=8, k_max=4)
+
+
+def _tree_flags(args) -> None:
+    """Refuse a flag that the chosen --tree mode would ignore (one line naming it and the mode
+    that reads it), then fill in the defaults of the others."""
+    mode = args.tree if args.tree in ("auto", "dynamic") else "fixed"
+
+    def given(name):
+        v = getattr(args, name)
+        return v is not None and v is not False
+
+    for names, modes, what in ((_AUTO_ONLY, ("auto",), "--tree auto"), (_DYNAMIC_ONLY, ("dynamic",), "--tree dynamic"),
+                               (_AUTO_OR_DYNAMIC, ("auto", "dynamic"), "--tree auto or dynamic"),
+                               (_FIXED_ONLY, ("fixed",), "fixed trees"),
+                               (("k",), ("fixed", "auto"), "fixed trees and --tree auto")):
+        for name in names:
+            if given(name) and mode not in modes:
+                alt = {"k": " (it takes --k-max)", "depth": " (it takes --max-depth)"}.get(name, "")
+                raise ValueError(f"--{name.replace('_', '-')} applies to {what} only, not --tree {args.tree}{alt}")
+    for name, value in _DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def check_args(args):
@@ -163,6 +179,9 @@ def check_args(args):
     """
     from ..decoding import Settings
 
+    if not args.prompt:
+        raise ValueError("--prompt is empty")
+    _tree_flags(args)
     ks = k_list(args.k)
     if len(ks) != 1:
         raise ArgumentError("k", f": decode takes one number of drafts, got {args.k!r}")
@@ -177,17 +196,17 @@ def check_args(args):
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
     else:
-        for flag, val in (("--bf16-target", args.bf16_target), ("--draft-ftype", args.draft_ftype),
+        for flag, val in (("--bf16-target", args.bf16_target or None), ("--draft-ftype", args.draft_ftype),
                           ("--threads", args.threads)):
-            if val not in (None, False):
+            if val is not None:  # --threads 0 included
                 raise ValueError(f"{flag} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
-    out = _check_out(args.out)
+    out = check_out_file(args.out)
     target_only = args.verifier.strip().lower() == "none"
     if tree == "auto" and target_only:
         raise ValueError("--tree auto needs a --verifier (with 'none' there is no tree to choose)")
-    sizes = dict(k=ks[0], depth=args.depth)
+    sizes = dict(k=ks[0], depth=1 if tree == "auto" else args.depth)  # auto: a placeholder until chosen
     if tree == "dynamic":
         if target_only:
             raise ValueError("--tree dynamic needs a --verifier (with 'none' there is no tree)")
@@ -205,6 +224,13 @@ def check_args(args):
         temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens,
     )
+    if args.engine == "llama.cpp" and settings.shape is not None:
+        from ..trees import LLAMA_CPP_TREE_NODES
+
+        if settings.shape.max_nodes() > LLAMA_CPP_TREE_NODES:
+            raise ArgumentError("depth", f": the tree has {settings.shape.max_nodes() - 1} drafted nodes a step; "
+                                         f"--engine llama.cpp takes at most {LLAMA_CPP_TREE_NODES - 1} (one batch)")
+    check_common(args)  # --seed, --target / --draft
     return settings, draft_temperature, tree, out
 
 
@@ -331,6 +357,8 @@ def run(args) -> int:
     from ..decoding.pair import load_pair
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.quiet:
+        quiet_loading()
     llama = args.engine == "llama.cpp"
     target, draft, tok = load_pair(
         args.engine, target=args.target, draft=args.draft if settings.verifier is not None else False,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from . import UserError
-from ._args import k_list, name_list
+from ._args import check_common, check_out_dir, k_list, name_list
 
 
 def _eprint(msg: str) -> None:
@@ -48,6 +48,8 @@ def run(args) -> int:
     from ..experiments.demo import DemoConfig, run_demo
 
     ks = tuple(k_list(args.k, "--k"))
+    check_out_dir(args.out, "--out")  # before any model loads: a read-only --out would lose the work
+    check_common(args)
     if min(ks) < 2:
         raise UserError(f"--k: the multi-draft rows need K >= 2 (K = 1 is the SD row), got {args.k!r}")
     verifiers = tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None

@@ -18,7 +18,7 @@ from ..experiments.collect import POSITIONS_FROM
 from . import UserError
 from ._args import close_mapper as _close
 from ._args import eprint as _log
-from ._args import float_list, int_list, k_list, name_list
+from ._args import check_common, float_list, int_list, k_list, name_list
 from ._args import mapper_kw as _mapper_kw
 from ._args import model_loader as _models
 from ._args import model_names as _model_names
@@ -146,7 +146,9 @@ def _config_fields(args) -> dict:
 
 
 def _run_kw(args) -> dict:
-    """What a run needs besides its config: the models (loaded on demand), seed, log, progress, mapper."""
+    """What a run needs besides its config: the models (loaded on demand), seed, log, progress, mapper.
+    The shared flags are checked first (``check_common``)."""
+    check_common(args)
     return dict(models=_models(args), model_names=_model_names(args), seed=args.seed, log=_log,
                 progress=_progress(args), **_mapper_kw(args))
 
@@ -220,6 +222,16 @@ def run_blocks(args) -> int:
     }
     if args.budget is not None:  # only then, so that stores made before --budget existed still resume
         config.update(budget=args.budget, tree="sequences")
+    if args.engine == "llama.cpp":  # one batch a step there: checked from the sizes, before any model loads
+        from ..trees import LLAMA_CPP_TREE_NODES, tree_nodes
+
+        mode, cap = ("sequences" if args.budget is not None else "full"), LLAMA_CPP_TREE_NODES - 1
+        for k in ks:
+            for d in ([args.budget // k] if args.budget is not None else depths):
+                if tree_nodes(mode, k, d, cap) > cap:
+                    raise ArgumentError("depth", f": K = {k}, depth {d} has more than {cap} drafted nodes a step; "
+                                                 f"--engine llama.cpp takes at most {cap} (one batch)")
+    check_common(args)
     path = blocks.run(
         args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=laws,
         ks=ks, depths=depths or [1], budget=args.budget, n_prompts=args.prompts,

@@ -10,7 +10,7 @@ goes to RUN_DIR/stages.jsonl and into the report.
 """
 from __future__ import annotations
 
-from ._args import close_mapper, eprint, mapper_kw, model_loader, model_names, name_list, progress_bar
+from ._args import check_common, close_mapper, eprint, mapper_kw, model_loader, model_names, name_list, progress_bar
 
 
 def register(es) -> None:
@@ -37,6 +37,7 @@ def run(args) -> int:
 
     stages = name_list(args.stages, "--stages")
     config = paper.QUICK if args.quick else paper.PAPER
+    check_common(args)
     kw = mapper_kw(args)
     try:
         spent = paper.run(args.run_dir, models=model_loader(args), model_names=model_names(args), config=config,

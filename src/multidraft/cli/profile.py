@@ -16,9 +16,8 @@ the decoder's runners (``decoding.profiling``), so the numbers mean the same on 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from ._args import draft_ftype, int_list
+from ._args import check_common, check_out_file, draft_ftype, int_list, quiet_loading
 
 
 def register(sub) -> None:
@@ -60,10 +59,8 @@ def register(sub) -> None:
 
 
 def check_args(args):
-    nodes = int_list(args.nodes, "--nodes", lo=1)
-    draft_nodes = int_list(args.draft_nodes, "--draft-nodes", lo=1)
-    if nodes[-1] > 64 or draft_nodes[-1] > 64:
-        raise ValueError("--nodes and --draft-nodes must be <= 64 (the tree chooser's node budget)")
+    nodes = int_list(args.nodes, "--nodes", lo=1, hi=64)  # bounded before anything is expanded:
+    draft_nodes = int_list(args.draft_nodes, "--draft-nodes", lo=1, hi=64)  # 64, the tree chooser's budget
     if nodes[0] != 1:
         raise ValueError(f"--nodes must include 1 (the target alone), got {args.nodes!r}")
     for flag, val, lo in (("--prefix", args.prefix, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
@@ -86,11 +83,8 @@ def check_args(args):
         raise ValueError("--bf16-target applies to --engine llama.cpp only")
     elif args.draft_ftype is not None:
         raise ValueError("--draft-ftype applies to --engine llama.cpp only")
-    out = Path(args.out).expanduser()
-    if out.is_dir():
-        raise ValueError(f"--out: {out} is a directory; give a file name")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise ValueError(f"--out: directory {out.parent} does not exist")
+    out = check_out_file(args.out)
+    check_common(args)  # --target / --draft
     return nodes, draft_nodes, out
 
 
@@ -126,6 +120,8 @@ def run(args) -> int:
     from ..decoding.treeopt import chain, step_seconds
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.quiet:
+        quiet_loading()
     target, draft, prompt, pid = _load(args, nodes, draft_nodes, log)
     default_target = "default (BF16 GGUF)" if args.bf16_target else "default"
     prof = measure_profile(target, draft, nodes=nodes, draft_nodes=draft_nodes, prefix=args.prefix,

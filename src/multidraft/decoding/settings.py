@@ -106,6 +106,8 @@ class Settings:
                 raise ArgumentError("min_gain", f"must be in [0, 1) (a draft is worth at most one token), got {min_gain}")
         try:
             shape = TreeShape.from_args(tree, K, L, max_nodes, min_gain or 0.0)
+        except ArgumentError:  # a size bound (k or depth), named as such
+            raise
         except ValueError as exc:
             raise ArgumentError.of("tree", exc) from None
         kind = None if draft_law is None else _drafts.law_kind(draft_law, "draft_law")
@@ -123,9 +125,9 @@ class Settings:
         if draft_temperature is None:
             temps = [temperature]
         elif listed:
-            if kind not in ("iid", "independent"):
-                raise ArgumentError("draft_temperature", f": a list (one per draft) means the independent law, "
-                                                         f"not {draft_law!r}")
+            if kind != "independent":  # a law named with a list ('iid' included): refused, never overridden
+                raise ArgumentError("draft_temperature", f": a list (one temperature per draft) means the independent "
+                                                         f"law, not the {draft_law!r} law; drop one of them")
             if len(draft_temperature) != K:
                 raise ArgumentError("draft_temperature", f"has {len(draft_temperature)} entries but k = {K}; "
                                                          "give one per draft")

@@ -28,17 +28,20 @@ from .. import exact
 from .. import verifiers as V
 from .._validate import ArgumentError, as_int, as_ks, as_probs
 from ..limits import lp_optimal_acceptance, optimal_acceptance
-from ..limits.lp import MAX_LP_TUPLES, tuple_count
+from ..limits.lp import COUNT_CAP, MAX_LP_TUPLES, tuple_count
 from .progress import progress
 from .records import JsonlWriter, row_key
 
-__all__ = ["EXACT_MAX_TUPLES", "KEY", "KEYED", "load_array", "CompareConfig", "Cell", "Plan", "builtin_cases",
-           "load_case", "plan", "run", "jsonl_config", "write_jsonl", "format_table"]
+__all__ = ["EXACT_MAX_TUPLES", "MAX_MC_DRAFT_TOKENS", "KEY", "KEYED", "load_array", "CompareConfig", "Cell", "Plan",
+           "builtin_cases", "load_case", "plan", "estimate_seconds", "run", "jsonl_config", "write_jsonl", "format_table"]
 
 EXACT_MAX_TUPLES = 20_000   # enumerate every draft tuple up to this many (the LP limit is limits.lp.MAX_LP_TUPLES)
 KEY = ("case", "law", "K", "verifier")
 KEYED = ("k", "laws", "verifiers")  # --out may be extended with more of these (rows are keyed by them)
 LP_VERIFIERS = ("lp_optimal",)      # verifiers that solve the coupling LP for every instance
+# The most draft tokens one Monte-Carlo run may draw (samples x K): beyond it a run takes hours
+# whatever the verifier (each draw is at least K tokens), so ``plan`` refuses it up front.
+MAX_MC_DRAFT_TOKENS = 10**9
 
 
 def _softmax(x, t=1.0):
@@ -149,6 +152,8 @@ class CompareConfig:
 
 
 def _count(n: int) -> str:
+    if n > COUNT_CAP:  # tuple counts are capped there (limits.lp.tuple_count)
+        return f"> 10^{len(str(COUNT_CAP)) - 1}"
     return f"{n:,}" if n < 10**12 else f"about 10^{len(str(n)) - 1}"
 
 
@@ -199,7 +204,7 @@ def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: CompareConfig) 
                     notes.append(f"{case}: the {law_name} law needs K <= {int((q > 0).sum())} tokens with q > 0; K = {k} skipped")
                     continue
                 law = D.make(law_name, q, k)
-                nt = tuple_count(law)
+                nt = tuple_count(law, cap=COUNT_CAP)  # capped: never n**K at huge K
                 lp_ok = nt <= MAX_LP_TUPLES
                 cell = Cell(case, law_name, k, nt, "lp" if lp_ok else "dual")
                 for name in names:
@@ -213,9 +218,51 @@ def plan(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: CompareConfig) 
                             raise ArgumentError("verifiers", f": {msg}; lower K or leave {name} out")
                         notes.append(f"skipped {msg}")
                         continue
-                    cell.verifiers.append((name, "exact" if nt <= EXACT_MAX_TUPLES else "mc"))
+                    how = "exact" if nt <= EXACT_MAX_TUPLES else "mc"
+                    if how == "mc" and s.samples * k > MAX_MC_DRAFT_TOKENS:
+                        raise ArgumentError("k", f": K = {k:,} is too many drafts to sample: {s.samples:,} Monte-Carlo "
+                                                 f"draws of K drafts are {s.samples * k:,} draft tokens per verifier; "
+                                                 f"the limit is {MAX_MC_DRAFT_TOKENS:,} (lower --k or --samples)")
+                    cell.verifiers.append((name, how))
                 cells.append(cell)
     return Plan(cells, notes)
+
+
+PILOT_SECONDS = 0.05  # each Monte-Carlo run's pilot grows until one batch takes this long
+
+
+def estimate_seconds(cases: dict, s: CompareConfig, pl: Plan) -> float:
+    """Seconds the Monte-Carlo runs of the plan will take, from timed pilots (own generator:
+    the run's draws are unchanged): per (cell, verifier), batches of 16, 32, ... draws until one
+    takes ``PILOT_SECONDS`` (or is a full batch), the last one's cost per draw times the draws.
+    Per-draw cost grows with the batch for some verifiers, hence pilots of real size, not tiny
+    ones. Exact cells and alpha* are bounded by the tuple limits (seconds at most), not counted."""
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    total = 0.0
+    for cell in pl.cells:
+        p, q = cases[cell.case]
+        law = D.make(cell.law, q, cell.k)
+        top = _chunk(law, s.samples)
+        for name, how in cell.verifiers:
+            if how != "mc":
+                continue
+            v, n = V.get(name), min(16, top)
+            while True:
+                t0 = time.perf_counter()
+                _monte_carlo(v, p, law, n, g)
+                took = time.perf_counter() - t0
+                if took >= PILOT_SECONDS or n >= top:
+                    break
+                n = min(2 * n, top)
+            total += took / n * s.samples
+    return total
+
+
+def _chunk(law, n: int) -> int:
+    """Monte-Carlo draws per batch: about 2M draft-probability entries (bounded memory)."""
+    return max(1, min(n, 2_000_000 // max(1, law.V * law.k)))
 
 
 def _alpha_star(p, law, method: str) -> float:
@@ -226,7 +273,7 @@ def _monte_carlo(v, p, law, n: int, g: torch.Generator) -> tuple[float, float]:
     """Acceptance and its standard error from n batched draws of drafts + verdicts."""
     hits = 0
     done = 0
-    chunk = max(1, min(n, 2_000_000 // max(1, law.V * law.k)))
+    chunk = _chunk(law, n)
     while done < n:
         m = min(chunk, n - done)
         q = law.q.expand(m, *law.q.shape).contiguous()
@@ -240,15 +287,20 @@ def _monte_carlo(v, p, law, n: int, g: torch.Generator) -> tuple[float, float]:
 
 
 def run(cases: dict[str, tuple[torch.Tensor, torch.Tensor]], s: CompareConfig, *, show_progress: bool = True,
-        log: Callable[[str], None] = lambda _m: None, the_plan: Plan | None = None) -> list[dict]:
-    """All rows, one per (case, law, K, verifier), plus one 'alpha*' row per (case, law, K)."""
+        log: Callable[[str], None] = lambda _m: None, the_plan: Plan | None = None,
+        step_log: Callable[[str], None] | None = None) -> list[dict]:
+    """All rows, one per (case, law, K, verifier), plus one 'alpha*' row per (case, law, K).
+    ``step_log``: a line before each Monte-Carlo step (progress where no bar can be drawn)."""
     pl = the_plan if the_plan is not None else plan(cases, s)
     for note in pl.notes:
         log(note)
     g = torch.Generator().manual_seed(s.seed)
     steps = [(c, nv) for c in pl.cells for nv in [None] + c.verifiers]  # cell by cell, alpha* first
     rows: list[dict] = []
-    for cell, nv in progress(steps, total=len(steps), desc="compare", enabled=show_progress):
+    for i, (cell, nv) in enumerate(progress(steps, total=len(steps), desc="compare", enabled=show_progress)):
+        if step_log is not None and nv is not None and nv[1] == "mc":
+            step_log(f"compare: step {i + 1}/{len(steps)}: {cell.case} {cell.law} K = {cell.k}, {nv[0]}, "
+                     f"{s.samples:,} Monte-Carlo draws")
         p, q = cases[cell.case]
         law = D.make(cell.law, q, cell.k)
         base = dict(case=cell.case, V=law.V, law=cell.law, K=cell.k)

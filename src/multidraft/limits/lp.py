@@ -51,21 +51,39 @@ FEAS_TOL = 1e-8  # accepted violation of the LP marginals before projection
 MAX_LP_TUPLES = 10_000
 
 
-def tuple_count(law: DraftLaw) -> int:
+COUNT_CAP = 10**100  # size checks count tuples exactly up to here, and stop above it (fast: ~100 products)
+
+
+def _capped_product(factors, cap: int | None) -> int:
+    """The product of non-negative integers, or ``cap + 1`` as soon as it exceeds ``cap``
+    (so a count like 6^(10^8) is never formed: at most about log2(cap) big multiplications)."""
+    out = 1
+    for f in factors:
+        out *= f
+        if out == 0:
+            return 0
+        if cap is not None and out > cap:
+            return cap + 1
+    return out
+
+
+def tuple_count(law: DraftLaw, cap: int | None = None) -> int:
     """Number of draft tuples of positive probability (the rows ``law.enumerate()`` would
-    list), from the support sizes alone: nothing is enumerated or allocated."""
+    list), from the support sizes alone: nothing is enumerated or allocated. With ``cap``,
+    counting stops above it (the result is then ``cap + 1``): what a size check needs, in
+    time independent of K (a bare ``n**K`` at K = 10^8 runs for minutes)."""
     if not isinstance(law, DraftLaw):
         raise ValueError(f"law must be a DraftLaw (from multidraft.drafts), got {type(law).__name__}")
     if len(law.batch_shape) != 0:
         raise ValueError(f"law must be unbatched to count its tuples, got batch_shape {tuple(law.batch_shape)}")
     K = law.k
     if law.kind == "independent":
-        return math.prod(int((law.q[j] > 0).sum()) for j in range(K))
+        return _capped_product((int((law.q[j] > 0).sum()) for j in range(K)), cap)
     n = int((law.q > 0).sum())
     if law.kind == "iid":
-        return n**K
+        return n**K if cap is None or n <= 1 else _capped_product((n for _ in range(K)), cap)
     if law.kind == "wor":
-        return math.perm(n, K)
+        return math.perm(n, K) if cap is None or K > n else _capped_product(range(n, n - K, -1), cap)
     if law.kind == "greedy":
         return max(0, n - (K - 1))  # the top K-1 are fixed; the last draft ranges over the rest's support
     raise ValueError(f"law: unknown draft law kind {law.kind!r}")  # pragma: no cover
@@ -76,10 +94,11 @@ def check_lp_size(law: DraftLaw, max_tuples: int | None = None) -> int:
     the count) when it exceeds ``max_tuples`` (default ``MAX_LP_TUPLES``), so callers can
     refuse or say so before minutes of solver time."""
     limit = MAX_LP_TUPLES if max_tuples is None else int(max_tuples)
-    n = tuple_count(law)
+    n = tuple_count(law, cap=COUNT_CAP)  # exact up to 10^100, in time independent of K
     if n > limit:
+        shown = f"{n:,}" if n <= COUNT_CAP else "more than 10^100"
         raise ValueError(
-            f"k = {law.k}: the acceptance LP for the {law.kind!r} law at V = {law.V} would have {n:,} draft tuples "
+            f"k = {law.k}: the acceptance LP for the {law.kind!r} law at V = {law.V} would have {shown} draft tuples "
             f"(limit {limit:,}); the LP is a small-V reference, use optimal_acceptance for alpha* at this size"
         )
     return n

@@ -28,13 +28,15 @@ from __future__ import annotations
 from .certify import TreeCertificate, certify_tree, emitted_law
 from .laws import MAX_TREES, TreeLaw, chain, explicit, kary, sequences
 from .rules import TreeRule, TreeVerdict, get, names, register
-from .shapes import DEFAULT_MAX_NODES, MAX_DYNAMIC_NODES, TreeShape, allocate, coverage, full_tree, parse_tree
+from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES, MAX_TREE_NODES, TreeShape, allocate, coverage, full_tree,
+                     parse_tree, tree_nodes)
 from .tables import STYLES, TableModel
 from .tree import DraftTree, Node
 from .walk import TokenWalk, node_ks
 
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
+    "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
     "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "MAX_TREES",
     "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",

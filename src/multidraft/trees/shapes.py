@@ -37,7 +37,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES"]
+from .._errors import ArgumentError
+
+__all__ = ["TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "tree_nodes", "DEFAULT_MAX_NODES",
+           "MAX_DYNAMIC_NODES", "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES"]
 
 
 def full_tree(k: int, depth: int) -> list[list[int]]:
@@ -90,7 +93,43 @@ def parse_tree(tree) -> dict[tuple[int, ...], int]:
 
 
 DEFAULT_MAX_NODES = 16
-MAX_DYNAMIC_NODES = 256
+# The most nodes of one step's tree, root included, for every shape: the target's logits of a step
+# are nodes x V float32 (0.6 GB at V = 151,936) and the draft's as many again, beside a nodes^2
+# attention mask. Checked by ``TreeShape.from_args`` from the sizes alone, before any tree is
+# built, so generate, decode, demo, blocks and profile all get it from here.
+MAX_TREE_NODES = 1024
+# llama.cpp takes at most 255 new entries a batch (256 sequences, ``decoding.llamacpp``): the
+# commands check a tree against it (``TreeShape.max_nodes() <= LLAMA_CPP_TREE_NODES``) when they
+# run on that engine, also before any model loads.
+LLAMA_CPP_TREE_NODES = 256
+MAX_DYNAMIC_NODES = LLAMA_CPP_TREE_NODES  # dynamic trees run on both engines
+
+
+def tree_nodes(mode: str, k: int, depth: int, cap: int = MAX_TREE_NODES) -> int:
+    """Drafted nodes (root excluded) of the ``mode`` 'full' (K + K^2 + ... + K^L) or 'sequences'
+    (K * L, an upper bound on the trie) tree, from the sizes alone: nothing is built, and the
+    count stops above ``cap`` (the result is then ``cap + 1``), so huge K or L cost nothing."""
+    if mode == "sequences":
+        return min(k * depth, cap + 1)
+    total, level = 0, 1
+    for _ in range(depth):
+        level *= k
+        total += level
+        if total > cap:
+            return cap + 1
+    return total
+
+
+def _check_size(mode: str, k: int, depth: int) -> None:
+    """``ArgumentError`` naming ``k`` (when K alone is too many) or ``depth`` when the tree of
+    these sizes has more than ``MAX_TREE_NODES - 1`` drafted nodes."""
+    cap = MAX_TREE_NODES - 1
+    if tree_nodes(mode, k, depth, cap) > cap:
+        what = (f"{k:,} sequences of length {depth:,} have up to {k * depth:,}" if mode == "sequences" else
+                f"a full {k:,}-ary tree of depth {depth:,} has more than {cap}")
+        raise ArgumentError("k" if k > cap else "depth",
+                            f": {what} drafted nodes a step (k = {k:,}, depth = {depth:,}); the limit is {cap} "
+                            f"(about 2 x {MAX_TREE_NODES} x V floats of logits a step)")
 
 
 def coverage(q: torch.Tensor, k_max: int, kind: str = "iid") -> torch.Tensor:
@@ -165,6 +204,7 @@ class TreeShape:
     def from_args(cls, tree, k: int, depth: int, max_nodes: int | None = None,
                   min_gain: float = 0.0) -> "TreeShape":
         if tree is None:
+            _check_size("full", k, depth)  # from the sizes: before full_tree builds anything
             return cls("paths", depth, k, parse_tree(full_tree(k, depth)))
         if isinstance(tree, str):
             if tree not in ("sequences", "dynamic"):
@@ -172,8 +212,15 @@ class TreeShape:
             if tree == "dynamic":
                 if max_nodes is None:
                     max_nodes = DEFAULT_MAX_NODES
+                if k > MAX_DYNAMIC_NODES - 1:  # the allocator's tables are [nodes, k]
+                    raise ArgumentError("k", f": {k:,} drafts per node; at most {MAX_DYNAMIC_NODES - 1} "
+                                             "(a dynamic tree has at most that many drafted nodes)")
                 return cls("dynamic", depth, k, {}, max_nodes, float(min_gain))
+            _check_size("sequences", k, depth)
             return cls("sequences", depth, k)
+        if hasattr(tree, "__len__") and len(tree) > MAX_TREE_NODES - 1:
+            raise ValueError(f"tree: {len(tree):,} paths; the limit is {MAX_TREE_NODES - 1} drafted nodes a step "
+                             f"(trees.MAX_TREE_NODES, root included)")
         ch = parse_tree(tree)
         return cls("paths", max(len(p) for p in ch), max(ch.values()), ch)
 
