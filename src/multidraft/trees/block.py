@@ -83,8 +83,8 @@ def block_tokens(tree_law, model) -> float:
         raise ValueError(f"tree_law: block_tokens needs a chain law, got {tree_law.name}")
     L, V = tree_law.depth, model.V
     total = 1.0
-    # level i: m[x^i] for every prefix of positive draft probability, as {prefix: (m, q(x^i), p-from-j list)}
-    # keep for each prefix the vector c_j = q(x^j) p(x_(j+1..i) | x^j), j = 0..i; m = min_j c_j.
+    # level i: for every prefix x^i of positive draft probability the list c_j = q(x^j) p(x_(j+1..i) | x^j),
+    # j = 0..i (its last entry is q(x^i)); m(x^i) = min_j c_j.
     level = {(): [1.0]}
     for _ in range(L):
         nxt = {}

@@ -170,19 +170,25 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
     best = x0
     for _ in range(REFINE_ROUNDS):
         eps = err(best)
-        if eps <= 1e-15:
+        if eps <= 1e-14:  # below this the residuals are rounding, and scaled by 1 / eps mere noise
             break
-        fix = linprog(-lens, A_ub=A_ub, b_ub=(b_ub - A_ub @ best) / eps, A_eq=A_eq, b_eq=(b_eq - A_eq @ best) / eps,
-                      bounds=np.stack([-best / eps, np.full(nv, np.inf)], 1), method="highs-ds", options=opts)
+        # the sequence rows get a slack of 1e-6 (1e-6 eps once scaled back): their right-hand sides sum
+        # to the tree rows' only up to rounding, which divided by eps could make the correction infeasible
+        for method in ("highs-ds", "highs-ipm"):  # the scaled problem needs only the default tolerances
+            fix = linprog(-lens, A_ub=A_ub, b_ub=(b_ub - A_ub @ best) / eps + 1e-6, A_eq=A_eq,
+                          b_eq=(b_eq - A_eq @ best) / eps, bounds=np.stack([-best / eps, np.full(nv, np.inf)], 1),
+                          method=method)
+            if fix.status == 0:
+                break
         if fix.status != 0:
             break
         x1 = np.clip(best + eps * fix.x, 0.0, None)
-        if err(x1) >= eps:
+        if err(x1) >= eps or lens @ x1 < lens @ best - 10 * n * eps:  # no better, or the value lost more than the residual allows
             break
         best = x1
     # repair (2), when (1) stalls: a nonnegative solution of all rows on the optimal face (NNLS)
     face = np.nonzero((slack >= -FACE_TOL) | (best > 0))[0]
-    if err(best) > 1e-14 and face.size:
+    if err(best) > 1e-14 and face.size:  # (the same threshold as the refinement's)
         A_face = np.vstack([A_eq[:, face].toarray(), A_ub[:, face].toarray()])
         xs, _ = nnls(A_face, b_all, maxiter=50 * face.size)
         x1 = np.zeros(nv)
