@@ -188,7 +188,8 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
         best = x1
     # repair (2), when (1) stalls: a nonnegative solution of all rows on the optimal face (NNLS)
     face = np.nonzero((slack >= -FACE_TOL) | (best > 0))[0]
-    if err(best) > 1e-14 and face.size:  # (the same threshold as the refinement's)
+    rows = nT + keep_rows.size
+    if err(best) > 1e-14 and 0 < face.size and rows * face.size <= 20_000_000:  # (a dense matrix of at most 160 MB)
         A_face = np.vstack([A_eq[:, face].toarray(), A_ub[:, face].toarray()])
         xs, _ = nnls(A_face, b_all, maxiter=50 * face.size)
         x1 = np.zeros(nv)
