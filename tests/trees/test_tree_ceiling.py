@@ -114,15 +114,16 @@ def test_lp_size_is_bounded_up_front():
 
 def test_per_node_optimum_is_not_always_the_best_walk():
     """A counterexample to 'the best token-level walk is alpha* at every node': on K = 2 i.i.d.
-    sequences, V = 3, L = 2 ('q_zero', seed 5) the walks of optimal and lp_optimal (both at
-    alpha* at every node) emit fewer tokens per call than the spectr and specinfer walks: at
-    the root specinfer and optimal both reach alpha* (0.2619773) but accept different tokens,
-    whose subtrees differ."""
-    model = trees.TableModel.random(3, seed=5, style="q_zero")
+    sequences, V = 3, L = 2 ('q_zero', seed 257) the walks of optimal and lp_optimal (both at
+    alpha* at every node) emit 1.79789 and 1.77954 tokens per call, the specinfer walk 1.80622
+    and spectr's 1.80314: which tokens a node accepts matters below it, not only how often.
+    (Seed 5 is a milder case: at the root specinfer and optimal both reach alpha* but accept
+    different tokens.)"""
+    model = trees.TableModel.random(3, seed=257, style="q_zero")
     law = trees.sequences(2, 2)
     got = {v: trees.certify_tree(trees.TokenWalk(v, "iid"), law, model) for v in ("optimal", "lp_optimal", "specinfer", "spectr")}
     assert all(c.max_abs_error <= 1e-12 for c in got.values())
     best_per_node = max(got["optimal"].expected_tokens, got["lp_optimal"].expected_tokens)
-    assert got["spectr"].expected_tokens > best_per_node + 1e-7
-    assert got["specinfer"].expected_tokens > best_per_node + 1e-7
-    assert trees.optimal_tokens(law, model).value > got["spectr"].expected_tokens + 1e-5
+    assert got["spectr"].expected_tokens > best_per_node + 5e-3
+    assert got["specinfer"].expected_tokens > best_per_node + 8e-3
+    assert trees.optimal_tokens(law, model).value > got["specinfer"].expected_tokens + 1e-2
