@@ -19,7 +19,7 @@ import time
 
 from .. import trees
 
-__all__ = ["make_law", "run", "summarize", "main"]
+__all__ = ["main", "make_law", "run", "summarize"]
 
 AT = 1e-9  # a rule within this of the ceiling is "at the ceiling" (LP precision)
 

@@ -130,7 +130,7 @@ class BlockVerification(TreeRule):
         return ids, xs, ps, qs
 
     def output_distribution(self, tree: DraftTree) -> dict:
-        ids, xs, ps, qs = self._chain(tree)
+        _, xs, ps, qs = self._chain(tree)
         L = len(xs)
         _, h, rows = chain_weights(ps, qs, xs)
         law: dict = {}

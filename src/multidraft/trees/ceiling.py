@@ -48,7 +48,7 @@ from .laws import MAX_TREES
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
-__all__ = ["CeilingSolution", "optimal_tokens", "lp_size", "TreeLP", "MAX_LP_VARIABLES", "tree_paths"]
+__all__ = ["MAX_LP_VARIABLES", "CeilingSolution", "TreeLP", "lp_size", "optimal_tokens", "tree_paths"]
 
 MAX_LP_VARIABLES = 300_000  # (tree, Y) pairs the ceiling LP accepts
 FACE_TOL = 1e-9  # reduced costs within this of 0 count as the optimal face in the repair

@@ -15,7 +15,7 @@ from .certify import certify_tree
 from .traversal import TraversalVerification
 from .walk import TokenWalk
 
-__all__ = ["expected_tokens", "WALKS", "RULES"]
+__all__ = ["RULES", "WALKS", "expected_tokens"]
 
 WALKS = ("specinfer", "spectr", "khisti_is", "optimal")
 RULES = ("block", "traversal")

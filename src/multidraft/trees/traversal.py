@@ -63,7 +63,7 @@ class _Slot:
     """One node of the traversed tree: the DraftTree node id (its p and q rows) and its
     children slots, in the order they are tried."""
 
-    __slots__ = ("node", "kids")
+    __slots__ = ("kids", "node")
 
     def __init__(self, node: int, kids: list):
         self.node = node
