@@ -91,7 +91,7 @@ def test_token_walk_supports_fallbacks_and_errors():
     with pytest.raises(ValueError, match="law"):
         walk.verify(tree, 0)
     with pytest.raises(ValueError, match="unknown name"):
-        trees.get("block")
+        trees.get("no_such_rule")
     with pytest.raises(ValueError, match="already registered"):
         trees.register("token_walk", trees.TokenWalk)
 

@@ -13,7 +13,12 @@ the rules here). Modules:
 * ``rules``    the tree-rule interface (``TreeRule``, ``TreeVerdict``) and its registry
                (``register``, ``get``, ``names``);
 * ``walk``     ``TokenWalk``: every token-level verifier as a tree rule (the root-first walk);
-* ``certify``  ``certify_tree``: exact path certificates.
+* ``certify``  ``certify_tree``: exact path certificates;
+* ``block``    ``BlockVerification`` ('block'): one chain verified jointly (Sun et al. 2025);
+* ``traversal`` ``TraversalVerification`` ('traversal'): trees verified leaf to root (Weng, Hu et al. 2025);
+* ``ceiling``  ``optimal_tokens``: the tree-level ceiling (the LP over draft trees and emitted
+               sequences) and ``TreeLP`` ('tree_lp'), the rule that samples its coupling;
+* ``compare``  ``expected_tokens``: every rule's exact tokens per call and the ceiling.
 
 >>> import multidraft as md
 >>> from multidraft import trees
@@ -33,6 +38,10 @@ from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES,
 from .tables import STYLES, TableModel
 from .tree import DraftTree, Node
 from .walk import TokenWalk, node_ks
+from .block import BlockVerification, block_tokens
+from .traversal import TraversalVerification
+from .compare import expected_tokens
+from .ceiling import MAX_LP_VARIABLES, CeilingSolution, TreeLP, lp_size, optimal_tokens, tree_paths
 
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
@@ -40,4 +49,6 @@ __all__ = [
     "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "MAX_TREES",
     "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
+    "BlockVerification", "block_tokens", "TraversalVerification",
+    "expected_tokens", "optimal_tokens", "CeilingSolution", "TreeLP", "lp_size", "tree_paths", "MAX_LP_VARIABLES",
 ]

@@ -36,7 +36,8 @@ def certify_tree(rule, tree_law, model) -> TreeCertificate:
     """Exact certificate of ``rule`` (a ``rules.TreeRule``) on ``tree_law`` (a ``laws.TreeLaw``)
     with the sequence model ``model`` (``tables.TableModel``); small V, K and L only."""
     if not rule.supports(tree_law):
-        raise ValueError(f"rule: {rule!r} is not lossless for {tree_law!r}")
+        why = rule.refusal(tree_law) if hasattr(rule, "refusal") else None
+        raise ValueError(f"rule: {rule!r} is not lossless for {tree_law!r}" + (f" ({why})" if why else ""))
     n = tree_law.depth + 1
     V = model.V
     law, count = emitted_law(rule, tree_law, model)

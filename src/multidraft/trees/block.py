@@ -1,0 +1,163 @@
+r"""Block verification of one draft chain (Sun et al., ICLR 2025, arXiv 2403.10444), as a tree rule.
+
+Setting. One chain ``X_1 .. X_L`` drawn from the draft, ``X_i ~ q(. | X^(i-1))``; the target
+rows ``p(. | X^i)`` are known at every prefix ``X^i`` (i = 0..L). The rule emits
+``Y = (X_1 .. X_tau, y)``.
+
+The weights. Let ``a_0 = 1`` and ``a_i = min(a_(i-1) p(X_i | X^(i-1)) / q(X_i | X^(i-1)), 1)``.
+Unrolled, ``a_i q(X^i) = m(X^i) := min_(0<=j<=i) q(X^j) p(X_(j+1..i) | X^j)``: the largest mass
+of the prefix X^i that a lossless rule can keep, whatever the prefix's continuation (the
+target caps it at p-from-any-earlier-point, the draft at q). At prefix i the mass the target
+still wants after X^i but that keeping X^i with weight a_i does not supply is the residual
+``r_i(x) = max(a_i p(x | X^i) - q(x | X^i), 0)``, of total ``r_i = sum_x r_i(x)``.
+
+The rule. Scan the chain backwards from the leaf. At the leaf keep everything with
+probability ``h_L = a_L`` and add a target sample ``y ~ p(. | X^L)``. At an inner prefix
+i (1 <= i < L), reached because every longer prefix was refused, keep ``X^i`` with
+probability ``h_i = r_i / (r_i + 1 - a_i)`` and emit ``y ~ r_i(.) / r_i``. At the root
+(i = 0, nothing kept) emit ``y ~ r_0(.) / r_0``. Equivalently, with independent uniforms
+``eta_i``: ``tau = max{i >= 1 : eta_i <= h_i}`` (0 when none), which is how ``verify`` reads
+its generator: L uniforms, then one for the emitted token. Why it is lossless, in short:
+the probability that the scan keeps at least X^i, averaged over the draft's continuation of
+X^i, is exactly ``a_i`` given X^i; ``1 - a_i`` is the mass of X^i the rule must let the
+target regenerate, and ``h_i`` splits it between stopping here (sampling the residual
+r_i) and going further back, so that at every prefix the emitted law adds up to p.
+``certify.certify_tree`` checks the whole law by enumeration.
+
+Value. The expected number of kept drafts is ``sum_i E[a_i] = sum_(i=1..L) sum_(x^i) m(x^i)``,
+so ``E|Y| = 1 + sum_(i=1..L) sum_(x^i) m(x^i)`` (``block_tokens``). Sun et al. prove it
+is the largest among all lossless rules that see one chain, and never below token-by-token
+speculative sampling (whose kept drafts are ``sum_i E[prod_(j<=i) min(1, p/q)]``).
+
+Degenerate cases (our choices; the paper assumes them away): ``h_i = 0`` when ``r_i = 0``
+(then the scan reaches prefix i with probability 0, or ``a_i < 1`` and nothing is owed
+there); the root's residual when ``r_0 = 0`` (p = q at the root: the scan reaches the root
+with probability 0) is taken as ``p(. | root)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._validate import as_generator
+from ..sampling import sample_token
+from ._check import check_tree, is_chain_law
+from .rules import TreeRule, TreeVerdict, register
+from .tree import DraftTree
+
+__all__ = ["BlockVerification", "block_tokens", "chain_weights"]
+
+
+def chain_weights(ps: list, qs: list, xs: list) -> tuple[list[float], list[float], list[torch.Tensor]]:
+    """The weights of block verification along one chain of length L.
+
+    ps: L + 1 target rows ``[V]`` (at X^0 .. X^L); qs: L draft rows ``[V]`` (at X^0 .. X^(L-1));
+    xs: the L drafted tokens. Returns ``(a, h, rows)``: ``a[0..L]``, the keep probabilities
+    ``h[0..L]`` (``h[0] = 1``: the root always ends the scan) and the emitted token's law
+    ``rows[0..L]`` (``[V]`` each) when the scan stops at prefix i."""
+    L = len(xs)
+    a = [1.0]
+    for i in range(L):
+        a.append(min(a[i] * float(ps[i][xs[i]]) / float(qs[i][xs[i]]), 1.0))
+    h, rows = [], []
+    for i in range(L + 1):
+        if i == L:
+            h.append(a[L] if L > 0 else 1.0)
+            rows.append(ps[L])
+            continue
+        res = (a[i] * ps[i] - qs[i]).clamp_min(0.0)  # [V]
+        r = float(res.sum())
+        if i == 0:
+            h.append(1.0)
+            rows.append(res / r if r > 0 else ps[0])
+        else:
+            den = r + 1.0 - a[i]
+            h.append(r / den if r > 0 and den > 0 else 0.0)
+            rows.append(res / r if r > 0 else ps[i])
+    return a, h, rows
+
+
+def block_tokens(tree_law, model) -> float:
+    """Block verification's expected tokens per call on a chain law, from the closed form
+    ``1 + sum_(i=1..L) sum_(x^i) min_(0<=j<=i) q(x^j) p(x_(j+1..i) | x^j)`` (small V)."""
+    if not is_chain_law(tree_law):
+        raise ValueError(f"tree_law: block_tokens needs a chain law, got {tree_law.name}")
+    L, V = tree_law.depth, model.V
+    total = 1.0
+    # level i: for every prefix x^i of positive draft probability the list c_j = q(x^j) p(x_(j+1..i) | x^j),
+    # j = 0..i (its last entry is q(x^i)); m(x^i) = min_j c_j.
+    level = {(): [1.0]}
+    for _ in range(L):
+        nxt = {}
+        for pre, cs in level.items():
+            p, q = model.p(pre), model.q(pre)
+            qpre = cs[-1]
+            for x in range(V):
+                if float(q[x]) <= 0:
+                    continue
+                c = [cj * float(p[x]) for cj in cs] + [qpre * float(q[x])]
+                nxt[pre + (x,)] = c
+        total += sum(min(c) for c in nxt.values())
+        level = nxt
+    return total
+
+
+class BlockVerification(TreeRule):
+    """Block verification of one draft chain (see the module notes); no options."""
+
+    name = "block"
+
+    def refusal(self, tree_law):
+        if not is_chain_law(tree_law):
+            return ("block verification reads one chain (one draft per node); use chain(L) or "
+                    "sequences(1, L), or 'traversal' / 'tree_lp' for trees")
+        return None
+
+    def supports(self, tree_law) -> bool:
+        return self.refusal(tree_law) is None
+
+    def _chain(self, tree: DraftTree):
+        check_tree(tree, ("iid", "wor", "greedy"), "block", chain=True)
+        ids, xs, ps, qs = [0], [], [tree.p(0).double()], []
+        i = 0
+        while tree.nodes[i].drafts:
+            nd = tree.nodes[i]
+            t = nd.drafts[0]
+            qs.append(nd.q.double())
+            xs.append(t)
+            i = nd.child[t]
+            ids.append(i)
+            ps.append(tree.p(i).double())
+        return ids, xs, ps, qs
+
+    def output_distribution(self, tree: DraftTree) -> dict:
+        _, xs, ps, qs = self._chain(tree)
+        L = len(xs)
+        _, h, rows = chain_weights(ps, qs, xs)
+        law: dict = {}
+        later = 1.0  # probability that every longer prefix was refused
+        for i in range(L, -1, -1):
+            w = later * h[i]
+            later *= 1.0 - h[i]
+            if w <= 0:
+                continue
+            row = rows[i]
+            for y in torch.nonzero(row > 0).flatten().tolist():
+                law[tuple(xs[:i]) + (y,)] = w * float(row[y])
+        return law
+
+    def verify(self, tree: DraftTree, generator) -> TreeVerdict:
+        ids, xs, ps, qs = self._chain(tree)
+        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
+        L = len(xs)
+        _, h, rows = chain_weights(ps, qs, xs)
+        eta = torch.rand(L, generator=g, dtype=torch.float64)  # [L]: eta_1 .. eta_L
+        tau = 0
+        for i in range(L, 0, -1):
+            if float(eta[i - 1]) < h[i]:
+                tau = i
+                break
+        y = int(sample_token(rows[tau], g))
+        return TreeVerdict(tuple(ids[1 : tau + 1]), y)
+
+
+register("block", BlockVerification)
