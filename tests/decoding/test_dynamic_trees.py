@@ -172,23 +172,23 @@ def test_two_token_law_dynamic_slow(small_pair, verifier, law):
 
 # --- settings and CLI --------------------------------------------------------------------------
 def test_dynamic_settings_errors():
-    s = engine.check_settings(verifier="nss", k=4, depth=3, tree="dynamic")
+    s = engine.Settings.from_args(verifier="nss", k=4, depth=3, tree="dynamic")
     assert s.shape.mode == "dynamic" and s.shape.budget == trees.DEFAULT_MAX_NODES and s.shape.k == 4
     with pytest.raises(ValueError, match="max_nodes"):
-        engine.check_settings(verifier="nss", k=4, tree="dynamic", max_nodes=1)
+        engine.Settings.from_args(verifier="nss", k=4, tree="dynamic", max_nodes=1)
     with pytest.raises(ValueError, match="max_nodes"):
-        engine.check_settings(verifier="nss", k=4, tree=None, max_nodes=8)
+        engine.Settings.from_args(verifier="nss", k=4, tree=None, max_nodes=8)
     with pytest.raises(ValueError, match="independent"):
-        engine.check_settings(verifier="specinfer", k=2, tree="dynamic", draft_temperature=[0.5, 1.0])
-    assert engine.check_settings(verifier="nss", k=4, tree="dynamic", min_gain=0.1).shape.min_gain == 0.1
+        engine.Settings.from_args(verifier="specinfer", k=2, tree="dynamic", draft_temperature=[0.5, 1.0])
+    assert engine.Settings.from_args(verifier="nss", k=4, tree="dynamic", min_gain=0.1).shape.min_gain == 0.1
     with pytest.raises(ValueError, match="min_gain applies only"):
-        engine.check_settings(verifier="nss", k=4, tree=None, min_gain=0.1)
+        engine.Settings.from_args(verifier="nss", k=4, tree=None, min_gain=0.1)
     for bad in (-0.1, 1.0, "x"):
         with pytest.raises(ValueError, match="min_gain must"):
-            engine.check_settings(verifier="nss", k=4, tree="dynamic", min_gain=bad)
+            engine.Settings.from_args(verifier="nss", k=4, tree="dynamic", min_gain=bad)
     if "spechub" in md.verifiers.names():
         with pytest.raises(ValueError, match="spechub"):
-            engine.check_settings(verifier="spechub", k=3, tree="dynamic")
+            engine.Settings.from_args(verifier="spechub", k=3, tree="dynamic")
 
 
 def test_cli_decode_tree_dynamic(tmp_path, capsys):

@@ -16,9 +16,9 @@ Logit processing lives in ``multidraft.sampling`` and model loading in ``multidr
 from __future__ import annotations
 
 from .engine import GenerationResult, generate
-from .settings import ArgumentError, Settings, check_settings, node_ks
+from .settings import ArgumentError, Settings, node_ks
 from .kv import PromptCache
 from ..trees import TreeShape, full_tree, parse_tree
 
-__all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "ArgumentError", "check_settings", "node_ks", "TreeShape", "full_tree",
+__all__ = ["generate", "GenerationResult", "PromptCache", "Settings", "ArgumentError", "node_ks", "TreeShape", "full_tree",
            "parse_tree"]

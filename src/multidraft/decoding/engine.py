@@ -51,9 +51,9 @@ from ..sampling import process_logits
 from ..trees import DraftTree, TokenWalk, TreeShape, allocate
 from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
-from .settings import Settings, check_settings, node_ks
+from .settings import Settings, node_ks
 
-__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "check_settings", "score_tree", "node_ks"]
+__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "score_tree", "node_ks"]
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
 from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
 
-__all__ = ["Settings", "ArgumentError", "check_settings", "node_ks"]
+__all__ = ["Settings", "ArgumentError", "node_ks"]
 
 
 def _unsupported(v, kind: str, k: int) -> ArgumentError:
@@ -176,7 +176,3 @@ class Settings:
         as one new call. ``verifier=None`` gives the target alone at the same sampling settings."""
         return Settings.from_args(**{**self.as_args(), **changes})
 
-
-def check_settings(**kwargs) -> Settings:
-    """``Settings.from_args(**kwargs)`` (the name callers used before ``Settings`` was the one object)."""
-    return Settings.from_args(**kwargs)

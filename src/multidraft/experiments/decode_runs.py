@@ -42,6 +42,8 @@ pooled and paired per prompt with its 95% interval, tree tokens per pass and ms 
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 import time
@@ -51,12 +53,12 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from .. import verifiers as _verifiers
-from ..decoding import PromptCache, check_settings, generate
+from ..decoding import PromptCache, Settings, generate
 from .findings import t95
 from .records import derived_seed
 
 __all__ = [
-    "MethodSpec", "target_alone", "tree_method", "parse_method", "check_methods", "run_seed", "run", "RunOutcome",
+    "MethodSpec", "target_alone", "tree_method", "parse_method", "method_settings", "check_methods", "run_seed", "run", "RunOutcome",
     "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "round_spread", "summarize", "format_table",
     "AUTOREGRESSIVE",
 ]
@@ -190,6 +192,13 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K)")
 
 
+@functools.lru_cache(maxsize=256)
+def method_settings(method: MethodSpec, max_new_tokens: int) -> Settings:
+    """The method's decoding settings, validated once: :func:`check_methods` (before any model
+    loads) and every run of the method in :func:`run` share this one object."""
+    return Settings.from_args(max_new_tokens=max_new_tokens, **method.generate_kwargs())
+
+
 def check_methods(methods: Sequence[MethodSpec], *, max_new_tokens: int) -> None:
     """Every model-free argument of every method checked (ValueError naming it), before any model loads."""
     labels = [m.label for m in methods]
@@ -198,7 +207,7 @@ def check_methods(methods: Sequence[MethodSpec], *, max_new_tokens: int) -> None
     for m in methods:
         if m.peer is not None or m.method_kind == "auto" and m.tree is None:
             continue
-        check_settings(max_new_tokens=max_new_tokens, **m.generate_kwargs())
+        method_settings(m, max_new_tokens)
 
 
 def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
@@ -311,9 +320,8 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
         if m.peer is not None:
             res = m.peer(pid, ids, s)
         else:
-            res = generate(target, draft if m.verifier is not None else None, ids, max_new_tokens=max_new_tokens,
-                           eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(s), prompt_cache=cache,
-                           **m.generate_kwargs())
+            res = generate(target, draft if m.verifier is not None else None, ids, method_settings(m, max_new_tokens),
+                           eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(s), prompt_cache=cache)
         row = run_row(m, pid, ids, s, res, round_=rnd)
         out.rows.append(row)
         if write is not None:
