@@ -139,7 +139,31 @@ CASES = [
     (f"experiment paper {{tmp}}/run --seed {HUGE_SEED}", "--seed"),
     (f"compare --seed {HUGE_SEED}", "--seed"),
     ("experiment blocks {tmp}/run --temperature 1e-40", "--temperature"),
+    ("bound --p {file} --q {file} --logits --temperature 1e-40", "--temperature"),
+    ("bound --p {file} --q {file} --logits --draft-temperature 1e-40", "--draft-temperature"),
 ]
+
+
+def test_bound_logits_at_tiny_and_zero_temperature(tmp_path, capsys):
+    """bound --logits goes through sampling.process_logits: the smallest allowed temperature gives a
+    finite law (its alpha* printed), temperature 0 the one-hot greedy law; never a NaN row."""
+    import json
+
+    import numpy as np
+
+    from multidraft._validate import MIN_TEMPERATURE
+
+    p, q = tmp_path / "p.npy", tmp_path / "q.npy"
+    np.save(p, np.array([3.0, 1.0, -2.0, 0.5]))
+    np.save(q, np.array([2.5, 2.0, -1.0, 0.0]))
+    for t in (MIN_TEMPERATURE, 0.0):
+        rc = cli.main(["bound", "--p", str(p), "--q", str(q), "--logits", "--temperature", str(t), "--k", "1,2",
+                       "--laws", "iid", "--json"])
+        out = capsys.readouterr().out
+        assert rc == 0 and "nan" not in out.lower(), out
+        rows = json.loads(out)["rows"]
+        # p and q are (numerically) one-hot on token 0: alpha* = 1 at K = 1 and 2
+        assert [(r["K"], r["acceptance"]) for r in rows] == [(1, 1.0), (2, 1.0)], rows
 
 
 @pytest.mark.parametrize("command,flag", CASES, ids=[c[:80] for c, _ in CASES])

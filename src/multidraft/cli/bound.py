@@ -38,23 +38,24 @@ def _load(path: str, name: str, logits: bool, temperature: float, ndims: tuple[i
     ``experiments.compare.load_array``), as probabilities (softmax with ``--logits``)."""
     from ..experiments.compare import load_array
 
+    from ..sampling import process_logits
+
     x = load_array(path, f"--{name}", ndims=ndims)
-    if logits:
-        if not temperature > 0:
-            raise ValueError(f"temperature for --{name} must be > 0, got {temperature}")
-        x = torch.softmax(x / temperature, -1)
+    if logits:  # the one logits -> probabilities function (temperature 0: one-hot at the first maximum)
+        x = process_logits(x.double(), temperature, dtype=torch.float64)
     return x
 
 
 def run(args) -> int:
-    from .._validate import as_ks, as_probs
+    from .._validate import as_ks, as_probs, as_temperature
     from ..drafts import greedy, iid, independent, without_replacement
     from ..limits import optimal_acceptance
 
     laws = parse_laws(args.laws, LAW_KINDS, "laws")   # checked kinds from here on
     ks = as_ks(k_list(args.k), "k")                   # each K >= 1, checked once
-    dt = args.temperature if args.draft_temperature is None else args.draft_temperature
-    p = _load(args.p, "p", args.logits, args.temperature)
+    t = as_temperature(args.temperature, "temperature")  # tiny temperatures refused (MIN_TEMPERATURE)
+    dt = t if args.draft_temperature is None else as_temperature(args.draft_temperature, "draft_temperature")
+    p = _load(args.p, "p", args.logits, t)
     q = _load(args.q, "q", args.logits, dt, ndims=(1, 2))
     if q.shape[-1] != p.shape[-1]:
         raise ValueError(f"--q {args.q} must be [V] or [K, V] with V = {p.shape[-1]} (the length of --p {args.p}), "

@@ -39,7 +39,7 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..datasets import encode_prompt, load_prompts
-from . import decode_runs
+from . import decode_runs, plots
 from .decode_runs import MethodSpec, format_table, summarize, target_alone, tree_method
 from .progress import progress as _progress
 from .records import JsonlWriter
@@ -153,12 +153,7 @@ def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Pa
     axes[0].set_yticks(y, labels, fontsize=8)
     axes[0].invert_yaxis()
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def _eprint(msg: str) -> None:

@@ -46,6 +46,13 @@ def lines(
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    return save(fig, path)
+
+
+def save(fig, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (folders made as needed), close it; the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
