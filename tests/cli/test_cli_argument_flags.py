@@ -94,6 +94,18 @@ def test_bad_decode_argument_names_its_flag(no_models, capsys, extra, flag):
     ("blocks", ["--laws", "bogus"], "--laws"),
     ("blocks", ["--verifiers", "nope"], "--verifiers"),
     ("blocks", ["--depths", "0"], "--depths"),
+    # every field of experiments.blocks.BlocksConfig, refused by the config (validated once) with its flag
+    ("blocks", ["--budget", "1", "--k", "1,2"], "--budget"),
+    ("blocks", ["--budget", "0", "--k", "1"], "--budget"),
+    ("blocks", ["--budget", "4", "--depths", "2"], "--budget"),
+    ("blocks", ["--prompts", "0"], "--prompts"),
+    ("blocks", ["--max-new-tokens", "0"], "--max-new-tokens"),
+    ("blocks", ["--max-prompt-tokens", "0"], "--max-prompt-tokens"),
+    ("blocks", ["--temperature", "-1"], "--temperature"),
+    ("blocks", ["--draft-temperature", "-1"], "--draft-temperature"),
+    ("blocks", ["--top-k", "0"], "--top-k"),
+    ("blocks", ["--top-p", "2"], "--top-p"),
+    ("blocks", ["--verifiers", "specinfer", "--laws", "greedy", "--k", "2"], "--laws"),
 ])
 def test_bad_experiment_argument_names_its_flag(no_models, capsys, tmp_path, command, extra, flag):
     assert main(["experiment", command, str(tmp_path / "run"), "--no-progress", *extra]) == 2
@@ -178,3 +190,63 @@ def test_experiment_validates_k_and_laws_once(monkeypatch, tmp_path):
               "--laws", "iid,wor", "--no-progress"])
     assert len(ks) == 1 and ks[0][1] == "k"
     assert len(laws) == 1
+
+
+def test_blocks_config_names_each_bad_field_once(monkeypatch):
+    """Each bad field of BlocksConfig is one ArgumentError naming it, raised when the config is
+    made (never later); its flag, through the CLI's one table, is a flag of the blocks subcommand."""
+    from multidraft._errors import ArgumentError
+    from multidraft.experiments import blocks
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["experiment"]
+    blocks_flags = _options(next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices["blocks"])
+    cases = [({"ks": (0,)}, "k"), ({"verifiers": ("nope",)}, "verifiers"), ({"laws": ("bogus",)}, "laws"),
+             ({"depths": (0,)}, "depths"), ({"budget": 1, "ks": (1, 2)}, "budget"), ({"budget": 4, "depths": (2,)}, "budget"),
+             ({"n_prompts": 0}, "n_prompts"), ({"max_new_tokens": 0}, "max_new_tokens"),
+             ({"max_prompt_tokens": 0}, "max_prompt_tokens"), ({"temperature": -1.0}, "temperature"),
+             ({"draft_temperature": 1e-40}, "draft_temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p"),
+             ({"baseline": "yes"}, "baseline"), ({"engine": "vllm"}, "engine"),
+             ({"verifiers": ("specinfer",), "laws": ("greedy",), "ks": (2,)}, "laws"),
+             ({"engine": "llama.cpp", "ks": (4,), "depths": (4,), "verifiers": ("specinfer",)}, "depths")]
+    for kw, arg in cases:
+        with pytest.raises(ArgumentError) as ei:
+            blocks.BlocksConfig(**kw)
+        assert ei.value.arg == arg, (kw, ei.value)
+        assert cli.flag_for(arg, "experiment", "blocks") in blocks_flags, arg
+    with pytest.raises(ArgumentError) as ei:
+        blocks.BlocksConfig(dataset="nope")  # no flag (the paper study's field): named all the same
+    assert ei.value.arg == "dataset"
+
+
+def test_frozen_configs_cannot_be_changed(tmp_path):
+    import dataclasses
+
+    from multidraft.experiments.blocks import BlocksConfig
+    from multidraft.experiments.demo import DemoConfig
+
+    for cfg, field, value in ((BlocksConfig(verifiers=("specinfer",), ks=(2,)), "ks", (0,)),
+                              (DemoConfig(out_dir=str(tmp_path)), "depth", 0)):
+        before = getattr(cfg, field)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(cfg, field, value)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.methods = ()  # nor its methods, planned and checked once
+        assert getattr(cfg, field) == before != value
+        with pytest.raises(ValueError):  # a variant is a new config, validated again
+            dataclasses.replace(cfg, **{field: value})
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--k", "1"], "--k"),                    # the SD row is K = 1: multi-draft rows need K >= 2
+    (["--prompts", "0"], "--prompts"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--time-budget", "-5"], "--time-budget"),
+    (["--verifiers", "nope"], "--verifiers"),
+])
+def test_bad_demo_argument_names_its_flag(no_models, capsys, tmp_path, extra, flag):
+    """DemoConfig validates once, when made: a bad field is one line naming its flag, exit 2, no model."""
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--no-progress", *extra]) == 2
+    _one_line(capsys, "multidraft demo", flag)
+    assert no_models == []

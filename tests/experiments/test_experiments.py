@@ -586,3 +586,32 @@ def test_tree_acceptance_from_a_study_and_from_stats_json(tmp_path):
         tree_acceptance(js, verifier="specinfer", law="iid", ks=[1], t_target=1.0, t_draft=1.0)
     with pytest.raises(ValueError, match="cannot read"):
         tree_acceptance(tmp_path / "nope.jsonl", verifier="specinfer", law="iid", ks=[1], t_target=1.0, t_draft=1.0)
+
+
+def test_blocks_run_takes_the_config_validated_once(tiny, tmp_path, monkeypatch):
+    """blocks.run(run_dir, BlocksConfig) checks nothing again (the config was validated when
+    made), writes the binding the config gives, and its rows equal the keyword call's."""
+    from multidraft.experiments import blocks, decode_runs
+
+    cfg = blocks.BlocksConfig(verifiers=("specinfer",), laws=("iid",), ks=(2,), depths=(1, 2), n_prompts=1,
+                              max_new_tokens=4, max_prompt_tokens=40)
+    assert [m.label for m in cfg.methods] == ["autoregressive", "specinfer iid K=2 depth 1", "specinfer iid K=2 depth 2"]
+
+    def again(*a, **k):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(decode_runs, "check_methods", again)
+    names = {"target": "t", "draft": "d"}
+    path = blocks.run(tmp_path / "cfg", cfg, models=lambda: tiny, model_names=names)
+    meta, rows = read_jsonl(path)
+    assert meta["config"] == cfg.binding(names) and meta["config"]["depths"] == [1, 2]
+    assert {(r["verifier"], r["K"], r["depth"]) for r in rows} == {("autoregressive", 0, 0), ("specinfer", 2, 1),
+                                                                  ("specinfer", 2, 2)}
+    monkeypatch.undo()
+    old = blocks.run(tmp_path / "kw", models=lambda: tiny, model_names=names, verifiers=["specinfer"], laws=["iid"],
+                     ks=[2], depths=[1, 2], n_prompts=1, max_new_tokens=4, max_prompt_tokens=40,
+                     config=cfg.binding(names))
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("run_id", "seconds", "tokens_per_s", "prefill_seconds")} for r in rs]  # noqa: E731
+    assert strip(read_jsonl(old)[1]) == strip(rows)
+    with pytest.raises(TypeError):
+        blocks.run(tmp_path / "both", cfg, models=lambda: tiny, model_names=names, ks=[4])

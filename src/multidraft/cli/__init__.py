@@ -42,6 +42,7 @@ ARG_FLAGS = {
     "draft_temperatures": "--draft-temperatures", "target_temperatures": "--target-temperatures",
     "fixed_target": "--fixed-target-temperature", "fixed_draft": "--fixed-draft-temperature",
     "new_tokens": "--new-tokens", "sample_temperature": "--sample-temperature", "min_positions": "--min-positions",
+    "baseline": "--no-baseline", "engine": "--engine", "out_dir": "--out", "time_budget_s": "--time-budget",
 }
 # where one argument has another flag in one mode of one command: (command, mode) -> {arg: flag}
 MODE_FLAGS = {

@@ -50,9 +50,8 @@ def run(args) -> int:
     ks = tuple(k_list(args.k, "--k"))
     check_out_dir(args.out, "--out")  # before any model loads: a read-only --out would lose the work
     check_common(args)
-    if min(ks) < 2:
-        raise UserError(f"--k: the multi-draft rows need K >= 2 (K = 1 is the SD row), got {args.k!r}")
     verifiers = tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None
+    # parsed here, validated once by the config (an ArgumentError there names the field; cli.ARG_FLAGS its flag)
     cfg = DemoConfig(
         target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
         depth=args.depth, ks=ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers,

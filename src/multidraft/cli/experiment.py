@@ -191,53 +191,21 @@ def run_temperature(args) -> int:
 
 
 def run_blocks(args) -> int:
-    from .. import verifiers as V
-    from .._validate import ArgumentError, as_ks
-    from ..drafts import parse_laws
-    from ..experiments import blocks
+    from ..experiments.blocks import BlocksConfig, run
     from ..experiments.records import read_jsonl
 
-    names = _model_names(args)
-    verifiers = name_list(args.verifiers, "verifiers") if args.verifiers else [n for n in V.names() if n != "lp_optimal"]
-    for n in verifiers:
-        try:
-            V.get(n)
-        except ValueError as exc:
-            raise ArgumentError.of("verifiers", exc) from None
-    laws = list(parse_laws(args.laws, name="laws"))  # checked kinds from here on
-    ks = list(as_ks(k_list(args.k), "k"))
-    if args.budget is not None:
-        if args.depths is not None:
-            raise ValueError("--budget sets each depth (B // K); drop --depths")
-        if args.budget < max(ks):
-            raise ValueError(f"--budget must be >= every K (K sequences of length B // K), got {args.budget} and K = {ks}")
-        depths = None
-    else:
-        depths = int_list(args.depths or "1,3", "depths", lo=1)
-    config = {
-        "experiment": "blocks", "models": names, "verifiers": verifiers, "laws": laws, "k": ks, "depths": depths,
-        "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
-        "temperature": args.temperature, "draft_temperature": args.draft_temperature, "top_k": args.top_k,
-        "top_p": args.top_p, "no_baseline": args.no_baseline,
-    }
-    if args.budget is not None:  # only then, so that stores made before --budget existed still resume
-        config.update(budget=args.budget, tree="sequences")
-    if args.engine == "llama.cpp":  # one batch a step there: checked from the sizes, before any model loads
-        from ..trees import LLAMA_CPP_TREE_NODES, tree_nodes
-
-        mode, cap = ("sequences" if args.budget is not None else "full"), LLAMA_CPP_TREE_NODES - 1
-        for k in ks:
-            for d in ([args.budget // k] if args.budget is not None else depths):
-                if tree_nodes(mode, k, d, cap) > cap:
-                    raise ArgumentError("depth", f": K = {k}, depth {d} has more than {cap} drafted nodes a step; "
-                                                 f"--engine llama.cpp takes at most {cap} (one batch)")
-    check_common(args)
-    path = blocks.run(
-        args.run_dir, models=_models(args), model_names=names, verifiers=verifiers, laws=laws,
-        ks=ks, depths=depths or [1], budget=args.budget, n_prompts=args.prompts,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, draft_temperature=args.draft_temperature,
-        top_k=args.top_k, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens, seed=args.seed, config=config,
-        baseline=not args.no_baseline, log=_log, progress=_progress(args),
+    # parsed here, validated once by the config (an ArgumentError there names the field; cli.ARG_FLAGS its flag)
+    config = BlocksConfig(
+        verifiers=tuple(name_list(args.verifiers, "verifiers")) if args.verifiers else None,
+        laws=tuple(name_list(args.laws, "laws")), ks=tuple(k_list(args.k)),
+        depths=tuple(int_list(args.depths, "depths", lo=1)) if args.depths is not None else None,
+        budget=args.budget, n_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
+        draft_temperature=args.draft_temperature, top_k=args.top_k, top_p=args.top_p, baseline=not args.no_baseline,
+        engine=args.engine,
     )
+    check_common(args)
+    path = run(args.run_dir, config, models=_models(args), model_names=_model_names(args), seed=args.seed, log=_log,
+               progress=_progress(args))
     _print(read_jsonl(path)[1], path, "blocks", args.run_dir)
     return 0

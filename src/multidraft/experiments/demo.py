@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from .. import verifiers as _verifiers
+from .._errors import ArgumentError
+from .._validate import as_int, as_ks, as_temperature
 from ..datasets import encode_prompt, load_prompts
 from . import decode_runs, plots
 from .decode_runs import MethodSpec, format_table, summarize, target_alone, tree_method
@@ -54,8 +56,14 @@ EXCLUDED = {"naive": "single-draft baseline (its own row)", "lp_optimal": "linea
 DEFAULT_VERIFIERS = ("specinfer", "spectr", "optimal")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DemoConfig:
+    """The demo's settings, validated once when made: every field is checked in
+    ``__post_init__`` (``ArgumentError`` naming it) and stored resolved (``ks`` sorted numbers of
+    drafts >= 2). ``methods`` and ``skipped`` (not fields to give) are :func:`plan_methods`'s
+    plan, each method's decoding settings built once (``decode_runs.method_settings``).
+    A variant is ``dataclasses.replace(cfg, ...)`` (validated again, as a new config)."""
+
     target: str | None = None
     draft: str | None = None
     prompts: int = 2
@@ -71,25 +79,49 @@ class DemoConfig:
     stop_at_eos: bool = True
     time_budget_s: float | None = 180.0
     extra: dict = field(default_factory=dict)
+    methods: tuple = field(init=False, repr=False, compare=False)
+    skipped: tuple = field(init=False, repr=False, compare=False)
 
-    def check(self) -> None:
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         for name in ("prompts", "max_new_tokens", "depth"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in self.ks):
-            raise ValueError(f"k: numbers of drafts for the multi-draft rows must be integers >= 2, got {list(self.ks)!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+                raise ArgumentError(name, f"must be a positive integer, got {v!r}")
+        ks = as_ks(self.ks, "k")
+        if min(ks) < 2:
+            raise ArgumentError("k", f": the multi-draft rows need K >= 2 (K = 1 is the SD row), got {list(ks)}")
+        set_("ks", ks)
+        set_("temperature", as_temperature(self.temperature, "temperature"))
+        set_("seed", as_int(self.seed, "seed", minimum=0))
         for name in ("target", "draft"):
             path = getattr(self, name)
             if path is not None and not Path(path).expanduser().exists():
-                raise ValueError(f"{name}: model path {path} does not exist (a local model directory or .gguf file)")
+                raise ArgumentError(name, f": model path {path} does not exist (a local model directory or .gguf file)")
         out = Path(self.out_dir)
         if out.exists() and not out.is_dir():
-            raise ValueError(f"out_dir: {out} exists and is not a directory")
+            raise ArgumentError("out_dir", f": {out} exists and is not a directory")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
-            raise ValueError(f"time_budget_s must be > 0 or None, got {self.time_budget_s!r}")
+            raise ArgumentError("time_budget_s", f"must be > 0 or None, got {self.time_budget_s!r}")
+        if self.verifiers is not None:
+            set_("verifiers", (self.verifiers,) if isinstance(self.verifiers, str) else tuple(self.verifiers))
+        try:
+            methods, skipped = plan_methods(self.ks, self.verifiers, depth=self.depth, temperature=self.temperature)
+        except ArgumentError:
+            raise
+        except ValueError as exc:
+            raise ArgumentError.of("verifiers", exc) from None
+        decode_runs.check_methods(methods, max_new_tokens=self.max_new_tokens)  # each method's settings, once
+        set_("methods", tuple(methods))
+        set_("skipped", tuple(skipped))
+
+    def check(self) -> None:
+        """Nothing left to check: a DemoConfig is validated when made (kept for older callers)."""
+
+    def binding(self) -> dict:
+        """The settings ``demo.jsonl``'s meta row holds (with the methods' labels)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name != "extra"} | {
+            "methods": [m.label for m in self.methods]}
 
 
 def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None, *, depth: int = 3,
@@ -166,9 +198,9 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
 
     ``models`` may pass an already loaded ``(target, draft, tokenizer)``.
     """
-    cfg.check()
-    methods, skipped = plan_methods(cfg.ks, cfg.verifiers, depth=cfg.depth, temperature=cfg.temperature)
-    decode_runs.check_methods(methods, max_new_tokens=cfg.max_new_tokens)  # every argument, before any model loads
+    if not isinstance(cfg, DemoConfig):
+        raise ArgumentError("cfg", f"must be a DemoConfig, got {type(cfg).__name__}")
+    methods, skipped = list(cfg.methods), list(cfg.skipped)  # planned and checked once, when cfg was made
     prompts = load_prompts("humaneval", cfg.prompts)
     out_dir = Path(cfg.out_dir)
     try:
@@ -204,7 +236,7 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
     jsonl = out_dir / "demo.jsonl"
     if jsonl.exists():
         jsonl.unlink()  # one run per file; the previous run is replaced
-    config = {k: v for k, v in asdict(cfg).items() if k != "extra"} | {"methods": settings["methods"]}
+    config = cfg.binding()
     with JsonlWriter(jsonl, config, cfg.seed, kind="demo", skipped=skipped) as w:
         done = decode_runs.run(target, draft, encoded, methods, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
                                eos_token_id=eos, write=lambda row: w.write(**row), time_budget_s=cfg.time_budget_s,

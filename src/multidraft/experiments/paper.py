@@ -34,7 +34,7 @@ from . import collect as _collect
 from .records import JsonlWriter, lock_run_dir, read_jsonl
 from .temperature import sweep_configs
 
-__all__ = ["PaperConfig", "PAPER", "QUICK", "STAGES", "run"]
+__all__ = ["PaperConfig", "PAPER", "QUICK", "STAGES", "blocks_configs", "run"]
 
 STAGES = ("collect", "acceptance", "temperature", "blocks")
 # verifiers of Khisti et al.'s Table 1 plus the without-replacement and greedy families and ours
@@ -80,6 +80,21 @@ QUICK = replace(PAPER, min_positions=64, new_tokens=16, max_prompts=8, ks=(1, 2,
                 sweep_target_temperatures=(0.5, 1.0), sweep_draft_temperatures=(0.5,), sweep_ks=(2,),
                 block_prompts=2, block_new_tokens=8, block_ks=(1, 2), block_budget=4,
                 block_verifiers=("specinfer", "optimal"))
+
+
+def blocks_configs(c: PaperConfig) -> list[_blocks.BlocksConfig]:
+    """The blocks stage's configs (validated once, when made), run in this order into one
+    ``blocks.jsonl``: K = 1 is single-draft SD for every verifier of the list, so it runs once,
+    as ``naive``; then ``block_verifiers`` at the K > 1 of ``block_ks``. Equal tree budget
+    (``sequences`` trees of length budget // K), the target-only baseline, ``block_dataset``."""
+    multi = tuple(k for k in c.block_ks if k > 1)
+    out = []
+    for names, ks in ((("naive",), (1,) if 1 in c.block_ks else ()), (tuple(c.block_verifiers), multi)):
+        if ks:
+            out.append(_blocks.BlocksConfig(verifiers=names, laws=None, ks=ks, budget=c.block_budget,
+                                            n_prompts=c.block_prompts, max_new_tokens=c.block_new_tokens,
+                                            temperature=c.block_temperature, dataset=c.block_dataset))
+    return out
 
 
 def _load() -> list[float]:
@@ -131,6 +146,7 @@ def run(
     temperature_cfg = _acceptance.AcceptanceConfig(temperatures=tuple(temps_sweep), ks=c.sweep_ks, laws=c.sweep_laws,
                                                    verifiers=tuple(c.sweep_verifiers), file="temperature.jsonl",
                                                    experiment="temperature", **fields)
+    blocks_cfgs = blocks_configs(c)
     all_temps = [(1.0, 1.0)] + [t for t in temps_sweep if t != (1.0, 1.0)]
     k_max = max(max(c.ks), max(c.sweep_ks))
     stage_file = run_dir / "stages.jsonl"
@@ -148,22 +164,9 @@ def run(
         if stage == "temperature":
             return _acceptance.run_experiment(run_dir, config=temperature_cfg, **run_kw).written
         before = _count(run_dir / "blocks.jsonl")
-        # K = 1 is single-draft SD for every verifier of the list: it runs once, as `naive`
-        multi = [k for k in c.block_ks if k > 1]
-        for names, ks in ((["naive"], [1] if 1 in c.block_ks else []), (list(c.block_verifiers), multi)):
-            if not ks:
-                continue
-            bconf = {
-                "experiment": "blocks", "models": model_names, "verifiers": names, "laws": None,
-                "k": ks, "depths": None, "budget": c.block_budget, "tree": "sequences",
-                "prompts": c.block_prompts, "max_new_tokens": c.block_new_tokens, "max_prompt_tokens": None,
-                "temperature": c.block_temperature, "draft_temperature": None, "top_k": None, "top_p": None,
-                "no_baseline": False, "dataset": c.block_dataset,
-            }
-            _blocks.run(run_dir, models=models_once, model_names=model_names, verifiers=names,
-                        laws=None, ks=ks, depths=[1], budget=c.block_budget, n_prompts=c.block_prompts,
-                        max_new_tokens=c.block_new_tokens, temperature=c.block_temperature, seed=seed, config=bconf,
-                        dataset=c.block_dataset, log=log, progress=progress)
+        for bcfg in blocks_cfgs:
+            _blocks.run(run_dir, bcfg, models=models_once, model_names=model_names, seed=seed, log=log,
+                        progress=progress)
         return _count(run_dir / "blocks.jsonl") - before
 
     with lock_run_dir(run_dir):  # one process per run directory, every stage
