@@ -24,7 +24,7 @@ from ._args import model_loader as _models
 from ._args import model_names as _model_names
 from ._args import progress_bar as _progress
 
-ENGINES = ("transformers", "llama.cpp")
+ENGINES = ("transformers", "llama.cpp")  # decoding.pair.ENGINES, spelled here so --help imports no torch
 
 
 def _common(p, *, positions: bool = True) -> None:

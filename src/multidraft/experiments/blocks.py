@@ -23,6 +23,7 @@ from .. import verifiers as _verifiers
 from .._errors import ArgumentError
 from .._validate import as_int, as_ks, as_temperature, as_top_k, as_top_p
 from ..datasets import check_dataset, load_prompts, prompt_ids
+from ..decoding.pair import ENGINES
 from ..drafts import parse_laws
 from . import decode_runs
 from .decode_runs import AUTOREGRESSIVE, MethodSpec
@@ -33,7 +34,6 @@ __all__ = ["KEY", "ENGINES", "BlocksConfig", "run"]
 KEY = ("verifier", "law", "K", "depth", "temperature", "prompt")
 # config keys that only choose which rows exist (rows carry them in KEY): may grow on a resume
 KEYED = ("verifiers", "laws", "k", "depths", "temperature", "no_baseline")
-ENGINES = ("transformers", "llama.cpp")
 DEFAULT_DEPTHS = (1, 3)
 
 
