@@ -117,7 +117,7 @@ def test_sampling_frequencies_match_enumeration():
     for t, w in law.enumerate(m):
         exact[key(t)] = exact.get(key(t), 0.0) + w
     g = torch.Generator().manual_seed(0)
-    n = 4000
+    n = 2000
     counts: dict = {}
     for _ in range(n):
         k = key(law.sample(m, g))
@@ -215,15 +215,15 @@ def test_table_model_columns():
         t.q((0,), 1)
 
 
-def _independent_laws():
-    return [trees.kary(2, 2, "independent"), trees.sequences(2, 2, "independent"),
-            trees.explicit([[0], [1], [0, 0], [0, 1], [1, 0]], "independent"),
-            trees.sequences(3, 2, "independent", cols=2)]
+def _independent_laws(more: bool = False):
+    laws = [trees.kary(2, 2, "independent"), trees.sequences(2, 2, "independent"),
+            trees.explicit([[0], [1], [0, 0], [0, 1], [1, 0]], "independent")]
+    return laws + [trees.sequences(3, 2, "independent", cols=2)] if more else laws
 
 
 def test_independent_trees_use_their_columns():
     m = trees.TableModel.random(3, 4, "random", cols=3)
-    for law in _independent_laws():
+    for law in _independent_laws(more=True):
         listed = law.enumerate(m)
         assert abs(sum(w for _, w in listed) - 1) < 1e-12
         for tree, _ in listed:
@@ -263,7 +263,7 @@ def test_independent_law_errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("style", ["random", "peaked", "flat", "one_hot", "same", "q_zero", "mixed"])
 def test_independent_walk_certificates_slow(style):
-    laws = _independent_laws() + [trees.kary(3, 2, "independent"), trees.chain(3, "independent"),
+    laws = _independent_laws(more=True) + [trees.kary(3, 2, "independent"), trees.chain(3, "independent"),
                                   trees.sequences(2, 3, "independent")]
     for seed, V in itertools.product(range(2), (3, 4)):
         m = trees.TableModel.random(V, seed, style, cols=3)
@@ -271,3 +271,81 @@ def test_independent_walk_certificates_slow(style):
             if V == 4 and law.shape.k == 3:
                 continue  # 4^3 tuples a node: too many trees for the sweep
             _certify_all(law, m, "independent")
+
+
+# --- the decoder itself on a table model ---------------------------------------------------------
+class _TableDraft:
+    """A draft runner over a ``TableModel``: entry h's logits are log q after its path."""
+
+    def __init__(self, model):
+        self.model, self.prefixes = model, []
+
+    def extend(self, tokens, parents, last_only=False):
+        rows = []
+        for t, par in zip(tokens, parents):
+            prefix = () if par < 0 else self.prefixes[par] + (int(t),)
+            self.prefixes.append(prefix)
+            rows.append(torch.log(self.model.q(prefix)))
+        out = torch.stack(rows)  # [n, V]
+        return out[-1:] if last_only else out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_decoders_dynamic_trees_are_trees_of_the_law(kind):
+    """``_Decoder._draft_tree`` on a table model builds trees that the law lists, node ids, drafts
+    and k's included, and whose allocation replays from the model's rows."""
+    engine = pytest.importorskip("multidraft.decoding.engine")
+    K, L, N = 3, 2, 7
+    s = engine.Settings.from_args(verifier="nss", k=K, depth=L, tree="dynamic", max_nodes=N, draft_law=kind)
+    law = trees.dynamic(K, L, N, kind)
+    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)  # noqa: E731
+    for seed in range(3):
+        m = trees.TableModel.random(3, seed, "random")
+        listed = {key(t) for t, _ in law.enumerate(m)}
+        dec = engine._Decoder.__new__(engine._Decoder)
+        dec.settings, dec.pending, dec.draft_calls = s, [], 0
+        dec.g = torch.Generator().manual_seed(seed)
+        for _ in range(20):
+            dec.d = _TableDraft(m)
+            tree = trees.DraftTree(s.shape, 0, L, max(1, len(s.draft_temps)), s.law)
+            dec._draft_tree(tree)
+            assert key(tree) in listed
+            for i, nd in enumerate(tree.nodes):
+                nd.p = m.p(tree.prefix(i))
+            _replay(tree, m, law)
+
+
+def _uneven_level_model():
+    """Root q near uniform (every root gets 3 drafts); below it tokens 0 and 2 are confident and
+    token 1 is not, so a level of three nodes gets ks [1, 2, 1]: the decoder draws it grouped by k
+    (nodes 1, 3, then 2), which fixes the children's node ids."""
+    conf, unsure = [0.9, 0.05, 0.05], [0.5, 0.45, 0.05]
+
+    def q(prefix):
+        if not prefix:
+            return [0.34, 0.33, 0.33]
+        return unsure if prefix[0] == 1 else conf
+
+    return trees.TableModel(3, lambda s: [0.2, 0.3, 0.5], q)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_decoders_node_order_on_an_uneven_level(kind):
+    engine = pytest.importorskip("multidraft.decoding.engine")
+    K, L, N = 3, 2, 8
+    s = engine.Settings.from_args(verifier="nss", k=K, depth=L, tree="dynamic", max_nodes=N, draft_law=kind)
+    law = trees.dynamic(K, L, N, kind)
+    m = _uneven_level_model()
+    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)  # noqa: E731
+    listed = {key(t) for t, _ in law.enumerate(m)}
+    dec = engine._Decoder.__new__(engine._Decoder)
+    dec.settings, dec.pending, dec.draft_calls = s, [], 0
+    dec.g = torch.Generator().manual_seed(0)
+    uneven = 0
+    for _ in range(30):
+        dec.d = _TableDraft(m)
+        tree = trees.DraftTree(s.shape, 0, L, 1, s.law)
+        dec._draft_tree(tree)
+        assert key(tree) in listed
+        uneven += [nd.k for nd in tree.nodes if nd.depth == 1] == [1, 2, 1]
+    assert uneven > 0
