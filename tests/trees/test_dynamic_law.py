@@ -263,8 +263,8 @@ def test_independent_law_errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("style", ["random", "peaked", "flat", "one_hot", "same", "q_zero", "mixed"])
 def test_independent_walk_certificates_slow(style):
-    laws = _independent_laws(more=True) + [trees.kary(3, 2, "independent"), trees.chain(3, "independent"),
-                                  trees.sequences(2, 3, "independent")]
+    laws = _independent_laws(more=True) + [trees.kary(3, 1, "independent"), trees.chain(3, "independent"),
+                                           trees.sequences(2, 3, "independent")]
     for seed, V in itertools.product(range(2), (3, 4)):
         m = trees.TableModel.random(V, seed, style, cols=3)
         for law in laws:
