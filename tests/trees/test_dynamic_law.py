@@ -112,7 +112,7 @@ def test_enumerated_dynamic_trees_are_the_decoders_and_sum_to_one(kind):
 def test_sampling_frequencies_match_enumeration():
     law = trees.dynamic(2, 2, 4, "iid")
     m = trees.TableModel.random(3, 5, "random")
-    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts)) for nd in t.nodes)  # noqa: E731
+    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts)) for nd in t.nodes)
     exact = {}
     for t, w in law.enumerate(m):
         exact[key(t)] = exact.get(key(t), 0.0) + w
@@ -132,7 +132,7 @@ def test_min_gain_and_budget_shape_the_tree():
     wide = trees.dynamic(2, 2, 6, "iid").enumerate(m)
     thin = trees.dynamic(2, 2, 6, "iid", min_gain=0.3).enumerate(m)
     assert all(len(t.nodes) <= 6 for t, _ in wide + thin)
-    drafts = lambda listed: sum(w * sum(len(nd.drafts) for nd in t.nodes) for t, w in listed)  # noqa: E731
+    drafts = lambda listed: sum(w * sum(len(nd.drafts) for nd in t.nodes) for t, w in listed)
     assert drafts(thin) < drafts(wide)
     # budget 1: the root only, no drafts; the walk samples one token from p
     (root, w), = trees.dynamic(2, 2, 1, "iid").enumerate(m)
@@ -244,7 +244,7 @@ def test_independent_walk_certificates_fast(law):
     m = trees.TableModel.random(3, 1, "random", cols=3)
     rules = _certify_all(law, m, "independent")
     names = {r.verifier.name for r in rules}
-    assert {"specinfer", "nss", "lp_optimal"} <= names and names <= set(_independent_verifiers())
+    assert {"specinfer", "nss", "lp_optimal"} <= names <= set(_independent_verifiers())
 
 
 def test_independent_law_errors():
@@ -298,7 +298,7 @@ def test_the_decoders_dynamic_trees_are_trees_of_the_law(kind):
     K, L, N = 3, 2, 7
     s = engine.Settings.from_args(verifier="nss", k=K, depth=L, tree="dynamic", max_nodes=N, draft_law=kind)
     law = trees.dynamic(K, L, N, kind)
-    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)  # noqa: E731
+    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)
     for seed in range(3):
         m = trees.TableModel.random(3, seed, "random")
         listed = {key(t) for t, _ in law.enumerate(m)}
@@ -336,7 +336,7 @@ def test_the_decoders_node_order_on_an_uneven_level(kind):
     s = engine.Settings.from_args(verifier="nss", k=K, depth=L, tree="dynamic", max_nodes=N, draft_law=kind)
     law = trees.dynamic(K, L, N, kind)
     m = _uneven_level_model()
-    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)  # noqa: E731
+    key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)
     listed = {key(t) for t, _ in law.enumerate(m)}
     dec = engine._Decoder.__new__(engine._Decoder)
     dec.settings, dec.pending, dec.draft_calls = s, [], 0

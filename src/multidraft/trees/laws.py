@@ -44,7 +44,7 @@ from .._validate import as_int
 from .shapes import TreeShape, allocate, full_tree, parse_tree
 from .tree import DraftTree
 
-__all__ = ["TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES"]
+__all__ = ["MAX_TREES", "TreeLaw", "chain", "dynamic", "explicit", "kary", "sequences"]
 
 MAX_TREES = 200_000  # enumerate() refuses to list more trees
 
@@ -95,7 +95,7 @@ class TreeLaw:
         if self.kind == "independent" and have < self.cols:
             raise ValueError(f"model: {have} draft column(s) but {self.name} reads {self.cols}")
 
-    def _node(self, tree: DraftTree, i: int, model) -> "_drafts.DraftLaw | None":
+    def _node(self, tree: DraftTree, i: int, model) -> _drafts.DraftLaw | None:
         """Fill node i's p and q rows; the law of its drafts, or None for a leaf."""
         nd = tree.nodes[i]
         prefix = tree.prefix(i)

@@ -20,12 +20,11 @@ mixed       one of the styles above, chosen per prefix
 """
 from __future__ import annotations
 
-
 import torch
 
 from .._validate import as_int, as_probs64
 
-__all__ = ["TableModel", "STYLES"]
+__all__ = ["STYLES", "TableModel"]
 
 STYLES = ("random", "peaked", "flat", "one_hot", "same", "q_zero", "mixed")
 _BASIC = STYLES[:-1]
@@ -90,7 +89,7 @@ class TableModel:
         self._cache: dict[tuple, torch.Tensor] = {}
 
     @classmethod
-    def random(cls, V: int, seed: int, style: str = "random", cols: int = 1) -> "TableModel":
+    def random(cls, V: int, seed: int, style: str = "random", cols: int = 1) -> TableModel:
         """Rows drawn from a generator seeded by (seed, prefix): reproducible, any prefix.
         ``cols`` draft columns: column 0 is the q of ``style``; column c >= 1 is the q of the same
         style drawn from a generator seeded by (seed, prefix, c) (for 'same' a random row)."""
