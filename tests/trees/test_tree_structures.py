@@ -75,7 +75,7 @@ def test_tree_laws_fill_every_node_and_cap_drafts_by_support():
     with pytest.raises(ValueError, match="more than"):
         trees.kary(2, 2).enumerate(trees.TableModel.random(4, 0), limit=10)
     with pytest.raises(ValueError, match="kind"):
-        trees.kary(2, 2, "independent")
+        trees.dynamic(2, 2, 5, "independent")  # kary and sequences take it now (test_dynamic_law.py)
     assert trees.sequences(3, 2).node_ks() == {3} and trees.explicit([[0], [1], [0, 0]]).node_ks() == {1, 2}
 
 

@@ -8,7 +8,7 @@ the rules here). Modules:
 * ``tree``     the draft tree of a step (``DraftTree``, ``Node``): tokens, parents, depths,
                each node's drafts (duplicates kept), q row and p row;
 * ``tables``   ``TableModel``: q(.|prefix) and p(.|prefix) at small V, for the maths;
-* ``laws``     tree draft laws (``chain``, ``sequences``, ``kary``, ``explicit``): sample and
+* ``laws``     tree draft laws (``chain``, ``sequences``, ``kary``, ``explicit``, ``dynamic``): sample and
                enumerate filled trees;
 * ``rules``    the tree-rule interface (``TreeRule``, ``TreeVerdict``) and its registry
                (``register``, ``get``, ``names``);
@@ -31,7 +31,7 @@ True
 from __future__ import annotations
 
 from .certify import TreeCertificate, certify_tree, emitted_law
-from .laws import MAX_TREES, TreeLaw, chain, explicit, kary, sequences
+from .laws import MAX_TREES, TreeLaw, chain, dynamic, explicit, kary, sequences
 from .rules import TreeRule, TreeVerdict, get, names, register
 from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES, MAX_TREE_NODES, TreeShape, allocate, coverage, full_tree,
                      parse_tree, tree_nodes)
@@ -46,7 +46,7 @@ from .ceiling import MAX_LP_VARIABLES, CeilingSolution, TreeLP, lp_size, optimal
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
     "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
-    "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "MAX_TREES",
+    "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
     "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",

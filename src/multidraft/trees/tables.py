@@ -20,12 +20,11 @@ mixed       one of the styles above, chosen per prefix
 """
 from __future__ import annotations
 
-
 import torch
 
 from .._validate import as_int, as_probs64
 
-__all__ = ["TableModel", "STYLES"]
+__all__ = ["STYLES", "TableModel"]
 
 STYLES = ("random", "peaked", "flat", "one_hot", "same", "q_zero", "mixed")
 _BASIC = STYLES[:-1]
@@ -65,43 +64,63 @@ def _rows(style: str, g: torch.Generator, V: int) -> tuple[torch.Tensor, torch.T
     raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
 
 
+def _what(which) -> str:
+    return which if isinstance(which, str) else ("draft" if which[1] == 0 else f"draft column {which[1]}")
+
+
 class TableModel:
     """q(.|prefix) and p(.|prefix) at small V, for tree draft laws and exact certificates.
 
     ``target`` and ``draft``: dicts ``{prefix tuple: row [V]}`` or callables
     ``prefix -> row [V]``; rows are validated once and cached (the same tensor object is
-    returned for the same prefix). ``TableModel.random(V, seed, style)`` draws the rows.
+    returned for the same prefix). ``draft`` may be a list or tuple of such sources, one per
+    draft column (the 'independent' law: one draft distribution per draft temperature):
+    ``q(prefix, col)`` reads column ``col`` and ``q(prefix)`` column 0; ``n_cols`` counts them.
+    ``TableModel.random(V, seed, style, cols)`` draws the rows.
     """
 
     def __init__(self, V: int, target, draft):
         self.V = as_int(V, "V", minimum=1)
-        self._src = {"target": target, "draft": draft}
+        drafts = list(draft) if isinstance(draft, (list, tuple)) else [draft]
+        if not drafts:
+            raise ValueError("draft: give at least one draft column")
+        self.n_cols = len(drafts)
+        self._src = {"target": target, **{("draft", c): src for c, src in enumerate(drafts)}}
         self._cache: dict[tuple, torch.Tensor] = {}
 
     @classmethod
-    def random(cls, V: int, seed: int, style: str = "random") -> "TableModel":
-        """Rows drawn from a generator seeded by (seed, prefix): reproducible, any prefix."""
+    def random(cls, V: int, seed: int, style: str = "random", cols: int = 1) -> TableModel:
+        """Rows drawn from a generator seeded by (seed, prefix): reproducible, any prefix.
+        ``cols`` draft columns: column 0 is the q of ``style``; column c >= 1 is the q of the same
+        style drawn from a generator seeded by (seed, prefix, c) (for 'same' a random row)."""
         if style not in STYLES:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
         V = as_int(V, "V", minimum=1)
         seed = as_int(seed, "seed", minimum=0)
+        cols = as_int(cols, "cols", minimum=1)
         pairs: dict[tuple, tuple] = {}
 
-        def pair(prefix: tuple) -> tuple:
-            got = pairs.get(prefix)
+        def pair(prefix: tuple, col: int = 0) -> tuple:
+            got = pairs.get((col,) + prefix)
             if got is None:
                 code = seed
                 for t in prefix:
                     code = (code * (V + 1) + t + 1) % (1 << 61)
-                g = torch.Generator().manual_seed((code * 1_000_003 + len(prefix)) % (1 << 63))
-                got = pairs[prefix] = _rows(style, g, V)
+                base = (code * 1_000_003 + len(prefix)) % (1 << 63)
+                if col:
+                    base = (base * 7_919 + 104_729 * col) % (1 << 63)
+                g = torch.Generator().manual_seed(base)
+                got = pairs[(col,) + prefix] = _rows(style, g, V)
             return got
 
-        m = cls(V, lambda s: pair(s)[0], lambda s: pair(s)[1])
+        def column(c: int):
+            return lambda s: pair(s, c)[1]
+
+        m = cls(V, lambda s: pair(s)[0], [column(c) for c in range(cols)] if cols > 1 else column(0))
         m.style, m.seed = style, seed
         return m
 
-    def _row(self, which: str, prefix) -> torch.Tensor:
+    def _row(self, which, prefix) -> torch.Tensor:
         prefix = tuple(int(t) for t in prefix)
         key = (which,) + prefix
         row = self._cache.get(key)
@@ -110,10 +129,10 @@ class TableModel:
             try:
                 raw = src(prefix) if callable(src) else src[prefix]
             except KeyError:
-                raise ValueError(f"{which}: no row for prefix {list(prefix)}") from None
-            row = as_probs64(raw, f"{which} row at prefix {list(prefix)}")
+                raise ValueError(f"{_what(which)}: no row for prefix {list(prefix)}") from None
+            row = as_probs64(raw, f"{_what(which)} row at prefix {list(prefix)}")
             if row.shape != (self.V,):
-                raise ValueError(f"{which} row at prefix {list(prefix)} has shape {tuple(row.shape)}, expected ({self.V},)")
+                raise ValueError(f"{_what(which)} row at prefix {list(prefix)} has shape {tuple(row.shape)}, expected ({self.V},)")
             self._cache[key] = row
         return row
 
@@ -121,9 +140,11 @@ class TableModel:
         """Target distribution ``[V]`` (float64) after ``prefix``."""
         return self._row("target", prefix)
 
-    def q(self, prefix=()) -> torch.Tensor:
-        """Draft distribution ``[V]`` (float64) after ``prefix``."""
-        return self._row("draft", prefix)
+    def q(self, prefix=(), col: int = 0) -> torch.Tensor:
+        """Draft distribution ``[V]`` (float64) of draft column ``col`` after ``prefix``."""
+        if not 0 <= col < self.n_cols:
+            raise ValueError(f"col: the model has draft columns 0..{self.n_cols - 1}, got {col}")
+        return self._row(("draft", col), prefix)
 
     def sequence_law(self, prefix=(), n: int = 1) -> torch.Tensor:
         """The target's law of the next n tokens after ``prefix``: float64 ``[V] * n``
