@@ -151,3 +151,16 @@ def test_prepared_rows_check_their_drafts(name):
         prepared.output_distribution((d + 5).unsqueeze(0))
     with pytest.raises(ValueError, match="target_probs must sum to 1"):
         v.prepare(P * 1.1, Q, law=law)
+
+
+def test_check_names_is_the_one_check_of_verifier_lists():
+    from multidraft._errors import ArgumentError
+
+    assert md.verifiers.check_names("optimal") == ("optimal",)
+    assert md.verifiers.check_names(["specinfer", "spectr"]) == ("specinfer", "spectr")
+    with pytest.raises(ArgumentError, match="^verifiers is empty") as e:
+        md.verifiers.check_names([])
+    assert e.value.arg == "verifiers"
+    with pytest.raises(ArgumentError, match="unknown verifier 'nope'; registered: naive") as e:
+        md.verifiers.check_names(("specinfer", "nope"), "names")
+    assert e.value.arg == "names"

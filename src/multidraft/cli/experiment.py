@@ -164,13 +164,7 @@ def run_acceptance(args) -> int:
     from ..experiments.acceptance import AcceptanceConfig, run_experiment
 
     config = AcceptanceConfig(temperatures=((args.target_temperature, args.draft_temperature),), **_config_fields(args))
-    kw = _run_kw(args)
-    try:
-        res = run_experiment(args.run_dir, config=config, **kw)
-    finally:
-        _close(kw)
-    _print(res.rows, res.path, "acceptance", args.run_dir)
-    return 0
+    return _run_config(run_experiment, config, args, "acceptance")
 
 
 def run_temperature(args) -> int:
@@ -181,12 +175,18 @@ def run_temperature(args) -> int:
         target_temperatures=float_list(args.target_temperatures, "target_temperatures"),
         fixed_target=args.fixed_target_temperature, fixed_draft=args.fixed_draft_temperature, **_config_fields(args),
     )
+    return _run_config(run_experiment, config, args, "temperature")
+
+
+def _run_config(run_experiment, config, args, kind: str) -> int:
+    """Run an acceptance-type experiment on its config (the models, seed, log, progress and mapper
+    from the flags), close the mapper, print where the rows went."""
     kw = _run_kw(args)
     try:
         res = run_experiment(args.run_dir, config=config, **kw)
     finally:
         _close(kw)
-    _print(res.rows, res.path, "temperature", args.run_dir)
+    _print(res.rows, res.path, kind, args.run_dir)
     return 0
 
 

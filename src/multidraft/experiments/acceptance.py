@@ -452,13 +452,7 @@ class AcceptanceConfig:
         set_("ks", as_ks(self.ks, "k"))
         set_("laws", _drafts.parse_laws(self.laws, LAWS, "laws"))
         if self.verifiers is not None:
-            names = tuple(self.verifiers)
-            for n in names:
-                try:
-                    _verifiers.get(n)
-                except ValueError as exc:
-                    raise ArgumentError.of("verifiers", exc) from None
-            set_("verifiers", names)
+            set_("verifiers", _verifiers.check_names(self.verifiers))
         draws = as_int(self.draws, "draws")
         if draws < 2:
             raise ArgumentError("draws", f"must be >= 2 (for a standard error), got {draws}")

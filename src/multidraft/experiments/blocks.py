@@ -74,14 +74,7 @@ class BlocksConfig:
         if self.verifiers is None:
             names = tuple(n for n in _verifiers.names() if n != "lp_optimal")
         else:
-            names = (self.verifiers,) if isinstance(self.verifiers, str) else tuple(self.verifiers)
-            if not names:
-                raise ArgumentError("verifiers", "is empty; give at least one verifier")
-            for n in names:
-                try:
-                    _verifiers.get(n)
-                except ValueError as exc:
-                    raise ArgumentError.of("verifiers", exc) from None
+            names = _verifiers.check_names(self.verifiers)
         set_("verifiers", names)
         if self.laws is not None:
             set_("laws", parse_laws(self.laws, name="laws"))

@@ -140,13 +140,7 @@ class CompareConfig:
         set_("ks", as_ks(self.ks, "k"))
         set_("laws", D.parse_laws(self.laws, D.SHARED_Q_KINDS, "laws"))
         if self.verifiers is not None:
-            names = tuple(self.verifiers)
-            for n in names:
-                try:
-                    V.get(n)
-                except ValueError as exc:
-                    raise ArgumentError.of("verifiers", exc) from None
-            set_("verifiers", names)
+            set_("verifiers", V.check_names(self.verifiers))
         set_("samples", as_int(self.samples, "samples", minimum=1))
         set_("seed", as_int(self.seed, "seed"))
 

@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 from .base import Verdict, Verifier, first_match, per_draft
-from .registry import get, names, register
+from .registry import check_names, get, names, register
 
 # registration order is the display order of tables
 from . import naive, nss, specinfer, rrs_wor, spectr, spechub, khisti_is, greedy_optimal, lp_optimal, optimal  # noqa: E402,F401
 
-__all__ = ["Verdict", "Verifier", "first_match", "per_draft", "register", "names", "get"]
+__all__ = ["Verdict", "Verifier", "first_match", "per_draft", "register", "names", "get", "check_names"]

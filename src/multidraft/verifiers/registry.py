@@ -5,9 +5,10 @@ imports nothing from here); this module is its interface. The package ``__init__
 the verifier modules, which register themselves."""
 from __future__ import annotations
 
+from .._errors import ArgumentError
 from .base import Verifier
 
-__all__ = ["register", "names", "get"]
+__all__ = ["register", "names", "get", "check_names"]
 
 _REGISTRY: dict[str, type[Verifier]] = Verifier._registered
 
@@ -34,3 +35,18 @@ def get(name) -> Verifier:
         return _REGISTRY[name]()
     except (KeyError, TypeError):
         raise ValueError(f"unknown verifier {name!r}; registered: {', '.join(_REGISTRY)}") from None
+
+
+def check_names(names, arg: str = "verifiers") -> tuple[str, ...]:
+    """``names`` (one name or an iterable) as a tuple of registered names, checked once;
+    ``ArgumentError`` naming ``arg`` for an empty list or an unknown name (listing the registered)."""
+    out = (names,) if isinstance(names, str) else tuple(names)
+    if not out:
+        raise ArgumentError(arg, "is empty; give at least one verifier")
+    for n in out:
+        if isinstance(n, Verifier) or n not in _REGISTRY:
+            try:
+                get(n)
+            except ValueError as exc:
+                raise ArgumentError.of(arg, exc) from None
+    return out
