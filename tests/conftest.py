@@ -30,3 +30,26 @@ def prompt_file(tmp_path):
     f.write_text("in the beginning god created\n\nand the earth was without form\n\ndef add(a, b):\n\nwhat is the sum of\n",
                  encoding="utf-8")
     return f
+
+
+class ModelLoaded(Exception):
+    """Raised by the ``no_models`` fixture: a model would have been loaded."""
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Every way to load a model fails (raises ``ModelLoaded``) and is counted: the list of calls.
+    For the tests that every check comes before any model loads."""
+    from multidraft import models
+    from multidraft.decoding import pair
+
+    calls = []
+
+    def boom(*a, **kw):
+        calls.append((a, kw))
+        raise ModelLoaded("a model would have been loaded")
+
+    for name in ("resolve_pair", "ensure_default_models"):
+        monkeypatch.setattr(models, name, boom)
+    monkeypatch.setattr(pair, "load_pair", boom)
+    return calls

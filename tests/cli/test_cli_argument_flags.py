@@ -10,29 +10,14 @@ import argparse
 import json
 
 import pytest
+from conftest import ModelLoaded
 
 from multidraft import cli, models
 from multidraft.cli import main
 
 
-class Loaded(Exception):
-    pass
 
 
-@pytest.fixture
-def no_models(monkeypatch):
-    calls = []
-
-    def boom(*a, **kw):
-        calls.append(1)
-        raise Loaded("a model would have been loaded")
-
-    for name in ("resolve_pair", "ensure_default_models"):
-        monkeypatch.setattr(models, name, boom)
-    from multidraft.decoding import pair
-
-    monkeypatch.setattr(pair, "load_pair", boom)
-    return calls
 
 
 def _one_line(capsys, prog: str, flag: str) -> str:
@@ -180,12 +165,12 @@ def test_experiment_validates_k_and_laws_once(monkeypatch, tmp_path):
     monkeypatch.setattr(drafts, "parse_laws", lambda *a, **kw: laws.append(a) or real_laws(*a, **kw))
 
     def boom(*a, **kw):
-        raise Loaded("models")
+        raise ModelLoaded("models")
 
     monkeypatch.setattr(models, "resolve_pair", boom)
     f = tmp_path / "t.txt"
     f.write_text("in the beginning\n", encoding="utf-8")
-    with pytest.raises(Loaded):
+    with pytest.raises(ModelLoaded):
         main(["experiment", "acceptance", str(tmp_path / "run"), "--datasets", f"file:{f}", "--k", "1-3",
               "--laws", "iid,wor", "--no-progress"])
     assert len(ks) == 1 and ks[0][1] == "k"

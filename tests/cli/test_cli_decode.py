@@ -10,18 +10,6 @@ from multidraft import models
 from multidraft.cli import main
 
 
-@pytest.fixture
-def no_models(monkeypatch):
-    """Any model load fails the test: the checks must come first."""
-    calls = []
-
-    def boom(*a, **kw):
-        calls.append((a, kw))
-        raise AssertionError("resolve_pair was called: a model would have been loaded")
-
-    monkeypatch.setattr(models, "resolve_pair", boom)
-    monkeypatch.setattr(models, "ensure_default_models", boom)
-    return calls
 
 
 BASE = ["decode", "--prompt", "def f(x):", "--quiet"]

@@ -15,33 +15,18 @@ import time
 import pytest
 import torch
 
-from multidraft import cli, models
+from multidraft import cli
 from multidraft.cli import _args
 
 GUARD_S = 120  # a hang becomes a failure after this long; the commands take well under a second
 
 
-class Loaded(Exception):
-    pass
 
 
 class Hung(Exception):
     pass
 
 
-@pytest.fixture
-def no_models(monkeypatch):
-    calls = []
-
-    def boom(*a, **kw):
-        calls.append(1)
-        raise Loaded("a model would have been loaded")
-
-    monkeypatch.setattr(models, "resolve_pair", boom)
-    from multidraft.decoding import pair
-
-    monkeypatch.setattr(pair, "load_pair", boom)
-    return calls
 
 
 @contextlib.contextmanager
