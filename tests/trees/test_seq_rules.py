@@ -201,3 +201,25 @@ def test_traversal_against_the_specinfer_walk():
     w = trees.certify_tree(walk, law, model).expected_tokens
     assert split.max_abs_error <= TOL
     assert split.expected_tokens < w - 5e-3
+
+
+class _MinRatioUpdate(trees.TraversalVerification):
+    """A parent update read in an unaffiliated reimplementation of traversal verification (not
+    the paper, whose update we could not read): a' = min(r / (1 - q(t)), 1), t the refused token."""
+
+    @staticmethod
+    def _refused(a, P, q, t):
+        res = (a * P - q).clamp_min(0.0)
+        r = float(res.sum())
+        if r <= 0:
+            return 0.0, P
+        return min(r / (1.0 - float(q[t])), 1.0), res / r
+
+
+def test_traversal_parent_update_is_not_replaceable_by_the_min_ratio_update():
+    """The certificate tells the two parent updates apart already on a chain of length 2 (no
+    siblings, so with or without replacement does not matter): ours is lossless, the other is
+    off by 0.02 in the emitted sequence law (V = 3, seed 0, 'random')."""
+    law, model = trees.chain(2), trees.TableModel.random(3, seed=0)
+    assert trees.certify_tree(trees.get("traversal"), law, model).max_abs_error <= TOL
+    assert trees.certify_tree(_MinRatioUpdate(), law, model).max_abs_error > 1e-2

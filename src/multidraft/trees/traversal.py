@@ -23,8 +23,44 @@ and the traversal goes on with v's next child (or with v itself when none is lef
 chain this is block verification's backward scan, so the two rules have the same law
 (tested); at depth 1 it is recursive rejection sampling with replacement (SpecInfer).
 
-What the paper leaves open, and our choices:
+What we could read of the paper, and how ours compares. The stored copies of the paper
+(arXiv HTML v1 and v2) and of one summary page (papernotes, NeurIPS 2025) yield only their
+openings: the abstract, the start of the introduction and the summary's motivation. From
+them: (1) verification runs from the leaves towards the root instead of root-first; (2) a
+node's acceptance is decided on the probability of the whole sequence from the root to
+it, so a refused ancestor does not by itself discard a descendant; (3) the summary's
+example keeps a child whose parent has acceptance 0.5 and whose own ratio p/q is 4/3 with
+probability min(0.5 * 4/3, 1) = 2/3 (token-level: 0.5), which is our ``a(c)`` recursion;
+(4) the rule is proved lossless and, on a single chain, optimal (there it must coincide in
+value with block verification, which is optimal on a chain: ours coincides in law). We
+could NOT read Algorithm 1, the definitions of its per-node quantities, the update of a
+node after a child's refusal, the order of visits, the theorem statements or the proofs;
+the points below marked "unspecified to us" are therefore our reconstruction, certified
+lossless by enumeration (``tests/trees/test_seq_rules.py``), not a reading of the paper.
+Nothing we could read contradicts this module, so the rule was not changed.
 
+One unaffiliated public reimplementation (found by code search; it says it follows the
+paper's pseudocode, we cannot confirm that) matches us on the visit order (first leaf of a
+depth-first, first-child-first descent), on ``a(c)`` and on the parent's new row, but sets
+the parent's new weight to ``min(r / (1 - q(t | v)), 1)`` (t the refused token) and
+renormalises the parent's draft row without t, i.e. siblings drawn without replacement.
+That weight is not lossless even on a chain of length 2, where siblings play no part
+(``TableModel.random(3, seed=0)``: error 0.02 in the emitted law; pinned in
+``tests/trees/test_seq_rules.py``), so it is kept out; ours gives ``r / (r + 1 - a)``, block
+verification's. If the paper's trees do draw siblings without replacement, that law is
+not supported here yet (see "Supported tree laws").
+
+Points unspecified to us, and our choices:
+
+* Which leaf first, and siblings (unspecified to us): depth first, children in draft
+  (slot) order, each subtree finished before the next sibling is tried; so the first
+  node decided is the deepest node of the first drafted path.
+* The parent's update after a refusal (unspecified to us): the sequence-level residual
+  above, chosen because on a chain it reduces to Sun et al.'s backward scan and so reaches
+  the chain optimum the paper claims (we did not check other updates).
+* When and from where a token is emitted (unspecified to us): once, when a node is kept,
+  from that node's current row (its target row when none of its children was tried and
+  refused, else its residual); the root is always kept.
 * Duplicate drafts. Our trees merge equal drafts of a node into one child (``tree.py``):
   in a K-ary tree the later slots of a repeated token have no subtree of their own. We try
   the node's drafts in slot order; a repeated token is tried as a child without children
@@ -97,7 +133,7 @@ def _split(tree: DraftTree) -> _Slot:
     return _Slot(0, kids)
 
 
-def _refused(a: float, P: torch.Tensor, q: torch.Tensor) -> tuple[float, torch.Tensor]:
+def _residual_update(a: float, P: torch.Tensor, q: torch.Tensor) -> tuple[float, torch.Tensor]:
     """The parent's (a, P) after one of its children was refused."""
     res = (a * P - q).clamp_min(0.0)  # [V]
     r = float(res.sum())
@@ -126,6 +162,12 @@ class TraversalVerification(TreeRule):
     def supports(self, tree_law) -> bool:
         return self.refusal(tree_law) is None
 
+    @staticmethod
+    def _refused(a: float, P: torch.Tensor, q: torch.Tensor, t: int) -> tuple[float, torch.Tensor]:
+        """The parent's new (a, P) after its child with token t was refused (P, q: ``[V]``);
+        t is unused by this rule (a hook for the variants tested against it)."""
+        return _residual_update(a, P, q)
+
     def _structure(self, tree: DraftTree) -> _Slot:
         chainlike = all(len(nd.drafts) <= 1 for nd in tree.nodes)
         check_tree(tree, ("iid",), "traversal", chain=chainlike)
@@ -147,7 +189,7 @@ class TraversalVerification(TreeRule):
                 t = tree.nodes[kid.node].token
                 ac = min(a * float(P[t]) / float(nd.q[t]), 1.0)
                 w = run(kid, prefix + (t,), ac, tree.p(kid.node).double(), w)
-                a, P = _refused(a, P, nd.q.double())
+                a, P = self._refused(a, P, nd.q.double(), t)
             keep = 1.0 if s.node == 0 and prefix == () else a
             if w > 0 and keep > 0:
                 for y in torch.nonzero(P > 0).flatten().tolist():
@@ -170,7 +212,7 @@ class TraversalVerification(TreeRule):
                 got = run(kid, path + (kid.node,), ac, tree.p(kid.node).double())
                 if got is not None:
                     return got
-                a, P = _refused(a, P, nd.q.double())
+                a, P = self._refused(a, P, nd.q.double(), t)
             if path == () or float(torch.rand((), generator=g, dtype=torch.float64)) < a:
                 return TreeVerdict(path, int(sample_token(P, g)))
             return None
