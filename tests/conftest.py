@@ -53,3 +53,26 @@ def no_models(monkeypatch):
         monkeypatch.setattr(models, name, boom)
     monkeypatch.setattr(pair, "load_pair", boom)
     return calls
+
+
+@pytest.fixture
+def tiny_resolved(monkeypatch):
+    """The default pair replaced by the tiny pair (V = 32): ``models.resolve_pair`` returns it and
+    counts its calls (the list returned)."""
+    pytest.importorskip("transformers")
+    import multidraft.models as dm
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    t, d = tiny_pair(vocab_size=32, seed=0)
+    calls = []
+    monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: calls.append(1) or (t, d, tiny_tokenizer()))
+    return calls
+
+
+@pytest.fixture
+def corpus_file(tmp_path):
+    """A two-passage ``file:`` data set (KJV-like text)."""
+    f = tmp_path / "corpus.txt"
+    f.write_text("in the beginning god created the heaven and the earth.\n\n"
+                 "and the earth was without form, and void; and darkness was upon the face of the deep.\n", encoding="utf-8")
+    return f

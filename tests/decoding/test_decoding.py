@@ -18,14 +18,6 @@ from multidraft.decoding import engine, kv, runners  # noqa: E402
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tm.tiny_pair(vocab_size=24, seed=0)
-
-
-@pytest.fixture(scope="module")
-def small_pair():  # V = 8: joint laws of two tokens have 64 cells
-    return tm.tiny_pair(vocab_size=8, hidden=16, seed=3)
 
 
 PROMPTS = [torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[7]]), torch.tensor([[9, 9, 0, 11, 3, 20, 2]])]

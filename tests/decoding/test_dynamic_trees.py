@@ -17,14 +17,6 @@ from multidraft.decoding import engine  # noqa: E402
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tm.tiny_pair(vocab_size=24, seed=0)
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-    return tm.tiny_pair(vocab_size=8, hidden=16, seed=3)
 
 
 # --- the allocator on tensors ----------------------------------------------------------------

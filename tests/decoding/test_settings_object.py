@@ -27,13 +27,7 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    pytest.importorskip("transformers")
-    import tiny_models as tm
-
-    torch.set_num_threads(1)
-    return tm.tiny_pair(vocab_size=24, seed=0)
+torch.set_num_threads(1)  # as the other decoding tests; the tiny pair is tests/decoding/conftest.py's
 
 
 @pytest.mark.parametrize("kw", CONFIGS)

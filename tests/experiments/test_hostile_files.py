@@ -366,24 +366,13 @@ def test_a_second_process_is_refused_naming_the_directory_and_holder(tmp_path):
 
 
 @pytest.fixture
-def tiny(monkeypatch):
-    pytest.importorskip("transformers")
-    from tiny_models import tiny_pair, tiny_tokenizer
-
-    import multidraft.models as dm
-
-    t, d = tiny_pair(vocab_size=32, seed=0)
-    calls = []
-    monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: calls.append(1) or (t, d, tiny_tokenizer()))
-    return calls
+def tiny(tiny_resolved):
+    return tiny_resolved
 
 
 @pytest.fixture
-def textfile(tmp_path):
-    f = tmp_path / "corpus.txt"
-    f.write_text("in the beginning god created the heaven and the earth.\n\n"
-                 "and the earth was without form, and void; and darkness was upon the face of the deep.\n", encoding="utf-8")
-    return f
+def textfile(corpus_file):
+    return corpus_file
 
 
 def _argv(run_dir, textfile, *extra, k="1-2"):
