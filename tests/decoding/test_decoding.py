@@ -384,17 +384,13 @@ def test_lazy_import_does_not_pull_transformers():
 
 
 # --- CLI ---------------------------------------------------------------------------------------
-def test_cli_decode_json_and_errors(tmp_path, capsys):
+def test_cli_decode_json_and_errors(saved_pair, capsys):
     import json
 
     from multidraft.cli import main
 
-    t, d = tm.tiny_pair(vocab_size=32, seed=4)
-    tok = tm.tiny_tokenizer()
-    for m, name in [(t, "t"), (d, "d")]:
-        m.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
-    base = ["decode", "--prompt", "hellothere", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"),
+    t, tok, target_dir, draft_dir = saved_pair
+    base = ["decode", "--prompt", "hellothere", "--target", str(target_dir), "--draft", str(draft_dir),
             "--dtype", "float32", "--quiet", "--ignore-eos", "--max-new-tokens", "8"]
     assert main(base + ["--verifier", "nss", "--k", "2", "--depth", "2", "--json", "--temperature", "0"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

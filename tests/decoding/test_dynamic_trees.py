@@ -183,17 +183,13 @@ def test_dynamic_settings_errors():
             engine.Settings.from_args(verifier="spechub", k=3, tree="dynamic")
 
 
-def test_cli_decode_tree_dynamic(tmp_path, capsys):
+def test_cli_decode_tree_dynamic(saved_pair, capsys):
     import json
 
     from multidraft.cli import main
 
-    t, d = tm.tiny_pair(vocab_size=32, seed=4)
-    tok = tm.tiny_tokenizer()
-    for m, name in [(t, "t"), (d, "d")]:
-        m.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
-    base = ["decode", "--prompt", "hellothere", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"),
+    t, tok, target_dir, draft_dir = saved_pair
+    base = ["decode", "--prompt", "hellothere", "--target", str(target_dir), "--draft", str(draft_dir),
             "--dtype", "float32", "--quiet", "--ignore-eos", "--max-new-tokens", "8", "--tree", "dynamic"]
     assert main(base + ["--verifier", "nss", "--max-nodes", "8", "--k-max", "3", "--max-depth", "3", "--json",
                         "--temperature", "0", "--draft-temperature", "1.5"]) == 0
