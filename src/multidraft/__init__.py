@@ -16,9 +16,9 @@ __version__ = "0.1.0"
 
 _SUBMODULES = ("drafts", "verifiers", "exact", "limits", "sampling", "trees", "datasets", "models", "decoding",
                "experiments")
-_NAMES = {"certify": "exact", "optimal_acceptance": "limits", "generate": "decoding"}
+_NAMES = {"certify": "exact", "optimal_acceptance": "limits", "generate": "decoding", "custom_generate": "decoding"}
 
-__all__ = ["drafts", "verifiers", "exact", "limits", "trees", "certify", "optimal_acceptance", "generate", "__version__"]
+__all__ = ["drafts", "verifiers", "exact", "limits", "trees", "certify", "optimal_acceptance", "generate", "custom_generate", "__version__"]
 
 
 def __getattr__(name):
