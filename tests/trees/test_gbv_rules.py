@@ -36,15 +36,21 @@ def test_certificates_every_style(name, one_thread):
 
 
 def _sweep_cases():
-    laws = {2: [trees.chain(3), trees.sequences(2, 3), trees.sequences(3, 2), trees.kary(2, 3), trees.kary(3, 2),
+    """V <= 4, L <= 3, K <= 3, every style; the largest enumerations (kary(2, 3) and kary(3, 2)
+    at V = 2, kary(2, 2) at V = 4: 4,096-16,384 trees) on two styles only."""
+    big = ("random", "q_zero")
+    laws = {2: [trees.chain(3), trees.sequences(2, 3), trees.sequences(3, 2),
                 trees.explicit([[0], [1], [2], [0, 0], [0, 1], [0, 0, 0]])],
             3: [trees.chain(3), trees.sequences(2, 2), trees.sequences(3, 2), trees.sequences(2, 3), trees.kary(2, 2),
                 trees.kary(3, 1)],
-            4: [trees.chain(3), trees.sequences(2, 2), trees.sequences(3, 1), trees.kary(2, 2)]}
+            4: [trees.chain(3), trees.sequences(2, 2), trees.sequences(3, 1)]}
     for V, ls in laws.items():
         for law in ls:
             for style in trees.STYLES:
                 yield V, law, style
+    for V, law in ((2, trees.kary(2, 3)), (2, trees.kary(3, 2)), (4, trees.kary(2, 2))):
+        for style in big:
+            yield V, law, style
 
 
 @pytest.mark.slow
