@@ -187,7 +187,7 @@ def test_rules_refuse_laws_they_cannot_verify(name):
     rule = trees.get(name)
     model = trees.TableModel.random(3, 0)
     for law in (trees.kary(2, 2, "wor"), trees.kary(2, 1, "greedy"), trees.sequences(2, 2, "independent"),
-                trees.dynamic(2, 2, 5)):
+                trees.dynamic(2, 2, 5), trees.chain(2, "independent")):
         assert not rule.supports(law)
         with pytest.raises(ValueError, match=f"^rule: .*not lossless .*{name} needs i.i.d. node drafts"):
             trees.certify_tree(rule, law, model)

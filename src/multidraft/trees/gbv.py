@@ -60,7 +60,7 @@ Points unspecified to us, and our choices:
 * Degenerate rows: as ``trees.block`` (``h_i = 0`` when the residual is empty; the root's
   empty residual is replaced by ``p(. | root)``).
 
-Supported tree laws: every chain, and i.i.d. node drafts (``sequences(K, L)``,
+Supported tree laws: every chain (but 'independent' ones), and i.i.d. node drafts (``sequences(K, L)``,
 ``kary(K, L, 'iid')``, ``explicit(paths, 'iid')``). Without-replacement, greedy,
 'independent' and dynamic (K > 1) trees are refused: their selection laws would need the
 joint law of a node's drafts (or, for dynamic trees, of the allocation), which we did not
@@ -133,7 +133,7 @@ class SelectThenBlock(TreeRule):
 
     # laws and checks ------------------------------------------------------------------------
     def refusal(self, tree_law):
-        if is_chain_law(tree_law):
+        if is_chain_law(tree_law) and tree_law.kind != "independent":
             return None
         if tree_law.kind != "iid" or tree_law.shape.mode == "dynamic":
             what = "dynamic" if tree_law.shape.mode == "dynamic" else repr(tree_law.kind)
