@@ -16,6 +16,8 @@ the rules here). Modules:
 * ``certify``  ``certify_tree``: exact path certificates;
 * ``block``    ``BlockVerification`` ('block'): one chain verified jointly (Sun et al. 2025);
 * ``traversal`` ``TraversalVerification`` ('traversal'): trees verified leaf to root (Weng, Hu et al. 2025);
+* ``univer``   ``UniVer`` ('univer'): trees verified by conditional (scaled) transport at every node,
+               iid or without-replacement siblings (Weng, Hu, Yairi 2026);
 * ``ceiling``  ``optimal_tokens``: the tree-level ceiling (the LP over draft trees and emitted
                sequences) and ``TreeLP`` ('tree_lp'), the rule that samples its coupling;
 * ``compare``  ``expected_tokens``: every rule's exact tokens per call and the ceiling.
@@ -40,6 +42,7 @@ from .tree import DraftTree, Node
 from .walk import TokenWalk, node_ks
 from .block import BlockVerification, block_tokens
 from .traversal import TraversalVerification
+from .univer import UniVer
 from .compare import expected_tokens
 from .ceiling import MAX_LP_VARIABLES, CeilingSolution, TreeLP, lp_size, optimal_tokens, tree_paths
 
@@ -49,6 +52,6 @@ __all__ = [
     "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
     "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
-    "BlockVerification", "block_tokens", "TraversalVerification",
+    "BlockVerification", "block_tokens", "TraversalVerification", "UniVer",
     "expected_tokens", "optimal_tokens", "CeilingSolution", "TreeLP", "lp_size", "tree_paths", "MAX_LP_VARIABLES",
 ]

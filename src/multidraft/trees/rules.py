@@ -10,6 +10,7 @@ enumeration at small V).
     rule.verify(tree, generator) -> TreeVerdict(path, token)
     rule.output_distribution(tree) -> {Y: probability}   # exact law of Y given this tree
     rule.supports(tree_law) -> bool
+    rule.expected_tokens(tree) -> float                  # exact E|Y| given this tree
 
 ``path`` is the accepted node ids from the root's first child down (``DraftTree.path_to`` of
 the last accepted node; empty when nothing was accepted) and ``token`` the token emitted
@@ -50,6 +51,12 @@ class TreeRule:
     def output_distribution(self, tree: DraftTree) -> dict:  # pragma: no cover - interface
         """Exact law of the emitted sequence Y given this tree: ``{tuple of tokens: float}``."""
         raise NotImplementedError
+
+    def expected_tokens(self, tree: DraftTree) -> float:
+        """Exact ``E|Y|`` given this filled tree (p and q rows at every node). This default sums
+        ``output_distribution`` (small V only); rules override it with an O(nodes x V) form where
+        they can."""
+        return float(sum(len(y) * w for y, w in self.output_distribution(tree).items()))
 
     def __repr__(self) -> str:
         return f"<tree rule {self.name!r}>"
