@@ -79,13 +79,31 @@ tried, ``s(u) = 1 - (1 - h(u)) prod_children (1 - s(c))`` (h: the final weight; 
 Steps the paper leaves unspecified to us, and our choices:
 
 * The local plan. The abstract says the local plans are optimal transport plans for the
-  scaled target; we use the sequential residual plan above (RRS at scale ``alpha``), which is
-  optimal for one draft (a chain: it is block verification's weight) and for small
-  ``alpha`` (it then accepts the whole owed mass ``alpha``), but at ``alpha = 1`` is RRS-wor,
-  which stays below the optimal multi-draft acceptance for K >= 2. We did not implement an
-  LP-optimal local plan: a plan that maximises the node's acceptance is not unique, the
-  child weights it induces depend on how it is realised, and nothing we could read says
-  which one the paper takes.
+  scaled target. Two plans are offered. ``plan='residual'`` (default) is the sequential plan
+  above (RRS at scale ``alpha``): any V, O(K x V) a node; optimal for one draft (a chain: it
+  is block verification's weight) and for small ``alpha`` (it then accepts the whole owed
+  mass), but at ``alpha = 1`` it is RRS-wor, below the optimal multi-draft acceptance for
+  K >= 2. ``plan='ot'`` takes, at every node, a plan ``pi_S(j)`` (the probability of
+  selecting slot j given the drafted tuple S) of *largest acceptance*: the linear program
+
+      max sum_(S, j) D(S) pi_S(j)   s.t.  sum_j pi_S(j) <= 1,
+                                          sum_(S, j: S_j = x) D(S) pi_S(j) <= alpha p(x | u),
+
+  over every tuple S of the node's law D (only a token's first slot in S; the optimum is
+  ``1 + min_X [alpha p(X) - P(S within X)]``, the multi-draft ceiling at scale ``alpha``).
+  It is realised in slot order with conditional weights ``w_j = pi_S(j) / (1 - sum_(i<j)
+  pi_S(i))`` (child j's weight), and the node keeps itself with the constant
+  ``h = (alpha - A) / (1 - A)`` (A the plan's acceptance) and emits ``R(.) / R``,
+  ``R(x) = alpha p(x | u) - sum_(S, j: S_j = x) D(S) pi_S(j)``: the owed mass is again met
+  exactly, whatever the plan, so losslessness does not rest on the solver (the solution is
+  scaled down to its caps before use: feasible to rounding). Such a plan is not unique and
+  the choice matters below the node (an arbitrary optimal vertex put the mass on leaf slots
+  and lost up to 0.9 tokens per call on a shape whose first slot carries the subtree), so a
+  second LP picks, among plans within 1e-10 of the best acceptance, the one that puts the
+  most mass on the slots with the largest shape subtree, then on earlier slots (our choice;
+  the abstract says nothing of it). Cost: two HiGHS solves a node with
+  ``(tuples of D) x K`` variables (V!/(V-K)! tuples for wor), refused past
+  ``max_variables`` (``OT_MAX_VARIABLES``): small V only. It also takes the 'greedy' node law.
 * How the refused mass is split among the refusal branches (which token was refused):
   in proportion to the branch probabilities (every branch gets the same normalised state).
 * Order of the children: draft (slot) order, each subtree finished before the next sibling.
@@ -96,9 +114,10 @@ Steps the paper leaves unspecified to us, and our choices:
   has probability 0 or the node is never kept); the root always emits from its current P.
 
 Supported tree laws: full shapes (``kary``, ``explicit``) and tries of K sequences whose
-node drafts are 'iid' or 'wor', and every chain ('iid', 'wor' or 'greedy': one draft a node
-is one draw from q); certified at 1e-12 by ``certify.certify_tree``. Refused: the 'greedy'
-node law with K >= 2 (its top K-1 tokens are not draws from a known law given the past),
+node drafts are 'iid' or 'wor' (with ``plan='ot'`` also 'greedy'), and every chain ('iid',
+'wor' or 'greedy': one draft a node is one draw from q); certified at 1e-12 by
+``certify.certify_tree``. Refused: the 'greedy' node law with K >= 2 under the residual plan
+(its top K-1 tokens are not draws from a known law given the earlier drafts),
 'independent' columns (the shared row checks read one q row a node) and dynamic trees (a
 node's number of drafts depends on the drafts elsewhere in its level).
 """
@@ -144,11 +163,13 @@ def _next_state(a: float, P: torch.Tensor, Q: torch.Tensor) -> tuple[float, torc
     return min(r / (1.0 - a + r), 1.0), res / r
 
 
-def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, max_variables: int):
+def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, max_variables: int, scores: tuple):
     """The node's local plan by linear programming (plan='ot'): the largest acceptance
     ``sum_(S, j) D(S) pi_S(j)`` with ``sum_j pi_S(j) <= 1`` and ``sum_(S, j: S_j = x) D(S) pi_S(j) <= alpha P(x)``
     over the node's draft tuples S (law ``kind`` from Q, k drafts; only a token's first slot
-    in S gets mass). Returns ``({tuple: [pi per slot]}, h, rho)``, made exactly feasible."""
+    in S gets mass); among the plans within 1e-10 of that acceptance, the one of largest
+    ``sum D(S) pi_S(j) scores[j]`` (a second LP). Returns ``({tuple: [pi per slot]}, h, rho)``,
+    made exactly feasible."""
     from scipy.optimize import linprog
     from scipy.sparse import csr_matrix
 
@@ -168,6 +189,12 @@ def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, 
     if res.status != 0:  # pragma: no cover - a feasible bounded LP (0 is feasible)
         raise RuntimeError(f"univer: the node's transport LP failed ({res.message})")
     x = np.clip(res.x, 0.0, None)
+    best = float(x.sum())
+    w2 = np.array([scores[j] for _, j in cols], dtype=np.float64)
+    A2 = csr_matrix(np.vstack([A.toarray(), -np.ones((1, nv))]))
+    res2 = linprog(-w2, A_ub=A2, b_ub=np.concatenate([cap, [-(best - 1e-10)]]), bounds=(0, None), method="highs-ds")
+    if res2.status == 0:
+        x = np.clip(res2.x, 0.0, None)
     # exact feasibility: scale every token's mass down to its cap, then every tuple's row to D(S)
     M = np.bincount(tok, weights=x, minlength=V)
     f = np.where(M > cap[N:], cap[N:] / np.where(M > 0, M, 1.0), 1.0)
@@ -269,6 +296,22 @@ class UniVer(TreeRule):
             plan.h[i], plan.rho[i] = (1.0 if i == 0 else a), P
         return plan
 
+    @staticmethod
+    def _scores(tree: DraftTree, i: int, k: int) -> tuple:
+        """Tie-break of plan='ot' among maximum-acceptance plans: slot j's score is
+        ``(k + 1) x (nodes of the shape's subtree under slot j) + (k - j)``, so mass goes to the
+        children with more drafts below them, then to earlier slots (K-sequence tries: slot
+        order only)."""
+        nd = tree.nodes[i]
+        if tree.shape.mode != "paths":
+            return tuple(float(k - j) for j in range(k))
+        out = []
+        for j in range(k):
+            base = nd.slot + (j,)
+            size = sum(1 for path in tree.shape.children if path[: len(base)] == base and len(path) <= tree.depth_cap)
+            out.append(float((k + 1) * size + (k - j)))
+        return tuple(out)
+
     def _ot_node(self, tree: DraftTree, i: int, alpha: float, P: torch.Tensor, Q: torch.Tensor, plan: _Plan) -> None:
         """Node i's slots under plan='ot': the LP plan's pi for the drafted tuple, realised in
         slot order as conditional weights ``w_j = pi_j / (1 - sum_(i<j) pi_i)``; final (h, rho)
@@ -276,10 +319,11 @@ class UniVer(TreeRule):
         nd = tree.nodes[i]
         drafts = tuple(nd.drafts)
         if alpha > 0:
-            key = (id(P), id(Q), alpha, len(drafts), tree.law)
+            scores = self._scores(tree, i, len(drafts))
+            key = (id(P), id(Q), alpha, len(drafts), tree.law, scores)
             hit = self._memo.get(key)
             if hit is None or hit[0] is not P or hit[1] is not Q:
-                hit = (P, Q, _ot_plan(P, Q, tree.law, len(drafts), alpha, self.max_variables))
+                hit = (P, Q, _ot_plan(P, Q, tree.law, len(drafts), alpha, self.max_variables, scores))
                 if len(self._memo) > 4096:
                     self._memo.clear()
                 self._memo[key] = hit
