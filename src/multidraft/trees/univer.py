@@ -171,7 +171,7 @@ def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, 
     ``sum D(S) pi_S(j) scores[j]`` (a second LP). Returns ``({tuple: [pi per slot]}, h, rho)``,
     made exactly feasible."""
     from scipy.optimize import linprog
-    from scipy.sparse import csr_matrix
+    from scipy.sparse import csr_matrix, vstack
 
     tuples, probs = _drafts.make(kind, Q, k).enumerate()
     tl, D = tuples.tolist(), probs.numpy()
@@ -191,7 +191,7 @@ def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, 
     x = np.clip(res.x, 0.0, None)
     best = float(x.sum())
     w2 = np.array([scores[j] for _, j in cols], dtype=np.float64)
-    A2 = csr_matrix(np.vstack([A.toarray(), -np.ones((1, nv))]))
+    A2 = vstack([A, csr_matrix(-np.ones((1, nv)))]).tocsr()
     res2 = linprog(-w2, A_ub=A2, b_ub=np.concatenate([cap, [-(best - 1e-10)]]), bounds=(0, None), method="highs-ds")
     if res2.status == 0:
         x = np.clip(res2.x, 0.0, None)
