@@ -224,6 +224,27 @@ def test_unsupported_laws_are_refused_with_what_would_work():
         trees.get("univer", plan="lp")
 
 
+class _ResidualOnGreedy(trees.UniVer):
+    """The residual plan forced onto the 'greedy' node law (which it refuses)."""
+
+    def __init__(self):
+        super().__init__()
+        self._kinds = ("iid", "wor", "greedy")
+
+    def refusal(self, tree_law):
+        return None
+
+
+def test_the_residual_plan_is_not_lossless_for_greedy_siblings():
+    """Why 'greedy' is refused under the residual plan: its first K-1 drafts are the top tokens,
+    not draws from q, so the slot weights are wrong; at depth 1 (kary(2, 1, 'greedy'), V = 3,
+    seed 0) the emitted law is off by 0.105. The LP plan, which reads the node's whole law, is
+    lossless there."""
+    law, model = trees.kary(2, 1, "greedy"), trees.TableModel.random(3, seed=0)
+    assert trees.certify_tree(_ResidualOnGreedy(), law, model).max_abs_error > 0.1
+    assert trees.certify_tree(trees.get("univer", plan="ot"), law, model).max_abs_error <= TOL
+
+
 def test_bad_trees_are_one_value_error():
     model = trees.TableModel.random(3, seed=2)
     tree = trees.kary(2, 2, "wor").sample(model, torch.Generator().manual_seed(0))
