@@ -18,6 +18,8 @@ the rules here). Modules:
 * ``traversal`` ``TraversalVerification`` ('traversal'): trees verified leaf to root (Weng, Hu et al. 2025);
 * ``gbv``      ``GreedyBlockVerification`` ('gbv'): pick a path greedily, block-verify it (Thomas & Pal 2026);
 * ``spectr_gbv`` ``SpecTrGBV`` ('spectr_gbv'): SpecTr's selection, then block verification (Lin et al. 2026);
+* ``univer``   ``UniVer`` ('univer'): trees verified by conditional (scaled) transport at every node,
+               iid or without-replacement siblings (Weng, Hu, Yairi 2026);
 * ``ceiling``  ``optimal_tokens``: the tree-level ceiling (the LP over draft trees and emitted
                sequences) and ``TreeLP`` ('tree_lp'), the rule that samples its coupling;
 * ``compare``  ``expected_tokens``: every rule's exact tokens per call and the ceiling.
@@ -44,6 +46,7 @@ from .block import BlockVerification, block_tokens
 from .traversal import TraversalVerification
 from .gbv import GreedyBlockVerification, SelectThenBlock, greedy_selection_law
 from .spectr_gbv import SpecTrGBV, kseq_selection_law
+from .univer import UniVer
 from .compare import expected_tokens
 from .ceiling import MAX_LP_VARIABLES, CeilingSolution, TreeLP, lp_size, optimal_tokens, tree_paths
 
@@ -54,6 +57,6 @@ __all__ = [
     "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",
-    "GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law", "SpecTrGBV", "kseq_selection_law",
+    "GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law", "SpecTrGBV", "kseq_selection_law", "UniVer",
     "expected_tokens", "optimal_tokens", "CeilingSolution", "TreeLP", "lp_size", "tree_paths", "MAX_LP_VARIABLES",
 ]

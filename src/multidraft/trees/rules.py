@@ -53,9 +53,10 @@ class TreeRule:
         raise NotImplementedError
 
     def expected_tokens(self, tree: DraftTree) -> float:
-        """Exact ``E|Y|`` given this filled tree (p and q rows at every node). The default sums
-        ``output_distribution`` (small V only); rules override it with an O(nodes x V) form."""
-        return sum(len(y) * w for y, w in self.output_distribution(tree).items())
+        """Exact ``E|Y|`` given this filled tree (p and q rows at every node). This default sums
+        ``output_distribution`` (small V only); rules override it with an O(nodes x V) form where
+        they can."""
+        return float(sum(len(y) * w for y, w in self.output_distribution(tree).items()))
 
     def __repr__(self) -> str:
         return f"<tree rule {self.name!r}>"
