@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from conftest import MODEL, start, tiny_served
+from live_server import MODEL, start, tiny_served
 
 httpx = pytest.importorskip("httpx")
 

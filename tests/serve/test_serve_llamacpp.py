@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 
-from conftest import start  # noqa: E402
+from live_server import start  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ speculative statistics; at T = 0 the text is the target's greedy decoding."""
 import pytest
 import torch
 
-from conftest import MODEL
+from live_server import MODEL
 
 PROMPT = "in the beginning god"
 
@@ -115,7 +115,7 @@ def test_stop_sequences_are_cut_from_the_text(client, stream):
 def test_target_alone_server_matches_greedy_too():
     """--verifier none (the 'speculation off' column of the load benchmark) decodes the same T = 0 text."""
     openai = pytest.importorskip("openai")
-    from conftest import start, tiny_served
+    from live_server import start, tiny_served
 
     srv = start(tiny_served(verifier=None), queue_size=4)
     try:

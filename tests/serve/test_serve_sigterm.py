@@ -77,7 +77,10 @@ def test_sigterm_mid_request_exits_cleanly(model_dirs):
                     break
             q = threading.Thread(target=second)
             q.start()
-            time.sleep(0.5)  # the second request is in the queue
+            t1 = time.monotonic()
+            while httpx.get(base + "/health", timeout=30).json()["queued"] < 1:  # the second one waits
+                assert time.monotonic() - t1 < 60 and q.is_alive(), queued
+                time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             for line in it:
                 if line.startswith("data: {"):

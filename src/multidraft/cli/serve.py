@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from ._args import quiet_loading
 from .decode import _auto_tree, add_settings_flags, check_auto, check_settings
 
 WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -81,6 +82,8 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level in ("warning", "error"):
+        quiet_loading()  # no loading progress bars either
     logger = logging.getLogger("multidraft.serve")
     say = logger.info
     llama = args.engine == "llama.cpp"
