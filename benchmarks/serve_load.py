@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--serve-args", default="--engine llama.cpp --verifier specinfer --k 2 --depth 4",
                     help="arguments of `multidraft serve` for 'ours' (quoted)")
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER), help="the llama-server binary")
-    ap.add_argument("--llama-args", default="--draft-max 4 --draft-min 0 -c 4096",
-                    help="extra llama-server arguments (its draft-model speculation)")
+    ap.add_argument("--llama-args", default="--draft-max 4 --draft-min 0 -c 16384",
+                    help="extra llama-server arguments (its draft-model speculation; -c is shared by the -np slots, one per client)")
     ap.add_argument("--threads", type=int, default=None, help="threads of every server (default: all cores)")
     ap.add_argument("--logs", default="/tmp/serve_load_logs", help="directory of the servers' logs")
     ap.add_argument("--out", default=None)
