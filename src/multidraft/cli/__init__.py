@@ -18,7 +18,8 @@ import signal
 import sys
 
 # subcommand modules, in help order
-COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "compare_runs", "decode", "profile", "setup", "demo"]
+COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "compare_runs", "decode", "serve", "profile", "setup",
+                       "demo"]
 
 # OSErrors that are the user's to fix (a path that is missing, a file, a directory, read-only)
 _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
@@ -47,6 +48,7 @@ ARG_FLAGS = {
 # where one argument has another flag in one mode of one command: (command, mode) -> {arg: flag}
 MODE_FLAGS = {
     ("decode", "dynamic"): {"k": "--k-max", "depth": "--max-depth"},  # --tree dynamic: k and depth are the caps
+    ("serve", "dynamic"): {"k": "--k-max", "depth": "--max-depth"},
     ("experiment", "acceptance"): {"t_target": "--target-temperature", "t_draft": "--draft-temperature"},
     ("experiment", "blocks"): {"depth": "--depths"},
 }

@@ -48,6 +48,16 @@ def register(sub) -> None:
     )
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    add_settings_flags(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    p.add_argument("--out", metavar="FILE", default=None, help="also write the JSON object to FILE")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def add_settings_flags(p, engine: str = "transformers") -> None:
+    """The models, engine and decoding settings flags of ``decode``, shared with ``serve`` (one
+    table of flags; checked by :func:`check_settings`); ``engine`` the default engine."""
     p.add_argument("--target", metavar="DIR", default=None, help="target model directory (default: the default pair)")
     p.add_argument("--draft", metavar="DIR", default=None, help="draft model directory (default: the default pair)")
     p.add_argument("--verifier", default="specinfer", help="registered verifier name, or 'none' for the target alone")
@@ -102,8 +112,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                    help="model dtype (transformers engine)")
-    p.add_argument("--engine", default="transformers", choices=("transformers", "llama.cpp"),
-                   help="transformers (default; model directories) or llama.cpp (GGUF files, the llama extra)")
+    p.add_argument("--engine", default=engine, choices=("transformers", "llama.cpp"),
+                   help=f"transformers (model directories) or llama.cpp (GGUF files, the llama extra); default {engine}")
     p.add_argument("--bf16-target", action="store_true",
                    help="llama.cpp: the default target's BF16 GGUF (made once from the Q4_K_M file) instead of Q4_K_M")
     p.add_argument("--draft-ftype", default=None, metavar="FTYPE",
@@ -111,10 +121,6 @@ def register(sub) -> None:
                         "token on AVX2 / AVX-512 CPUs; made once from the Q4_K_M file)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="llama.cpp threads (default: all cores)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
-    p.add_argument("--out", metavar="FILE", default=None, help="also write the JSON object to FILE")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.set_defaults(func=run)
 
 
 def _draft_temperature(raw):
@@ -177,10 +183,19 @@ def check_args(args):
     A bad argument raises ``ArgumentError`` naming the library argument (the CLI prints it with
     its flag) or a ValueError naming a flag of the CLI alone; one line, exit 2.
     """
-    from ..decoding import Settings
-
     if not args.prompt:
         raise ValueError("--prompt is empty")
+    out = check_out_file(args.out)
+    settings, draft_temperature, tree = check_settings(args)
+    return settings, draft_temperature, tree, out
+
+
+def check_settings(args):
+    """The models, engine and decoding flags (:func:`add_settings_flags`) checked and resolved
+    once, before any model is loaded: ``(settings, draft_temperature, tree)`` (see
+    :func:`check_args`); ``decode`` and ``serve`` share it."""
+    from ..decoding import Settings
+
     _tree_flags(args)
     ks = k_list(args.k)
     if len(ks) != 1:
@@ -202,7 +217,6 @@ def check_args(args):
                 raise ValueError(f"{flag} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
-    out = check_out_file(args.out)
     target_only = args.verifier.strip().lower() == "none"
     if tree == "auto" and target_only:
         raise ValueError("--tree auto needs a --verifier (with 'none' there is no tree to choose)")
@@ -231,7 +245,7 @@ def check_args(args):
             raise ArgumentError("depth", f": the tree has {settings.shape.max_nodes() - 1} drafted nodes a step; "
                                          f"--engine llama.cpp takes at most {LLAMA_CPP_TREE_NODES - 1} (one batch)")
     check_common(args)  # --seed, --target / --draft
-    return settings, draft_temperature, tree, out
+    return settings, draft_temperature, tree
 
 
 def check_auto(args, settings):

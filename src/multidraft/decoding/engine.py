@@ -74,7 +74,8 @@ class GenerationResult:
                           is the depth of that step's draft tree; 0.0 when nothing was drafted.
     ``accepted_lengths``  per step, the number of accepted draft tokens.
     ``draft_depths``      per step, the depth of the draft tree (0 for target-only steps).
-    ``stop_reason``       'max_new_tokens', 'eos' or 'context' (the context window is full).
+    ``stop_reason``       'max_new_tokens', 'eos', 'context' (the context window is full) or
+                          'stopped' (``on_step`` asked to stop).
     ``seconds``           wall time of the decoding steps, the prompt prefill excluded;
                           ``tokens_per_s = new_tokens / seconds`` (decoding speed).
     ``prefill_seconds``   model time of the prompt prefill (target and draft); 0.0 when a
@@ -162,7 +163,7 @@ def score_tree(runner, tree: DraftTree) -> torch.Tensor:
 
 def generate(target, draft, input_ids, settings: Settings | None = None, *, generator=None, eos_token_id=None,
              progress=None, prompt_cache: PromptCache | None = None, node_log: list | None = None,
-             **kwargs) -> GenerationResult:
+             on_step=None, **kwargs) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
@@ -181,6 +182,10 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
                     number of drafts, the draft slot the walk entered (the first slot holding
                     the output token) or None, and its depth (acceptance statistics for
                     ``treeopt.AcceptStats.from_records``). Decoding is unchanged.
+    on_step         optional callable ``on_step(tokens)`` after each step with the tokens that
+                    step emitted (a list of ints, already cut after an eos; streaming). A true
+                    return value stops decoding after that step (``stop_reason`` 'stopped', the
+                    statistics of the steps run); the tokens emitted are unchanged by it.
 
     Keyword settings (``Settings.from_args``):
 
@@ -221,9 +226,13 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("prompt_cache", f"must be None or a multidraft.decoding.PromptCache, got {type(prompt_cache).__name__}")
     if node_log is not None and not isinstance(node_log, list):
         raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
+    if on_step is not None and not callable(on_step):
+        raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
     with torch.inference_mode():
-        return _Decoder(target, draft if settings.verifier is not None else None, settings, g, progress,
-                        prompt_cache, node_log, eos=eos).run(input_ids)
+        dec = _Decoder(target, draft if settings.verifier is not None else None, settings, g, progress,
+                       prompt_cache, node_log, eos=eos)
+        dec.on_step = on_step
+        return dec.run(input_ids)
 
 
 class _Decoder:
@@ -236,6 +245,7 @@ class _Decoder:
         self.d = runner_for(draft, prompt_cache) if draft is not None else None
         self.settings, self.eos, self.g, self.progress = settings, eos, g, progress
         self.node_log = node_log
+        self.on_step = None  # generate's on_step (streaming; set after construction)
         self.ctx = model_context(target) if draft is None else min(model_context(target), model_context(draft))
         self.target_calls = 0
         self.draft_calls = 0
@@ -278,8 +288,12 @@ class _Decoder:
             root = new[-1]
             if self.progress is not None:
                 self.progress(min(len(out), s.max_new_tokens), s.max_new_tokens)
+            halt = self.on_step is not None and bool(self.on_step(list(new)))
             if hit is not None:
                 stop = "eos"
+                break
+            if halt:
+                stop = "stopped"
                 break
         out = out[: s.max_new_tokens]
         secs = time.perf_counter() - t0

@@ -213,9 +213,10 @@ class LlamaCppModel:
             raise ValueError(f"tokenizing {len(raw)} bytes needs {-k} tokens")  # pragma: no cover
         return list(buf[:k])
 
-    def chat_prompt(self, text: str) -> str:
+    def chat_prompt(self, text) -> str:
         """``text`` as one user message in the GGUF's chat template (its Jinja text, rendered as
-        transformers renders it, default system message included), assistant turn opened."""
+        transformers renders it, default system message included), assistant turn opened; a list
+        of ``{"role", "content"}`` messages (a conversation) is rendered as it is."""
         L = self._L
         tmpl = L.llama_model_chat_template(self._model, None)
         if not tmpl:
@@ -225,7 +226,8 @@ class LlamaCppModel:
         piece = lambda t: self.detokenize_special([t]) if t >= 0 else ""  # noqa: E731
         fmt = Jinja2ChatFormatter(template=tmpl.decode("utf-8"), eos_token=piece(L.llama_vocab_eos(self._vocab)),
                                   bos_token=piece(L.llama_vocab_bos(self._vocab)))
-        return fmt(messages=[{"role": "user", "content": text}]).prompt
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
+        return fmt(messages=messages).prompt
 
     def detokenize_special(self, ids) -> str:
         """The text of ``ids`` with special tokens rendered (e.g. ``<|im_end|>``)."""

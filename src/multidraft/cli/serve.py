@@ -1,0 +1,124 @@
+"""``multidraft serve``: the OpenAI-compatible HTTP server (``multidraft.serve``; the ``serve`` extra).
+
+The models, engine and speculative configuration are ``decode``'s flags, checked by the same
+code (``decode.check_settings``: ``decoding.Settings.from_args``, flags named from
+``cli.ARG_FLAGS``) before anything loads. Defaults: ``--engine llama.cpp`` with the default pair
+as ``decode`` uses it for speed, the BF16 target and the Q4_0 draft where those files are
+built (``multidraft setup-models --gguf --bf16-target --draft-ftype q4_0``), else the Q4_K_M
+files; ``--engine transformers`` for model directories. ``--tree auto --profile FILE`` chooses
+the tree once at start-up (from ``--accept-stats`` or a warm-up decode of ``--warmup-prompt``).
+Each request's temperature, top_p, top_k and max_tokens replace ``--temperature`` etc.;
+``--max-new-tokens`` is the default ``max_tokens`` of a chat request (a completion's is 16, as
+OpenAI's). Logs go to stderr through ``logging`` (``--log-level``).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from ._args import quiet_loading
+from .decode import _auto_tree, add_settings_flags, check_auto, check_settings
+
+WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with lossless speculation",
+        description="Serve the pair over HTTP with OpenAI's API (streaming, seeds, stop sequences); one worker "
+                    "decodes queued requests one at a time. Needs the serve extra (pip install -e '.[serve]').",
+    )
+    add_settings_flags(p, engine="llama.cpp")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, logged)")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="the model id clients send (default: 'multidraft' + the target's name)")
+    p.add_argument("--queue-size", type=int, default=64, metavar="N",
+                   help="requests waiting at most; more are refused with 429 (default 64)")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, seconds the request being decoded may take to finish before it is stopped "
+                        "(default 30; queued requests are answered 503 at once)")
+    p.add_argument("--warmup-prompt", default=None, metavar="TEXT",
+                   help="--tree auto without --accept-stats: the prompt of the warm-up decode that measures acceptance")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+
+
+def _default_gguf(args) -> None:
+    """llama.cpp with the default pair: the BF16 target and the Q4_0 draft where built."""
+    if args.engine != "llama.cpp":
+        return
+    from ..models import default_gguf
+
+    if args.target is None and not args.bf16_target and default_gguf("target", "bf16").is_file():
+        args.bf16_target = True
+    if args.draft is None and args.draft_ftype is None and default_gguf("draft", "q4_0").is_file():
+        args.draft_ftype = "q4_0"
+
+
+def run(args) -> int:
+    settings, draft_temperature, tree = check_settings(args)
+    auto = check_auto(args, settings) if tree == "auto" else None
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.queue_size < 1:
+        raise ValueError(f"--queue-size must be >= 1, got {args.queue_size}")
+    if not args.shutdown_grace >= 0:
+        raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
+    if args.warmup_prompt is not None and tree != "auto":
+        raise ValueError("--warmup-prompt applies to --tree auto only")
+    from .. import _optional
+
+    for mod in ("fastapi", "uvicorn"):
+        if not _optional.available(mod):
+            raise ValueError(f"multidraft serve needs {mod}: {_optional.hint(mod)}")
+    _default_gguf(args)
+
+    import torch
+
+    from ..decoding.pair import load_pair
+    from ..serve import ServedModel, TextCodec, run_server
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level in ("warning", "error"):
+        quiet_loading()  # no loading progress bars either
+    logger = logging.getLogger("multidraft.serve")
+    say = logger.info
+    llama = args.engine == "llama.cpp"
+    spec = settings.verifier is not None
+    target, draft, tok = load_pair(
+        args.engine, target=args.target, draft=args.draft if spec else False,
+        dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
+        draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say)
+    codec = TextCodec(args.engine, target, tok, draft if spec else None)
+    tree_desc = args.tree
+    if auto is not None:
+        text = args.warmup_prompt or WARMUP_PROMPT
+        ids = codec.encode(text)
+        if not ids:
+            raise ValueError("--warmup-prompt encodes to no tokens")
+        chosen, _ = _auto_tree(args, settings, auto, target, draft, torch.tensor([ids], dtype=torch.long),
+                               None if args.ignore_eos else codec.eos, say)
+        if chosen is not None:
+            settings, tree_desc = settings.derive(tree=chosen), chosen
+        else:
+            settings, tree_desc = settings.derive(verifier=None), None
+            draft = None
+    name = args.model_name or _model_name(args)
+    model = ServedModel(name=name, engine=args.engine, target=target, draft=draft if settings.verifier else None,
+                        codec=codec, settings=settings, draft_temperature=draft_temperature, tree=tree_desc,
+                        default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
+    return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
+                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level)
+
+
+def _model_name(args) -> str:
+    from pathlib import Path
+
+    if args.target is not None:
+        return Path(str(args.target)).expanduser().name.removesuffix(".gguf")
+    from ..models import DEFAULT_TARGET
+
+    return getattr(DEFAULT_TARGET, "name", "multidraft")

@@ -1,0 +1,37 @@
+"""``multidraft serve``: an OpenAI-compatible HTTP server for lossless multi-draft decoding
+(the ``serve`` extra: FastAPI and uvicorn).
+
+Endpoints: ``/health``, ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the
+model's chat template), with ``stream`` (server-sent events, one event per decoding step's
+text), ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed`` (the same seed
+and settings give the same text; without one a seed is drawn and returned as ``seed``) and
+``n = 1``. Each response carries ``usage`` and a ``speculative`` object (target calls, accepted
+tokens, block efficiency, the verifier and tree). Bad requests get a 4xx and OpenAI's error
+object. Requests are decoded one at a time by one worker from a bounded queue (429 when
+full); batched decoding is the next step.
+
+Modules: ``protocol`` (request checks, errors), ``worker`` (the served pair, the queue, text
+streaming with stop sequences), ``app`` (the FastAPI app and ``run_server``). This package
+sits beside ``experiments``: it decodes through ``multidraft.decoding`` and logs through
+``logging`` (the command line configures it); it never prints.
+"""
+from __future__ import annotations
+
+from .protocol import APIError
+from .worker import ServedModel, TextCodec, TextStream, Worker
+
+__all__ = ["APIError", "ServedModel", "TextCodec", "TextStream", "Worker", "create_app", "run_server"]
+
+
+def create_app(*args, **kwargs):
+    """``app.create_app`` (imports FastAPI on first use)."""
+    from .app import create_app as make
+
+    return make(*args, **kwargs)
+
+
+def run_server(*args, **kwargs) -> int:
+    """``app.run_server`` (imports uvicorn on first use)."""
+    from .app import run_server as run
+
+    return run(*args, **kwargs)

@@ -1,0 +1,280 @@
+"""The HTTP side of ``multidraft serve``: a FastAPI app with OpenAI's endpoints, run by uvicorn.
+
+``create_app(model, queue_size=..., shutdown_grace_s=...)`` makes the app (its lifespan
+starts and stops the :class:`worker.Worker`); ``run_server(model, host, port, ...)`` serves
+it until SIGINT or SIGTERM. On SIGTERM the server stops accepting connections, answers the
+queued requests with 503, lets the request being decoded finish within the grace period
+(then stops it: finish_reason 'abort'), and returns normally: the process exits 0 without a
+traceback.
+"""
+
+import asyncio
+import json
+import logging
+import signal
+import time
+import uuid
+
+from .protocol import APIError, SamplingRequest, error_body, parse_chat, parse_completion
+from .worker import Job, ServedModel, Worker
+
+__all__ = ["create_app", "run_server"]
+
+log = logging.getLogger("multidraft.serve")
+_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+
+
+def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0):
+    """The ASGI app serving ``model``; ``app.state.worker`` is its worker."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    worker = Worker(model, queue_size)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        log.info("serving %s (%s) with %s", model.name, model.engine, json.dumps(model.describe()))
+        try:
+            yield
+        finally:
+            worker.drain(shutdown_grace_s)
+            await asyncio.to_thread(worker.stop, shutdown_grace_s + 5)
+            log.info("worker stopped: %s", json.dumps(worker.status()))
+
+    app = FastAPI(title="multidraft serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.worker = worker
+    app.state.model = model
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, exc: HTTPException):
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc):  # not reached: bodies are parsed by protocol.py
+        return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        log.exception("unhandled error")
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error", None, "internal_error"),
+                            status_code=500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "shutting_down" if worker.draining.is_set() else "ok", "model": model.name,
+                **worker.status()}
+
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": created,
+                                            "owned_by": "multidraft", "speculative": model.describe(),
+                                            "context_length": model.codec.context}]}
+
+    async def body_of(request: Request):
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") \
+                from None
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, parse_completion(await body_of(request)))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await _serve(request, parse_chat(await body_of(request)))
+
+    def _prepare(req: SamplingRequest) -> tuple[list[int], int]:
+        if req.model != model.name:
+            raise APIError(404, f"The model `{req.model}` does not exist; this server serves `{model.name}`",
+                           param="model", code="model_not_found")
+        codec = model.codec
+        if req.endpoint == "chat":
+            ids, param = codec.chat(req.prompt), "messages"
+        elif isinstance(req.prompt, str):
+            ids, param = codec.encode(req.prompt), "prompt"
+        else:
+            V = _vocab(model)
+            bad = [t for t in req.prompt if not 0 <= t < V]
+            if bad:
+                raise APIError(400, f"prompt holds token ids outside the vocabulary [0, {V}): {bad[:5]}",
+                               param="prompt", code="invalid_value")
+            ids, param = list(req.prompt), "prompt"
+        if not ids:
+            raise APIError(400, "the prompt encodes to no tokens", param=param, code="invalid_value")
+        ctx = codec.context
+        if len(ids) >= ctx:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens, but the prompt has {len(ids)} "
+                                f"tokens. Please reduce the length of the prompt.", param=param,
+                           code="context_length_exceeded")
+        room = ctx - len(ids)
+        if req.max_tokens is None:
+            default = 16 if req.endpoint == "completions" else model.default_max_tokens
+            return ids, min(default, room)
+        if req.max_tokens > room:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                                f"{len(ids) + req.max_tokens} tokens ({len(ids)} in the prompt, {req.max_tokens} in "
+                                f"the completion). Please reduce the prompt or max_tokens (at most {room} here).",
+                           param="max_tokens", code="context_length_exceeded")
+        return ids, req.max_tokens
+
+    async def _serve(request: Request, req: SamplingRequest):
+        ids, max_tokens = _prepare(req)
+        try:
+            settings = model.request_settings(req.temperature, req.top_p, req.top_k, max_tokens)
+        except ValueError as exc:
+            arg = getattr(exc, "arg", None)
+            param = {"max_new_tokens": "max_tokens"}.get(arg, arg)
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(ev):  # from the worker thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+        job = Job(ids, settings, req.seed, req.stop, emit)
+        worker.submit(job)  # 429 / 503 raised here, before any byte is sent
+        rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        head = {"id": rid, "created": int(time.time()), "model": model.name, "seed": req.seed,
+                "system_fingerprint": "multidraft"}
+
+        async def next_event():
+            while True:
+                try:
+                    return await asyncio.wait_for(events.get(), _POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel.set()
+                        return None
+
+        def usage(done) -> dict:
+            n = done["completion_tokens"]
+            return {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+
+        if not req.stream:
+            try:
+                parts = []
+                while True:
+                    ev = await next_event()
+                    if ev is None:  # the client went away; the worker stops this request
+                        return JSONResponse(error_body("client disconnected", "invalid_request_error"), 499)
+                    if ev[0] == "error":
+                        raise ev[1]
+                    if ev[0] == "delta":
+                        parts.append(ev[1])
+                        continue
+                    done = ev[1]
+                    break
+            finally:
+                job.cancel.set()  # a no-op once done; stops the decode if this task was cancelled
+            return JSONResponse({**head, **_full(req, done), "usage": usage(done), "speculative": done["speculative"]})
+
+        async def sse():
+            try:
+                if req.endpoint == "chat":
+                    yield _sse({**head, "object": "chat.completion.chunk", "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}]})
+                while True:
+                    ev = await next_event()
+                    if ev is None:
+                        return
+                    if ev[0] == "delta":
+                        yield _sse({**head, **_chunk(req, ev[1], None)})
+                    elif ev[0] == "error":
+                        yield _sse(ev[1].body())
+                        yield "data: [DONE]\n\n"
+                        return
+                    else:
+                        done = ev[1]
+                        last = {**head, **_chunk(req, None, done["finish_reason"]), "usage": usage(done),
+                                "speculative": done["speculative"]}
+                        yield _sse(last)
+                        if req.include_usage:
+                            yield _sse({**head, "object": last["object"], "choices": [], "usage": usage(done),
+                                        "speculative": done["speculative"]})
+                        yield "data: [DONE]\n\n"
+                        return
+            finally:
+                job.cancel.set()
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+def _vocab(model: ServedModel) -> int:
+    from ..decoding.runners import model_vocab_size
+
+    return model_vocab_size(model.target, "target")
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def _full(req: SamplingRequest, done: dict) -> dict:
+    if req.endpoint == "completions":
+        return {"object": "text_completion", "choices": [
+            {"index": 0, "text": done["text"], "logprobs": None, "finish_reason": done["finish_reason"]}]}
+    return {"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": done["text"]}, "logprobs": None,
+         "finish_reason": done["finish_reason"]}]}
+
+
+def _chunk(req: SamplingRequest, text, finish) -> dict:
+    if req.endpoint == "completions":
+        return {"object": "text_completion", "choices": [
+            {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+    delta = {} if text is None else {"content": text}
+    return {"object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
+               shutdown_grace_s: float = 30.0, log_level: str = "info") -> int:
+    """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
+    SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
+    (uvicorn's own configuration is not installed)."""
+    import uvicorn
+
+    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s)
+    worker: Worker = app.state.worker
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            worker.drain(shutdown_grace_s)  # refuse and answer the queue now; the running request has the grace
+
+    cfg = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, lifespan="on",
+                         timeout_graceful_shutdown=shutdown_grace_s + 5, access_log=log_level == "debug")
+    server = _Server(cfg)
+    # uvicorn re-raises the signal that stopped it once it has shut down; for SIGTERM (a
+    # service manager's stop) that would end the process by the signal after a clean shutdown,
+    # so SIGTERM is a no-op outside the server and the process exits 0. SIGINT keeps the
+    # command line's behaviour ("interrupted", 130).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0

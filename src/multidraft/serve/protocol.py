@@ -1,0 +1,227 @@
+"""The OpenAI request and response bodies of ``multidraft serve``: parsed, checked, built.
+
+Every bad request is an :class:`APIError`: an HTTP status and OpenAI's error object
+``{"error": {"message", "type", "param", "code"}}``. Requests are checked as OpenAI checks
+them: a body that is not a JSON object is refused, a field OpenAI does not know is refused
+("Unrecognized request argument supplied: NAME", as OpenAI answers), a field OpenAI knows
+but this server does not implement is accepted at its neutral value only (``echo: false``,
+``logprobs: null``, ``presence_penalty: 0``, ``n: 1`` ...) and refused otherwise, naming it,
+so no request is ever answered with other semantics than it asked for. ``top_k`` is
+accepted as vLLM and llama-server accept it (an extension; -1 or 0 means off).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+__all__ = ["APIError", "SamplingRequest", "parse_completion", "parse_chat", "error_body"]
+
+# OpenAI's ranges: temperature in [0, 2], top_p in (0, 1]; at most 4 stop sequences
+MAX_TEMPERATURE = 2.0
+MAX_STOP = 4
+SEED_RANGE = (-(2 ** 63), 2 ** 64)  # what torch.Generator.manual_seed takes (OpenAI: an int64)
+
+
+class APIError(Exception):
+    """A request answered with ``status`` and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _bad(param: str, message: str, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# fields both endpoints share, and OpenAI fields accepted only at their neutral value
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop", "seed",
+           "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+_COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+_CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+                   "parallel_tool_calls", "metadata", "store", "service_tier", "modalities", "reasoning_effort",
+                   "prediction", "audio", "functions", "function_call", "web_search_options", "verbosity"}
+# field -> the values that mean "not used" (anything else is refused as unsupported)
+_NEUTRAL = {
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+    "logprobs": (None, False), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+    "top_logprobs": (None, 0), "response_format": (None, {"type": "text"}), "tools": (None, []),
+    "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False), "metadata": (None, {}),
+    "store": (None, False), "service_tier": (None, "auto", "default"), "modalities": (None, ["text"]),
+    "reasoning_effort": (None,), "prediction": (None,), "audio": (None,), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "web_search_options": (None,), "verbosity": (None,),
+}
+
+
+@dataclass
+class SamplingRequest:
+    """One checked request: what the worker needs (the prompt is tokenized by the app)."""
+
+    endpoint: str            # 'completions' or 'chat'
+    model: str
+    prompt: object           # completions: a str or a list of token ids; chat: the messages
+    max_tokens: int | None   # None: the endpoint's default
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    stream: bool
+    include_usage: bool
+    stop: tuple
+    seed: int
+    seed_given: bool
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _bad(name, f"{name} must be a number, got {v!r}", "invalid_type")
+    if v > hi or v < lo or (lo_open and v == lo):
+        raise _bad(name, f"{name} must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {v!r}",
+                   "invalid_value")
+    return float(v)
+
+
+def _int(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise _bad(name, f"{name} must be an integer, got {v!r}", "invalid_type")
+    return v
+
+
+def _common(body, allowed: set, endpoint: str) -> dict:
+    if not isinstance(body, dict):
+        raise _bad(None, "the request body must be a JSON object", "invalid_json")
+    for key in body:
+        if key not in allowed:
+            raise _bad(key, f"Unrecognized request argument supplied: {key}", "unknown_parameter")
+    for key, ok in _NEUTRAL.items():
+        if key in body and body[key] not in ok:
+            raise _bad(key, f"{key}={body[key]!r} is not supported by this server (multidraft serve); "
+                            f"leave it out", "unsupported_parameter")
+    model = body.get("model")
+    if model is None:
+        raise _bad("model", "you must provide a model parameter", "missing_required_parameter")
+    if not isinstance(model, str):
+        raise _bad("model", f"model must be a string, got {model!r}", "invalid_type")
+    n = body.get("n")
+    if n is not None and _int(n, "n") != 1:
+        raise _bad("n", f"n={n!r} is not supported: this server returns one choice per request (n=1); send "
+                        f"several requests with different seeds for several samples", "unsupported_parameter")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream", f"stream must be a boolean, got {stream!r}", "invalid_type")
+    stream = bool(stream)
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not stream:
+            raise _bad("stream_options", "stream_options is only allowed when stream is true", "invalid_value")
+        if not isinstance(opts, dict) or any(k not in ("include_usage", "continuous_usage_stats",
+                                                       "include_obfuscation") for k in opts):
+            raise _bad("stream_options", f"stream_options must be an object with include_usage, got {opts!r}",
+                       "invalid_value")
+        include_usage = bool(opts.get("include_usage", False))
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key)
+    if max_tokens is not None:
+        max_tokens = _int(max_tokens, key)
+        if max_tokens < 1:
+            raise _bad(key, f"{key} must be at least 1, got {max_tokens}", "invalid_value")
+    temperature = _number(body, "temperature", 1.0, 0.0, MAX_TEMPERATURE)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    top_k = body.get("top_k")
+    if top_k is not None:
+        top_k = _int(top_k, "top_k")
+        if top_k < -1:
+            raise _bad("top_k", f"top_k must be -1 or 0 (off) or a positive integer, got {top_k}", "invalid_value")
+        top_k = top_k if top_k >= 1 else None
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple = ()
+    elif isinstance(stop, str):
+        stops = (stop,) if stop else ()
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > MAX_STOP:
+            raise _bad("stop", f"stop takes at most {MAX_STOP} sequences, got {len(stop)}", "invalid_value")
+        stops = tuple(s for s in stop if s)
+    else:
+        raise _bad("stop", f"stop must be a string or a list of strings, got {stop!r}", "invalid_type")
+    seed = body.get("seed")
+    if seed is not None:
+        seed = _int(seed, "seed")
+        if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+            raise _bad("seed", f"seed must be a 64-bit integer, got {seed}", "invalid_value")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _bad("user", f"user must be a string, got {user!r}", "invalid_type")
+    return dict(endpoint=endpoint, model=model, max_tokens=max_tokens, temperature=temperature,
+                top_p=None if top_p >= 1.0 else top_p, top_k=top_k, stream=stream, include_usage=include_usage,
+                stop=stops, seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None)
+
+
+def parse_completion(body) -> SamplingRequest:
+    """A ``/v1/completions`` body: ``prompt`` a string, or one prompt as a list of one string,
+    a list of token ids or a list of one such list (several prompts in one request: refused)."""
+    c = _common(body, _COMPLETION, "completions")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise _bad("prompt", "prompt must be a string, a list of token ids, or a list of one of them (one prompt "
+                                 "per request)", "invalid_type")
+    elif not isinstance(prompt, str):
+        raise _bad("prompt", "you must provide a prompt: a string or a list of token ids"
+                   if prompt is None else f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
+                   "missing_required_parameter" if prompt is None else "invalid_type")
+    return SamplingRequest(prompt=prompt, **c)
+
+
+_ROLES = ("system", "developer", "user", "assistant")
+
+
+def parse_chat(body) -> SamplingRequest:
+    """A ``/v1/chat/completions`` body: ``messages`` a non-empty list of ``{"role", "content"}``
+    (content a string or a list of text parts); returned as plain ``{"role", "content": str}``
+    dicts for the chat template ('developer' is rendered as 'system')."""
+    c = _common(body, _CHAT, "chat")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "messages must be a non-empty list of {role, content} objects", "invalid_type")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages.[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, f"{where} must be an object with role and content", "invalid_type")
+        role, content = m.get("role"), m.get("content")
+        if role not in _ROLES:
+            raise _bad(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}", "invalid_value")
+        extra = [k for k in m if k not in ("role", "content", "name")]
+        if extra:
+            raise _bad(f"{where}.{extra[0]}", f"Unrecognized argument in {where}: {extra[0]}", "unknown_parameter")
+        if isinstance(content, list):
+            parts = []
+            for p in content:
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise _bad(f"{where}.content", f"{where}.content: only text parts ({{'type': 'text', 'text': "
+                                                   f"...}}) are supported", "unsupported_parameter")
+                parts.append(p["text"])
+            content = "".join(parts)
+        elif content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise _bad(f"{where}.content", f"{where}.content must be a string or a list of text parts", "invalid_type")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return SamplingRequest(prompt=out, **c)

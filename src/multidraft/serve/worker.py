@@ -1,0 +1,302 @@
+"""The model side of ``multidraft serve``: the served pair, the request queue and its one worker.
+
+Requests are decoded one at a time, in arrival order, by one worker thread that owns the
+models (``decoding.generate``, the same call as ``multidraft decode``); the HTTP side puts a
+:class:`Job` in a bounded queue and reads its events. A full queue refuses the request with
+429 at once; nothing is dropped silently. Batched decoding (several requests sharing the
+target's forward passes, issue 28 item 2) is the next step.
+
+Streaming: ``generate``'s ``on_step`` hands the worker each step's tokens; :class:`TextStream`
+turns the growing token list into text deltas, holding back a trailing incomplete UTF-8
+character and any suffix that could begin a stop sequence, and cuts the text at the first
+stop sequence (the stop sequence itself is not returned, as OpenAI does). ``on_step`` also
+stops the decode when the client has gone (the job's ``cancel`` event) or the server is
+shutting down past its grace period.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..decoding import Settings, generate
+from ..decoding.runners import model_context
+from .protocol import APIError
+
+__all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker"]
+
+log = logging.getLogger("multidraft.serve")
+
+
+class TextCodec:
+    """Text <-> token ids for the served pair: the llama.cpp target's own tokenizer, or the
+    transformers tokenizer; ``chat(messages)`` renders the model's chat template."""
+
+    def __init__(self, engine: str, target, tokenizer, draft=None):
+        self.engine = engine
+        self.target, self.tok = target, tokenizer
+        ctx = model_context(target)
+        if draft is not None:
+            ctx = min(ctx, model_context(draft))
+        self.context = int(ctx)
+        if engine == "llama.cpp":
+            self.eos = list(target.eos_token_ids)
+        else:
+            eos = getattr(tokenizer, "eos_token_id", None)
+            self.eos = None if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+    def encode(self, text: str) -> list[int]:
+        if self.engine == "llama.cpp":
+            return list(self.target.tokenize(text))
+        return list(self.tok(text)["input_ids"])
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        if self.engine == "llama.cpp":
+            try:
+                text = self.target.chat_prompt(messages)
+            except ValueError as exc:
+                raise APIError(400, f"this model cannot chat: {exc}; use /v1/completions", param="messages",
+                               code="no_chat_template") from None
+            return self.encode(text)
+        if not getattr(self.tok, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", param="messages",
+                           code="no_chat_template")
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        if self.engine == "llama.cpp":
+            return self.target.detokenize(ids)
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class ServedModel:
+    """The served pair and the server's speculative configuration.
+
+    ``settings`` the server's ``decoding.Settings`` (from the command line, checked once);
+    each request derives its own from it with the request's temperature, top_p, top_k and
+    max_tokens (the draft temperature follows the request's temperature unless the server fixed
+    it: ``draft_temperature``). ``tree`` names the tree as the command line gave it (the chosen
+    paths for ``auto``)."""
+
+    name: str
+    engine: str
+    target: object
+    draft: object
+    codec: TextCodec
+    settings: Settings
+    draft_temperature: object = None
+    tree: object = "full"
+    default_max_tokens: int = 128
+    ignore_eos: bool = False
+
+    def request_settings(self, temperature: float, top_p, top_k, max_tokens: int) -> Settings:
+        dt = temperature if self.draft_temperature is None else self.draft_temperature
+        changes = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens)
+        if self.settings.verifier is not None:
+            changes["draft_temperature"] = dt
+        return self.settings.derive(**changes)
+
+    def describe(self) -> dict:
+        s = self.settings
+        if s.verifier is None:
+            return {"engine": self.engine, "verifier": "none", "law": None, "k": None, "depth": None, "tree": None}
+        return {"engine": self.engine, "verifier": s.verifier.name, "law": s.law, "k": s.k, "depth": s.depth,
+                "tree": self.tree}
+
+
+class TextStream:
+    """The text of a growing token list, released as deltas that never need taking back.
+
+    ``push(tokens)`` returns the new text that is safe to send: the whole text so far minus a
+    trailing U+FFFD (bytes of a character not yet complete) and minus the longest suffix that
+    is a proper prefix of a stop sequence. When a stop sequence appears, the text is cut before
+    it, ``stopped`` is set and the rest up to the cut is released. ``finish()`` releases what
+    was held back (a decode that ended without a stop sequence)."""
+
+    def __init__(self, decode, stop: tuple = ()):
+        self._decode, self.stop = decode, tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, tokens) -> str:
+        if self.stopped:
+            return ""
+        self.ids.extend(int(t) for t in tokens)
+        text = self._decode(self.ids)
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            self.text = text[: min(cuts)]
+            self.stopped = True
+            return self._release(len(self.text))
+        self.text = text
+        safe = len(text)
+        while safe > self.sent and text[safe - 1] == "\ufffd":
+            safe -= 1
+        hold = 0
+        for s in self.stop:
+            for j in range(min(len(s) - 1, safe - self.sent), hold, -1):
+                if text.endswith(s[:j], 0, safe):
+                    hold = j
+                    break
+        return self._release(safe - hold)
+
+    def finish(self) -> str:
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self.sent:
+            return ""
+        out = self.text[self.sent:upto]
+        self.sent = upto
+        return out
+
+
+@dataclass
+class Job:
+    """One request in the queue: its prompt ids, settings and seed; the worker answers through
+    ``emit`` (called from the worker thread): ``("delta", text)``, ``("done", result)`` or
+    ``("error", APIError)``. ``cancel`` is set by the HTTP side when the client goes away."""
+
+    prompt_ids: list[int]
+    settings: Settings
+    seed: int
+    stop: tuple
+    emit: object
+    cancel: threading.Event = field(default_factory=threading.Event)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Worker:
+    """One thread decoding queued jobs one at a time (see the module docstring)."""
+
+    def __init__(self, model: ServedModel, queue_size: int = 64):
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size must be a positive integer, got {queue_size!r}")
+        self.model = model
+        self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._thread = threading.Thread(target=self._loop, name="multidraft-serve-worker", daemon=True)
+        self._stop = threading.Event()
+        self.draining = threading.Event()
+        self._deadline: float | None = None
+        self.running: Job | None = None
+        self.counts = {"served": 0, "cancelled": 0, "refused": 0, "failed": 0}
+        self._lock = threading.Lock()
+
+    # HTTP side --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``, or raise 503 (shutting down) or 429 (the queue is full)."""
+        if self.draining.is_set():
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down")
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            with self._lock:
+                self.counts["refused"] += 1
+            raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
+                           type="rate_limit_error", code="rate_limit_exceeded") from None
+
+    def status(self) -> dict:
+        with self._lock:
+            return {"queued": self.queue.qsize(), "running": self.running is not None, **self.counts,
+                    "draining": self.draining.is_set()}
+
+    def drain(self, grace_s: float) -> None:
+        """Shutting down: refuse new jobs, answer every queued one with 503, let the running one
+        finish within ``grace_s`` seconds (then it is stopped; finish_reason 'abort')."""
+        if self.draining.is_set():
+            return
+        self._deadline = time.monotonic() + grace_s
+        self.draining.set()
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.emit(("error", APIError(503, "the server is shutting down; the request was not started",
+                                            type="server_error", code="server_shutting_down")))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.drain(0.0)
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # worker thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self.queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if job.cancel.is_set():
+                with self._lock:
+                    self.counts["cancelled"] += 1
+                continue
+            with self._lock:
+                self.running = job
+            try:
+                self._run(job)
+            finally:
+                with self._lock:
+                    self.running = None
+
+    def _halt(self, job: Job) -> bool:
+        if job.cancel.is_set():
+            return True
+        return self._deadline is not None and time.monotonic() > self._deadline
+
+    def _run(self, job: Job) -> None:
+        m = self.model
+        started = time.perf_counter()
+        text = TextStream(m.codec.decode, job.stop)
+
+        def on_step(tokens):
+            delta = text.push(tokens)
+            if delta:
+                job.emit(("delta", delta))
+            return text.stopped or self._halt(job)
+
+        try:
+            ids = torch.tensor([job.prompt_ids], dtype=torch.long)
+            res = generate(m.target, m.draft if job.settings.verifier is not None else None, ids, job.settings,
+                           generator=job.seed, eos_token_id=None if m.ignore_eos else m.codec.eos, on_step=on_step)
+        except Exception as exc:  # a failure inside the model: answered, logged, the worker goes on
+            log.exception("request failed")
+            with self._lock:
+                self.counts["failed"] += 1
+            job.emit(("error", APIError(500, f"decoding failed: {type(exc).__name__}: {exc}", type="server_error",
+                                        code="internal_error")))
+            return
+        tail = text.finish()
+        if tail:
+            job.emit(("delta", tail))
+        cancelled = job.cancel.is_set()
+        if res.stop_reason == "eos" or text.stopped:
+            finish = "stop"
+        elif res.stop_reason == "stopped":
+            finish = "abort"
+        else:
+            finish = "length"
+        with self._lock:
+            self.counts["cancelled" if cancelled else "served"] += 1
+        spec = m.describe()
+        spec.update(target_calls=res.target_calls, draft_calls=res.draft_calls,
+                    accepted_tokens=int(sum(res.accepted_lengths)), block_efficiency=res.block_efficiency,
+                    acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
+                    prefill_seconds=res.prefill_seconds, queue_seconds=started - job.enqueued)
+        job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": res.new_tokens,
+                           "tokens": res.tokens.tolist(), "speculative": spec}))
+        log.info("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
+                 len(job.prompt_ids), res.new_tokens, res.target_calls, finish, time.perf_counter() - started)

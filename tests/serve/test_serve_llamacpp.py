@@ -1,0 +1,62 @@
+"""multidraft serve on the llama.cpp engine (tiny random GGUF files, multidraft.testing): the
+T = 0 text is the target's own greedy decoding, a stream gives the same text, and a chat is
+rendered by the GGUF's own template, the whole conversation."""
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+openai = pytest.importorskip("openai")
+
+from live_server import start  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama_live(tmp_path_factory):
+    from multidraft.decoding import Settings
+    from multidraft.decoding.llamacpp import LlamaCppModel
+    from multidraft.serve import ServedModel, TextCodec
+    from multidraft.testing import tiny_gguf
+
+    d = tmp_path_factory.mktemp("gguf")
+    tf, of = tiny_gguf(d / "t.gguf", seed=1), tiny_gguf(d / "o.gguf", seed=2)
+    t, dr = LlamaCppModel(tf, n_ctx=256, n_threads=1), LlamaCppModel(of, n_ctx=256, n_threads=1)
+    model = ServedModel(name="tiny-gguf", engine="llama.cpp", target=t, draft=dr,
+                        codec=TextCodec("llama.cpp", t, t, dr), settings=Settings.from_args(verifier="specinfer", k=2,
+                                                                                          depth=2),
+                        default_max_tokens=16)
+    srv = start(model, queue_size=4)
+    yield srv
+    srv.close()
+    t.close()
+    dr.close()
+
+
+def test_llama_cpp_greedy_text_and_stream(llama_live):
+    from multidraft.decoding import generate
+
+    cl = openai.OpenAI(base_url=llama_live.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    m = llama_live.app.state.model
+    prompt = [5, 9, 12, 40, 7]
+    r = cl.completions.create(model="tiny-gguf", prompt=prompt, max_tokens=20, temperature=0)
+    ref = generate(m.target, None, torch.tensor([prompt]), verifier=None, temperature=0.0, max_new_tokens=20,
+                   generator=0, eos_token_id=m.codec.eos)
+    assert r.usage.completion_tokens == ref.new_tokens
+    assert r.choices[0].text == m.codec.decode(ref.tokens.tolist())
+    assert r.model_extra["speculative"]["engine"] == "llama.cpp"
+    streamed = "".join(c.choices[0].text for c in cl.completions.create(model="tiny-gguf", prompt=prompt, max_tokens=20,
+                                                                        temperature=0, stream=True))
+    assert streamed == r.choices[0].text
+
+
+def test_chat_renders_the_conversation_with_the_gguf_template(llama_live):
+    import httpx
+
+    m = llama_live.app.state.model
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+    r = httpx.post(llama_live.url + "/v1/chat/completions", timeout=60,
+                   json={"model": "tiny-gguf", "messages": msgs, "max_tokens": 5, "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = m.target.chat_prompt(msgs)
+    assert all(x["content"] in text for x in msgs)
+    assert r.json()["usage"]["prompt_tokens"] == len(m.target.tokenize(text))
