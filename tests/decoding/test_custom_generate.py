@@ -112,19 +112,30 @@ def test_settings_multidraft_would_ignore_are_refused(pair, kwargs, arg):
     assert getattr(e.value, "arg", arg) == arg, str(e.value)
 
 
-def test_a_streamer_is_refused_not_ignored(pair):
+def test_a_streamer_receives_every_step_and_batches_are_refused(pair):
     from transformers.generation.streamers import BaseStreamer
 
     class Recorder(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], False
+
         def put(self, value):
-            pass
+            self.puts.append(value.tolist())
 
         def end(self):
-            pass
+            self.ended = True
 
     t, d = pair
+    rec = Recorder()
+    out = t.generate(torch.tensor([PROMPTS[0]]), assistant_model=d, custom_generate=md.custom_generate, streamer=rec,
+                     k=2, depth=3, do_sample=True, top_k=0, seed=4, max_new_tokens=9, pad_token_id=0)
+    assert rec.puts[0] == [PROMPTS[0]] and rec.ended  # transformers puts the prompt first
+    streamed = [tok for step in rec.puts[1:] for tok in step]
+    assert streamed == out[0, 4:4 + len(streamed)].tolist() and len(streamed) == out.shape[1] - 4
+    assert len(rec.puts) - 1 < len(streamed)  # several tokens per step: the steps are streamed, not single tokens
+    ids, mask = _batch(PROMPTS, pad=0)
     with pytest.raises(ValueError, match="streamer"):
-        t.generate(torch.tensor([PROMPTS[0]]), assistant_model=d, custom_generate=md.custom_generate, streamer=Recorder(),
+        t.generate(ids, attention_mask=mask, assistant_model=d, custom_generate=md.custom_generate, streamer=Recorder(),
                    do_sample=False, max_new_tokens=4, pad_token_id=0)
 
 

@@ -16,8 +16,9 @@ greedy decoding, token for token), otherwise ``temperature``, ``top_k`` and ``to
 k-th largest logit keeps the lower ids only). Stopping: ``max_length`` / ``max_new_tokens``
 and the eos ids. Whatever else would change the target's law or the output (a repetition
 penalty, ``min_p``, a minimum length, suppressed tokens, extra logits processors or stopping
-criteria, beams, several return sequences, scores, a streamer) is refused with a ValueError
-naming it, never ignored.
+criteria, beams, several return sequences, scores) is refused with a ValueError naming it, never
+ignored. A ``streamer`` (batch of one, as in transformers) receives each step's tokens as the
+step ends: one to depth + 1 tokens at a time.
 
 Batches. Each row is decoded on its own by ``decoding.generate`` (its left padding removed
 with the attention mask; right padding is refused), row ``i`` with the seed ``seed + i``, so a
@@ -86,9 +87,6 @@ def _refuse_unsupported(gc, logits_processor, stopping_criteria, synced_gpus, st
                                       "scores are not transformers' per-step scores); leave it False")
     if synced_gpus:
         raise ArgumentError("synced_gpus", "=True is not supported; run one process per model")
-    if streamer is not None:
-        raise ArgumentError("streamer", "is not supported by multidraft's custom_generate; stream with "
-                                        "`multidraft serve` or call multidraft.generate with progress=")
     for proc in logits_processor or ():
         name = type(proc).__name__
         if name not in _PROCESSORS:
@@ -187,6 +185,8 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
     _refuse_unsupported(generation_config, logits_processor, stopping_criteria, synced_gpus, streamer)
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
         raise ArgumentError("input_ids", "must be a [B, T] LongTensor")
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ArgumentError("streamer", f"streams one sequence (as in transformers); got a batch of {input_ids.shape[0]}")
     spec = {name: value for name, value in dict(verifier=verifier, k=k, depth=depth, tree=tree, draft_law=draft_law,
                                                 draft_temperature=draft_temperature, max_nodes=max_nodes,
                                                 min_gain=min_gain).items() if value is not _UNSET}
@@ -218,7 +218,11 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
     results = []
     for i, row in enumerate(_rows(input_ids, model_kwargs.get("attention_mask"))):
         g = torch.Generator().manual_seed(base + i)
-        results.append(generate(model, draft, row.unsqueeze(0), settings, generator=g, eos_token_id=eos_ids or None))
+        on_step = None if streamer is None else (lambda toks: streamer.put(torch.tensor(toks, dtype=torch.long)))
+        results.append(generate(model, draft, row.unsqueeze(0), settings, generator=g, eos_token_id=eos_ids or None,
+                                on_step=on_step))
+    if streamer is not None:
+        streamer.end()
     width = max(r.new_tokens for r in results)
     if pad is None and any(r.new_tokens < width for r in results):
         raise ArgumentError("pad_token_id", "is needed (rows stopped at different lengths) and the generation config "
