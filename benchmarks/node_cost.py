@@ -32,7 +32,9 @@ which verifies a node the verifier cannot take with ``naive`` (one draft) or ``n
 The stored rows are HumanEval positions at T = 1: mostly peaked, so most first drafts are
 accepted and ``verify`` rarely builds a residual; ``--synthetic`` gives flatter rows.
 
-Statistic. After one warm-up repeat (discarded), one repeat runs every row with ``--draws`` fixed seeds (a fresh generator per (row,
+Statistic (``--clock wall``, the default: ``time.perf_counter``; ``--clock thread``:
+``time.thread_time``, the CPU time of the calling thread, for a shared machine whose cores are
+oversubscribed, where wall time counts the waits for a core). After one warm-up repeat (discarded), one repeat runs every row with ``--draws`` fixed seeds (a fresh generator per (row,
 draw), the same in every repeat, so every repeat does the same work, rejections included);
 each phase's time is summed over the repeat; the median over ``--repeats`` repeats, divided by
 rows x draws, is the mean cost per node. torch runs with ``--threads`` threads (default 1:
@@ -86,6 +88,8 @@ DEFAULT_STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
 LLAMA_BF16_STEP_S = 0.113  # issue 13: llama.cpp, BF16 GGUF of the 1.5B target, 2 threads, measured
 SKIP = {"lp_optimal": "a linear program over all draft tuples: small-V reference only"}
 IND_TEMPS = (1.0, 0.7, 1.3, 0.5, 0.8, 1.2, 0.6, 1.1)
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+_clock = time.perf_counter  # --clock: wall (default) or thread (CPU time of this thread)
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,9 +214,9 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
                 toks = 0
                 for j, tree in enumerate(built):
                     g = torch.Generator().manual_seed(seed * 1_000_003 + j)
-                    t0 = time.perf_counter()
+                    t0 = _clock()
                     verdict = rule.verify(tree, g)
-                    t += time.perf_counter() - t0
+                    t += _clock() - t0
                     toks += len(verdict.path) + 1
                 if rep:
                     reps.append(t)
@@ -245,7 +249,7 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
 # one node, as the engine does it
 def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
     """Draft a node with k drafts from draft logits dl [V] and verify at target logits tl [V]."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     logits = dl.unsqueeze(0)  # [1, V]: the node's level
     if kind == "independent":
         temps = [IND_TEMPS[j % len(IND_TEMPS)] for j in range(k)]
@@ -254,7 +258,7 @@ def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
     else:
         q = {0: process_logits(logits, T, top_k, top_p)}
         nnz = (q[0] > 0).sum(-1).tolist() if kind in ("wor", "greedy") else None
-    t1 = time.perf_counter()
+    t1 = _clock()
     kk = min(k, nnz[0]) if nnz is not None else k
     ridx = torch.zeros(1, dtype=torch.long)
     if kind == "independent":
@@ -265,14 +269,14 @@ def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
         law = _drafts.make(kind, qs, kk)
     toks = law.sample(g).tolist()
     node_q = qs[0]
-    t2 = time.perf_counter()
+    t2 = _clock()
     p = process_logits(tl, T, top_k, top_p)
-    t3 = time.perf_counter()
+    t3 = _clock()
     dr = torch.tensor(toks[0], dtype=torch.long)
     if len(toks[0]) != k and not v.supports(kind, len(toks[0])):  # the engine's _verifier_for
         v = _verifiers.get("naive" if len(toks[0]) == 1 else "nss")
     y = int(v.verify(p, node_q, dr, generator=g, law=kind, validate=False).token)
-    t4 = time.perf_counter()
+    t4 = _clock()
     clock[0] += t1 - t0
     clock[1] += t2 - t1
     clock[2] += t3 - t2
@@ -326,6 +330,8 @@ def main(argv=None):
     ap.add_argument("--profiles", type=Path, default=ROOT / "data/profiles", help="folder of cost profiles (*.json)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSONL: one meta line, then one line per (verifier, law, K)")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="thread: time.thread_time (CPU time of this thread; robust on a shared, oversubscribed machine)")
     ap.add_argument("--trees", action="store_true", help="whole trees: every tree rule against the optimal token walk")
     ap.add_argument("--trees-only", action="store_true", help="--trees and skip the per-node table")
     ap.add_argument("--tree-k", type=int, default=2)
@@ -334,6 +340,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    global _clock
+    _clock = CLOCKS[args.clock]
     if args.synthetic or not args.store.is_file():
         TL, DL, src = synthetic_rows(args.rows, args.vocab, args.seed)
     else:
@@ -349,7 +357,7 @@ def main(argv=None):
 
     meta = {
         "kind": "meta", "benchmark": "node_cost", "seed": args.seed, "V": V, "rows": TL.shape[0], "draws": args.draws,
-        "repeats": args.repeats, "statistic": "median over repeats of the summed phase times / (rows x draws)",
+        "repeats": args.repeats, "statistic": "median over repeats of the summed phase times / (rows x draws)", "clock": args.clock,
         "torch_threads": torch.get_num_threads(), "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "independent_temperatures": list(IND_TEMPS),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},

@@ -304,6 +304,45 @@ def _solve_stage(pS, rS, r_out, tS, t_out, solver="lex"):
     return W, m
 
 
+def _stages_one_row(pS, tS, t_out, solver):
+    """``_solve_stage`` for every match of one row, in numpy (a decoder node: no batch to share
+    the torch call overheads with): pS ``[n]``, tS ``[K, n]``, t_out ``[K]`` -> (Ws, one
+    ``[1, n, n]`` per match, mS ``[1, n]``), on pS's device. The same formulas as
+    ``_solve_stage`` in float64, so the same law up to the order of a sum."""
+    dev = pS.device
+    p = pS.cpu().numpy()
+    t = tS.cpu().numpy()
+    to = t_out.cpu().numpy()
+    n = p.shape[0]
+    a, b = np.triu_indices(n, 1)
+    r, ro = t[0], float(to[0])
+    Ws = []
+    for m in range(1, t.shape[0]):
+        tm, tom = t[m], float(to[m])
+        fixed = r * tm + r * tom + ro * tm
+        M = r[a] * tm[b] + r[b] * tm[a]
+        f = M / 2
+        if a.size:
+            args = (p[None], M[None], fixed[None], a, b)
+            fu = _split_lex(*args) if solver == "lex" else _split_lp(*args)
+            if fu is not None:
+                f = fu[0]
+        w = np.where(M > 0, f / np.where(M > 0, M, 1.0), 0.5)
+        W = np.ones((n, n))
+        W[a, b] = w
+        W[b, a] = 1 - w
+        Msym = np.zeros((n, n))
+        Msym[a, b] = M
+        Msym[b, a] = M
+        # this sum in torch, as _solve_stage sums it: the plan of a row alone equals its plan
+        # inside a batch bit for bit (numpy's pairwise sum would round differently)
+        Wt, Mt = torch.as_tensor(W, device="cpu"), torch.as_tensor(Msym, device="cpu")
+        r = (torch.as_tensor(fixed, device="cpu") + (Wt * Mt).sum(-1)).numpy()
+        ro = ro * tom
+        Ws.append(torch.as_tensor(W, dtype=torch.float64, device=dev).unsqueeze(0))
+    return Ws, torch.as_tensor(r, dtype=torch.float64, device=dev).unsqueeze(0)
+
+
 class _Plan:
     """Everything that depends on (p, q) only: S ``[N, n]`` (score order), active ``[N, n]``
     (slot inside the mass prefix), the off-S rule, one W ``[N, n, n]`` per match, the
@@ -395,6 +434,9 @@ class KhistiIS(Verifier):
             rule = _OffRule("ratio", _ratio_bucket(fp, qbar), _R_C)
         else:
             rule = _OffRule("rank", _bucket(score), _n_buckets(score.dtype))
+        if N == 1 and K > 1:  # one row (a decoder node): every match on the host, in numpy
+            Ws, mS = _stages_one_row(pS[0], tS[0], t_out[0], self.solver)
+            return _Plan(S, active, rule, Ws, mS)
         rS, r_out = tS[:, 0], t_out[:, 0]
         Ws = []
         for m in range(1, K):
