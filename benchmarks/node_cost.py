@@ -32,7 +32,9 @@ which verifies a node the verifier cannot take with ``naive`` (one draft) or ``n
 The stored rows are HumanEval positions at T = 1: mostly peaked, so most first drafts are
 accepted and ``verify`` rarely builds a residual; ``--synthetic`` gives flatter rows.
 
-Statistic. After one warm-up repeat (discarded), one repeat runs every row with ``--draws`` fixed seeds (a fresh generator per (row,
+Statistic (``--clock wall``, the default: ``time.perf_counter``; ``--clock thread``:
+``time.thread_time``, the CPU time of the calling thread, for a shared machine whose cores are
+oversubscribed, where wall time counts the waits for a core). After one warm-up repeat (discarded), one repeat runs every row with ``--draws`` fixed seeds (a fresh generator per (row,
 draw), the same in every repeat, so every repeat does the same work, rejections included);
 each phase's time is summed over the repeat; the median over ``--repeats`` repeats, divided by
 rows x draws, is the mean cost per node. torch runs with ``--threads`` threads (default 1:
@@ -45,6 +47,16 @@ is present, the llama.cpp BF16 target step measured for issue 13 (113 ms) is use
 A (verifier, law, K) whose per-node cost exceeds ``--budget`` (10%) of a reference is flagged.
 
 ``lp_optimal`` is skipped: it solves a linear program over all draft tuples, a small-V reference.
+
+Whole trees (``--trees``): the per-step cost of every registered sequence-level tree rule
+(``trees.names()`` but ``token_walk`` and ``tree_lp``, an LP over whole trees at small V; rules
+added later are picked up from the registry) against one token-level walk with ``optimal``
+(``trees.TokenWalk``) on the same filled trees: chain(L), sequences(K, L) and kary(K, L)
+(``--tree-k``, ``--tree-depth``, default K = 2, L = 3) at the same rows: every node's (p, q)
+is one of the rows above, chosen by the node's prefix (a fixed hash), so p and q at a node are
+one target/draft pair. ``--trees`` draws ``--tree-count`` trees per law (fixed seeds, filled
+before timing) and times ``rule.verify(tree, g)`` per tree (median over ``--repeats`` of the
+summed time / trees); a rule that does not support a law prints its refusal.
 
 Allocator note: glibc hands freed multi-MB temporaries back to the OS and the next call pays
 page faults for them (about 1 ms per MB on the 2-core VM), which shows as noise of a few ms on
@@ -76,6 +88,8 @@ DEFAULT_STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
 LLAMA_BF16_STEP_S = 0.113  # issue 13: llama.cpp, BF16 GGUF of the 1.5B target, 2 threads, measured
 SKIP = {"lp_optimal": "a linear program over all draft tuples: small-V reference only"}
 IND_TEMPS = (1.0, 0.7, 1.3, 0.5, 0.8, 1.2, 0.6, 1.1)
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+_clock = time.perf_counter  # --clock: wall (default) or thread (CPU time of this thread)
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,10 +168,88 @@ def references(profiles: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
+# whole trees: sequence-level tree rules against one token-level walk with `optimal`
+TREE_SKIP = {"token_walk": "the reference itself (TokenWalk with optimal)",
+             "tree_lp": "an LP over whole draft trees and emitted sequences: small V only"}
+
+
+def tree_model(TL, DL, T=1.0):
+    """A ``trees.TableModel`` at the rows' V: the (p, q) pair of a prefix is row
+    ``hash(prefix) % n`` of (TL, DL) after ``process_logits`` at T (cached per prefix)."""
+    from multidraft import trees
+
+    n = TL.shape[0]
+
+    def pick(prefix):
+        code = 0
+        for t in prefix:
+            code = (code * 1_000_003 + int(t) + 1) % (1 << 61)
+        return (code + len(prefix)) % n
+
+    return trees.TableModel(TL.shape[-1], lambda s: process_logits(TL[pick(s)], T), lambda s: process_logits(DL[pick(s)], T))
+
+
+def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal", out=None):
+    """Per-step ms of every registered tree rule against TokenWalk(verifier) on the same trees;
+    prints one table and returns its rows."""
+    from multidraft import trees
+
+    model = tree_model(TL, DL, T)
+    laws = [trees.chain(depth), trees.sequences(k, depth), trees.kary(k, depth)]
+    rules = [(n, None) for n in trees.names() if n not in TREE_SKIP]
+    rows = []
+    print(f"\nwhole trees: V = {TL.shape[-1]}, {count} trees per law, {repeats} repeats; reference: token walk with {verifier!r}")
+    for n, why in TREE_SKIP.items():
+        print(f"skipped: {n} ({why})")
+    print(f"{'law':<24}{'rule':<14}{'ms/step':>9}{'walk ms':>9}{'ratio':>8}{'tokens':>8}{'walk tok':>9}")
+    for law in laws:
+        built = [law.sample(model, torch.Generator().manual_seed(seed * 7919 + j)) for j in range(count)]
+        nodes = statistics.mean(len(t) for t in built)
+        ref = trees.TokenWalk(verifier, law=law.kind)
+
+        def timed(rule):
+            reps, toks = [], 0
+            for rep in range(repeats + 1):
+                t = 0.0
+                toks = 0
+                for j, tree in enumerate(built):
+                    g = torch.Generator().manual_seed(seed * 1_000_003 + j)
+                    t0 = _clock()
+                    verdict = rule.verify(tree, g)
+                    t += _clock() - t0
+                    toks += len(verdict.path) + 1
+                if rep:
+                    reps.append(t)
+            return 1e3 * statistics.median(reps) / count, toks / count
+
+        if not ref.supports(law):
+            print(f"{law.name:<24}reference walk refuses this law")
+            continue
+        ref_ms, ref_tok = timed(ref)
+        for name, _ in rules:
+            try:
+                rule = trees.get(name)
+            except (TypeError, ValueError) as exc:
+                print(f"{law.name:<24}{name:<14}cannot be built without options: {exc}")
+                continue
+            if not rule.supports(law):
+                why = rule.refusal(law) if hasattr(rule, "refusal") else "unsupported"
+                print(f"{law.name:<24}{name:<14}refuses: {str(why)[:60]}")
+                continue
+            ms, tok = timed(rule)
+            row = {"kind": "tree", "law": law.name, "rule": name, "nodes_mean": nodes, "ms_per_step": ms,
+                   "walk_ms_per_step": ref_ms, "ratio_to_walk": ms / ref_ms, "tokens_per_step": tok,
+                   "walk_tokens_per_step": ref_tok, "walk_verifier": verifier}
+            rows.append(row)
+            print(f"{law.name:<24}{name:<14}{ms:9.2f}{ref_ms:9.2f}{ms / ref_ms:8.2f}{tok:8.2f}{ref_tok:9.2f}", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
 # one node, as the engine does it
 def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
     """Draft a node with k drafts from draft logits dl [V] and verify at target logits tl [V]."""
-    t0 = time.perf_counter()
+    t0 = _clock()
     logits = dl.unsqueeze(0)  # [1, V]: the node's level
     if kind == "independent":
         temps = [IND_TEMPS[j % len(IND_TEMPS)] for j in range(k)]
@@ -166,7 +258,7 @@ def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
     else:
         q = {0: process_logits(logits, T, top_k, top_p)}
         nnz = (q[0] > 0).sum(-1).tolist() if kind in ("wor", "greedy") else None
-    t1 = time.perf_counter()
+    t1 = _clock()
     kk = min(k, nnz[0]) if nnz is not None else k
     ridx = torch.zeros(1, dtype=torch.long)
     if kind == "independent":
@@ -177,14 +269,14 @@ def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
         law = _drafts.make(kind, qs, kk)
     toks = law.sample(g).tolist()
     node_q = qs[0]
-    t2 = time.perf_counter()
+    t2 = _clock()
     p = process_logits(tl, T, top_k, top_p)
-    t3 = time.perf_counter()
+    t3 = _clock()
     dr = torch.tensor(toks[0], dtype=torch.long)
     if len(toks[0]) != k and not v.supports(kind, len(toks[0])):  # the engine's _verifier_for
         v = _verifiers.get("naive" if len(toks[0]) == 1 else "nss")
     y = int(v.verify(p, node_q, dr, generator=g, law=kind, validate=False).token)
-    t4 = time.perf_counter()
+    t4 = _clock()
     clock[0] += t1 - t0
     clock[1] += t2 - t1
     clock[2] += t3 - t2
@@ -238,9 +330,18 @@ def main(argv=None):
     ap.add_argument("--profiles", type=Path, default=ROOT / "data/profiles", help="folder of cost profiles (*.json)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSONL: one meta line, then one line per (verifier, law, K)")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="thread: time.thread_time (CPU time of this thread; robust on a shared, oversubscribed machine)")
+    ap.add_argument("--trees", action="store_true", help="whole trees: every tree rule against the optimal token walk")
+    ap.add_argument("--trees-only", action="store_true", help="--trees and skip the per-node table")
+    ap.add_argument("--tree-k", type=int, default=2)
+    ap.add_argument("--tree-depth", type=int, default=3)
+    ap.add_argument("--tree-count", type=int, default=8, help="trees per law")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    global _clock
+    _clock = CLOCKS[args.clock]
     if args.synthetic or not args.store.is_file():
         TL, DL, src = synthetic_rows(args.rows, args.vocab, args.seed)
     else:
@@ -256,7 +357,7 @@ def main(argv=None):
 
     meta = {
         "kind": "meta", "benchmark": "node_cost", "seed": args.seed, "V": V, "rows": TL.shape[0], "draws": args.draws,
-        "repeats": args.repeats, "statistic": "median over repeats of the summed phase times / (rows x draws)",
+        "repeats": args.repeats, "statistic": "median over repeats of the summed phase times / (rows x draws)", "clock": args.clock,
         "torch_threads": torch.get_num_threads(), "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "independent_temperatures": list(IND_TEMPS),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
@@ -279,7 +380,7 @@ def main(argv=None):
     print(hdr)
     rows_out = []
     flagged = []
-    for name in names:
+    for name in (names if not args.trees_only else []):
         v = _verifiers.get(name)
         for kind in v.laws:
             if laws_filter and kind not in laws_filter:
@@ -305,6 +406,8 @@ def main(argv=None):
         over = [r for r in rows_out if ref["name"] in r["over_budget"]]
         print(f"  over {100 * args.budget:.0f}% of {ref['name']} ({1e3 * args.budget * ref['seconds']:.1f} ms): {len(over)}"
               + (": " + ", ".join(f"{r['verifier']}/{r['law']}/K={r['k']} {r['total_ms']:.1f}" for r in over) if over else ""))
+    if args.trees or args.trees_only:
+        rows_out += tree_costs(TL, DL, args.tree_k, args.tree_depth, args.tree_count, args.repeats, args.seed, args.temperature)
     if args.out:
         meta["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
         with open(args.out, "w") as f:

@@ -1,6 +1,7 @@
 """Throughput of batched ``verify`` at LLM scale, against references measured in the same run.
 
-    .venv/bin/python benchmarks/verify_throughput.py [--batch 256] [--vocab 151936] [--k 4]
+    .venv/bin/python benchmarks/verify_throughput.py [--batch 256] [--vocab 151936] [--k 4 | --ks 2,4,8]
+        [--verifiers ...] [--no-loops]
 
 For each of specinfer, rrs_wor, spectr, khisti_is and optimal (when registered): ms per batch of
 ``verify`` with validate=True and validate=False, against (a) one ``torch.softmax`` over
@@ -9,6 +10,11 @@ per-position Python loop of the same rule with early exit (research-repo style; 
 here, one per verifier). (p, q) pairs are realistic: q is a perturbed, tempered p, so
 most first drafts are accepted; the measured first-draft acceptance is printed. Every
 timing, the references included, runs with the same number of torch threads (--threads).
+
+Every verifier's row also prints its time against one ``torch.sort`` of the same [B, V] rows
+(``/sort``: setup + verify is everything a verify call does) and, once per K, the float64
+prologue alone (``_residual.rows64`` of p and q, what a rule that reads float64 rows pays
+before its own work).
 
 For ``optimal`` the setup (sort, prefix scan, layers, level fit) is part of every verify
 call; its rows also print the time against one ``torch.sort`` of the same [B, V] rows, the
@@ -104,13 +110,17 @@ def draw(law, q, K, g):
     return md.drafts.iid(q, K).sample(g)
 
 
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+_clock = time.perf_counter  # --clock
+
+
 def timeit(fn, repeats):
     fn()  # warm-up
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = _clock()
         fn()
-        ts.append(time.perf_counter() - t0)
+        ts.append(_clock() - t0)
     ts.sort()
     return 1e3 * ts[len(ts) // 2]
 
@@ -120,6 +130,10 @@ def main(argv=None):
     ap.add_argument("--batch", "-B", type=int, default=256)
     ap.add_argument("--vocab", "-V", type=int, default=151_936)
     ap.add_argument("--k", "-K", type=int, default=4)
+    ap.add_argument("--ks", default=None, help="comma-separated K values, one table each (overrides --k)")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="thread: time.thread_time (CPU time of this thread; for an oversubscribed shared machine)")
+    ap.add_argument("--no-loops", action="store_true", help="skip the per-position loop references")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -134,22 +148,34 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    B, V, K = args.batch, args.vocab, args.k
+    global _clock
+    _clock = CLOCKS[args.clock]
+    B, V = args.batch, args.vocab
+    ks = [int(x) for x in args.ks.split(",")] if args.ks else [args.k]
 
     logits, p, q = make_pair(B, V, args.seed, args.noise, args.temp)
     tv = 0.5 * (p - q).abs().sum(-1)
-    print(f"B={B} V={V} K={K} threads={torch.get_num_threads()} seed={args.seed}")
+    print(f"B={B} V={V} K={','.join(map(str, ks))} threads={torch.get_num_threads()} seed={args.seed} clock={args.clock}")
     print(f"first-draft acceptance 1 - TV(p, q): mean {float((1 - tv).mean()):.3f}")
     t_soft = timeit(lambda: torch.softmax(logits, -1), args.repeats)
     print(f"reference torch.softmax [B, V]: {t_soft:.1f} ms")
     ratio = q / p
     t_sort = timeit(lambda: torch.sort(ratio, -1, descending=True), args.repeats)
     print(f"reference torch.sort [B, V] (one sort of the same rows): {t_sort:.1f} ms")
+    from multidraft.verifiers._residual import rows64
+
+    t_pro = timeit(lambda: (rows64(p), rows64(q)), args.repeats)
+    print(f"float64 prologue rows64(p), rows64(q): {t_pro:.1f} ms ({t_pro / t_sort:.2f}x sort)")
+    have = md.verifiers.names()
+    for K in ks:
+        run_k(args, have, K, p, q, t_soft, t_sort)
+
+
+def run_k(args, have, K, p, q, t_soft, t_sort):
     print()
-    header = f"{'verifier':<10} {'validate':>8} {'ms/batch':>9} {'/softmax':>9} {'loop ms':>9} {'/loop':>7} {'accept':>7}"
+    header = f"{'verifier':<10} {'K':>2} {'validate':>8} {'ms/batch':>9} {'/softmax':>9} {'/sort':>7} {'loop ms':>9} {'/loop':>7} {'accept':>7}"
     print(header)
     print("-" * len(header))
-    have = md.verifiers.names()
     for name in [s.strip() for s in args.verifiers.split(",") if s.strip()]:
         if name not in have:
             print(f"{name:<10} missing: not registered in multidraft.verifiers.names()")
@@ -159,7 +185,7 @@ def main(argv=None):
         g = torch.Generator().manual_seed(args.seed + 1)
         drafts = draw(law, q, K, g)
         loop_ms = None
-        if name in LOOPS:
+        if name in LOOPS and not args.no_loops:
             gl = torch.Generator().manual_seed(args.seed + 2)
             loop_ms = timeit(lambda: LOOPS[name](p, q, drafts, gl), args.loop_repeats)
         for validate in (True, False):
@@ -172,7 +198,7 @@ def main(argv=None):
             ms = timeit(run, args.repeats)
             acc = float((res["v"].accepted_index >= 0).double().mean())
             lp = f"{loop_ms:9.1f} {ms / loop_ms:7.2f}" if loop_ms else f"{'-':>9} {'-':>7}"
-            print(f"{name:<10} {str(validate):>8} {ms:9.1f} {ms / t_soft:9.3f} {lp} {acc:7.3f}")
+            print(f"{name:<10} {K:>2} {str(validate):>8} {ms:9.1f} {ms / t_soft:9.3f} {ms / t_sort:7.2f} {lp} {acc:7.3f}", flush=True)
             fit = getattr(v, "last_fit", None)
             if name == "optimal" and fit is not None:
                 print(
@@ -181,7 +207,7 @@ def main(argv=None):
                     f"fit iterations {fit.iterations} (converged {fit.converged}); max |r - q_sel| {float(fit.fit_error_max.max()):.2g}; "
                     f"shortfall max {float(fit.shortfall.max()):.2g}, alpha* mean {float(fit.alpha_star.mean()):.4f}"
                 )
-    if "khisti_is" in have:
+    if "khisti_is" in have and "khisti_is" in args.verifiers:
         print("(khisti_is: no per-position loop reference is written here; compare with softmax)")
 
 

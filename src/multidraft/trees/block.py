@@ -147,10 +147,10 @@ class BlockVerification(TreeRule):
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         ids, xs, ps, qs = self._chain(tree)
-        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
+        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
         L = len(xs)
         _, h, rows = chain_weights(ps, qs, xs)
-        eta = torch.rand(L, generator=g, dtype=torch.float64)  # [L]: eta_1 .. eta_L
+        eta = torch.rand(L, generator=g, dtype=torch.float64, device=g.device)  # [L]: eta_1 .. eta_L
         tau = 0
         for i in range(L, 0, -1):
             if float(eta[i - 1]) < h[i]:

@@ -202,7 +202,7 @@ class TraversalVerification(TreeRule):
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         root = self._structure(tree)
-        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
+        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
 
         def run(s: _Slot, path: tuple, a: float, P: torch.Tensor):
             nd = tree.nodes[s.node]
@@ -213,7 +213,7 @@ class TraversalVerification(TreeRule):
                 if got is not None:
                     return got
                 a, P = self._refused(a, P, nd.q.double(), t)
-            if path == () or float(torch.rand((), generator=g, dtype=torch.float64)) < a:
+            if path == () or float(torch.rand((), generator=g, dtype=torch.float64, device=g.device)) < a:
                 return TreeVerdict(path, int(sample_token(P, g)))
             return None
 

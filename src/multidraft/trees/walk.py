@@ -94,7 +94,7 @@ class TokenWalk(TreeRule):
     # sampling path --------------------------------------------------------------------------
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         self._check_tree(tree)
-        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
+        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
         path: list[int] = []
         i = 0
         while True:

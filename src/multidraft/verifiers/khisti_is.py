@@ -41,9 +41,10 @@ def _bucket(score: torch.Tensor) -> torch.Tensor:
 
 def _ratio_bucket(p: torch.Tensor, qbar: torch.Tensor) -> torch.Tensor:
     """Bucket of the importance weight p / qbar (long, same shape, non-decreasing in it), in
-    ``0 .. _R_C - 1``: 0 for p = 0, the top bucket for qbar = 0 < p."""
-    r = torch.nan_to_num(p.double() / qbar.double(), nan=0.0, posinf=2.0**(_R_OCT + 1))
-    return ((r.contiguous().view(torch.int64) >> _R_SHIFT) - _R_LO).clamp_(0, _R_C - 1)
+    ``0 .. _R_C - 1``: 0 for p = 0, the top bucket for qbar = 0 < p. One fresh float64 tensor,
+    reused in place as its int64 bit pattern (four passes over the row)."""
+    r = torch.div(p.double(), qbar.double()).nan_to_num_(nan=0.0)  # 0/0 -> 0; p/0 = +inf -> top
+    return r.view(torch.int64).bitwise_right_shift_(_R_SHIFT).sub_(_R_LO).clamp_(0, _R_C - 1)
 
 
 def _ratio_matrix(device) -> torch.Tensor:
@@ -172,6 +173,11 @@ def _split_lex(pu, Mu, fixedu, a, b):
         live = Mu[u] > 0
         if not live.any():
             continue
+        if n <= LEX_DECOMP_N:
+            fu, ok = _lex_decomp_row(pu[u], Mu[u], fixedu[u], a, b)
+            if ok:
+                out[u] = fu
+                continue
         base = fixedu[u] + np.bincount(b, Mu[u], n)  # m with every pair given to j
         d = 1.0 / np.sqrt(np.maximum(pu[u], _P_FLOOR))
         try:
@@ -181,6 +187,78 @@ def _split_lex(pu, Mu, fixedu, a, b):
         if res.success:
             out[u, live] = np.clip(res.x, 0.0, Mu[u, live])
     return out
+
+
+LEX_DECOMP_N = 12  # up to this many S tokens the lex split is solved by its decomposition
+
+
+@functools.lru_cache(maxsize=16)
+def _subsets(k: int):
+    """All nonempty subsets of k elements: ids ``[2^k - 1]``, membership ``[2^k - 1, k]`` (bool,
+    float64), "touches pair (i, j)" ``[2^k - 1, k(k-1)/2]`` float64 and the pairs (i, j) in
+    ``np.triu_indices`` order. Read only."""
+    idx = np.arange(1, 1 << k)
+    bits = ((idx[:, None] >> np.arange(k)) & 1).astype(bool)
+    i, j = np.triu_indices(k, 1)
+    return idx, bits, bits.astype(np.float64), (bits[:, i] | bits[:, j]).astype(np.float64), i, j
+
+
+def _lex_decomp_row(p, M, fixed, a, b):
+    """The lex split of one row (``_split_lex``'s problem) by Fujishige's decomposition.
+
+    The reachable winner laws are the bases of g(X) = fixed(X) + M(pairs touching X) (the
+    most mass X can receive). The minimiser of sum_i m_i^2 / w_i (w = max(p, _P_FLOOR)) is
+    m = lambda_j w on the j-th block of the chain: lambda_1 = min_X g(X) / w(X) over nonempty
+    X, the block is the largest minimiser (minimisers of a submodular function are closed under
+    union), then the same on the contraction g(X | B) - g(B), over subsets of the rest. Pairs
+    across blocks go to the lower ratio; the pairs inside a block are split by the weighted
+    Laplacian solve f = M (1/2 + y_a - y_b), pairs that leave [0, M] are clamped and the rest
+    re-solved (an active set). Returns (f ``[P]``, ok): ok when the realised law matches the
+    decomposition's to 1e-13 (else the caller solves the row by BVLS)."""
+    n = p.shape[0]
+    w = np.maximum(p, _P_FLOOR)
+    pid = np.zeros((n, n), dtype=np.int64)
+    pid[a, b] = np.arange(a.shape[0])
+    lam = np.empty(n)
+    blk = np.empty(n, dtype=np.int64)
+    rest = np.arange(n)
+    j = 0
+    while rest.size:
+        idx, bits, bitsf, touch, i2, j2 = _subsets(rest.size)
+        Mr = M[pid[rest[i2], rest[j2]]]  # the pairs inside the rest
+        r = (bitsf @ fixed[rest] + touch @ Mr) / (bitsf @ w[rest])  # (g(X | done) - g(done)) / w(X)
+        sel = int(np.bitwise_or.reduce(idx[r <= r.min() * (1 + 1e-12)]))
+        el = bits[sel - 1]
+        B = rest[el]
+        lam[B] = (fixed[B].sum() + touch[sel - 1] @ Mr) / w[B].sum()
+        blk[B] = j
+        j += 1
+        rest = rest[~el]
+    m = lam * w
+    ba, bb = blk[a], blk[b]
+    f = np.where(ba < bb, M, 0.0)  # across blocks the lower ratio takes the whole pair
+    free = (ba == bb) & (M > 0)
+    ar = np.arange(n)
+    for _ in range(2 * n):
+        if not free.any():
+            break
+        Mi = np.where(free, M, 0.0)
+        fo = np.where(free, 0.0, f)
+        d = m - fixed - np.bincount(a, fo, n) - np.bincount(b, np.where(free, 0.0, M - fo), n)
+        half = 0.5 * (np.bincount(a, Mi, n) + np.bincount(b, Mi, n))
+        L = np.zeros((n, n))
+        L[a, b] = -Mi
+        L[b, a] = -Mi
+        L[ar, ar] = -L.sum(1)
+        y = np.linalg.lstsq(L, d - half, rcond=None)[0]
+        fi = Mi * (0.5 + y[a] - y[b])
+        out = free & ((fi < 0) | (fi > M))
+        f = np.where(free, np.clip(fi, 0.0, M), f)
+        if not out.any():
+            break
+        free = free & ~out  # the pairs past a bound stay there
+    mr = fixed + np.bincount(a, f, n) + np.bincount(b, M - f, n)
+    return f, bool(np.abs(mr - m).max() <= 1e-13 * max(1.0, float(m.max())))
 
 
 def _solve_stage(pS, rS, r_out, tS, t_out, solver="lex"):
@@ -224,6 +302,45 @@ def _solve_stage(pS, rS, r_out, tS, t_out, solver="lex"):
     Msym[:, b, a] = M
     m = fixed + (W * Msym).sum(-1)
     return W, m
+
+
+def _stages_one_row(pS, tS, t_out, solver):
+    """``_solve_stage`` for every match of one row, in numpy (a decoder node: no batch to share
+    the torch call overheads with): pS ``[n]``, tS ``[K, n]``, t_out ``[K]`` -> (Ws, one
+    ``[1, n, n]`` per match, mS ``[1, n]``), on pS's device. The same formulas as
+    ``_solve_stage`` in float64, so the same law up to the order of a sum."""
+    dev = pS.device
+    p = pS.cpu().numpy()
+    t = tS.cpu().numpy()
+    to = t_out.cpu().numpy()
+    n = p.shape[0]
+    a, b = np.triu_indices(n, 1)
+    r, ro = t[0], float(to[0])
+    Ws = []
+    for m in range(1, t.shape[0]):
+        tm, tom = t[m], float(to[m])
+        fixed = r * tm + r * tom + ro * tm
+        M = r[a] * tm[b] + r[b] * tm[a]
+        f = M / 2
+        if a.size:
+            args = (p[None], M[None], fixed[None], a, b)
+            fu = _split_lex(*args) if solver == "lex" else _split_lp(*args)
+            if fu is not None:
+                f = fu[0]
+        w = np.where(M > 0, f / np.where(M > 0, M, 1.0), 0.5)
+        W = np.ones((n, n))
+        W[a, b] = w
+        W[b, a] = 1 - w
+        Msym = np.zeros((n, n))
+        Msym[a, b] = M
+        Msym[b, a] = M
+        # this sum in torch, as _solve_stage sums it: the plan of a row alone equals its plan
+        # inside a batch bit for bit (numpy's pairwise sum would round differently)
+        Wt, Mt = torch.as_tensor(W, device="cpu"), torch.as_tensor(Msym, device="cpu")
+        r = (torch.as_tensor(fixed, device="cpu") + (Wt * Mt).sum(-1)).numpy()
+        ro = ro * tom
+        Ws.append(torch.as_tensor(W, dtype=torch.float64, device=dev).unsqueeze(0))
+    return Ws, torch.as_tensor(r, dtype=torch.float64, device=dev).unsqueeze(0)
 
 
 class _Plan:
@@ -317,6 +434,9 @@ class KhistiIS(Verifier):
             rule = _OffRule("ratio", _ratio_bucket(fp, qbar), _R_C)
         else:
             rule = _OffRule("rank", _bucket(score), _n_buckets(score.dtype))
+        if N == 1 and K > 1:  # one row (a decoder node): every match on the host, in numpy
+            Ws, mS = _stages_one_row(pS[0], tS[0], t_out[0], self.solver)
+            return _Plan(S, active, rule, Ws, mS)
         rS, r_out = tS[:, 0], t_out[:, 0]
         Ws = []
         for m in range(1, K):

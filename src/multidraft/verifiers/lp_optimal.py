@@ -34,9 +34,10 @@ class LPOptimal(Verifier):
         # p [N, V] or [V], q [N, V] / [N, K, V], drafts [N, K] -> conditional laws [N, V]
         from ..limits.lp import coupling_rows, solve_coupling
 
-        P, Qf, D, _ = self._flat(p, q, drafts)
+        dev = p.device  # the LP is solved by scipy on the host; the rows come back on p's device
+        P, Qf, D, _ = self._flat(p.cpu(), q.cpu(), drafts.cpu())
         V, K = P.shape[-1], D.shape[-1]
-        out = torch.empty(P.shape[0], V, dtype=torch.float64)
+        out = torch.empty(P.shape[0], V, dtype=torch.float64, device=P.device)
         groups: dict = {}
         for i in range(P.shape[0]):
             key = (P[i].numpy().tobytes(), Qf[i].numpy().tobytes())
@@ -52,20 +53,21 @@ class LPOptimal(Verifier):
             short = (1.0 - cond.sum(-1, keepdim=True)).clamp_min(0.0)
             cond = cond + short * P[i0].unsqueeze(0)
             Vb = V + 1
-            keys = (sol.tuples * Vb ** torch.arange(K - 1, -1, -1)).sum(-1)
+            place = Vb ** torch.arange(K - 1, -1, -1, device=P.device)
+            keys = (sol.tuples * place).sum(-1)
             sorted_keys, perm = torch.sort(keys)
-            idx = torch.tensor(rows)
-            want = (D[idx] * Vb ** torch.arange(K - 1, -1, -1)).sum(-1)
+            idx = torch.tensor(rows, device=P.device)
+            want = (D[idx] * place).sum(-1)
             pos = torch.searchsorted(sorted_keys, want).clamp(max=sorted_keys.numel() - 1)
             if bool((sorted_keys[pos] != want).any()):
                 raise ValueError("drafts: a draft tuple has probability 0 under the draft law")
             out[idx] = cond[perm[pos]]
-        return out.reshape(*p.shape[:-1], V)
+        return out.reshape(*p.shape[:-1], V).to(dev)
 
     def _output_distribution(self, p, q, drafts, law):
         return self._rows(p, q, drafts, law)
 
     def _verify(self, p, q, drafts, g, law):
         rows = self._rows(p, q, drafts, law).reshape(-1, p.shape[-1])
-        u = torch.rand(rows.shape[0], generator=g, dtype=torch.float64)
+        u = torch.rand(rows.shape[0], generator=g, dtype=torch.float64, device=rows.device)
         return inverse_cdf(rows, u).reshape(p.shape[:-1])
