@@ -101,7 +101,7 @@ def greedy_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torc
     r = _ratio(p, q)
     q = q / q.sum()
     vals, inv = torch.unique(r, sorted=True, return_inverse=True)  # classes, ascending ratio
-    mass = torch.zeros(vals.shape[0], dtype=q.dtype).scatter_add_(0, inv, q)  # [C] q-mass per class
+    mass = torch.zeros(vals.shape[0], dtype=q.dtype, device=q.device).scatter_add_(0, inv, q)  # [C] q-mass per class
     le = torch.cumsum(mass, 0)  # [C] mass of ratios <= the class
     lt = torch.cat([le.new_zeros(1), le[:-1]])  # [C] mass of ratios below it
     top = le.pow(k) - lt.pow(k)  # [C] P(the largest drafted ratio is in the class)
@@ -205,7 +205,7 @@ class SelectThenBlock(TreeRule):
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         self._check(tree)
-        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
+        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
         i, ids, xs, ps, ss = 0, [0], [], [tree.p(0).double()], []
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
@@ -218,7 +218,7 @@ class SelectThenBlock(TreeRule):
             ss.append(s)
         _, h, rows = chain_weights(ps, ss, xs)
         n = len(xs)
-        eta = torch.rand(n, generator=g, dtype=torch.float64)  # [n]: eta_1 .. eta_n
+        eta = torch.rand(n, generator=g, dtype=torch.float64, device=g.device)  # [n]: eta_1 .. eta_n
         tau = 0
         for j in range(n, 0, -1):
             if float(eta[j - 1]) < h[j]:
@@ -246,7 +246,7 @@ class GreedyBlockVerification(SelectThenBlock):
 
     @staticmethod
     def _first_best(ratio: torch.Tensor, drafts: list) -> int:
-        r = ratio[torch.as_tensor(drafts, dtype=torch.long)]  # [k]
+        r = ratio[torch.as_tensor(drafts, dtype=torch.long, device=ratio.device)]  # [k]
         return int(torch.nonzero(r == r.max()).flatten()[0])
 
 

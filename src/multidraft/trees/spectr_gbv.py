@@ -66,7 +66,7 @@ def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.
     if k == 1:
         return q, torch.ones_like(q)
     half = math.log(4 * k)
-    rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64)).unsqueeze(1)  # [G, 1]
+    rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64, device=q.device)).unsqueeze(1)  # [G, 1]
     qs = torch.where(sup, q, torch.ones_like(q))
     beta = torch.where(sup, (p / (rho * qs)).clamp(max=1.0), torch.zeros_like(q))  # [G, V]
     miss = 1.0 - (q * beta).sum(-1, keepdim=True)  # [G, 1]: 1 - bbar
@@ -99,8 +99,8 @@ class SpecTrGBV(SelectThenBlock):
         k = len(drafts)
         if k == 1:
             return 0
-        u = torch.rand(k - 1, generator=g, dtype=torch.float64)  # [k-1]: coins of slots 0 .. k-2
-        b = key[torch.as_tensor(drafts[:-1], dtype=torch.long)]  # [k-1]
+        u = torch.rand(k - 1, generator=g, dtype=torch.float64, device=g.device)  # [k-1]: coins of slots 0 .. k-2
+        b = key[torch.as_tensor(drafts[:-1], dtype=torch.long, device=key.device)]  # [k-1]
         hit = torch.nonzero(u < b).flatten()
         return int(hit[0]) if hit.numel() else k - 1
 

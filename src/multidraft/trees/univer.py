@@ -184,7 +184,7 @@ def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, 
     tok = np.array([tl[n][j] for n, j in cols])
     row_n = np.array([n for n, _ in cols])
     A = csr_matrix((np.ones(2 * nv), (np.concatenate([row_n, N + tok]), np.tile(np.arange(nv), 2))), shape=(N + V, nv))
-    cap = np.concatenate([D, alpha * P.numpy()])
+    cap = np.concatenate([D, alpha * P.cpu().numpy()])
     res = linprog(-np.ones(nv), A_ub=A, b_ub=cap, bounds=(0, None), method="highs-ds")
     if res.status != 0:  # pragma: no cover - a feasible bounded LP (0 is feasible)
         raise RuntimeError(f"univer: the node's transport LP failed ({res.message})")
@@ -202,7 +202,7 @@ def _ot_plan(P: torch.Tensor, Q: torch.Tensor, kind: str, k: int, alpha: float, 
     rows = np.bincount(row_n, weights=x, minlength=N)
     g = np.where(rows > D, D / np.where(rows > 0, rows, 1.0), 1.0)
     x = x * g[row_n]
-    M = torch.from_numpy(np.bincount(tok, weights=x, minlength=V))  # [V]
+    M = torch.as_tensor(np.bincount(tok, weights=x, minlength=V), device=P.device)  # [V]
     R = (alpha * P - M).clamp_min(0.0)  # [V]: the owed mass the node emits itself
     acc = float(x.sum())
     Rt = float(R.sum())
@@ -391,7 +391,7 @@ class UniVer(TreeRule):
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         plan = self.allocate(tree)
-        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, purpose="verify")
+        g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
 
         def run(i: int, path: tuple):
             for _, c, _ in plan.slots[i]:
@@ -400,7 +400,7 @@ class UniVer(TreeRule):
                 got = run(c, path + (c,))
                 if got is not None:
                     return got
-            if i == 0 or float(torch.rand((), generator=g, dtype=torch.float64)) < plan.h[i]:
+            if i == 0 or float(torch.rand((), generator=g, dtype=torch.float64, device=g.device)) < plan.h[i]:
                 return TreeVerdict(path, int(sample_token(plan.rho[i], g)))
             return None
 
