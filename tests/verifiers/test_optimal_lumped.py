@@ -147,7 +147,11 @@ def test_lumped_rule_of_a_row_does_not_depend_on_the_batch():
     fit = v.fit(p, q, 3)
     full = fit.r
     for i in range(4):
-        assert torch.equal(full[i], v.fit(p[i], q[i], 3).r)
+        # rows of a batch are padded to the batch's largest unit count with units p = q = 0:
+        # the rule is the same, its float64 rounding may differ by an ulp (each r is exact for
+        # its own plan, so exactness does not depend on it)
+        alone = v.fit(p[i], q[i], 3).r
+        assert torch.allclose(full[i], alone, rtol=1e-14, atol=0)
     # real-scale sanity: the exact gap is tiny and within the bound
     assert float(fit.shortfall.max()) <= float(fit.shortfall_bound.max()) + 1e-12
     assert float(fit.shortfall.max()) <= 1e-3
@@ -169,12 +173,12 @@ def test_lumped_sampling_path_matches_exact_path():
         p = p / p.sum()
         v = Optimal(head=2, bin_bits=1, exact_below=0, warn_lump=1.0)
         n = 20000
-        P, Q = p.expand(n, -1), q.expand(n, -1)
+        P, Q = p.expand(n, 1, -1), q.expand(n, 1, -1)  # rows repeated (stride 0): one plan, tiled
         gs = torch.Generator().manual_seed(40 + k)
         drafts = md.drafts.iid(Q, k).sample(gs)
         out = v.verify(P, Q, drafts, generator=gs)
-        exp = v.output_distribution(P, Q, drafts).sum(0)
-        obs = torch.bincount(out.token, minlength=8).double()
+        exp = v.output_distribution(P, Q, drafts).reshape(n, -1).sum(0)
+        obs = torch.bincount(out.token.reshape(-1), minlength=8).double()
         assert obs[5] == 0
         keep = exp > 5
         chi = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())

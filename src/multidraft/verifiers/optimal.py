@@ -42,6 +42,17 @@ fit diagnostics (``fit``) report r, q_sel, alpha*, the acceptance reached, the f
 and iterations; a fit that stops short is reported (``OptimalFit.shortfall``, a warning
 from ``verify``), never silently, and the output law stays exactly p.
 
+Large V (issue 27; rows of more than ``exact_below`` tokens, ``head`` not None): the scan runs on
+**units** instead of tokens. The ``head`` tokens of largest p + q (``torch.topk``) are units of
+their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float32 ratio's
+bit pattern, 2^bin_bits bins per octave, monotone in q/p). The unit rows get the construction
+above; a token y of unit u gets ``r(y) = q(y) r_u / q_u``, its exact selection probability
+(given the drafts' units, the race is independent of which token of a unit was drafted, and
+that token is q-distributed inside its unit). The output law is p for any head and bins; the
+acceptance loses at most ``w/(1+w)`` of ``min(p_u, r_u)`` per tail unit (ratios within 1 + w),
+reported as ``LumpedFit.shortfall_bound``. No sort of V; O(V) work: topk, the keys, two
+scatter-adds, and on a rejection the residual.
+
 Corners: K = 1 puts every token alone (r = q): single-draft SD. Tokens with q = 0 are never
 drafted and get r = 0. Tokens with p = 0 < q come first (ratio inf), each its own layer.
 Ties in q/p follow the stable sort; equal psi values are not records (strict minima).
@@ -67,7 +78,7 @@ DEFAULT_TOL = 1e-13
 FLOOR_TOL_FACTOR = 1e4  # a unit whose residual stopped improving within this factor of tol is done (see _fit_chunk)
 UNIT_CHUNK_ELEMS = 1 << 22  # bound on units x levels held at once in the fit
 DEFAULT_HEAD = 64  # tokens of largest p + q planned one by one (the rest lumped by q/p bin)
-DEFAULT_BIN_BITS = 4  # 2^4 q/p bins per octave for the lumped tail (ratios within a factor 1 + 1/16)
+DEFAULT_BIN_BITS = 6  # 2^6 q/p bins per octave for the lumped tail (ratios within a factor 1 + 1/64)
 DEFAULT_EXACT_BELOW = 4096  # rows of at most this many tokens are planned token by token
 DEFAULT_WARN_LUMP = 1e-4  # warn when the lumping bound on the acceptance gap exceeds this
 
@@ -653,6 +664,14 @@ class Optimal(Verifier):
     q_sel. Then accept Z with min(1, p(Z)/r(Z)), else sample norm((p - r)+), r computed
     exactly from the fitted levels: the output law is p whatever the fit; the acceptance is
     alpha* when the fit converges (see ``fit`` and docs/guide/optimal_verifier.md).
+
+    At V > ``exact_below`` the same rule runs on units (the ``head`` tokens of largest p + q
+    alone, the rest lumped by q/p bin, ``2^bin_bits`` bins per octave) and
+    r(y) = q(y) r_u / q_u inside unit u: still exactly lossless (Khisti et al., "Multi-Draft
+    Speculative Sampling: Canonical Decomposition and Theoretical Limits", ICLR 2025,
+    arXiv 2410.18234: any selection rule with its exact selection law), acceptance alpha* - O(w) of the tail's
+    overlap, bounded and reported (``LumpedFit.shortfall_bound``; a warning above
+    ``warn_lump``). ``head=None`` plans every token.
     """
 
     name = "optimal"
