@@ -42,6 +42,17 @@ fit diagnostics (``fit``) report r, q_sel, alpha*, the acceptance reached, the f
 and iterations; a fit that stops short is reported (``OptimalFit.shortfall``, a warning
 from ``verify``), never silently, and the output law stays exactly p.
 
+Large V (issue 27; rows of more than ``exact_below`` tokens, ``head`` not None): the scan runs on
+**units** instead of tokens. The ``head`` tokens of largest p + q (``torch.topk``) are units of
+their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float32 ratio's
+bit pattern, 2^bin_bits bins per octave, monotone in q/p). The unit rows get the construction
+above; a token y of unit u gets ``r(y) = q(y) r_u / q_u``, its exact selection probability
+(given the drafts' units, the race is independent of which token of a unit was drafted, and
+that token is q-distributed inside its unit). The output law is p for any head and bins; the
+acceptance loses at most ``w/(1+w)`` of ``min(p_u, r_u)`` per tail unit (ratios within 1 + w),
+reported as ``LumpedFit.shortfall_bound``. No sort of V; O(V) work: topk, the keys, two
+scatter-adds, and on a rejection the residual.
+
 Corners: K = 1 puts every token alone (r = q): single-draft SD. Tokens with q = 0 are never
 drafted and get r = 0. Tokens with p = 0 < q come first (ratio inf), each its own layer.
 Ties in q/p follow the stable sort; equal psi values are not records (strict minima).
@@ -66,6 +77,10 @@ DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-13
 FLOOR_TOL_FACTOR = 1e4  # a unit whose residual stopped improving within this factor of tol is done (see _fit_chunk)
 UNIT_CHUNK_ELEMS = 1 << 22  # bound on units x levels held at once in the fit
+DEFAULT_HEAD = 64  # tokens of largest p + q planned one by one (the rest lumped by q/p bin)
+DEFAULT_BIN_BITS = 6  # 2^6 q/p bins per octave for the lumped tail (ratios within a factor 1 + 1/64)
+DEFAULT_EXACT_BELOW = 4096  # rows of at most this many tokens are planned token by token
+DEFAULT_WARN_LUMP = 1e-4  # warn when the lumping bound on the acceptance gap exceeds this
 
 
 def chord(lo: torch.Tensor, hi: torch.Tensor, K: int) -> torch.Tensor:
@@ -128,6 +143,10 @@ class OptimalFit:
     @property
     def shortfall(self) -> torch.Tensor:
         return self.alpha_star - self.acceptance
+
+    @property
+    def shortfall_bound(self) -> torch.Tensor:  # [...] the shortfall itself (alpha* is known here)
+        return self.shortfall.clamp_min(0.0)
 
     def rebatch(self, batch) -> "OptimalFit":
         """The same fit with rows shaped as ``batch`` (leading dims)."""
@@ -227,6 +246,167 @@ def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, 
         iterations=iters, converged=conv, levels=levels,
     )
     return plan
+
+
+
+class _Lumped:
+    """A plan on a reduced alphabet of units (head tokens alone, tail tokens lumped by q/p bin),
+    expanded to tokens. Rows are flat [R, ...]; ``red`` is the ``_Plan`` of the unit rows."""
+
+    __slots__ = ("red", "hidx", "key", "lut", "c", "q64", "fit")
+
+    def units(self, tok: torch.Tensor) -> torch.Tensor:  # tok [R, n] token ids -> unit ids [R, n]
+        h = self.hidx.shape[-1]
+        eq = tok.unsqueeze(-1) == self.hidx.unsqueeze(-2)  # [R, n, h]
+        inh = eq.any(-1)
+        u_t = self.lut.gather(-1, self.key.gather(-1, tok).long().clamp(max=self.lut.shape[-1] - 1))
+        return torch.where(inh, eq.to(torch.uint8).argmax(-1), u_t)
+
+    def r_tokens(self, rows: torch.Tensor) -> torch.Tensor:  # [n, V] the exact selection law of these rows
+        R, V = self.key.shape
+        u = self.lut[rows].gather(-1, self.key[rows].long().clamp(max=self.lut.shape[-1] - 1))
+        u.scatter_(-1, self.hidx[rows], torch.arange(self.hidx.shape[-1], device=u.device).expand(rows.numel(), -1))
+        return self.q64[rows] * self.c[rows].gather(-1, u)
+
+
+def _bin_keys(p: torch.Tensor, q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Bin of q/p per token, int32 [R, V], monotone in q/p: the float32 ratio's bit pattern
+    shifted right by 23 - bits (exponent and the first ``bits`` mantissa bits), clamped to
+    [0, 255 << bits] (0: q = 0 or a ratio below float32's normal range; 255 << bits: p = 0 or a
+    ratio above it). A bin of a normal key holds ratios within a factor 1 + 2^-bits (+ the
+    float32 rounding)."""
+    ratio = (q / p).float()
+    key = ratio.view(torch.int32).bitwise_right_shift_(23 - bits)
+    return key.clamp_(0, 255 << bits)
+
+
+def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
+    """p, q float64 [R, V]. The head (``head`` tokens of largest p + q, ``torch.topk``) stays
+    token by token; every other token joins the unit of its q/p bin. The unit rows are planned
+    by ``_plan`` (exact level race on units); a token y of unit u gets r(y) = q(y) r_u / q_u."""
+    R, V = p.shape
+    dev = p.device
+    h = min(head, V)
+    hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices  # [R, h]
+    key = _bin_keys(p, q, bits)  # [R, V]
+    nb = (255 << bits) + 2
+    key.scatter_(-1, hidx, nb - 1)  # head tokens: a dummy bin, dropped
+    Pb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, key.long(), p)
+    Qb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, key.long(), q)
+    occ = (Pb > 0) | (Qb > 0)
+    occ[:, -1] = False
+    lut = torch.cumsum(occ, -1).sub_(1).add_(h)  # [R, nb] bin -> unit (where occupied)
+    nt = int(occ.sum(-1).max())
+    U = h + nt
+    pr = torch.zeros(R, U, dtype=p.dtype, device=dev)
+    qr = torch.zeros(R, U, dtype=p.dtype, device=dev)
+    pr[:, :h] = p.gather(-1, hidx)
+    qr[:, :h] = q.gather(-1, hidx)
+    rr, cc = occ.nonzero(as_tuple=True)
+    uu = lut[rr, cc]
+    pr[rr, uu] = Pb[rr, cc]
+    qr[rr, uu] = Qb[rr, cc]
+    red = _plan(pr, qr, K, levels, max_iter, tol)
+    r_u = torch.empty_like(pr).scatter_(-1, red.order, red.r_sorted)  # [R, U] unit order
+    c = torch.where(qr > 0, r_u / torch.where(qr > 0, qr, torch.ones_like(qr)), torch.zeros_like(qr))
+    lp = _Lumped()
+    lp.red, lp.hidx, lp.key, lp.lut, lp.c, lp.q64 = red, hidx, key, lut, c, q
+    # bound on the gap to the true alpha* (which is <= the units' alpha*, min over fewer sets):
+    # the units' own gap, plus per tail unit min(p_u, r_u) w/(1+w) (ratios within 1 + w) or
+    # min(p_u, r_u) for the clamped bins; see docs/guide/optimal_verifier.md
+    w = 2.0 ** -bits + 2.0 ** -22
+    mn = torch.minimum(pr, r_u)
+    wide = torch.zeros(R, nb, dtype=torch.bool, device=dev)
+    wide[:, : 1 << bits] = True
+    wide[:, 255 << bits] = True
+    wide_u = torch.zeros(R, U, dtype=torch.bool, device=dev)
+    wide_u[rr, uu] = wide[rr, cc]
+    tail = torch.arange(U, device=dev) >= h
+    lump = torch.where(wide_u, mn, mn * (w / (1 + w))).mul_(tail).sum(-1)
+    lp.fit = LumpedFit(p=p, q=q, K=K, lumped=lp, red_fit=red.fit, lump_bound=lump, head=h, bits=bits)
+    return lp
+
+
+def _tile_lumped(plan: _Lumped, c: int) -> _Lumped:
+    out = _Lumped()
+    out.red = _tile(plan.red, c)
+    for name in ("hidx", "key", "lut", "c", "q64"):
+        setattr(out, name, getattr(plan, name).repeat(c, 1))
+    out.fit = plan.fit
+    return out
+
+
+class LumpedFit:
+    """Diagnostics of the lumped rule (head tokens alone, tail lumped by q/p bin), one entry per
+    row (leading dims ``batch``). Cheap fields: ``units`` (units per row), ``shortfall_bound``
+    ``[...]`` (an upper bound on alpha* - acceptance: the unit fit's own gap plus the lumping
+    bound), ``unit_fit`` (the ``OptimalFit`` of the unit rows), ``iterations``, ``converged``.
+    Exact full-V fields, computed on first access (a sort of V): ``alpha_star``, ``acceptance``
+    (``sum_y min(p, r)``), ``shortfall``, ``r`` ``[..., V]`` (the exact selection law)."""
+
+    def __init__(self, *, p, q, K, lumped, red_fit, lump_bound, head, bits, batch=None):
+        self._p, self._q, self._K, self._lumped = p, q, K, lumped
+        self._batch = tuple(batch) if batch is not None else (p.shape[0],)
+        self.unit_fit = red_fit
+        self.lump_bound = lump_bound.reshape(self._batch)  # [...]
+        self.head, self.bin_bits = head, bits
+        self.units = lumped.c.shape[-1]
+        self.iterations = red_fit.iterations
+        self.converged = red_fit.converged
+        self.levels = red_fit.levels
+
+    @property
+    def shortfall_bound(self) -> torch.Tensor:  # [...] >= alpha* - acceptance
+        gap = (self.unit_fit.alpha_star - self.unit_fit.acceptance).clamp_min(0.0)
+        return gap.reshape(self._batch) + self.lump_bound
+
+    @property
+    def gap_bound(self) -> torch.Tensor:  # [...] the units' alpha* (>= alpha*) - the exact acceptance; one O(V) pass
+        return (self.unit_fit.alpha_star.reshape(self._batch) - self.acceptance).clamp_min(0.0)
+
+    @functools.cached_property
+    def r(self) -> torch.Tensor:  # [..., V]
+        R = self._p.shape[0]
+        return self._lumped.r_tokens(torch.arange(R, device=self._p.device)).reshape(*self._batch, -1)
+
+    @functools.cached_property
+    def alpha_star(self) -> torch.Tensor:  # [...] exact, by the sorted prefix scan over all V
+        from ..limits.dual import _iid
+
+        return _iid(self._p, self._q, self._K)[0].clamp(0.0, 1.0).reshape(self._batch)
+
+    @functools.cached_property
+    def acceptance(self) -> torch.Tensor:  # [...] sum_y min(p, r) of the rule used
+        return torch.minimum(self._p, self.r.reshape(self._p.shape)).sum(-1).reshape(self._batch)
+
+    @property
+    def shortfall(self) -> torch.Tensor:
+        return self.alpha_star - self.acceptance
+
+    # the unit fit's diagnostics, per row (the level race runs on the units)
+    @property
+    def fit_error_max(self) -> torch.Tensor:  # [...] max_u |r_u - q_sel_u| over the units
+        return self.unit_fit.fit_error_max.reshape(self._batch)
+
+    @property
+    def n_layers(self) -> torch.Tensor:
+        return self.unit_fit.n_layers.reshape(self._batch)
+
+    @property
+    def n_fitted(self) -> torch.Tensor:
+        return self.unit_fit.n_fitted.reshape(self._batch)
+
+    @property
+    def largest_layer(self) -> torch.Tensor:  # [...] units in the largest layer
+        return self.unit_fit.largest_layer.reshape(self._batch)
+
+    def rebatch(self, batch) -> "LumpedFit":
+        return LumpedFit(p=self._p, q=self._q, K=self._K, lumped=self._lumped, red_fit=self.unit_fit,
+                         lump_bound=self.lump_bound.reshape(-1), head=self.head, bits=self.bin_bits, batch=batch)
+
+
+def _tile_any(plan, c: int):
+    return _tile_lumped(plan, c) if isinstance(plan, _Lumped) else _tile(plan, c)
 
 
 def _tile(plan: _Plan, c: int) -> _Plan:
@@ -484,12 +664,31 @@ class Optimal(Verifier):
     q_sel. Then accept Z with min(1, p(Z)/r(Z)), else sample norm((p - r)+), r computed
     exactly from the fitted levels: the output law is p whatever the fit; the acceptance is
     alpha* when the fit converges (see ``fit`` and docs/guide/optimal_verifier.md).
+
+    At V > ``exact_below`` the same rule runs on units (the ``head`` tokens of largest p + q
+    alone, the rest lumped by q/p bin, ``2^bin_bits`` bins per octave) and
+    r(y) = q(y) r_u / q_u inside unit u: still exactly lossless (Khisti et al., "Multi-Draft
+    Speculative Sampling: Canonical Decomposition and Theoretical Limits", ICLR 2025,
+    arXiv 2410.18234: any selection rule with its exact selection law), acceptance alpha* - O(w) of the tail's
+    overlap, bounded and reported (``LumpedFit.shortfall_bound``; a warning above
+    ``warn_lump``). ``head=None`` plans every token.
     """
 
     name = "optimal"
     laws = ("iid",)
 
-    def __init__(self, levels: int = DEFAULT_LEVELS, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, warn_shortfall: float = 1e-9):
+    def __init__(self, levels: int = DEFAULT_LEVELS, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, warn_shortfall: float = 1e-9,
+                 head: int | None = DEFAULT_HEAD, bin_bits: int = DEFAULT_BIN_BITS, exact_below: int = DEFAULT_EXACT_BELOW,
+                 warn_lump: float = DEFAULT_WARN_LUMP):
+        if head is not None and (not isinstance(head, int) or head < 1):
+            raise ValueError(f"head must be None (exact rule over all tokens) or an integer >= 1, got {head!r}")
+        if not isinstance(bin_bits, int) or not 0 <= bin_bits <= 20:
+            raise ValueError(f"bin_bits must be an integer in 0..20 (q/p bins per octave 2^bin_bits), got {bin_bits!r}")
+        if not isinstance(exact_below, int) or exact_below < 0:
+            raise ValueError(f"exact_below must be an integer >= 0 (vocabulary sizes planned exactly), got {exact_below!r}")
+        if not (warn_lump >= 0):
+            raise ValueError(f"warn_lump must be >= 0, got {warn_lump!r}")
+        self.head, self.bin_bits, self.exact_below, self.warn_lump = head, bin_bits, exact_below, float(warn_lump)
         if not isinstance(levels, int) or levels < 1:
             raise ValueError(f"levels must be an integer >= 1, got {levels!r}")
         if not isinstance(max_iter, int) or max_iter < 0:
@@ -528,8 +727,17 @@ class Optimal(Verifier):
         if q.shape != p.shape:
             raise ValueError(f"draft_probs has shape {tuple(q.shape)}; expected {tuple(p.shape)} (shared q)")
         batch, V = p.shape[:-1], p.shape[-1]
-        plan = _plan(_norm64(p).reshape(-1, V), _norm64(q).reshape(-1, V), k, self.levels, self.max_iter, self.tol)
+        plan = self._plan_rows(_norm64(p).reshape(-1, V), _norm64(q).reshape(-1, V), k)
         return plan.fit.rebatch(batch)
+
+    def _lumps(self, V: int) -> bool:
+        """Whether rows of V tokens get the lumped rule (head + q/p bins) instead of the exact scan."""
+        return self.head is not None and V > max(self.exact_below, self.head)
+
+    def _plan_rows(self, p64, q64, K):
+        if self._lumps(p64.shape[-1]) and K > 1:
+            return _plan_lumped(p64, q64, K, self.head, self.bin_bits, self.levels, self.max_iter, self.tol)
+        return _plan(p64, q64, K, self.levels, self.max_iter, self.tol)
 
     @staticmethod
     def _distinct(p, q):
@@ -544,7 +752,7 @@ class Optimal(Verifier):
         rep, pu, qu = self._distinct(p, q)
         p64, q64, plan = self._fit_rows(_norm64(pu).reshape(-1, V), _norm64(qu).reshape(-1, V), K, pu.shape[:-1])
         if rep:
-            plan = _tile(plan, p.shape[0])
+            plan = _tile_any(plan, p.shape[0])
             p64 = p64.repeat(p.shape[0], 1)
             q64 = q64.repeat(p.shape[0], 1)
         return p64, q64, plan
@@ -552,14 +760,23 @@ class Optimal(Verifier):
     def _fit_rows(self, p64, q64, K, batch):
         """The plan of normalised rows p64, q64 ``[R, V]``; sets ``last_fit`` (shape ``batch``) and
         warns when the fit stops short of alpha*."""
-        plan = _plan(p64, q64, K, self.levels, self.max_iter, self.tol)
+        plan = self._plan_rows(p64, q64, K)
         self.last_fit = plan.fit.rebatch(batch)  # one entry per distinct row
-        short = float(plan.fit.shortfall.max())
+        fit = plan.fit.unit_fit if isinstance(plan, _Lumped) else plan.fit
+        short = float(fit.shortfall.max())
         if short > self.warn_shortfall:
             warnings.warn(
-                f"optimal verifier: fit stopped {short:.3g} below alpha* (iterations {plan.fit.iterations}, "
+                f"optimal verifier: fit stopped {short:.3g} below alpha* (iterations {fit.iterations}, "
                 f"levels {self.levels}); the output law is still exact", RuntimeWarning, stacklevel=4,
             )
+        if isinstance(plan, _Lumped) and float(plan.fit.shortfall_bound.max()) > self.warn_lump:
+            bound = float(plan.fit.gap_bound.max())  # the O(V) bound, read only when the cheap one is above
+            if bound > self.warn_lump:
+                warnings.warn(
+                    f"optimal verifier: the lumped tail may cost up to {bound:.3g} of acceptance below alpha* "
+                    f"(head {self.head}, bin_bits {self.bin_bits}; head=None plans every token); the output law "
+                    f"is still exact", RuntimeWarning, stacklevel=4,
+                )
         return p64, q64, plan
 
     # prepared rows (Verifier.prepare): the fit once, tiled over the tuples ---------------
@@ -570,10 +787,14 @@ class Optimal(Verifier):
     def _output_prepared(self, state, p, q, drafts, law):
         p64, _, plan = state
         c = drafts.shape[0] // p64.shape[0]
-        return self._output_from_plan(p64.repeat(c, 1), _tile(plan, c), drafts)
+        return self._output_from_plan(p64.repeat(c, 1), _tile_any(plan, c), drafts)
 
     @staticmethod
     def _draft_info(plan, drafts):
+        if isinstance(plan, _Lumped):  # the unit race; r of the drafted token = q(y) r_u / q_u
+            u = plan.units(drafts)
+            pos, lid, lo, f, _ = Optimal._draft_info(plan.red, u)
+            return pos, lid, lo, f, plan.q64.gather(-1, drafts) * plan.c.gather(-1, u)
         pos = plan.rank.gather(-1, drafts)  # [R, K]
         return pos, plan.layer_id(pos), plan.lo.gather(-1, pos), plan.frac.gather(-1, pos), plan.r_sorted.gather(-1, pos)
 
@@ -638,6 +859,9 @@ class Optimal(Verifier):
 
     @staticmethod
     def _residual_rows(p64, plan, rows):
+        if isinstance(plan, _Lumped):
+            pr = p64[rows]
+            return residual_or((pr - plan.r_tokens(rows)).clamp_min(0.0), pr)
         r_tok = torch.empty(rows.numel(), p64.shape[-1], dtype=torch.float64, device=p64.device)
         r_tok.scatter_(-1, plan.order[rows], plan.r_sorted[rows])
         pr = p64[rows]
