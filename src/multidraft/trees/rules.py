@@ -10,6 +10,7 @@ enumeration at small V).
     rule.verify(tree, generator) -> TreeVerdict(path, token)
     rule.output_distribution(tree) -> {Y: probability}   # exact law of Y given this tree
     rule.supports(tree_law) -> bool
+    rule.expected_tokens(tree) -> float                   # exact E|Y| given this tree
 
 ``path`` is the accepted node ids from the root's first child down (``DraftTree.path_to`` of
 the last accepted node; empty when nothing was accepted) and ``token`` the token emitted
@@ -22,7 +23,7 @@ from typing import Callable, NamedTuple
 
 from .tree import DraftTree
 
-__all__ = ["TreeVerdict", "TreeRule", "register", "get", "names"]
+__all__ = ["TreeVerdict", "TreeRule", "register", "get", "names", "has_fast_expected_tokens"]
 
 
 class TreeVerdict(NamedTuple):
@@ -51,8 +52,22 @@ class TreeRule:
         """Exact law of the emitted sequence Y given this tree: ``{tuple of tokens: float}``."""
         raise NotImplementedError
 
+    def expected_tokens(self, tree: DraftTree) -> float:
+        """Exact expected length E|Y| of the emitted sequence given this filled tree (accepted
+        drafts plus the one final token): the tokens per target call on this tree.
+
+        The default sums over ``output_distribution`` (small V only: it lists every Y); rules
+        override it with a form that costs O(nodes x V) at V = 151,936 where they can
+        (``has_fast_expected_tokens`` tells which)."""
+        return sum(len(Y) * w for Y, w in self.output_distribution(tree).items())
+
     def __repr__(self) -> str:
         return f"<tree rule {self.name!r}>"
+
+
+def has_fast_expected_tokens(rule: TreeRule) -> bool:
+    """Whether ``rule.expected_tokens`` is a closed form (not the base class's enumeration)."""
+    return type(rule).expected_tokens is not TreeRule.expected_tokens
 
 
 _REGISTRY: dict[str, Callable[..., TreeRule]] = {}
