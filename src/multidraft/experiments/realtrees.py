@@ -370,7 +370,7 @@ def main(argv=None) -> int:
     r.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     r.add_argument("--max-trees", type=int, default=None, help="stop after this many new trees")
     r.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (resumable)")
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on a shared machine)")
     r.add_argument("--out", required=True, help="JSONL file (created, or resumed)")
     p = sub.add_parser("report", help="markdown tables from JSONL files only")
     p.add_argument("files", nargs="+")
@@ -386,8 +386,8 @@ def main(argv=None) -> int:
     from .. import models
 
     target, draft, tok = load_pair("transformers", n_threads=a.threads)
-    names = {"target": getattr(models, "DEFAULT_TARGET", None), "draft": getattr(models, "DEFAULT_DRAFT", None),
-             "dtype": str(next(target.parameters()).dtype)}
+    names = {"target": getattr(models.DEFAULT_TARGET, "name", None), "draft": getattr(models.DEFAULT_DRAFT, "name", None),
+             "dtype": str(next(target.parameters()).dtype), "engine": "transformers"}
     print(f"seed {a.seed}; continuations sampled at T = 1 from the target", file=sys.stderr)
     deadline = time.time() + 60 * a.minutes if a.minutes else None
     got = run(target, draft, tok, dataset=a.dataset, n=a.n, out=a.out, seed=a.seed, prompt_seed=a.prompt_seed,
