@@ -142,3 +142,29 @@ def test_paired_standard_errors():
     sd = (sum((x - 0.2) ** 2 for x in d) / 5) ** 0.5
     assert abs(se - sd / 6 ** 0.5) < 1e-12
     assert abs(sc) < 1e-12  # every prompt's differences sum to the mean: no between-prompt spread
+
+
+def test_report_has_per_category_rows(tmp_path):
+    from multidraft.experiments.records import JsonlWriter
+
+    out = tmp_path / "mt.jsonl"
+    with JsonlWriter(out, {"dataset": "mtbench"}, 0) as w:
+        for i in range(6):
+            cat = "math" if i < 3 else "writing"
+            w.write(kind="tree", dataset="mtbench", prompt=f"mtbench/{i}", category=cat, position=0, shape="seq2",
+                    budget=4, tokens={"walk:specinfer": 1.5 + 0.01 * i, "walk:optimal": 1.6, "traversal": 1.7})
+    text = realtrees.report([out])
+    assert "### mtbench, seq2, budget 4: 6 trees, 6 prompts" in text
+    assert "### mtbench/math, seq2, budget 4: 3 trees" in text and "### mtbench/writing, seq2, budget 4: 3 trees" in text
+    assert "| mtbench | seq2 | 4 | 6 | 6 | walk:optimal | traversal | +0.1000 |" in text
+
+
+def test_mtbench_categories():
+    from multidraft import datasets
+
+    try:
+        cats = datasets.mtbench_categories()
+    except (FileNotFoundError, ModuleNotFoundError, ImportError):
+        pytest.skip("MT-bench data not installed")
+    ids = [i for i, _ in datasets.load_prompts("mtbench", 80)]
+    assert set(ids) <= set(cats) and len(set(cats.values())) == 8
