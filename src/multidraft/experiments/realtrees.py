@@ -303,7 +303,10 @@ def _group_table(rows: list[dict]) -> tuple[list[str], dict]:
     names = [x for x in names if all(x in r["tokens"] for r in rows)]
     mean = {x: sum(r["tokens"][x] for r in rows) / len(rows) for x in names}
     walks = [x for x in names if x.startswith("walk:")]
-    best = max(walks, key=lambda x: mean[x]) if walks else None
+    # the walk of highest mean; near-ties (1e-12: e.g. on chains every walk is naive's) go to WALKS order
+    rank = {f"walk:{v}": i for i, v in enumerate(WALKS)}
+    top = max((mean[x] for x in walks), default=None)
+    best = min((x for x in walks if mean[x] >= top - 1e-12), key=lambda x: rank.get(x, len(rank))) if walks else None
     out = ["| rule | tokens/call | diff to best walk | SE (trees) | SE (prompts) | diff % |", "|---|---|---|---|---|---|"]
     summary = {"best_walk": best, "mean": mean, "diff": {}}
     for x in names:
