@@ -193,6 +193,9 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
         for pid, prompt in prompts:
             ids = datasets.prompt_ids(tokenizer, dataset, prompt)  # [1, T]
             T = int(ids.shape[1])
+            if (max_trees is not None and made >= max_trees) or (deadline is not None and time.time() >= deadline):
+                stopped = "limit"
+                break
             if pid not in conts:
                 cseed = derived_seed(seed, f"{dataset}|{pid}|continuation")
                 res = generate(target, None, ids, verifier=None, temperature=1.0, max_new_tokens=cont_tokens,
