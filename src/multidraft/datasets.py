@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode_prompt", "humaneval_path", "check_dataset",
-           "instruction_for", "prompt_ids", "CHAT_DATASETS"]
+           "instruction_for", "prompt_ids", "CHAT_DATASETS", "mtbench_categories"]
 
 DATASETS = ("humaneval", "kjv", "mtbench")
 INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
@@ -126,6 +126,17 @@ def _mtbench_questions() -> list[tuple[str, str]]:
         if "question_id" not in q or not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
             raise ValueError(f"{path}: record {i} is not an MT-bench question (question_id and non-empty turns)")
         out.append((f"mtbench/{q['question_id']}", turns[0]))
+    return out
+
+
+def mtbench_categories() -> dict[str, str]:
+    """``{id: category}`` of every MT-bench question (ids as in ``load_prompts('mtbench', ...)``)."""
+    path = _mtbench_file("question.jsonl")
+    out = {}
+    for i, q in enumerate(_jsonl(path), 1):
+        if "question_id" not in q or not isinstance(q.get("category"), str):
+            raise ValueError(f"{path}: record {i} is not an MT-bench question (question_id and category)")
+        out[f"mtbench/{q['question_id']}"] = q["category"]
     return out
 
 

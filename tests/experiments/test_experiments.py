@@ -529,17 +529,19 @@ def test_default_study_stores_tails_at_most_1e_4():
 
     assert inspect.signature(acceptance.run_experiment).parameters["eps"].default == 1e-4
     assert "default=1e-4" in inspect.getsource(cli_exp).replace(" ", "")
-    # with the default eps the stored tails are <= 1e-4 wherever the needed support fits the cap (peaked rows, like
-    # an LM's); a row that needs more than store._MAX_SUPPORT tokens exceeds eps, which the rows' p/q_tail_max and
-    # the report's "tail <= X" line then show (never hidden)
+    # with the default eps every stored tail is <= 1e-4: no fixed support cap (the old 16,384-token cap left up to
+    # 0.025 of p outside on KJV); a flat row keeps as many tokens as eps needs, recorded per position
     g = torch.Generator().manual_seed(0)
     lp = torch.randn(2, 50_000, generator=g, dtype=torch.float64) * 6.0
     P, Q = torch.softmax(lp, -1), torch.softmax(lp + 0.3 * torch.randn(2, 50_000, generator=g, dtype=torch.float64), -1)
     for ids, _, _, pt, qt in store.truncate(P, Q, eps=1e-4, k_max=8):
-        assert pt <= 1e-4 and qt <= 1e-4 and ids.numel() < store._MAX_SUPPORT
+        assert pt <= 1e-4 and qt <= 1e-4 and ids.numel() < 16_384
     flat = torch.full((1, 50_000), 1 / 50_000, dtype=torch.float64)
-    (_, _, _, pt, qt), = store.truncate(flat, flat, eps=1e-4, k_max=8)
-    assert pt > 1e-4 and qt > 1e-4
+    (ids, _, _, pt, qt), = store.truncate(flat, flat, eps=1e-4, k_max=8)
+    assert pt <= 1e-4 and qt <= 1e-4 and ids.numel() > 16_384
+    # an explicit cap still caps, and the tail kept is then what is returned
+    (ids, _, _, pt, qt), = store.truncate(flat, flat, eps=1e-4, k_max=8, max_support=16_384)
+    assert ids.numel() == 16_384 and abs(pt - (1 - 16_384 / 50_000)) < 1e-9
 
 
 # reading per-position acceptances back for the tree chooser --------------------------------------

@@ -154,8 +154,7 @@ def _reference_supports(p, q, eps, k_max, offset):
         ok = (qtail <= eps) & ((qtail < kth) | (qtail == 0)) & (torch.arange(V + 1) >= k_max)
         ok[V] = True
         mq = int(ok.nonzero()[0])
-        cap = store._MAX_SUPPORT  # the support cap of truncate (the tail kept is then recorded)
-        out.append(torch.unique(torch.cat([pi[: min(mp, cap)], qi[: min(mq, cap)]])))
+        out.append(torch.unique(torch.cat([pi[:mp], qi[:mq]])))  # no support cap: as long as eps needs
     return out
 
 

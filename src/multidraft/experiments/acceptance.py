@@ -299,8 +299,8 @@ def evaluate(
     elif ps.qs is not None:
         # the shared-q laws need the p and q prefixes only: the tokens that only the draft at
         # the other temperatures needed go to the tail, as in a store collected without them
-        # (each tail stays <= eps, or the stored tail where the support cap bit)
-        ps = store.relump(store.without_qs(ps), eps=eps, k_max=max(ks), max_support=store._MAX_SUPPORT)
+        # (each tail stays <= eps, or the stored tail of a store collected under the old fixed cap)
+        ps = store.relump(store.without_qs(ps), eps=eps, k_max=max(ks), max_support=None)
     P, Q = store.lumped(ps)
     nnz = (Q > 0).sum(-1)
     ind_t = info.get("independent_temperatures") or []
@@ -558,8 +558,8 @@ def run_experiment(
                     f"max q(T) = {float(ps.q_tail.max()):.3g}  =>  0 <= alpha*_stored - alpha* <= "
                     f"{float(ps.p_tail.max()):.3g} (iid, greedy)")
                 if max(float(ps.p_tail.max()), float(ps.q_tail.max())) > c.eps * (1 + 1e-9):
-                    log(f"WARNING: {s.name}: stored tails exceed eps = {c.eps:g} (support capped at {store._MAX_SUPPORT} tokens); "
-                        "the report states the tails in force")
+                    log(f"WARNING: {s.name}: stored tails exceed eps = {c.eps:g} (a store collected under the old fixed "
+                        "support cap of 16,384 tokens, or with a larger eps); the report states the tails in force")
                 written += evaluate(ps, w, done=done, laws=c.laws, ks=c.ks, verifiers=c.verifiers, draws=c.draws, seed=seed,
                                     eval_support=c.eval_support, mapper=mapper, log=log, progress=progress)
         _, rows = read_jsonl(path)

@@ -10,8 +10,12 @@ A full distribution of the default pair is V = 151,936 floats. A position is sto
   never outranks them; ``S`` is kept sorted by token id, so ties break as in the full vocab.
 * On disk: ragged ``ids`` (int32), ``p`` and ``q`` (float32) over ``S`` with row offsets,
   and the tails ``p_tail``, ``q_tail`` (float64). Memory and disk per position are
-  ``O(|S|)``, and ``|S|`` is capped by ``max_support`` (then ``eps`` is exceeded and the tail
-  actually kept is recorded and used in the bounds).
+  ``O(|S|)``. There is no fixed support cap: ``|S|`` is chosen per position, as large as
+  ``eps`` needs (a flat KJV row may need most of the vocabulary), so every stored tail is
+  ``<= eps``; the support size and both tails are recorded per position. (Until 2026-12 a
+  fixed cap of 16,384 tokens applied, which left up to 0.025 of p outside on KJV.) An
+  explicit ``max_support`` (``relump``, ``--eval-support``) still caps it; then the tail
+  actually kept is recorded and used in the bounds.
 
 Bounds (proved in ``docs/results/paper/README.md``, section "What is stored, and the truncation bound"):
 ``0 <= alpha*_lumped - alpha* <= p(T)`` for the iid, greedy and independent laws, and
@@ -28,7 +32,6 @@ from pathlib import Path
 import torch
 
 FORMAT = "multidraft-positions/1"
-_MAX_SUPPORT = 16384
 
 __all__ = ["FORMAT", "PositionSet", "truncate", "lumped", "lumped_qs", "without_qs", "relump", "alpha_bounds", "save", "load",
            "check"]
@@ -155,7 +158,7 @@ def _q_prefix(q: torch.Tensor, eps: float, k_max: int, q_offset: torch.Tensor | 
     return out_i, mq
 
 
-def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int = _MAX_SUPPORT,
+def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_support: int | None = None,
              p_offset: torch.Tensor | None = None, q_offset: torch.Tensor | None = None, qs: torch.Tensor | None = None):
     """Supports and lumped values for full distributions.
 
@@ -165,6 +168,9 @@ def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_su
     tails ``1 - sum(p_S)`` include the offsets. With ``qs`` ``[R, J, V]`` (more draft
     distributions, normalised), ``S`` also holds each one's smallest prefix with tail <= eps
     and every tuple gets two more entries, ``qs_S float64 [J, m]`` and ``qs_tail float64 [J]``.
+    ``max_support``: None (default) keeps each prefix as long as ``eps`` needs (every tail
+    ``<= eps``); an integer caps each model's prefix at that many tokens (the tail kept is then
+    what is returned, possibly above ``eps``).
     """
     if p.shape != q.shape or p.ndim != 2:
         raise ValueError(f"target and draft probabilities must both be [R, V], got {tuple(p.shape)} and {tuple(q.shape)}")
@@ -183,10 +189,11 @@ def truncate(p: torch.Tensor, q: torch.Tensor, *, eps: float, k_max: int, max_su
         for j in range(qs.shape[1]):  # J is a handful of draft temperatures
             ij, sj, low, _ = _top_candidates(qs[:, j], eps, 1)
             extra.append((ij, _prefix_len(sj, eps, low)))
+    cap = V if max_support is None else int(max_support)
     out = []
     for r in range(R):  # R is the number of sampled positions in one text (small)
-        a, b = int(min(int(mp[r]), max_support)), int(min(int(mq[r]), max_support))
-        parts = [pi[r, :a], qi[r, :b]] + [ij[r, : int(min(int(mj[r]), max_support))] for ij, mj in extra]
+        a, b = int(min(int(mp[r]), cap)), int(min(int(mq[r]), cap))
+        parts = [pi[r, :a], qi[r, :b]] + [ij[r, : int(min(int(mj[r]), cap))] for ij, mj in extra]
         ids = torch.unique(torch.cat(parts))  # sorted by id
         pS, qS = p[r, ids], q[r, ids]
         p_tail = float((1.0 - pS.sum()).clamp_min(0.0))
@@ -227,7 +234,7 @@ def without_qs(ps: PositionSet) -> PositionSet:
                        info=dict(ps.info))
 
 
-def relump(ps: PositionSet, *, eps: float, k_max: int, max_support: int) -> PositionSet:
+def relump(ps: PositionSet, *, eps: float, k_max: int, max_support: int | None = None) -> PositionSet:
     """A coarser lumping of a stored set: the old "other" token and everything dropped now
     form the new tail (a lumping of a lumping is a lumping, so the bounds hold with the new
     tails). Used to bound evaluation cost; the tails in force are reported."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from .certify import TreeCertificate, certify_tree, emitted_law
 from .laws import MAX_TREES, TreeLaw, chain, dynamic, explicit, kary, sequences
-from .rules import TreeRule, TreeVerdict, get, names, register
+from .rules import TreeRule, TreeVerdict, get, has_fast_expected_tokens, names, register
 from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES, MAX_TREE_NODES, TreeShape, allocate, coverage, full_tree,
                      parse_tree, tree_nodes)
 from .tables import STYLES, TableModel
@@ -54,7 +54,7 @@ __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
     "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
     "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
-    "TreeRule", "TreeVerdict", "register", "get", "names", "TokenWalk", "node_ks",
+    "TreeRule", "TreeVerdict", "register", "get", "names", "has_fast_expected_tokens", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",
     "GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law", "SpecTrGBV", "kseq_selection_law", "UniVer",

@@ -145,6 +145,18 @@ class BlockVerification(TreeRule):
                 law[tuple(xs[:i]) + (y,)] = w * float(row[y])
         return law
 
+    def expected_tokens(self, tree: DraftTree) -> float:
+        """Exact E|Y| in O(L x V): ``1 + sum_(i=1..L) P(tau >= i)`` with
+        ``P(tau >= i) = 1 - prod_(j=i..L) (1 - h_j)`` (tau is the largest i with eta_i <= h_i)."""
+        _, xs, ps, qs = self._chain(tree)
+        L = len(xs)
+        _, h, _ = chain_weights(ps, qs, xs)
+        total, none_after = 1.0, 1.0  # none_after: P(no j >= i keeps), from the leaf back
+        for i in range(L, 0, -1):
+            none_after *= 1.0 - h[i]
+            total += 1.0 - none_after
+        return total
+
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         ids, xs, ps, qs = self._chain(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")

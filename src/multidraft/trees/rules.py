@@ -10,7 +10,7 @@ enumeration at small V).
     rule.verify(tree, generator) -> TreeVerdict(path, token)
     rule.output_distribution(tree) -> {Y: probability}   # exact law of Y given this tree
     rule.supports(tree_law) -> bool
-    rule.expected_tokens(tree) -> float                  # exact E|Y| given this tree
+    rule.expected_tokens(tree) -> float                   # exact E|Y| given this tree
 
 ``path`` is the accepted node ids from the root's first child down (``DraftTree.path_to`` of
 the last accepted node; empty when nothing was accepted) and ``token`` the token emitted
@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 
 from .tree import DraftTree
 
-__all__ = ["TreeVerdict", "TreeRule", "register", "get", "names"]
+__all__ = ["TreeVerdict", "TreeRule", "register", "get", "names", "has_fast_expected_tokens"]
 
 
 class TreeVerdict(NamedTuple):
@@ -53,13 +53,21 @@ class TreeRule:
         raise NotImplementedError
 
     def expected_tokens(self, tree: DraftTree) -> float:
-        """Exact ``E|Y|`` given this filled tree (p and q rows at every node). This default sums
-        ``output_distribution`` (small V only); rules override it with an O(nodes x V) form where
-        they can."""
-        return float(sum(len(y) * w for y, w in self.output_distribution(tree).items()))
+        """Exact expected length E|Y| of the emitted sequence given this filled tree (accepted
+        drafts plus the one final token): the tokens per target call on this tree.
+
+        The default sums over ``output_distribution`` (small V only: it lists every Y); rules
+        override it with a form that costs O(nodes x V) at V = 151,936 where they can
+        (``has_fast_expected_tokens`` tells which)."""
+        return float(sum(len(Y) * w for Y, w in self.output_distribution(tree).items()))
 
     def __repr__(self) -> str:
         return f"<tree rule {self.name!r}>"
+
+
+def has_fast_expected_tokens(rule: TreeRule) -> bool:
+    """Whether ``rule.expected_tokens`` is a closed form (not the base class's enumeration)."""
+    return type(rule).expected_tokens is not TreeRule.expected_tokens
 
 
 _REGISTRY: dict[str, Callable[..., TreeRule]] = {}

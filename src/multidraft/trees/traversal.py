@@ -200,6 +200,32 @@ class TraversalVerification(TreeRule):
         run(root, (), 1.0, tree.p(0).double(), 1.0)
         return law
 
+    def expected_tokens(self, tree: DraftTree) -> float:
+        """Exact E|Y| in O(nodes x V). The traversal's states (a, P) do not depend on the
+        randomness (only on which subtrees were refused, in a fixed order), so the recursion of
+        ``output_distribution`` is followed once; a node kept with probability ``w x keep``
+        emits ``depth + 1`` tokens (its path and one token from its row, whatever that token)."""
+        root = self._structure(tree)
+        total = 0.0
+
+        def run(s: _Slot, depth: int, a: float, P: torch.Tensor, w: float) -> float:
+            nonlocal total
+            nd = tree.nodes[s.node]
+            for kid in s.kids:
+                if w <= 0:
+                    return 0.0
+                t = tree.nodes[kid.node].token
+                ac = min(a * float(P[t]) / float(nd.q[t]), 1.0)
+                w = run(kid, depth + 1, ac, tree.p(kid.node).double(), w)
+                a, P = self._refused(a, P, nd.q.double(), t)
+            keep = 1.0 if depth == 0 else a
+            if w > 0 and keep > 0:
+                total += w * keep * (depth + 1)
+            return w * (1.0 - keep)
+
+        run(root, 0, 1.0, tree.p(0).double(), 1.0)
+        return total
+
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         root = self._structure(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")

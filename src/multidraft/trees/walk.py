@@ -161,5 +161,25 @@ class TokenWalk(TreeRule):
         walk(0, (), 1.0)
         return law
 
+    def expected_tokens(self, tree: DraftTree) -> float:
+        """Exact E|Y| in O(nodes x V): ``1 + sum over non-root nodes c of P(the walk enters c)``,
+        with ``P(enter c) = P(enter parent u) x out_u(token of c)``, ``out_u`` ``[V]`` the exact law of
+        the verifier's output at u (``verifier_for(k)``: the main verifier or its naive / nss
+        fallback) and c the first child holding that token (``Node.child``). The final token
+        (recovered, or the bonus sampled from p at a leaf) is the 1."""
+        self._check_tree(tree)
+        reach = {0: 1.0}
+        total = 1.0
+        for i, nd in enumerate(tree.nodes):  # a parent is created before its children
+            w = reach.get(i, 0.0)
+            if not nd.drafts or w <= 0.0:
+                continue
+            out = self._node_law(tree.p(i), nd.q, nd.drafts)  # [V] float64
+            for t, c in nd.child.items():
+                rc = w * float(out[t])
+                reach[c] = rc
+                total += rc
+        return total
+
 
 register("token_walk", TokenWalk)

@@ -1,0 +1,408 @@
+r"""Every tree rule's exact tokens per call on the decoder's own draft trees, paired (issue 26, item 6).
+
+What is measured. For each prompt of a data set the target's own continuation is sampled at
+temperature 1 (``generate`` with the target alone, seed ``derived_seed(seed, "<dataset>|<id>|continuation")``).
+At positions ``j = 0, stride, 2 stride, ...`` of it the decoder's state is recreated (committed
+text = prompt + continuation[:j], root = its last token) and, for every shape and node budget,
+the draft tree is built by the decoder's own code (``engine._Decoder._draft_tree``, the
+decoder's ``Settings``, seed ``derived_seed(seed, "<dataset>|<id>|<j>|<shape>|<budget>")``) and
+scored by one target pass (``engine.score_tree``): the tree is exactly the one ``generate``
+would build and verify at that step. Every registered rule then gives its exact expected
+tokens per call ON THAT TREE, ``rule.expected_tokens(tree)`` (E|Y| given the tree, from the p
+and q rows at every node), so rules are compared tree by tree.
+
+Shapes at node budget N (drafted nodes, root excluded; duplicate drafts merge, so a trie may
+have fewer): ``chain`` (one sequence of length N), ``seq2`` / ``seq4`` (K = 2 / 4 i.i.d.
+sequences of length N / K merged into a trie), ``kary2`` (the binary tree cut to its first N
+nodes in breadth-first order: an explicit shape, i.i.d. drafts at every node). All trees are
+drafted i.i.d. at temperature 1, no top-k / top-p.
+
+Rows. p rows are the target's softmax of the scored logits in float64 over the whole
+vocabulary; q rows are the decoder's own float32 draft rows (the ones the drafts were drawn
+from), renormalised in float64. Nothing is truncated (``support: "full"``, V = 151,936 for
+the default pair), so no truncation bound is needed.
+
+Rules. Token walks ``walk:<v>`` for v in ``WALKS`` (specinfer, spectr, khisti_is, optimal);
+then every other name of ``trees.names()`` built with no options (block on chains,
+traversal, and any rule registered later). A rule that does not support the shape's law is
+left out; one whose ``expected_tokens`` is only the enumeration default (no closed form at
+full V, e.g. ``tree_lp``) is skipped with the reason recorded in the row's ``skipped``.
+
+Files. One JSONL per data set (``records.JsonlWriter``: meta row with config, seed and
+versions; every row carries the code version). Rows ``kind: "continuation"`` (the sampled
+tokens, reused on resume) and ``kind: "tree"`` keyed by (prompt, position, shape, budget):
+a rerun with the same config skips every tree already written (resumable; trees have their
+own seeds, so a resumed run writes the same rows as an uninterrupted one).
+
+    python -m multidraft.experiments.realtrees run --dataset humaneval -n 164 \
+        --out docs/results/real_trees/humaneval.jsonl
+    python -m multidraft.experiments.realtrees report docs/results/real_trees/*.jsonl \
+        --markdown docs/results/real_trees/README_table.md
+
+``report`` reads the JSONL files only: per (data set, shape, budget), and per MT-bench
+category, the mean tokens per call of every rule and its mean difference to the best token
+walk (the walk of highest mean in that group) with the standard error over trees and the
+standard error clustered by prompt (trees of one continuation are not independent).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .. import trees
+from ..sampling import process_logits
+from ..trees import rules as _rules
+from .records import JsonlWriter, derived_seed, read_jsonl
+
+__all__ = ["SHAPES", "BUDGETS", "WALKS", "shape_settings", "bfs_tree", "tree_rules", "build_tree", "evaluate_tree",
+           "run", "report", "main"]
+
+SHAPES = ("chain", "seq2", "seq4", "kary2")
+BUDGETS = (4, 8, 12)
+WALKS = ("specinfer", "spectr", "khisti_is", "optimal")
+KEY = ("kind", "prompt", "position", "shape", "budget")
+
+
+def bfs_tree(k: int, n: int) -> list[list[int]]:
+    """The first n nodes of the full k-ary tree in breadth-first order, as child-index paths."""
+    out, level = [], [()]
+    while len(out) < n:
+        level = [p + (c,) for p in level for c in range(k)]
+        out.extend(level[: n - len(out)])
+    return [list(p) for p in out]
+
+
+def shape_settings(shape: str, budget: int):
+    """The decoder's ``Settings`` that draft ``shape`` at node budget ``budget`` (temperature 1)."""
+    from ..decoding.settings import Settings
+
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be a positive integer (drafted nodes), got {budget!r}")
+    if shape == "chain":
+        return Settings.from_args(verifier="specinfer", k=1, depth=budget)
+    if shape in ("seq2", "seq4"):
+        K = int(shape[3:])
+        if budget % K:
+            raise ValueError(f"budget: {shape} needs a multiple of {K} nodes, got {budget}")
+        return Settings.from_args(verifier="specinfer", k=K, depth=budget // K, tree="sequences")
+    return Settings.from_args(verifier="specinfer", tree=bfs_tree(2, budget))
+
+
+def tree_law(settings) -> "trees.TreeLaw":
+    return trees.TreeLaw(settings.shape, settings.law, repr(settings.shape))
+
+
+def tree_rules(law) -> tuple[list, dict]:
+    """``([(name, rule)], {name: reason skipped})`` for a tree law (see the module notes)."""
+    todo, skipped = [], {}
+    for v in WALKS:
+        w = trees.TokenWalk(v, law.kind)
+        if w.supports(law):
+            todo.append((f"walk:{v}", w))
+    for name in trees.names():
+        if name == "token_walk":
+            continue
+        try:
+            rule = trees.get(name)
+        except (TypeError, ValueError) as exc:
+            skipped[name] = f"cannot be built without options: {exc}"
+            continue
+        try:
+            ok = rule.supports(law)
+        except Exception as exc:  # a rule under construction elsewhere: recorded, not fatal
+            skipped[name] = f"supports() failed: {type(exc).__name__}: {exc}"
+            continue
+        if not ok:
+            continue
+        if not _rules.has_fast_expected_tokens(rule):
+            skipped[name] = "no closed form of expected_tokens at full V (only the enumeration default); not run"
+            continue
+        todo.append((name, rule))
+    return todo, skipped
+
+
+def build_tree(dec, settings, root: int, generator: torch.Generator):
+    """Draft and score one tree with the decoder ``dec`` (an ``engine._Decoder`` whose runners hold
+    the committed prefix) exactly as ``generate`` does at a step; the runners are left as they
+    were. Returns the filled ``DraftTree`` (float64 p rows over the vocabulary, q rows renormalised)."""
+    from ..decoding.engine import score_tree
+    from ..trees import DraftTree
+
+    dec.settings, dec.g, dec.pending = settings, generator, []
+    tree = DraftTree(settings.shape, root, settings.shape.depth, max(1, len(settings.draft_temps)), settings.law)
+    dec._draft_tree(tree)
+    logits = score_tree(dec.t, tree)  # [N, V]
+    dec.t.commit([])
+    dec.d.commit([])
+    p = process_logits(logits.float(), settings.temperature, settings.top_k, settings.top_p, dtype=torch.float64)  # [N, V]
+    for i, nd in enumerate(tree.nodes):
+        nd.p = p[i]
+        if nd.q is not None:
+            q = nd.q.double()
+            nd.q = q / q.sum()
+    return tree
+
+
+def evaluate_tree(tree, rules: list) -> dict:
+    """``{name: exact expected tokens per call}`` of every rule on one filled tree."""
+    return {name: float(rule.expected_tokens(tree)) for name, rule in rules}
+
+
+def _advance(dec, full: list[int], cur: int, to: int) -> None:
+    """Commit ``full[cur:to]`` in both runners (a plain causal chain)."""
+    if to <= cur:
+        return
+    chunk = full[cur:to]
+    for r in (dec.t, dec.d):
+        r.extend(chunk, list(range(-1, len(chunk) - 1)))
+        r.commit(list(range(len(chunk))))
+
+
+def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, prompt_seed: int | None = None,
+        cont_tokens: int = 128, stride: int = 8, shapes=SHAPES, budgets=BUDGETS, max_trees: int | None = None,
+        deadline: float | None = None, log=None, model_names: dict | None = None) -> dict:
+    """Write the rows of ``dataset`` (see the module notes) to ``out``; returns counts and timings.
+    Stops cleanly after ``max_trees`` new trees or at ``deadline`` (time.time()), whichever first."""
+    from .. import datasets
+    from ..decoding import generate
+    from ..decoding.engine import _Decoder
+
+    shapes, budgets = tuple(shapes), tuple(int(b) for b in budgets)
+    settings = {(s, b): shape_settings(s, b) for s in shapes for b in budgets}
+    if cont_tokens < 1 or stride < 1:
+        raise ValueError(f"cont_tokens and stride must be >= 1, got {cont_tokens}, {stride}")
+    config = dict(dataset=dataset, n=n, prompt_seed=prompt_seed, cont_tokens=cont_tokens, stride=stride,
+                  shapes=list(shapes), budgets=list(budgets), temperature=1.0, models=model_names or {})
+    prompts = datasets.load_prompts(dataset, n, seed=prompt_seed)
+    cats = datasets.mtbench_categories() if dataset == "mtbench" else {}
+    laws = {sb: tree_law(st) for sb, st in settings.items()}
+    rulesets = {sb: tree_rules(law) for sb, law in laws.items()}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    made, t_start, secs_trees = 0, time.time(), 0.0
+    stopped = "done"
+    with JsonlWriter(out, config, seed, keyed=("n", "shapes", "budgets")) as w:
+        done = w.done(KEY)
+        conts = {r["prompt"]: r["tokens"] for r in w.rows if r.get("kind") == "continuation"}
+        for pid, prompt in prompts:
+            ids = datasets.prompt_ids(tokenizer, dataset, prompt)  # [1, T]
+            T = int(ids.shape[1])
+            if (max_trees is not None and made >= max_trees) or (deadline is not None and time.time() >= deadline):
+                stopped = "limit"
+                break
+            if pid not in conts:
+                cseed = derived_seed(seed, f"{dataset}|{pid}|continuation")
+                res = generate(target, None, ids, verifier=None, temperature=1.0, max_new_tokens=cont_tokens,
+                               generator=cseed, eos_token_id=eos)
+                conts[pid] = res.tokens.tolist()
+                w.write(kind="continuation", dataset=dataset, prompt=pid, category=cats.get(pid), seed=cseed,
+                        prompt_tokens=T, tokens=conts[pid])
+            cont = conts[pid]
+            full = ids[0].tolist() + cont
+            todo = [(j, s, b) for j in range(0, len(cont), stride) for s in shapes for b in budgets
+                    if not row_done(done, pid, j, s, b)]
+            if not todo:
+                continue
+            # one decoder per prompt: prefill the prompt, then advance position by position in the
+            # same chunks whether or not a position's trees are already written (so a resumed run
+            # computes every row from the same caches as an uninterrupted one)
+            with torch.inference_mode():
+                dec = _Decoder(target, draft, settings[todo[0][1:]], torch.Generator(), None)
+                dec.t.prefill(torch.tensor([full[:T - 1]]))
+                dec.d.prefill(torch.tensor([full[:T - 1]]))
+            cur = T - 1
+            for j, s, b in todo:
+                if (max_trees is not None and made >= max_trees) or (deadline is not None and time.time() >= deadline):
+                    stopped = "limit"
+                    break
+                r = T - 1 + j  # root index: committed text full[:r], root full[r]
+                t0 = time.perf_counter()
+                tseed = derived_seed(seed, f"{dataset}|{pid}|{j}|{s}|{b}")
+                with torch.inference_mode():
+                    while cur < r:  # the positions' chunks, stride tokens at a time
+                        _advance(dec, full, cur, min(r, cur + stride))
+                        cur = min(r, cur + stride)
+                    tree = build_tree(dec, settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
+                t1 = time.perf_counter()
+                rules, skipped = rulesets[(s, b)]
+                tokens = evaluate_tree(tree, rules)
+                t2 = time.perf_counter()
+                w.write(kind="tree", dataset=dataset, prompt=pid, category=cats.get(pid), position=j, root_index=r,
+                        shape=s, budget=b, law=laws[(s, b)].kind, nodes=len(tree) - 1,
+                        depth=max(nd.depth for nd in tree.nodes), seed=tseed, support="full",
+                        V=int(tree.nodes[0].p.shape[0]), tokens=tokens, skipped=skipped,
+                        model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
+                made += 1
+                secs_trees += t2 - t0
+                if log is not None and made % 12 == 0:
+                    el = time.time() - t_start
+                    log(f"{dataset}: {made} trees in {el:.0f} s ({60 * made / el:.1f} trees/min)")
+            else:
+                continue
+            break
+    el = time.time() - t_start
+    return dict(trees=made, seconds=el, trees_per_min=60 * made / el if el > 0 else 0.0, stopped=stopped)
+
+
+def row_done(done: set, pid: str, j: int, s: str, b: int) -> bool:
+    from .records import row_key
+
+    return row_key(dict(kind="tree", prompt=pid, position=j, shape=s, budget=b), KEY) in done
+
+
+# --------------------------------------------------------------------------------------------
+# the report: JSONL only
+
+_TREE_FIELDS = {"dataset": str, "prompt": str, "position": int, "shape": str, "budget": int, "tokens": dict}
+
+
+def _tree_rows(paths) -> tuple[list[dict], list[str]]:
+    rows, notes = [], []
+    for path in paths:
+        meta, rs = read_jsonl(path)
+        if meta is None:
+            notes.append(f"{path}: no meta row, left out")
+            continue
+        seen = set()
+        for r in rs:
+            if r.get("kind") != "tree":
+                continue
+            bad = [f for f, ty in _TREE_FIELDS.items() if not isinstance(r.get(f), ty) or isinstance(r.get(f), bool)]
+            vals = r.get("tokens") if isinstance(r.get("tokens"), dict) else {}
+            if bad or not vals or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 1.0 for v in vals.values()):
+                notes.append(f"{path}: a tree row with bad fields {bad or ['tokens']} left out")
+                continue
+            key = (r["dataset"], r["prompt"], r["position"], r["shape"], r["budget"])
+            if key in seen:
+                notes.append(f"{path}: a repeated tree row {key} left out")
+                continue
+            seen.add(key)
+            rows.append(r)
+    return rows, notes
+
+
+def _paired(rows: list[dict], name: str, ref: str) -> tuple[float, float, float]:
+    """Mean of (name - ref) over the rows, its standard error over trees, and clustered by prompt."""
+    d = [r["tokens"][name] - r["tokens"][ref] for r in rows]
+    n = len(d)
+    m = sum(d) / n
+    se = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
+    by: dict = {}
+    for r, x in zip(rows, d):
+        by.setdefault(r["prompt"], []).append(x - m)
+    G = len(by)
+    sc = math.sqrt(G / (G - 1) * sum(sum(v) ** 2 for v in by.values())) / n if G > 1 else float("nan")
+    return m, se, sc
+
+
+def _group_table(rows: list[dict]) -> tuple[list[str], dict]:
+    names = sorted({k for r in rows for k in r["tokens"]}, key=lambda x: (not x.startswith("walk:"), x))
+    names = [x for x in names if all(x in r["tokens"] for r in rows)]
+    mean = {x: sum(r["tokens"][x] for r in rows) / len(rows) for x in names}
+    walks = [x for x in names if x.startswith("walk:")]
+    # the walk of highest mean; near-ties (1e-12: e.g. on chains every walk is naive's) go to WALKS order
+    rank = {f"walk:{v}": i for i, v in enumerate(WALKS)}
+    top = max((mean[x] for x in walks), default=None)
+    best = min((x for x in walks if mean[x] >= top - 1e-12), key=lambda x: rank.get(x, len(rank))) if walks else None
+    out = ["| rule | tokens/call | diff to best walk | SE (trees) | SE (prompts) | diff % |", "|---|---|---|---|---|---|"]
+    summary = {"best_walk": best, "mean": mean, "diff": {}}
+    for x in names:
+        if best is None:
+            out.append(f"| {x} | {mean[x]:.4f} | | | | |")
+            continue
+        m, se, sc = _paired(rows, x, best)
+        summary["diff"][x] = (m, se, sc)
+        tag = " (best walk)" if x == best else ""
+        out.append(f"| {x}{tag} | {mean[x]:.4f} | {m:+.4f} | {se:.4f} | {sc:.4f} | {100 * m / mean[best]:+.2f} % |")
+    return out, summary
+
+
+def report(paths) -> str:
+    """The markdown tables of the JSONL files ``paths`` (see the module notes); reads nothing else."""
+    rows, notes = _tree_rows(paths)
+    if not rows:
+        return "(no tree rows)\n" + "".join(f"- {n}\n" for n in notes)
+    order = {s: i for i, s in enumerate(SHAPES)}
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["shape"], r["budget"]), []).append(r)
+        if r.get("category"):
+            groups.setdefault((r["dataset"] + "/" + r["category"], r["shape"], r["budget"]), []).append(r)
+    keys = sorted(groups, key=lambda k: ("/" in k[0], k[0], order.get(k[1], 9), k[2]))
+    head = ["## Headline: the best non-walk rule against the best token walk", "",
+            "| data set | shape | budget | trees | prompts | best walk | best other rule | diff | SE (trees) | SE (prompts) | diff % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    body = []
+    for key in keys:
+        rs = groups[key]
+        tab, summ = _group_table(rs)
+        n_prompts = len({r["prompt"] for r in rs})
+        skipped = sorted({f"{k}: {v}" for r in rs for k, v in (r.get("skipped") or {}).items()})
+        body.append(f"### {key[0]}, {key[1]}, budget {key[2]}: {len(rs)} trees, {n_prompts} prompts\n")
+        body.extend(tab)
+        if skipped:
+            body.append("")
+            body.extend(f"- skipped {s}" for s in skipped)
+        body.append("")
+        others = [x for x in summ["mean"] if not x.startswith("walk:")]
+        if "/" not in key[0] and summ["best_walk"] and others:
+            bo = max(others, key=lambda x: summ["mean"][x])
+            m, se, sc = summ["diff"][bo]
+            head.append(f"| {key[0]} | {key[1]} | {key[2]} | {len(rs)} | {n_prompts} | {summ['best_walk']} | {bo} | "
+                        f"{m:+.4f} | {se:.4f} | {sc:.4f} | {100 * m / summ['mean'][summ['best_walk']]:+.2f} % |")
+    out = head + [""] + body
+    if notes:
+        out += ["Rows left out:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m multidraft.experiments.realtrees", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="build the decoder's trees along target continuations and write JSONL rows")
+    r.add_argument("--dataset", required=True, help="humaneval, mtbench, kjv or file:PATH")
+    r.add_argument("-n", type=int, default=8, help="prompts")
+    r.add_argument("--prompt-seed", type=int, default=None, help="sample the prompts with this seed (default: the first n)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--cont-tokens", type=int, default=128, help="target continuation length (T = 1)")
+    r.add_argument("--stride", type=int, default=8, help="positions every this many tokens of the continuation")
+    r.add_argument("--shapes", default=",".join(SHAPES))
+    r.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    r.add_argument("--max-trees", type=int, default=None, help="stop after this many new trees")
+    r.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (resumable)")
+    r.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on a shared machine)")
+    r.add_argument("--out", required=True, help="JSONL file (created, or resumed)")
+    p = sub.add_parser("report", help="markdown tables from JSONL files only")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--markdown", help="write the tables here")
+    a = ap.parse_args(argv)
+    if a.cmd == "report":
+        text = report(a.files)
+        if a.markdown:
+            Path(a.markdown).write_text(text, encoding="utf-8")
+        print(text)
+        return 0
+    from ..decoding.pair import load_pair
+    from .. import models
+
+    target, draft, tok = load_pair("transformers", n_threads=a.threads)
+    names = {"target": getattr(models.DEFAULT_TARGET, "name", None), "draft": getattr(models.DEFAULT_DRAFT, "name", None),
+             "dtype": str(next(target.parameters()).dtype), "engine": "transformers"}
+    print(f"seed {a.seed}; continuations sampled at T = 1 from the target", file=sys.stderr)
+    deadline = time.time() + 60 * a.minutes if a.minutes else None
+    got = run(target, draft, tok, dataset=a.dataset, n=a.n, out=a.out, seed=a.seed, prompt_seed=a.prompt_seed,
+              cont_tokens=a.cont_tokens, stride=a.stride, shapes=a.shapes.split(","),
+              budgets=[int(x) for x in a.budgets.split(",")], max_trees=a.max_trees, deadline=deadline,
+              log=lambda s: print(s, file=sys.stderr, flush=True), model_names=names)
+    print(f"{got['trees']} new trees in {got['seconds']:.0f} s: {got['trees_per_min']:.1f} trees/min ({got['stopped']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

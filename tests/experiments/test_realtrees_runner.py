@@ -1,0 +1,170 @@
+"""The real-tree study (``experiments.realtrees``) on the tiny test pair: the trees it builds are the
+decoder's, its rows are valid and resumable, and the report reads the JSONL files only."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import multidraft as md
+from multidraft import trees
+from multidraft.decoding import engine
+from multidraft.experiments import realtrees
+
+
+@pytest.fixture
+def pair_tok(tiny_sharp):
+    return tiny_sharp
+
+
+def _run(pair_tok, out, **kw):
+    t, d, tok = pair_tok
+    args = dict(dataset=kw.pop("dataset"), n=2, out=out, seed=3, cont_tokens=6, stride=3, budgets=(4,))
+    args.update(kw)
+    return realtrees.run(t, d, tok, **args)
+
+
+def test_shapes_have_the_node_budget():
+    assert realtrees.bfs_tree(2, 4) == [[0], [1], [0, 0], [0, 1]]
+    for b in (4, 8, 12):
+        for s in realtrees.SHAPES:
+            st = realtrees.shape_settings(s, b)
+            assert st.shape.max_nodes() - 1 == b, (s, b)
+    with pytest.raises(ValueError, match="budget"):
+        realtrees.shape_settings("seq4", 6)
+    with pytest.raises(ValueError, match="shape"):
+        realtrees.shape_settings("star", 4)
+
+
+@pytest.mark.parametrize("shape", realtrees.SHAPES)
+def test_the_trees_built_are_the_decoders(pair_tok, shape, one_thread):
+    """``build_tree`` at the prompt's last token with seed s gives the tree that ``generate`` with
+    seed s drafts at its first step (same tokens, parents, drafts and q rows), and its p rows
+    are the target's softmax at every node."""
+    t, d, _ = pair_tok
+    ids = torch.tensor([[1, 5, 7, 2]])
+    st = realtrees.shape_settings(shape, 4)
+    seen = []
+    real = engine.score_tree
+
+    class Stop(Exception):
+        pass
+
+    def spy(runner, tree):
+        seen.append(tree)
+        raise Stop  # the first step's tree is drafted: enough
+
+    engine.score_tree = spy
+    try:
+        with pytest.raises(Stop):
+            md.generate(t, d, ids, st, generator=11)
+    finally:
+        engine.score_tree = real
+    want = seen[0]
+    with torch.inference_mode():
+        dec = engine._Decoder(t, d, st, torch.Generator(), None)
+        dec.t.prefill(ids[:, :-1])
+        dec.d.prefill(ids[:, :-1])
+        got = realtrees.build_tree(dec, st, int(ids[0, -1]), torch.Generator().manual_seed(11))
+        # the runners are back at the committed prefix: a second build with the same seed is the same tree
+        again = realtrees.build_tree(dec, st, int(ids[0, -1]), torch.Generator().manual_seed(11))
+    assert len(got) == len(want) > 1
+    for a, b, c in zip(got.nodes, want.nodes, again.nodes):
+        assert (a.token, a.parent, a.drafts) == (b.token, b.parent, b.drafts) == (c.token, c.parent, c.drafts)
+        if b.q is not None:
+            assert torch.allclose(a.q, b.q.double(), atol=1e-6)
+    full = torch.tensor([ids[0].tolist()])
+    logits = t(input_ids=full).logits[0, -1].double()
+    assert torch.allclose(got.nodes[0].p, torch.softmax(logits, -1), atol=1e-5)
+
+
+def test_runner_writes_valid_rows_and_resumes(pair_tok, prompt_file, tmp_path, one_thread):
+    out = tmp_path / "r.jsonl"
+    ds = f"file:{prompt_file}"
+    got = _run(pair_tok, out, dataset=ds, max_trees=5)
+    assert got["trees"] == 5 and got["stopped"] == "limit"
+    from multidraft.experiments.records import read_jsonl
+
+    meta, rows = read_jsonl(out)
+    assert meta["seed"] == 3 and meta["config"]["dataset"] == ds and "torch" in meta["versions"]
+    tree_rows = [r for r in rows if r["kind"] == "tree"]
+    assert len(tree_rows) == 5
+    for r in tree_rows:
+        assert r["support"] == "full" and r["V"] == 32
+        assert set(r["tokens"]) >= {"walk:specinfer", "walk:spectr", "walk:khisti_is", "walk:optimal", "traversal"}
+        assert all(1.0 <= v <= 1 + r["depth"] + 1e-9 for v in r["tokens"].values())
+        assert ("block" in r["tokens"]) == (r["shape"] == "chain")
+        assert "tree_lp" in r["skipped"]  # no closed form at full V: recorded, not run
+        if r["shape"] == "chain":  # traversal on a chain is block verification
+            assert abs(r["tokens"]["block"] - r["tokens"]["traversal"]) <= 1e-12
+    # resume: the rest is written, nothing twice, and the rows equal an uninterrupted run's
+    got2 = _run(pair_tok, out, dataset=ds)
+    assert got2["stopped"] == "done"
+    _, rows = read_jsonl(out)
+    keys = [(r["prompt"], r["position"], r["shape"], r["budget"]) for r in rows if r["kind"] == "tree"]
+    assert len(keys) == len(set(keys)) == 2 * 2 * 4  # 2 prompts x positions 0, 3 x 4 shapes
+    once = tmp_path / "once.jsonl"
+    _run(pair_tok, once, dataset=ds)
+    _, rows1 = read_jsonl(once)
+    a = {(r["prompt"], r["position"], r["shape"]): r["tokens"] for r in rows if r["kind"] == "tree"}
+    b = {(r["prompt"], r["position"], r["shape"]): r["tokens"] for r in rows1 if r["kind"] == "tree"}
+    assert a == b
+    # a different config is refused, naming the key
+    with pytest.raises(ValueError, match="stride"):
+        _run(pair_tok, out, dataset=ds, stride=2)
+
+
+def test_report_reads_the_jsonl_only(pair_tok, prompt_file, tmp_path, monkeypatch, one_thread):
+    out = tmp_path / "r.jsonl"
+    _run(pair_tok, out, dataset=f"file:{prompt_file}", shapes=("seq2", "chain"))
+    import multidraft.decoding.pair as pair
+
+    monkeypatch.setattr(pair, "load_pair", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model loaded")))
+    text = realtrees.report([out])
+    assert "| walk:specinfer" in text and "traversal" in text and "seq2, budget 4: 4 trees, 2 prompts" in text
+    assert "## Headline" in text
+    # a damaged row is left out with a note, not counted
+    with open(out, "a", encoding="utf-8") as f:
+        row = json.loads(out.read_text().splitlines()[-1])
+        row["tokens"] = {"walk:specinfer": "x"}
+        row["position"] = 99
+        f.write(json.dumps(row) + "\n")
+    text2 = realtrees.report([out])
+    assert "left out" in text2 and "seq2, budget 4: 4 trees" in text2
+
+
+def test_paired_standard_errors():
+    rows = [dict(prompt=f"p{i // 2}", tokens={"a": 1.0 + i, "b": 1.0 + i + (0.1 if i % 2 else 0.3)}) for i in range(6)]
+    m, se, sc = realtrees._paired(rows, "b", "a")
+    assert abs(m - 0.2) < 1e-12
+    d = [0.3, 0.1] * 3
+    sd = (sum((x - 0.2) ** 2 for x in d) / 5) ** 0.5
+    assert abs(se - sd / 6 ** 0.5) < 1e-12
+    assert abs(sc) < 1e-12  # every prompt's differences sum to the mean: no between-prompt spread
+
+
+def test_report_has_per_category_rows(tmp_path):
+    from multidraft.experiments.records import JsonlWriter
+
+    out = tmp_path / "mt.jsonl"
+    with JsonlWriter(out, {"dataset": "mtbench"}, 0) as w:
+        for i in range(6):
+            cat = "math" if i < 3 else "writing"
+            w.write(kind="tree", dataset="mtbench", prompt=f"mtbench/{i}", category=cat, position=0, shape="seq2",
+                    budget=4, tokens={"walk:specinfer": 1.5 + 0.01 * i, "walk:optimal": 1.6, "traversal": 1.7})
+    text = realtrees.report([out])
+    assert "### mtbench, seq2, budget 4: 6 trees, 6 prompts" in text
+    assert "### mtbench/math, seq2, budget 4: 3 trees" in text and "### mtbench/writing, seq2, budget 4: 3 trees" in text
+    assert "| mtbench | seq2 | 4 | 6 | 6 | walk:optimal | traversal | +0.1000 |" in text
+
+
+def test_mtbench_categories():
+    from multidraft import datasets
+
+    try:
+        cats = datasets.mtbench_categories()
+    except (FileNotFoundError, ModuleNotFoundError, ImportError):
+        pytest.skip("MT-bench data not installed")
+    ids = [i for i, _ in datasets.load_prompts("mtbench", 80)]
+    assert set(ids) <= set(cats) and len(set(cats.values())) == 8
