@@ -207,3 +207,31 @@ def test_cli_decode_rule_traversal(saved_pair, capsys):
         assert main(base + bad) == 2, bad
         err = capsys.readouterr().err
         assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# --- --tree auto with a sequence-level rule ----------------------------------------------------------
+@pytest.mark.parametrize("rule,k_max", [("traversal", 3), ("block", 3)])
+def test_cli_tree_auto_with_a_rule(saved_pair, capsys, tmp_path, rule, k_max):
+    import json
+
+    from multidraft.cli import main
+    from multidraft.decoding.treeopt import CostProfile
+
+    t, tok, target_dir, draft_dir = saved_pair
+    prof = tmp_path / "prof.json"  # a cheap verify pass: a tree pays
+    prof.write_text(CostProfile(list(range(1, 65)), [0.1 + 1e-4 * n for n in range(1, 65)], [1, 8], [1e-3, 2e-3],
+                                meta={"dtype": "float32"}).to_json())
+    argv = ["decode", "--prompt", "hellothere", "--target", str(target_dir), "--draft", str(draft_dir), "--dtype", "float32",
+            "--ignore-eos", "--max-new-tokens", "8", "--rule", rule, "--k", str(k_max), "--tree", "auto", "--profile",
+            str(prof), "--warmup-tokens", "12", "--max-nodes", "16", "--max-depth", "4", "--temperature", "0", "--json"]
+    assert main(argv) == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ids = tok("hellothere", return_tensors="pt")["input_ids"]
+    assert obj["tokens"] == tm.greedy_reference(t, ids, 8).tolist()
+    auto = obj["settings"]["auto"]
+    assert auto["decoded_with"] == "tree" and obj["settings"]["rule"] == rule
+    paths = auto["tree"]["paths"]
+    if rule == "block":  # block takes one chain: the choice is among chains only
+        assert all(p[-1] == 0 for p in paths)
+    assert main(argv[:-1] + ["--draft-law", "wor"]) == 2
+    assert "--rule" in capsys.readouterr().err

@@ -288,18 +288,17 @@ def check_auto(args, settings):
         raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
     v = settings.verifier
     if v is None:  # a sequence-level rule: the node sizes it supports, rated by the specinfer walk (module notes)
-        from .. import trees
+        from ..decoding.settings import AUTO_PROXY, rule_node_ks
         from ..verifiers import get as get_verifier
 
         if settings.law != "iid":
-            raise ArgumentError("rule", f": --tree auto rates trees with the specinfer walk's i.i.d. acceptances; "
+            raise ArgumentError("rule", f": --tree auto rates trees with the {AUTO_PROXY} walk's i.i.d. acceptances; "
                                         f"rule {settings.rule!r} with the {settings.law!r} law has none: use --draft-law iid")
-        rule = trees.get(settings.rule)
-        ks = [k for k in range(1, settings.k + 1) if rule.supports(trees.kary(k, 2, settings.law))]
+        ks = rule_node_ks(settings.rule, settings.law, settings.k)
         if not ks:
             raise ArgumentError("rule", f": {settings.rule!r} takes no K-ary tree with K <= {settings.k} "
                                         "(--tree auto chooses among such trees); use a fixed --tree")
-        v = get_verifier("specinfer")
+        v = get_verifier(AUTO_PROXY)
     else:
         ks = node_ks(v, settings.law, settings.k)
     stats = along = None
@@ -321,13 +320,14 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     """Acceptance statistics (given or from a warm-up decode) and the tree choice: ``(tree or None, info)``."""
     from .._validate import stream_seed
     from ..decoding import full_tree, generate
+    from ..decoding.settings import AUTO_PROXY
     from ..decoding.treeopt import AcceptStats, choose_tree
 
     profile, stats, along, ks = auto
     if stats is None:
         records: list = []
         warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=args.warmup_tokens,
-                                 **({} if settings.verifier is not None else {"verifier": "specinfer", "rule": None}))
+                                 **({} if settings.verifier is not None else {"verifier": AUTO_PROXY, "rule": None}))
         generate(target, draft, input_ids, warmup, eos_token_id=eos,
                  generator=stream_seed(args.seed, "tree-auto-warmup"), node_log=records)
         if not records:

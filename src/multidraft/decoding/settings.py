@@ -19,7 +19,7 @@ from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
 from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
 
-__all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "decoder_rules", "tree_law"]
+__all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law"]
 
 WALK = "token_walk"  # the default tree rule: the root-first walk of the token-level ``verifier``
 # Registered tree rules the decoder refuses, with why and what would work instead.
@@ -50,6 +50,17 @@ def tree_law(shape: TreeShape, kind: str, n_cols: int = 1):
     if shape.children == _trees.parse_tree(_trees.full_tree(shape.k, shape.depth)):
         return _trees.kary(shape.k, shape.depth, kind, cols)
     return _trees.explicit([list(p) for p in shape.children if p], kind, cols)
+
+
+AUTO_PROXY = "specinfer"  # --tree auto rates trees for a sequence-level rule with this verifier's walk
+
+
+def rule_node_ks(rule: str, law: str, k_max: int) -> list[int]:
+    """The numbers of drafts 1..k_max per node for which the sequence-level ``rule`` is lossless on
+    the K-ary tree of depth 2 with node law ``law`` (k = 1: one chain): the node sizes ``--tree
+    auto`` may give a tree verified by ``rule``."""
+    obj = _trees.get(rule)
+    return [k for k in range(1, k_max + 1) if obj.supports(_trees.kary(k, 2, law))]
 
 
 def _rule_name(rule) -> str:
