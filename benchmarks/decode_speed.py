@@ -96,11 +96,11 @@ DEFAULT_METHODS = {
     "llama.cpp": ("llama-target,target,llama-spec:4,llama-spec:6,llama-spec:6:2,sd:4,sd:6,sd:8,"
                   "specinfer:2x4,specinfer:seq2x6,specinfer:dyn:4:16:8,specinfer:dyn:4:24:8"),
 }
-# sequence-level rules against the token walks and single-draft SD at equal node budgets: block on
-# chains (the single-draft rows' trees), traversal on the walks' trees (K = 2 sequences, the K-ary
-# tree, dynamic trees)
-SEQ_RULE_METHODS = ("target,sd:4,sd:6,block:1x4,block:1x6,specinfer:2x4,specinfer:seq2x6,specinfer:dyn:4:16:8,"
-                    "optimal:2x4,traversal:2x4,traversal:seq2x6,traversal:dyn:4:16:8")
+# sequence-level rules against the token walks and single-draft SD on the same trees: block on the
+# SD rows' chains (depth 4 and 5: the fastest SD depths on this engine, docs/results/decode_speed),
+# traversal on the walks' trees (K = 2 sequences, the binary tree of depth 2, dynamic trees of 8 nodes)
+SEQ_RULE_METHODS = ("target,sd:4,sd:5,block:1x4,block:1x5,specinfer:seq2x4,specinfer:2x2,specinfer:dyn:4:8:5,"
+                    "traversal:seq2x4,traversal:2x2,traversal:dyn:4:8:5")
 LLAMA_BIN = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp")) / "build-0.3.36/bin"
 
 

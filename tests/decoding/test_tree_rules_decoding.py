@@ -235,3 +235,40 @@ def test_cli_tree_auto_with_a_rule(saved_pair, capsys, tmp_path, rule, k_max):
         assert all(p[-1] == 0 for p in paths)
     assert main(argv[:-1] + ["--draft-law", "wor"]) == 2
     assert "--rule" in capsys.readouterr().err
+
+
+# --- certificates of the laws the decoder draws ----------------------------------------------------
+CERT_MODES = {  # the decoder's tree modes at certificate sizes (V = 3, depth 2)
+    "chain": dict(k=1, depth=2),
+    "kary": dict(k=2, depth=2),
+    "sequences": dict(k=2, depth=2, tree="sequences"),
+    "explicit": dict(k=2, depth=2, tree=[[0], [1], [0, 0]]),
+    "dynamic": dict(k=2, depth=2, tree="dynamic", max_nodes=4),
+}
+
+
+def _certify_decoder_laws(styles, seeds):
+    worst = 0.0
+    n = 0
+    for rule in SEQUENCE_RULES:
+        for mode, kw in CERT_MODES.items():
+            if not _supported(rule, kw):
+                continue
+            law = Settings.from_args(rule=rule, **kw).tree_law  # the law the decoder's settings admitted
+            for style in styles:
+                for seed in seeds:
+                    m = trees.TableModel.random(V=3, seed=seed, style=style)
+                    cert = trees.certify_tree(trees.get(rule), law, m)
+                    worst = max(worst, cert.max_abs_error)
+                    n += 1
+    assert n >= 6 and worst <= 1e-12, worst
+
+
+def test_every_admitted_tree_law_is_certified():
+    """What Settings admits (rule.supports of the mapped tree law) is lossless by enumeration."""
+    _certify_decoder_laws(("random",), (0,))
+
+
+@pytest.mark.slow
+def test_every_admitted_tree_law_is_certified_slow():
+    _certify_decoder_laws(("random", "peaked", "one_hot", "same", "q_zero", "mixed"), (1, 2))
