@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import drafts as _drafts
+from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_generator
-from .. import trees as _trees
 from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TokenWalk, TreeShape, TreeVerdict, allocate
 from .kv import PromptCache

@@ -43,9 +43,9 @@ import torch
 
 from .. import verifiers as _verifiers
 from .._errors import ArgumentError
-from ..decoding.settings import WALK, decoder_rules
 from .._validate import as_int, as_ks, as_temperature
 from ..datasets import encode_prompt, load_prompts
+from ..decoding.settings import WALK, decoder_rules
 from . import decode_runs, plots
 from .decode_runs import MethodSpec, format_table, summarize, target_alone, tree_method
 from .progress import progress as _progress
