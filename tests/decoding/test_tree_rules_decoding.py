@@ -38,6 +38,7 @@ TREE_MODES = {
     "sequences": dict(k=2, depth=3, tree="sequences"),
     "explicit": dict(k=2, depth=3, tree=[[0], [1], [0, 0], [0, 0, 0], [1, 0]]),
     "dynamic": dict(k=3, depth=3, tree="dynamic", max_nodes=8),
+    "dynamic_chain": dict(k=1, depth=3, tree="dynamic", max_nodes=4),  # a chain whose length the allocator picks
 }
 SEQUENCE_RULES = [r for r in decoder_rules() if r != WALK]
 
@@ -57,7 +58,7 @@ def test_the_cases_cover_block_and_traversal():
     # the parametrized cases below cannot pass by being empty
     assert {"block", "traversal"} <= set(SEQUENCE_RULES)
     assert "tree_lp" not in decoder_rules() and "tree_lp" in trees.names()
-    assert [m for r, m in CASES if r == "block"] == ["chain"]
+    assert [m for r, m in CASES if r == "block"] == ["chain", "dynamic_chain"]
     assert [m for r, m in CASES if r == "traversal"] == list(TREE_MODES)
     for r in SEQUENCE_RULES:
         assert any(rr == r for rr, _ in CASES), f"rule {r!r} takes none of the decoder's tree modes"
@@ -159,6 +160,7 @@ def test_full_vocabulary_rows(rule, tree, k):
     (dict(rule="block", k=2, tree="sequences"), "rule", "'traversal'"),
     (dict(rule="traversal", draft_law="wor"), "rule", "draft_law = 'iid'"),
     (dict(rule="traversal", draft_temperature=[0.5, 1.0]), "rule", "independent"),
+    (dict(rule="block", k=1, draft_temperature=[0.7]), "rule", "independent"),  # supports() admits it, verify refuses
     (dict(rule="traversal", depth=0), "depth", ">= 1"),
     (dict(rule="block", k=1, depth=0), "depth", ">= 1"),
     (dict(rule="traversal", verifier="specinfer"), "verifier", "token_walk"),
@@ -244,6 +246,7 @@ CERT_MODES = {  # the decoder's tree modes at certificate sizes (V = 3, depth 2)
     "sequences": dict(k=2, depth=2, tree="sequences"),
     "explicit": dict(k=2, depth=2, tree=[[0], [1], [0, 0]]),
     "dynamic": dict(k=2, depth=2, tree="dynamic", max_nodes=4),
+    "dynamic_chain": dict(k=1, depth=2, tree="dynamic", max_nodes=3),
 }
 
 

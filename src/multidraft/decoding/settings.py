@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .. import drafts as _drafts
 from .. import trees as _trees
 from .. import verifiers as _verifiers
@@ -90,7 +92,7 @@ def _alternatives(rule: str, shape: TreeShape, kind: str, n_cols: int) -> str:
                      ("tree = 'dynamic'", TreeShape.from_args("dynamic", K, L))):
         for kd in dict.fromkeys((kind, "iid")):
             try:
-                if _trees.get(rule).supports(tree_law(sh, kd, n_cols)):
+                if _takes(_trees.get(rule), sh, kd, n_cols):
                     modes.append(what + ("" if kd == kind else f" with draft_law = {kd!r}"))
                     break
             except ValueError:
@@ -101,7 +103,7 @@ def _alternatives(rule: str, shape: TreeShape, kind: str, n_cols: int) -> str:
         if name in (rule, WALK):
             continue
         try:
-            if _trees.get(name).supports(law):
+            if _takes(_trees.get(name), shape, kind, n_cols):
                 others.append(repr(name))
         except (TypeError, ValueError):  # a rule that needs options the decoder does not give
             continue
@@ -120,10 +122,42 @@ def _check_rule(rule: str, shape: TreeShape, kind: str, n_cols: int) -> None:
     law = tree_law(shape, kind, n_cols)
     obj = _trees.get(rule)
     if obj.supports(law):
-        return
-    why = obj.refusal(law) if hasattr(obj, "refusal") else None
+        why = _dry_run(obj, shape, kind, n_cols)
+        if why is None:
+            return
+    else:
+        why = obj.refusal(law) if hasattr(obj, "refusal") else None
     raise ArgumentError("rule", f": {rule!r} is not lossless for {law.name}"
                                 + (f" ({why})" if why else "") + f"; {_alternatives(rule, shape, kind, n_cols)}")
+
+
+def _takes(obj, shape: TreeShape, kind: str, n_cols: int) -> bool:
+    """Whether the rule ``obj`` verifies the decoder's trees of this mode and law (``supports``
+    and a dry run)."""
+    return obj.supports(tree_law(shape, kind, n_cols)) and _dry_run(obj, shape, kind, n_cols) is None
+
+
+def _dry_run(obj, shape: TreeShape, kind: str, n_cols: int) -> str | None:
+    """Why ``obj`` refuses a tree of this mode and node law at verify time (None when it verifies
+    one): a small tree of the same mode, K and law (depth <= 2, V = 3 tables) drawn and verified
+    once, so that a rule whose ``supports`` admits a law its checks then refuse is refused here,
+    before any model runs, not in the middle of a decode."""
+    L = min(shape.depth, 2)
+    if shape.mode == "paths":
+        small = TreeShape.from_args([list(p) for p in shape.children if p and len(p) <= L], shape.k, L)
+    else:
+        small = TreeShape.from_args(shape.mode, shape.k, L, shape.budget if shape.mode == "dynamic" else None,
+                                    shape.min_gain)
+    law = tree_law(small, kind, n_cols)
+    cols = n_cols if kind == "independent" else 1
+    model = _trees.TableModel.random(V=3, seed=0, cols=max(cols, 1))
+    try:
+        tree = law.sample(model, torch.Generator().manual_seed(0))
+        if tree.nodes[0].drafts:
+            obj.verify(tree, torch.Generator().manual_seed(0))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _unsupported(v, kind: str, k: int) -> ArgumentError:
