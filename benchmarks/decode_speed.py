@@ -25,7 +25,10 @@ Methods (``--methods``, comma separated):
 
 ``target``            multidraft with the target alone (the reference of every ratio)
 ``sd:D``              single-draft SD (``naive``), a chain of depth D
-``V:KxD``             verifier V on the full K-ary tree of depth D (its implied draft law)
+``V:KxD``             verifier V on the full K-ary tree of depth D (its implied draft law); V may also
+                      be a sequence-level tree rule (``decoding.decoder_rules()``: ``block``, on
+                      K = 1 only, ``traversal``, ...) verifying the tree instead of a verifier's
+                      walk (the i.i.d. law), in every form below: ``block:1x6``, ``traversal:seq2x6``
 ``V:seqKxD``          verifier V on K draft sequences of length D (a trie)
 ``V:dyn:K:N:D[:G]``   verifier V on dynamic trees: at most K drafts per node, N nodes (root
                       included), depth D; a draft only where it is worth >= G expected tokens
@@ -33,7 +36,8 @@ Methods (``--methods``, comma separated):
                       (points recomputed by ``--profile-statistic``, default median) and the
                       acceptances of ``--accept-stats`` (the study's JSONL, rated along the
                       text; data set ``--accept-dataset``) or, without it, of a warm-up decode
-                      of 64 tokens on a held-out prompt
+                      of 64 tokens on a held-out prompt; for a rule, among the node sizes it
+                      supports, rated with the specinfer walk's acceptances (``multidraft decode``)
 ``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
 
 The runs, their seeds, rows and summary table are the one decode runner's
@@ -47,7 +51,8 @@ Printed: per method tokens/s (pooled over prompts, and the per-prompt mean with 
 t-interval), block efficiency (new tokens per target forward, with its 95% interval),
 acceptance, the speed-up over the target alone (paired per prompt, 95% interval), and the
 headline ratios: best multi-draft against the best single-draft SD, against the peers, and
-against the target alone. ``--out FILE`` writes JSONL (config, seed, versions, load average,
+against the target alone; with sequence-level rules, the best of them against the best
+token-level walk (multi-draft) and the best single-draft SD, paired per prompt. ``--out FILE`` writes JSONL (config, seed, versions, load average,
 one row per (prompt, method, round), one summary row per method); ``--markdown FILE`` the table.
 
 ``--rounds R`` decodes every prompt R times with every method, with the same seed (the same
@@ -59,6 +64,10 @@ between about 70 and 95 ms a token within minutes while a 5-token verify pass ba
 
     .venv/bin/python benchmarks/decode_speed.py --engine llama.cpp --bf16-target --prompts 20
     .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --methods target,sd:3,specinfer:2x3
+
+The sequence-level comparison of issue 26 (llama.cpp, 20 HumanEval prompts x 128 tokens x 2
+rounds, T = 1; ``docs/results/decode_speed/README.md``): ``--methods`` = ``SEQ_RULE_METHODS``
+(``--methods seq-rules``).
 """
 from __future__ import annotations
 
@@ -78,6 +87,7 @@ import torch
 from multidraft import verifiers as _verifiers
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
 from multidraft.decoding import full_tree, generate
+from multidraft.decoding.settings import AUTO_PROXY
 from multidraft.experiments import decode_runs as dr
 from multidraft.experiments.records import JsonlWriter
 
@@ -86,6 +96,11 @@ DEFAULT_METHODS = {
     "llama.cpp": ("llama-target,target,llama-spec:4,llama-spec:6,llama-spec:6:2,sd:4,sd:6,sd:8,"
                   "specinfer:2x4,specinfer:seq2x6,specinfer:dyn:4:16:8,specinfer:dyn:4:24:8"),
 }
+# sequence-level rules against the token walks and single-draft SD on the same trees: block on the
+# SD rows' chains (depth 4 and 5: the fastest SD depths on this engine, docs/results/decode_speed),
+# traversal on the walks' trees (K = 2 sequences, the binary tree of depth 2, dynamic trees of 8 nodes)
+SEQ_RULE_METHODS = ("target,sd:4,sd:5,block:1x4,block:1x5,specinfer:seq2x4,specinfer:2x2,specinfer:dyn:4:8:5,"
+                    "traversal:seq2x4,traversal:2x2,traversal:dyn:4:8:5")
 LLAMA_BIN = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp")) / "build-0.3.36/bin"
 
 
@@ -226,6 +241,11 @@ def llama_completion(bin_dir: Path, target: Path, prompt_file: Path, *, max_new_
 
 
 # --- the headline: ratios against the references of the same run ---------------------------------
+def _sequence_level(s: dict) -> bool:
+    """A summary row of a sequence-level tree rule (not a verifier's walk)."""
+    return s.get("rule") not in (None, "token_walk")
+
+
 def _chain(s: dict) -> bool:
     """A summary row of single-draft SD: verifier naive or K = 1 (or a chosen tree that is a chain)."""
     t = s.get("tree")
@@ -237,7 +257,8 @@ def _chain(s: dict) -> bool:
 def headline(summary: list[dict], rows: list[dict]) -> list[str]:
     """The best multi-draft and the best single-draft method against each other, the peers and the
     target alone (pooled, and paired per prompt with 95% intervals); the round-to-round spread."""
-    ours = [s for s in summary if s["method_kind"] in ("tree", "auto")]
+    ours = [s for s in summary if s["method_kind"] in ("tree", "auto") and not _sequence_level(s)]
+    seq = [s for s in summary if s["method_kind"] in ("tree", "auto") and _sequence_level(s)]
     multi = [s for s in ours if not _chain(s)]
     single = [s for s in ours if _chain(s)]
     peers = [s for s in summary if s["method_kind"] in PEERS]
@@ -271,6 +292,13 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
         out.append(f"best single-draft SD: {sd['method']} at {sd['tokens_per_s']:.2f} tok/s, block efficiency "
                    f"{sd['block_efficiency']:.2f} (pooled)")
         out += [versus(sd, ref) for ref in refs]
+    if seq:
+        bs = max(seq, key=lambda s: s["tokens_per_s"])
+        out.append(f"best sequence-level rule: {bs['method']} ({bs['rule']}) at {bs['tokens_per_s']:.2f} tok/s, "
+                   f"block efficiency {bs['block_efficiency']:.2f} (pooled)")
+        out += [versus(bs, best, "best token-level walk")] if best else []
+        out += [versus(bs, sd, "best single-draft SD")] if sd else []
+        out += [versus(bs, ref) for ref in refs]
     for p in peers:
         if best is None and sd is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
@@ -349,16 +377,26 @@ def _versions() -> dict:
 def auto_inputs(args, verifier: str, k: int):
     """``(profile, ks, stats or None, along or None)`` of a V:auto:K method: the profile with its
     points by ``--profile-statistic``, the numbers of drafts per node the verifier takes, and the
-    acceptances of ``--accept-stats`` (None: a warm-up decode measures them after the models load)."""
+    acceptances of ``--accept-stats`` (None: a warm-up decode measures them after the models load).
+    ``verifier`` may name a sequence-level rule: its node sizes (``settings.rule_node_ks``, i.i.d.
+    law) rated with the ``settings.AUTO_PROXY`` walk's acceptances."""
     from multidraft.decoding import node_ks
+    from multidraft.decoding.settings import AUTO_PROXY, rule_node_ks
     from multidraft.decoding.treeopt import CostProfile
     from multidraft.experiments.acceptance import tree_acceptance
 
     profile = CostProfile.from_json(Path(args.profile).read_text()).with_statistic(args.profile_statistic,
                                                                                    strict=False)
-    v = _verifiers.get(verifier)
-    law = v.implied_law(k)
-    ks = node_ks(v, law, k)
+    if verifier not in _verifiers.names():  # a sequence-level rule (decode_runs.parse_method checked the name)
+        law = "iid"
+        ks = rule_node_ks(verifier, law, k)
+        if not ks:
+            raise ValueError(f"rule {verifier!r} takes no K-ary tree with K <= {k}; give it a fixed tree")
+        v = _verifiers.get(AUTO_PROXY)
+    else:
+        v = _verifiers.get(verifier)
+        law = v.implied_law(k)
+        ks = node_ks(v, law, k)
     if not args.accept_stats:
         return profile, ks, None, None
     stats, along = tree_acceptance(args.accept_stats, verifier=v.name, law=law, ks=ks, t_target=args.temperature,
@@ -378,7 +416,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring)")
+    ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring), or "
+                    "'seq-rules': the sequence-level rules against the token walks and SD (SEQ_RULE_METHODS)")
     ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
     ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
                     help="V:auto:K: recompute the profile's points from its samples by this statistic "
@@ -403,6 +442,8 @@ def main(argv=None) -> int:
     if args.summarize:
         return summarize_file(Path(args.summarize), args.markdown)
 
+    if args.methods == "seq-rules":
+        args.methods = SEQ_RULE_METHODS
     try:
         methods = [parse_method(s, args.engine, args.temperature)
                    for s in (args.methods or DEFAULT_METHODS[args.engine]).split(",") if s.strip()]
@@ -416,7 +457,7 @@ def main(argv=None) -> int:
     for m in methods:      # V:auto:K: the cost profile and the study's acceptances, checked before any model loads
         if m.method_kind == "auto":
             try:
-                auto_in[m.label] = auto_inputs(args, m.verifier, m.k)
+                auto_in[m.label] = auto_inputs(args, m.verifier or m.rule, m.k)
             except (OSError, ValueError) as exc:
                 ap.error(f"{m.label}: {exc}")
     try:
@@ -473,7 +514,7 @@ def main(argv=None) -> int:
         from multidraft.decoding.treeopt import AcceptStats, choose_tree
 
         profile, ks, stats, along = auto_in[m.label]
-        v = _verifiers.get(m.verifier)
+        v = _verifiers.get(m.verifier or AUTO_PROXY)  # a rule's tree is rated by the AUTO_PROXY walk
         if stats is None:
             records: list = []
             generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.k, depth=2,

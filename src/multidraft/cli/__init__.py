@@ -32,7 +32,7 @@ class UserError(Exception):
 # The ONE table from library argument names (``ArgumentError.arg``) to flags. Every check below
 # the CLI raises ``ArgumentError(arg, ...)``; :func:`main` prints it with the flag from here.
 ARG_FLAGS = {
-    "verifier": "--verifier", "verifiers": "--verifiers", "k": "--k", "depth": "--depth", "depths": "--depths",
+    "verifier": "--verifier", "verifiers": "--verifiers", "rule": "--rule", "rules": "--rules", "k": "--k", "depth": "--depth", "depths": "--depths",
     "draft_law": "--draft-law", "laws": "--laws", "tree": "--tree", "temperature": "--temperature",
     "draft_temperature": "--draft-temperature", "top_k": "--top-k", "top_p": "--top-p",
     "max_new_tokens": "--max-new-tokens", "max_nodes": "--max-nodes", "min_gain": "--min-gain",

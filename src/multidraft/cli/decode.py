@@ -5,6 +5,16 @@ Models default to the default pair (``multidraft.decoding.pair.load_pair``);
 tokenizer. ``--verifier none`` runs the target alone (the baseline). ``--draft-law``
 defaults to the law the verifier implies (``rrs_wor`` -> wor, ``spechub`` -> greedy, ...).
 
+``--rule NAME`` picks the tree rule that verifies each step's tree (``decoding.decoder_rules()``):
+``token_walk`` (default: the root-first walk of ``--verifier``, default specinfer), or a
+sequence-level rule given without ``--verifier``: ``block`` (one chain, ``--k 1``),
+``traversal`` (i.i.d. drafts, every tree mode), and any other registered rule for the tree
+modes it supports; ``--draft-law`` then defaults to iid. A rule that is not lossless for the
+tree mode is refused before any model loads, naming what would work. With ``--tree auto`` a
+sequence-level rule gets a tree of the node sizes it supports, rated with the acceptances of
+the specinfer walk under the iid law (what the rule reaches at depth 1 for traversal; the
+positional model of ``treeopt`` describes token-level walks only).
+
 ``--tree auto --profile FILE`` picks the tree (node budget ``--max-nodes``, depth
 ``--max-depth``, at most ``--k`` drafts per node) that maximises the predicted tokens per
 second (``decoding.treeopt.choose_tree``) from the cost profile written by ``multidraft
@@ -60,7 +70,12 @@ def add_settings_flags(p, engine: str = "transformers") -> None:
     table of flags; checked by :func:`check_settings`); ``engine`` the default engine."""
     p.add_argument("--target", metavar="DIR", default=None, help="target model directory (default: the default pair)")
     p.add_argument("--draft", metavar="DIR", default=None, help="draft model directory (default: the default pair)")
-    p.add_argument("--verifier", default="specinfer", help="registered verifier name, or 'none' for the target alone")
+    p.add_argument("--verifier", default=None,
+                   help="registered verifier name of the token walk (default specinfer), or 'none' for the target alone")
+    p.add_argument("--rule", default=None, metavar="NAME",
+                   help="tree rule verifying each step's tree: token_walk (default, the walk of --verifier), block "
+                        "(one chain: --k 1), traversal (i.i.d. trees), or another registered rule (given without "
+                        "--verifier)")
     p.add_argument("--k", default=None, metavar="K", help="drafts per tree node (default 2; --tree dynamic: --k-max)")
     p.add_argument("--depth", type=int, default=None, metavar="L",
                    help="draft tree depth (default 4; --tree dynamic: --max-depth)")
@@ -217,7 +232,9 @@ def check_settings(args):
                 raise ValueError(f"{flag} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
-    target_only = args.verifier.strip().lower() == "none"
+    target_only = args.verifier is not None and args.verifier.strip().lower() == "none"
+    if target_only and args.rule is not None:
+        raise ValueError("--rule verifies draft trees; --verifier none decodes with the target alone: drop one of them")
     if tree == "auto" and target_only:
         raise ValueError("--tree auto needs a --verifier (with 'none' there is no tree to choose)")
     sizes = dict(k=ks[0], depth=1 if tree == "auto" else args.depth)  # auto: a placeholder until chosen
@@ -233,8 +250,12 @@ def check_settings(args):
         raise ValueError("--min-gain applies to --tree dynamic only")
     elif args.max_nodes is None:
         args.max_nodes = 64
+    who = {} if args.verifier is None else {"verifier": args.verifier}
+    placeholder = None
+    if tree == "auto":  # a K-ary tree of depth 1, or one chain for a sequence-level rule, until the tree is chosen
+        placeholder = [[0]] if args.rule not in (None, "token_walk") else None
     settings = Settings.from_args(
-        verifier=args.verifier, **sizes, draft_law=args.draft_law, tree=None if tree == "auto" else tree,
+        **who, rule=args.rule, **sizes, draft_law=args.draft_law, tree=placeholder if tree == "auto" else tree,
         temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens,
     )
@@ -280,7 +301,20 @@ def check_auto(args, settings):
     except ValueError as exc:
         raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
     v = settings.verifier
-    ks = node_ks(v, settings.law, settings.k)
+    if v is None:  # a sequence-level rule: the node sizes it supports, rated by the specinfer walk (module notes)
+        from ..decoding.settings import AUTO_PROXY, rule_node_ks
+        from ..verifiers import get as get_verifier
+
+        if settings.law != "iid":
+            raise ArgumentError("rule", f": --tree auto rates trees with the {AUTO_PROXY} walk's i.i.d. acceptances; "
+                                        f"rule {settings.rule!r} with the {settings.law!r} law has none: use --draft-law iid")
+        ks = rule_node_ks(settings.rule, settings.law, settings.k)
+        if not ks:
+            raise ArgumentError("rule", f": {settings.rule!r} takes no K-ary tree with K <= {settings.k} "
+                                        "(--tree auto chooses among such trees); use a fixed --tree")
+        v = get_verifier(AUTO_PROXY)
+    else:
+        ks = node_ks(v, settings.law, settings.k)
     stats = along = None
     if args.accept_stats is not None:
         from ..experiments.acceptance import tree_acceptance
@@ -300,12 +334,14 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     """Acceptance statistics (given or from a warm-up decode) and the tree choice: ``(tree or None, info)``."""
     from .._validate import stream_seed
     from ..decoding import full_tree, generate
+    from ..decoding.settings import AUTO_PROXY
     from ..decoding.treeopt import AcceptStats, choose_tree
 
     profile, stats, along, ks = auto
     if stats is None:
         records: list = []
-        warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=args.warmup_tokens)
+        warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=args.warmup_tokens,
+                                 **({} if settings.verifier is not None else {"verifier": AUTO_PROXY, "rule": None}))
         generate(target, draft, input_ids, warmup, eos_token_id=eos,
                  generator=stream_seed(args.seed, "tree-auto-warmup"), node_log=records)
         if not records:
@@ -375,9 +411,9 @@ def run(args) -> int:
         quiet_loading()
     llama = args.engine == "llama.cpp"
     target, draft, tok = load_pair(
-        args.engine, target=args.target, draft=args.draft if settings.verifier is not None else False,
+        args.engine, target=args.target, draft=args.draft if not settings.target_alone else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-        draft_ftype=args.draft_ftype if settings.verifier is not None else None, n_threads=args.threads, log=log)
+        draft_ftype=args.draft_ftype if not settings.target_alone else None, n_threads=args.threads, log=log)
     if llama:
         input_ids = torch.tensor([target.tokenize(args.prompt, chat=args.chat)], dtype=torch.long)
         eos = None if args.ignore_eos else target.eos_token_ids
@@ -398,9 +434,10 @@ def run(args) -> int:
         tree, auto_info = _auto_tree(args, settings, auto, target, draft, input_ids, eos, log)
         settings = settings.derive(tree=tree) if tree is not None else settings.derive(verifier=None)
     verifier = settings.verifier.name if settings.verifier is not None else None
+    drafting = not settings.target_alone
     cb, close = _progress(not args.quiet)
     try:
-        res = generate(target, draft if verifier is not None else None, input_ids, settings,
+        res = generate(target, draft if drafting else None, input_ids, settings,
                        generator=args.seed, eos_token_id=eos, progress=cb)
     finally:
         close()
@@ -412,11 +449,12 @@ def run(args) -> int:
             "seed": args.seed,
             "settings": {
                 "target": args.target or "default",
-                "draft": (args.draft or "default") if verifier is not None else None,
-                "verifier": verifier or "none",
-                "law": settings.law if verifier is not None else None,
-                "K": settings.k if verifier is not None else None,
-                "depth": settings.depth if verifier is not None else None,
+                "draft": (args.draft or "default") if drafting else None,
+                "verifier": verifier or ("none" if not drafting else None),
+                "rule": settings.rule,
+                "law": settings.law if drafting else None,
+                "K": settings.k if drafting else None,
+                "depth": settings.depth if drafting else None,
                 "tree": args.tree,
                 "max_nodes": settings.shape.budget if tree == "dynamic" else None,
                 "min_gain": settings.shape.min_gain if tree == "dynamic" else None,

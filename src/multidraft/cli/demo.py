@@ -33,6 +33,9 @@ def register(subparsers) -> None:
     d.add_argument("--temperature", type=float, default=1.0, help="target and draft temperature (default 1)")
     d.add_argument("--verifiers", default=None, help="comma-separated verifiers, or 'all' for every registered one "
                    "(default: specinfer,spectr,optimal)")
+    d.add_argument("--rules", default=None,
+                   help="comma-separated sequence-level tree rules (block, traversal, ...) or 'all', each on the "
+                        "full K-ary trees it is lossless for, else on the chain (default: none)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="results/demo", help="output directory (default results/demo)")
     d.add_argument("--cache-dir", default=None, help="model cache directory")
@@ -51,10 +54,11 @@ def run(args) -> int:
     check_out_dir(args.out, "--out")  # before any model loads: a read-only --out would lose the work
     check_common(args)
     verifiers = tuple(name_list(args.verifiers, "--verifiers")) if args.verifiers else None
+    rules = tuple(name_list(args.rules, "--rules")) if args.rules else None
     # parsed here, validated once by the config (an ArgumentError there names the field; cli.ARG_FLAGS its flag)
     cfg = DemoConfig(
         target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-        depth=args.depth, ks=ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers,
+        depth=args.depth, ks=ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers, rules=rules,
         out_dir=args.out, cache_dir=args.cache_dir, chat=not args.no_chat, stop_at_eos=not args.no_eos,
         time_budget_s=args.time_budget if args.time_budget else None,
     )

@@ -14,17 +14,23 @@ One decoding step, with ``r`` the last committed token (not yet in either KV cac
    additive mask lets each node attend to the cached prefix and to its ancestors only,
    and node positions are ``pos(r) + depth``. Logits of node i give ``p`` after the path
    to i.
-3. **Walk.** The tree (a ``trees.DraftTree``: drafts and q rows per node, p rows processed
-   from the target logits on demand) goes to ``trees.TokenWalk``: from the root,
-   ``verifiers.get(name).verify(p, q, drafts, law=kind)`` picks the output token at the node;
-   if it is one of the node's drafts the walk enters that child (accepted token), otherwise
-   it stops (recovered token). At a node without drafts (a leaf: the whole path was accepted)
-   one bonus token is sampled from ``p``.
+3. **Verify.** The tree (a ``trees.DraftTree``: drafts and q rows per node, p rows processed
+   from the target logits on demand) goes to the tree rule of ``Settings.rule``:
+   ``rule.verify(tree, generator) -> TreeVerdict(path, token)``. The default, 'token_walk'
+   (``trees.TokenWalk``), walks from the root: ``verifiers.get(name).verify(p, q, drafts,
+   law=kind)`` picks the output token at the node; if it is one of the node's drafts the walk
+   enters that child (accepted token), otherwise it stops (recovered token); at a node without
+   drafts (a leaf: the whole path was accepted) one bonus token is sampled from ``p``. A
+   sequence-level rule ('block', 'traversal', ...) reads the whole tree (every node's p row)
+   and emits an accepted path and one token the same way. A step whose tree has no drafts
+   (the depth cap is 0 at the last token, or a dynamic tree that grants none) emits one
+   token sampled from ``p`` at the root, whatever the rule.
 4. **Caches.** Both caches are compacted in place to the prefix plus the accepted path;
    the accepted prefix is never recomputed. The final token becomes the next ``r``.
 
 Every output token is distributed exactly as the target's processed distribution given
-the prefix (see ``trees.walk`` for the argument); at temperature 0 the output equals the
+the prefix (see ``trees.walk`` for the argument, and each rule's module for its own; the
+settings admit a sequence-level rule only for a tree law it ``supports``); at temperature 0 the output equals the
 target's greedy decoding (up to floating-point differences between the tree pass and a
 plain forward, which the tests bound on float32 models).
 
@@ -45,13 +51,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import drafts as _drafts
+from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_generator
-from ..sampling import process_logits
-from ..trees import DraftTree, TokenWalk, TreeShape, allocate
+from ..sampling import process_logits, sample_token
+from ..trees import DraftTree, TokenWalk, TreeShape, TreeVerdict, allocate
 from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
-from .settings import Settings, node_ks
+from .settings import WALK, Settings, node_ks
 
 __all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "score_tree", "node_ks"]
 
@@ -127,7 +134,7 @@ def _check_models(target, draft, input_ids, settings: Settings, eos_token_id) ->
         eos = frozenset(operator.index(e) for e in ids)
     ctx = model_context(target)
     T = input_ids.shape[1]
-    if settings.verifier is None:
+    if settings.target_alone:
         if T >= ctx:
             raise ArgumentError("input_ids", f"has {T} tokens but the target's context window is {ctx}; the prompt is too long")
         return eos
@@ -181,7 +188,10 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     node_log        optional list; every verified tree node appends ``(k, slot, depth)``: its
                     number of drafts, the draft slot the walk entered (the first slot holding
                     the output token) or None, and its depth (acceptance statistics for
-                    ``treeopt.AcceptStats.from_records``). Decoding is unchanged.
+                    ``treeopt.AcceptStats.from_records``). Decoding is unchanged. Only for
+                    the token walk (``rule='token_walk'``): a sequence-level rule decides whole
+                    paths, not one node after another; its per-step record is
+                    ``GenerationResult.accepted_lengths``.
     on_step         optional callable ``on_step(tokens)`` after each step with the tokens that
                     step emitted (a list of ints, already cut after an eos; streaming). A true
                     return value stops decoding after that step (``stop_reason`` 'stopped', the
@@ -190,7 +200,12 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     Keyword settings (``Settings.from_args``):
 
     verifier        a registered verifier name (``multidraft.verifiers.names()``) or None
-                    (default 'specinfer').
+                    (default 'specinfer'): the token-level verifier of the walk.
+    rule            the tree rule that verifies each step's tree (``trees.names()`` but
+                    'tree_lp'): None or 'token_walk' (default) the walk of ``verifier``;
+                    'block' (one chain: k = 1), 'traversal' (i.i.d. trees of every mode), or
+                    any other registered rule, given without ``verifier``, for the tree
+                    modes it ``supports`` (``Settings.from_args`` refuses the others).
     k, depth        K drafts per node and tree depth L: the full K-ary tree of depth L, or
                     with ``tree="sequences"`` K draft sequences of length L merged into a
                     trie; ``tree=[[0], [1], [0, 0], ...]`` an explicit shape (overrides both);
@@ -228,8 +243,11 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
     if on_step is not None and not callable(on_step):
         raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
+    if node_log is not None and settings.rule not in (None, WALK):
+        raise ArgumentError("node_log", f": per-node records belong to the token walk; rule {settings.rule!r} decides "
+                                        "whole paths (its accepted length per step is GenerationResult.accepted_lengths)")
     with torch.inference_mode():
-        dec = _Decoder(target, draft if settings.verifier is not None else None, settings, g, progress,
+        dec = _Decoder(target, None if settings.target_alone else draft, settings, g, progress,
                        prompt_cache, node_log, eos=eos)
         dec.on_step = on_step
         return dec.run(input_ids)
@@ -251,10 +269,14 @@ class _Decoder:
         self.draft_calls = 0
         self.tree_tokens = 0
 
-    # the walk: the token-level verifier at each node (fallbacks in trees.TokenWalk) ------------
+    # the tree rule: the walk of the token-level verifier (fallbacks in trees.TokenWalk), or a
+    # sequence-level rule from the registry --------------------------------------------------------
     @functools.cached_property
-    def walk(self) -> TokenWalk:
-        return TokenWalk(self.settings.verifier or "naive", self.settings.law)
+    def rule(self) -> _trees.TreeRule:
+        s = self.settings
+        if s.rule in (None, WALK):
+            return TokenWalk(s.verifier or "naive", s.law)
+        return _trees.get(s.rule)
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
         s = self.settings
@@ -276,7 +298,7 @@ class _Decoder:
                 stop = "context"
                 break
             remaining = s.max_new_tokens - len(out)
-            cap = 0 if s.verifier is None else min(s.shape.depth, remaining - 1, room)
+            cap = 0 if s.target_alone else min(s.shape.depth, remaining - 1, room)
             new, m, dd = self._step(root, cap)
             accepted.append(m)
             depths.append(dd)
@@ -327,12 +349,26 @@ class _Decoder:
         logits = score_tree(self.t, tree)
         self.target_calls += 1
         self.tree_tokens += len(tree.nodes)
-        # walk: p rows processed on demand, only at the nodes the walk visits
-        tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
-        verdict = self.walk.verify(tree, self.g)
-        if self.node_log is not None:
-            self.node_log.extend(self.walk.node_records(tree, verdict))
-        path, final = list(verdict.path), verdict.token
+        rule = self.rule
+        if isinstance(rule, TokenWalk):
+            # walk: p rows processed on demand, only at the nodes the walk visits
+            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
+            verdict = rule.verify(tree, self.g)
+            if self.node_log is not None:
+                self.node_log.extend(rule.node_records(tree, verdict))
+        else:
+            # a sequence-level rule reads every node's p row (float64 math on [V] rows), on the CPU
+            # with the CPU generator; a tree without drafts is no tree: one token from p at the root
+            if logits.device.type != "cpu":
+                for nd in tree.nodes:
+                    if nd.q is not None:
+                        nd.q = nd.q.cpu()
+            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p).cpu())
+            if tree.nodes[0].drafts:
+                verdict = rule.verify(tree, self.g)
+            else:
+                verdict = TreeVerdict((), int(sample_token(tree.p(0), self.g)))
+        path, final = list(verdict.path), int(verdict.token)
         m = len(path)
         # caches: keep prefix + root + accepted path
         self.t.commit([0] + path)

@@ -13,12 +13,151 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .. import drafts as _drafts
+from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
 from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
 
-__all__ = ["Settings", "ArgumentError", "node_ks"]
+__all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law"]
+
+WALK = "token_walk"  # the default tree rule: the root-first walk of the token-level ``verifier``
+# Registered tree rules the decoder refuses, with why and what would work instead.
+_NOT_IN_DECODER = {
+    "tree_lp": "samples the coupling of the tree-level LP, which enumerates every draft tree (small V only); "
+               "it cannot run at a model's vocabulary: use 'traversal' (trees) or 'block' (one chain)",
+}
+_UNSET = object()  # verifier not given (its default, 'specinfer', is the walk's verifier)
+
+
+def decoder_rules() -> list[str]:
+    """The tree rules the decoder takes: every registered rule (``trees.names()``) but those that
+    need small V (today 'tree_lp'); 'token_walk' is the default (the walk of ``verifier``)."""
+    return [n for n in _trees.names() if n not in _NOT_IN_DECODER]
+
+
+def tree_law(shape: TreeShape, kind: str, n_cols: int = 1):
+    """The ``trees.TreeLaw`` of the trees the decoder drafts with ``shape`` and the node law ``kind``:
+    ``chain`` (one draft per node), ``sequences``, ``kary`` (the full K-ary tree), ``explicit``
+    (any other shape of paths) or ``dynamic``; ``n_cols`` draft columns for 'independent'."""
+    cols = n_cols if kind == "independent" else None
+    if shape.mode == "sequences":
+        return _trees.sequences(shape.k, shape.depth, kind, cols)
+    if shape.mode == "dynamic":
+        return _trees.dynamic(shape.k, shape.depth, shape.budget, kind, shape.min_gain)
+    if shape.k <= 1:
+        return _trees.chain(shape.depth, kind)
+    if shape.children == _trees.parse_tree(_trees.full_tree(shape.k, shape.depth)):
+        return _trees.kary(shape.k, shape.depth, kind, cols)
+    return _trees.explicit([list(p) for p in shape.children if p], kind, cols)
+
+
+AUTO_PROXY = "specinfer"  # --tree auto rates trees for a sequence-level rule with this verifier's walk
+
+
+def rule_node_ks(rule: str, law: str, k_max: int) -> list[int]:
+    """The numbers of drafts 1..k_max per node for which the sequence-level ``rule`` is lossless on
+    the K-ary tree of depth 2 with node law ``law`` (k = 1: one chain): the node sizes ``--tree
+    auto`` may give a tree verified by ``rule``."""
+    obj = _trees.get(rule)
+    return [k for k in range(1, k_max + 1) if obj.supports(_trees.kary(k, 2, law))]
+
+
+def _rule_name(rule) -> str:
+    """The tree rule name (``WALK`` for None), checked against the registry and the decoder's refusals."""
+    if rule is None:
+        return WALK
+    if isinstance(rule, _trees.TreeRule):
+        rule = rule.name
+    if not isinstance(rule, str) or not rule.strip():
+        raise ArgumentError("rule", f"must be a registered tree rule name, got {rule!r}")
+    name = rule.strip()
+    if name in _NOT_IN_DECODER:
+        raise ArgumentError("rule", f": {name!r} {_NOT_IN_DECODER[name]}")
+    if name not in _trees.names():
+        raise ArgumentError("rule", f": unknown tree rule {name!r}; the decoder takes {', '.join(decoder_rules())}")
+    return name
+
+
+def _alternatives(rule: str, shape: TreeShape, kind: str, n_cols: int) -> str:
+    """What would work instead of (rule, tree law): the tree modes of these sizes the rule takes,
+    and the other rules that take this tree."""
+    K, L = shape.k, shape.depth
+    modes = []
+    for what, sh in (("k = 1 (one chain)", TreeShape.from_args(None, 1, L)),
+                     ("tree = 'sequences'", TreeShape.from_args("sequences", K, L)),
+                     ("the full K-ary tree (tree = None)", TreeShape.from_args(None, K, L)),
+                     ("tree = 'dynamic'", TreeShape.from_args("dynamic", K, L))):
+        for kd in dict.fromkeys((kind, "iid")):
+            try:
+                if _takes(_trees.get(rule), sh, kd, n_cols):
+                    modes.append(what + ("" if kd == kind else f" with draft_law = {kd!r}"))
+                    break
+            except ValueError:
+                continue
+    law = tree_law(shape, kind, n_cols)
+    others = []
+    for name in decoder_rules():
+        if name in (rule, WALK):
+            continue
+        try:
+            if _takes(_trees.get(name), shape, kind, n_cols):
+                others.append(repr(name))
+        except (TypeError, ValueError):  # a rule that needs options the decoder does not give
+            continue
+    out = []
+    if modes:
+        out.append(f"use {' or '.join(dict.fromkeys(modes))}")
+    if others:
+        out.append(f"rule {' or '.join(others)}")
+    out.append(f"rule {WALK!r} (the walk of a token-level verifier)")
+    return ", or ".join(out)
+
+
+def _check_rule(rule: str, shape: TreeShape, kind: str, n_cols: int) -> None:
+    """``ArgumentError`` naming ``rule`` unless the sequence-level ``rule`` is lossless for the
+    decoder's tree law (``rule.supports(tree_law(...))``), naming what would work."""
+    law = tree_law(shape, kind, n_cols)
+    obj = _trees.get(rule)
+    if obj.supports(law):
+        why = _dry_run(obj, shape, kind, n_cols)
+        if why is None:
+            return
+    else:
+        why = obj.refusal(law) if hasattr(obj, "refusal") else None
+    raise ArgumentError("rule", f": {rule!r} is not lossless for {law.name}"
+                                + (f" ({why})" if why else "") + f"; {_alternatives(rule, shape, kind, n_cols)}")
+
+
+def _takes(obj, shape: TreeShape, kind: str, n_cols: int) -> bool:
+    """Whether the rule ``obj`` verifies the decoder's trees of this mode and law (``supports``
+    and a dry run)."""
+    return obj.supports(tree_law(shape, kind, n_cols)) and _dry_run(obj, shape, kind, n_cols) is None
+
+
+def _dry_run(obj, shape: TreeShape, kind: str, n_cols: int) -> str | None:
+    """Why ``obj`` refuses a tree of this mode and node law at verify time (None when it verifies
+    one): a small tree of the same mode, K and law (depth <= 2, V = 3 tables) drawn and verified
+    once, so that a rule whose ``supports`` admits a law its checks then refuse is refused here,
+    before any model runs, not in the middle of a decode."""
+    L = min(shape.depth, 2)
+    if shape.mode == "paths":
+        small = TreeShape.from_args([list(p) for p in shape.children if p and len(p) <= L], shape.k, L)
+    else:
+        small = TreeShape.from_args(shape.mode, shape.k, L, shape.budget if shape.mode == "dynamic" else None,
+                                    shape.min_gain)
+    law = tree_law(small, kind, n_cols)
+    cols = n_cols if kind == "independent" else 1
+    model = _trees.TableModel.random(V=3, seed=0, cols=max(cols, 1))
+    try:
+        tree = law.sample(model, torch.Generator().manual_seed(0))
+        if tree.nodes[0].drafts:
+            obj.verify(tree, torch.Generator().manual_seed(0))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _unsupported(v, kind: str, k: int) -> ArgumentError:
@@ -47,10 +186,14 @@ class Settings:
     """The model-free part of a ``generate`` call, checked and resolved; make it with
     :meth:`from_args` (the fields are resolved values, not arguments).
 
-    ``verifier`` a Verifier, or None for the target alone; ``law`` the draft law's kind
+    ``verifier`` the token-level Verifier of the walk (None for the target alone and for a
+    sequence-level rule, which reads no token-level verifier); ``law`` the draft law's kind
     (``drafts.LAW_KINDS``); ``shape`` the tree shape (None for the target alone); ``k`` and
     ``depth`` as given (0 for the target alone); ``draft_temps`` one temperature per draft
-    column (one entry unless the law is 'independent'; empty for the target alone).
+    column (one entry unless the law is 'independent'; empty for the target alone);
+    ``rule`` the registered tree rule (``trees.names()``) that verifies each step's tree:
+    'token_walk' (the walk of ``verifier``), a sequence-level rule ('block', 'traversal', ...),
+    or None for the target alone (no tree). ``target_alone`` says which.
     """
 
     verifier: object
@@ -63,11 +206,24 @@ class Settings:
     top_k: int | None
     top_p: float | None
     max_new_tokens: int
+    rule: str | None = WALK
+
+    @property
+    def target_alone(self) -> bool:
+        """True when the target decodes alone (no draft, no tree)."""
+        return self.rule is None
+
+    @property
+    def tree_law(self):
+        """The ``trees.TreeLaw`` of this decode's full-depth trees (None for the target alone)."""
+        if self.rule is None:
+            return None
+        return tree_law(self.shape, self.law, len(self.draft_temps))
 
     @classmethod
-    def from_args(cls, *, verifier="specinfer", k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
+    def from_args(cls, *, verifier=_UNSET, k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None,
-                  min_gain=None) -> "Settings":
+                  min_gain=None, rule=None) -> "Settings":
         """Check every argument of ``generate`` that needs no model, each once; ``ArgumentError``
         naming the first bad one.
 
@@ -77,14 +233,29 @@ class Settings:
         per step, root included, and ``min_gain`` (default 0) the least value (reach x coverage
         increment, in expected tokens) for which a draft is granted; the verifier must be
         lossless for the law at every k in 2..k.
+
+        ``rule`` (default None: 'token_walk', the walk of ``verifier``, default 'specinfer') names
+        the tree rule that verifies each step's tree (``decoder_rules()``). A sequence-level rule
+        ('block', 'traversal', ...) reads no token-level verifier, so ``verifier`` must not be
+        given with it; ``draft_law`` then defaults to 'iid', and the rule must be lossless for the
+        decoder's tree law (``tree_law``: chain, sequences, kary / explicit paths or dynamic,
+        decided by ``rule.supports``), else ``ArgumentError`` naming ``rule`` and what would work.
+        'tree_lp' (small V only) is refused.
         """
         temperature = as_temperature(temperature, "temperature")
         top_k = as_top_k(top_k, "top_k")
         top_p = as_top_p(top_p, "top_p")
         max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=1)
-        v = _verifier(verifier)
-        if v is None:
-            return cls(None, "iid", None, 0, 0, temperature, (), top_k, top_p, max_new_tokens)
+        rule = _rule_name(rule)
+        if rule != WALK:
+            if verifier is not _UNSET and verifier is not None:
+                raise ArgumentError("verifier", f": rule {rule!r} verifies whole paths and reads no token-level "
+                                                f"verifier; drop verifier, or use rule {WALK!r} (the walk of a verifier)")
+            v = None
+        else:
+            v = _verifier("specinfer" if verifier is _UNSET else verifier)
+            if v is None:
+                return cls(None, "iid", None, 0, 0, temperature, (), top_k, top_p, max_new_tokens, None)
         K = as_k(k, "k")
         L = as_int(depth, "depth", minimum=1)
         listed = isinstance(draft_temperature, (list, tuple))
@@ -116,6 +287,8 @@ class Settings:
                                              "'independent' (a list of draft temperatures)")
         if kind is None and listed:
             kind = "independent"
+        elif kind is None and v is None:  # a sequence-level rule: i.i.d. drafts unless a law is named
+            kind = "iid"
         elif kind is None:  # the law the verifier implies at the largest node (Verifier.implied_law)
             try:
                 kind = v.implied_law(shape.k)
@@ -146,16 +319,19 @@ class Settings:
             ks = set(range(1, shape.k + 1))  # the allocator may choose any k <= K
         else:
             ks = {n for n in shape.children.values() if n > 0}
-        allowed = node_ks(v, kind, max(ks, default=1))
-        for n in sorted(ks):
-            if n not in allowed:
-                raise _unsupported(v, kind, n)
-        return cls(v, kind, shape, K, L, temperature, tuple(temps), top_k, top_p, max_new_tokens)
+        if v is None:
+            _check_rule(rule, shape, kind, len(temps))
+        else:
+            allowed = node_ks(v, kind, max(ks, default=1))
+            for n in sorted(ks):
+                if n not in allowed:
+                    raise _unsupported(v, kind, n)
+        return cls(v, kind, shape, K, L, temperature, tuple(temps), top_k, top_p, max_new_tokens, rule)
 
     def as_args(self) -> dict:
         """Keyword arguments of :meth:`from_args` that give these settings again (the law and the
         draft temperatures as resolved; the tree as its shape's argument)."""
-        if self.verifier is None:
+        if self.rule is None:
             return dict(verifier=None, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                         max_new_tokens=self.max_new_tokens)
         s = self.shape
@@ -166,13 +342,23 @@ class Settings:
         else:
             tree = dict(tree=[list(p) for p in s.children if p])
         independent = self.law == "independent"
-        return dict(verifier=self.verifier, k=self.k, depth=self.depth, draft_law=self.law,
+        who = dict(verifier=self.verifier) if self.rule == WALK else dict(rule=self.rule)
+        return dict(**who, k=self.k, depth=self.depth, draft_law=self.law,
                     draft_temperature=list(self.draft_temps) if independent else self.draft_temps[0],
                     temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                     max_new_tokens=self.max_new_tokens, **tree)
 
     def derive(self, **changes) -> "Settings":
         """New settings: these with ``changes`` (keyword arguments of :meth:`from_args`), checked
-        as one new call. ``verifier=None`` gives the target alone at the same sampling settings."""
-        return Settings.from_args(**{**self.as_args(), **changes})
+        as one new call. ``verifier=None`` gives the target alone at the same sampling settings
+        (whatever the rule); ``verifier=NAME`` the walk of that verifier."""
+        args = self.as_args()
+        if "verifier" in changes and "rule" not in changes:
+            args.pop("rule", None)
+            if changes["verifier"] is None:
+                return Settings.from_args(**{k: v for k, v in {**args, **changes}.items()
+                                             if k in ("verifier", "temperature", "top_k", "top_p", "max_new_tokens")})
+        elif "rule" in changes and changes["rule"] not in (None, WALK):
+            args.pop("verifier", None)
+        return Settings.from_args(**{**args, **changes})
 

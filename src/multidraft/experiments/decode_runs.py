@@ -2,8 +2,9 @@
 decode-speed benchmark.
 
 A **method** (:class:`MethodSpec`) is what one decode run does: the target alone
-(``verifier=None``), a verifier on a draft tree (law, K, depth, tree shape, temperatures), or
-a peer (a callable that decodes one prompt its own way, e.g. ``transformers``' assisted
+(``verifier=None``), a draft tree (law, K, depth, tree shape, temperatures) verified by the
+walk of a token-level verifier (``verifier``) or by a sequence-level tree rule (``rule``:
+'block', 'traversal', ... from ``decoding.decoder_rules()``), or a peer (a callable that decodes one prompt its own way, e.g. ``transformers``' assisted
 generation or llama.cpp's binaries; see ``benchmarks/decode_speed.py``).
 
 :func:`run` decodes every prompt with every method, **interleaved** (for each prompt, every
@@ -14,7 +15,8 @@ method (and left out of tokens/s).
 
 **One seed rule** (:func:`run_seed`): the run of method m on prompt ``pid`` draws everything
 from ``torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{verifier}|{law}|{K}|{depth}"))``
-(``verifier`` is ``autoregressive`` for the target alone, with law ``-`` and K = depth = 0).
+(``verifier`` is ``autoregressive`` for the target alone, with law ``-`` and K = depth = 0, and
+the rule's name for a sequence-level rule: no rule shares a name with a verifier).
 It depends on that run's identity alone, never on the order or on the other methods, so a
 run can be resumed, reordered or rerun alone with the same tokens; every round of a run
 repeats its tokens (only the timing differs). Methods that differ only in the tree shape
@@ -24,7 +26,9 @@ This is the rule the blocks stage always used, so ``docs/paper/blocks.jsonl`` re
 **One row schema** (:func:`run_row`; every row through :class:`.records.JsonlWriter`, which
 adds the run id and the code version and whose meta row holds the config, seed and
 versions): ``kind="run"``, ``method`` (label), ``method_kind`` (``target``, ``tree``, ``auto``
-or a peer's kind), ``verifier``, ``law``, ``K``, ``depth``, ``tree`` (None for the full
+or a peer's kind), ``verifier`` (the walk's verifier; ``-`` under a sequence-level rule),
+``rule`` (the tree rule: ``token_walk``, ``block``, ``traversal``, ...; None for the target
+alone and peers), ``law``, ``K``, ``depth``, ``tree`` (None for the full
 K-ary tree, ``sequences``, ``dynamic``, or the explicit shape), ``temperature``,
 ``draft_temperature``, ``top_k``, ``top_p``, ``prompt``, ``prompt_tokens``, ``round``,
 ``seed``, ``new_tokens``, ``target_calls``, ``draft_calls``, ``tree_tokens``,
@@ -54,6 +58,7 @@ import torch
 
 from .. import verifiers as _verifiers
 from ..decoding import PromptCache, Settings, generate
+from ..decoding.settings import WALK, decoder_rules
 from .findings import t95
 from .records import derived_seed
 
@@ -78,6 +83,8 @@ class MethodSpec:
     (``new_tokens``, ``target_calls``, ``draft_calls``, ``seconds``, ``block_efficiency``,
     ``acceptance_rate``) for methods that are not this library's decoder; ``kind`` names it.
     ``info``: extra facts written into every row's ``tree`` field (an automatically chosen tree).
+    ``rule``: a sequence-level tree rule ('block', 'traversal', ...) verifying the tree instead
+    of the walk of a verifier (``verifier`` is then None; the law defaults to 'iid').
     """
 
     label: str
@@ -95,20 +102,35 @@ class MethodSpec:
     kind: str | None = None
     peer: Callable | None = field(default=None, compare=False, repr=False)
     info: dict | None = field(default=None, compare=False, repr=False)
+    rule: str | None = None
+
+    @property
+    def target_alone(self) -> bool:
+        """The target decodes alone (no draft): neither a verifier nor a rule, and not a peer."""
+        return self.verifier is None and self.rule is None
+
+    @property
+    def rule_name(self) -> str | None:
+        """The tree rule the rows carry: ``token_walk`` for a verifier's walk, None without a tree."""
+        if self.peer is not None or self.target_alone:
+            return None
+        return self.rule or WALK
 
     @property
     def method_kind(self) -> str:
         if self.kind is not None:
             return self.kind
-        return "target" if self.verifier is None else "tree"
+        return "target" if self.target_alone else "tree"
 
     @property
     def row_law(self) -> str:
         """The draft law kind the rows carry (``-`` for the target alone and peers)."""
-        if self.verifier is None:
+        if self.target_alone:
             return "-"
         if self.law is not None:
             return self.law
+        if self.rule is not None:
+            return "iid"
         k = self.k
         if isinstance(self.tree, (list, tuple)):
             k = max(1, max((sum(1 for q in self.tree if len(q) == len(p) + 1 and tuple(q[:-1]) == tuple(p))
@@ -118,7 +140,7 @@ class MethodSpec:
     @property
     def chain(self) -> bool:
         """One draft per node: single-draft SD (a chain)."""
-        if self.verifier is None:
+        if self.target_alone:
             return False
         if self.verifier == "naive" or self.k == 1:
             return True
@@ -126,9 +148,10 @@ class MethodSpec:
 
     def generate_kwargs(self) -> dict:
         """The keyword arguments of ``multidraft.generate`` this method decodes with."""
-        if self.verifier is None:
+        if self.target_alone:
             return {"verifier": None, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-        kw = {"verifier": self.verifier, "k": self.k, "depth": self.depth, "draft_law": self.law,
+        who = {"rule": self.rule} if self.rule is not None else {"verifier": self.verifier}
+        kw = {**who, "k": self.k, "depth": self.depth, "draft_law": self.law,
               "tree": [list(p) for p in self.tree] if isinstance(self.tree, tuple) else self.tree,
               "temperature": self.temperature,
               "draft_temperature": self.draft_temperature if self.draft_temperature is not None else self.temperature,
@@ -144,15 +167,32 @@ def target_alone(label: str = "target-only", *, temperature: float = 1.0, top_k=
     return MethodSpec(label, None, temperature=float(temperature), top_k=top_k, top_p=top_p)
 
 
-def tree_method(label: str, verifier: str, k: int, depth: int, *, law: str | None = None, tree=None,
+def tree_method(label: str, verifier: str | None, k: int, depth: int, *, law: str | None = None, tree=None,
                 temperature: float = 1.0, draft_temperature: float | None = None, top_k=None, top_p=None,
-                max_nodes=None, min_gain=None) -> MethodSpec:
-    """A verifier on a draft tree; ``law`` None: the verifier's implied law at K, resolved here."""
+                max_nodes=None, min_gain=None, rule: str | None = None) -> MethodSpec:
+    """A draft tree verified by the walk of ``verifier`` or, with ``rule`` (and ``verifier`` None), by
+    a sequence-level tree rule; ``law`` None: the verifier's implied law at K ('iid' for a rule),
+    resolved here."""
+    if rule in (None, WALK):
+        rule = None
+    elif verifier is not None:
+        raise ValueError(f"verifier: rule {rule!r} reads no token-level verifier; give one of them")
     if law is None and not isinstance(tree, (list, tuple)):
-        law = _verifiers.get(verifier).implied_law(int(k))
+        law = "iid" if rule is not None else _verifiers.get(verifier).implied_law(int(k))
     return MethodSpec(label, verifier, law, int(k), int(depth), tuple(tuple(p) for p in tree)
                       if isinstance(tree, (list, tuple)) else tree, max_nodes, min_gain, float(temperature),
-                      draft_temperature, top_k, top_p)
+                      draft_temperature, top_k, top_p, rule=rule)
+
+
+def _who(name: str, spec: str) -> dict:
+    """A method's verifier or sequence-level rule, by name: ``{"verifier": name}`` or ``{"rule": name}``."""
+    if name in _verifiers.names():
+        return {"verifier": name}
+    if name in decoder_rules() and name != WALK:
+        return {"rule": name}
+    raise ValueError(f"method {spec!r}: unknown verifier or tree rule {name!r}; verifiers: "
+                     f"{', '.join(_verifiers.names())}; tree rules the decoder takes: "
+                     f"{', '.join(r for r in decoder_rules() if r != WALK)}")
 
 
 def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
@@ -162,7 +202,9 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     verifier V on the full K-ary tree of depth D; ``V:seqKxD`` on K draft sequences of length
     D; ``V:dyn:K:N:D[:G]`` on dynamic trees (at most K drafts a node, N nodes, depth D, gain G);
     ``V:auto:K`` a tree chosen later from a cost profile (``kind="auto"``; the caller fills
-    ``tree``). ValueError for anything else."""
+    ``tree``). V is a verifier (its walk) or a sequence-level tree rule such as ``block``
+    (``block:1xD``) or ``traversal`` (``traversal:seq2x6``); the label names it either way
+    (``traversal seq K=2 depth 6``). ValueError for anything else."""
     s = spec.strip()
     t = float(temperature)
     if s == "target":
@@ -174,21 +216,23 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     m = re.fullmatch(r"(\w+):(seq)?(\d+)x(\d+)", s)
     if m:
         v, seq, k, d = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
-        _verifiers.get(v)
-        return MethodSpec(f"{v} {'seq ' if seq else ''}K={k} depth {d}", v, None, k, d,
-                          "sequences" if seq else None, temperature=t)
+        who = _who(v, s)
+        return MethodSpec(f"{v} {'seq ' if seq else ''}K={k} depth {d}", who.get("verifier"), None, k, d,
+                          "sequences" if seq else None, temperature=t, rule=who.get("rule"))
     m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)(?::([0-9.]+))?", s)
     if m:
         v, k, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
-        _verifiers.get(v)
+        who = _who(v, s)
         gain = float(m.group(5)) if m.group(5) is not None else None
         label = f"{v} dynamic K<={k} {n} nodes depth<={d}" + (f" gain>={gain:g}" if gain is not None else "")
-        return MethodSpec(label, v, None, k, d, "dynamic", n, gain, temperature=t)
+        return MethodSpec(label, who.get("verifier"), None, k, d, "dynamic", n, gain, temperature=t,
+                          rule=who.get("rule"))
     m = re.fullmatch(r"(\w+):auto:(\d+)", s)
     if m:
         v, k = m.group(1), int(m.group(2))
-        _verifiers.get(v)
-        return MethodSpec(f"{v} auto K<={k}", v, None, k, 0, temperature=t, kind="auto")
+        who = _who(v, s)
+        return MethodSpec(f"{v} auto K<={k}", who.get("verifier"), None, k, 0, temperature=t, kind="auto",
+                          rule=who.get("rule"))
     raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K)")
 
 
@@ -215,10 +259,10 @@ def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
     law, K, depth) alone."""
     if method.peer is not None:
         name, law, k, depth = method.method_kind, "-", 0, 0
-    elif method.verifier is None:
+    elif method.target_alone:
         name, law, k, depth = AUTOREGRESSIVE, "-", 0, 0
     else:
-        name, law, k, depth = method.verifier, method.row_law, method.k, method.depth
+        name, law, k, depth = method.rule or method.verifier, method.row_law, method.k, method.depth
     return derived_seed(seed, f"{prompt}|{name}|{law}|{k}|{depth}")
 
 
@@ -234,10 +278,11 @@ def _num(x):
 
 def run_row(method: MethodSpec, prompt: str, ids: torch.Tensor, seed: int, res, *, round_: int = 0) -> dict:
     """The row of one run: ``res`` a ``GenerationResult`` or a peer's dict of measurements."""
-    target = method.verifier is None and method.peer is None
+    target = method.target_alone and method.peer is None
     row = {
         "kind": "run", "method": method.label, "method_kind": method.method_kind,
-        "verifier": AUTOREGRESSIVE if target else method.verifier,
+        "verifier": AUTOREGRESSIVE if target else (method.verifier if method.rule is None else "-"),
+        "rule": method.rule_name,
         "law": method.row_law if method.peer is None else "-",
         "K": 0 if target else method.k,
         "depth": 0 if target else method.depth,
@@ -320,7 +365,7 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
         if m.peer is not None:
             res = m.peer(pid, ids, s)
         else:
-            res = generate(target, draft if m.verifier is not None else None, ids, method_settings(m, max_new_tokens),
+            res = generate(target, None if m.target_alone else draft, ids, method_settings(m, max_new_tokens),
                            eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(s), prompt_cache=cache)
         row = run_row(m, pid, ids, s, res, round_=rnd)
         out.rows.append(row)
@@ -459,7 +504,8 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
         tps = tokens / secs if secs > 0 else float("nan")
         acc = [r["acceptance_rate"] for r in rs if kind != "target" and _finite(r.get("acceptance_rate"))]
         scored = [r.get("tree_tokens") for r in rs if r.get("tree_tokens")]
-        s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "law": r0.get("law", "-"),
+        s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "rule": r0.get("rule"),
+             "law": r0.get("law", "-"),
              "K": r0.get("K", 0), "depth": r0.get("depth", 0),
              "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
              "draft_calls": sum(r.get("draft_calls") or 0 for r in rs), "seconds": secs,

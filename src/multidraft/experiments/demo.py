@@ -13,6 +13,10 @@ summary are the one decode runner's, :mod:`.decode_runs`):
   ``verifiers=("all",)`` takes every registered verifier. (The without-replacement and
   greedy laws draw K distinct tokens, so their trees keep every node; on a CPU whose tree
   pass costs about one single-token pass per node they are the slowest rows.)
+* sequence-level tree rules (``rules``: names from ``decoding.decoder_rules()``, or
+  ``("all",)``; none by default) on the same trees, i.i.d. drafts: each rule at every K of
+  ``ks`` it is lossless for on the full K-ary tree (``traversal K=2``), or, when it takes none
+  of them, on the chain of depth L (``block K=1``, block verification against the SD row).
 
 Runs are interleaved (for each prompt, every method in turn), so slow phases of a shared
 machine hit all methods alike. Per method the summary pools the prompts:
@@ -41,12 +45,13 @@ from .. import verifiers as _verifiers
 from .._errors import ArgumentError
 from .._validate import as_int, as_ks, as_temperature
 from ..datasets import encode_prompt, load_prompts
+from ..decoding.settings import WALK, decoder_rules
 from . import decode_runs, plots
 from .decode_runs import MethodSpec, format_table, summarize, target_alone, tree_method
 from .progress import progress as _progress
 from .records import JsonlWriter
 
-__all__ = ["DEFAULT_VERIFIERS", "DemoConfig", "plan_methods", "run_demo", "summarize", "format_table", "plot_summary"]
+__all__ = ["DEFAULT_VERIFIERS", "DemoConfig", "plan_methods", "plan_rule_methods", "run_demo", "summarize", "format_table", "plot_summary"]
 
 # verifiers that get no multi-draft row: the single-draft baseline has its own row, and the
 # LP coupling enumerates V^K draft tuples (small vocabularies only)
@@ -73,6 +78,7 @@ class DemoConfig:
     temperature: float = 1.0
     seed: int = 0
     verifiers: tuple[str, ...] | None = None
+    rules: tuple[str, ...] | None = None
     out_dir: str = "results/demo"
     cache_dir: str | None = None
     chat: bool = True
@@ -105,12 +111,17 @@ class DemoConfig:
             raise ArgumentError("time_budget_s", f"must be > 0 or None, got {self.time_budget_s!r}")
         if self.verifiers is not None:
             set_("verifiers", (self.verifiers,) if isinstance(self.verifiers, str) else tuple(self.verifiers))
+        if self.rules is not None:
+            set_("rules", (self.rules,) if isinstance(self.rules, str) else tuple(self.rules))
         try:
             methods, skipped = plan_methods(self.ks, self.verifiers, depth=self.depth, temperature=self.temperature)
         except ArgumentError:
             raise
         except ValueError as exc:
             raise ArgumentError.of("verifiers", exc) from None
+        rule_methods, rule_skipped = plan_rule_methods(self.ks, self.rules, depth=self.depth,
+                                                       temperature=self.temperature)
+        methods, skipped = methods + rule_methods, skipped + rule_skipped
         decode_runs.check_methods(methods, max_new_tokens=self.max_new_tokens)  # each method's settings, once
         set_("methods", tuple(methods))
         set_("skipped", tuple(skipped))
@@ -158,6 +169,44 @@ def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None, *, d
     return methods, skipped
 
 
+def plan_rule_methods(ks: Sequence[int], rules: Sequence[str] | None = None, *, depth: int = 3,
+                      temperature: float = 1.0) -> tuple[list[MethodSpec], list[str]]:
+    """(methods, skipped notes) of the sequence-level tree rules (see the module notes): each rule
+    at every K of ``ks`` it is lossless for on the full K-ary tree with i.i.d. drafts, else on the
+    chain of ``depth`` (K = 1). ``rules`` None: none; ``("all",)`` every rule the decoder takes;
+    an unknown name or 'tree_lp' is an ``ArgumentError`` naming ``rules``."""
+    from ..decoding import Settings
+
+    if not rules:
+        return [], []
+    known = [r for r in decoder_rules() if r != WALK]
+    if tuple(rules) == ("all",):
+        rules = known
+    for r in rules:
+        if r not in known:
+            raise ArgumentError("rules", f": {r!r} is not a sequence-level tree rule the decoder takes; "
+                                         f"choose from {', '.join(known)} (or 'all')")
+
+    def takes(rule: str, k: int) -> bool:
+        try:
+            Settings.from_args(rule=rule, k=k, depth=depth)
+        except ValueError:
+            return False
+        return True
+
+    methods, skipped = [], []
+    for rule in rules:
+        ok = [k for k in ks if takes(rule, k)]
+        for k in ks:
+            if k not in ok:
+                skipped.append(f"{rule} K={k}: not lossless for the full {k}-ary tree with i.i.d. drafts")
+        if not ok and takes(rule, 1):
+            ok = [1]
+        for k in ok:
+            methods.append(tree_method(f"{rule} K={k}", None, k, depth, law="iid", temperature=temperature, rule=rule))
+    return methods, skipped
+
+
 def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Path | None:
     """Two bar panels (speedup over target-only, block efficiency); None without matplotlib."""
     from .. import _optional
@@ -172,7 +221,8 @@ def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Pa
     labels = [s["method"] for s in summary]
     y = list(range(len(labels)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.35 * len(labels) + 1.6), dpi=110, sharey=True)
-    colors = ["0.55" if s["method_kind"] != "tree" else ("tab:orange" if s["K"] == 1 else "tab:blue") for s in summary]
+    colors = ["0.55" if s["method_kind"] != "tree" else "tab:green" if s.get("rule") not in (None, "token_walk")
+              else ("tab:orange" if s["K"] == 1 else "tab:blue") for s in summary]
     for ax, key, xlabel in ((axes[0], "speedup", "speedup vs target-only (tokens/s)"),
                             (axes[1], "block_efficiency", "block efficiency (tokens / target call)")):
         vals = [s[key] if s[key] == s[key] else 0.0 for s in summary]

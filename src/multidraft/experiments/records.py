@@ -502,8 +502,8 @@ SCHEMAS: dict[str, Schema] = {
         Field("draft_calls", "integer", lo=0, null=True), Field("tree_tokens", "integer", lo=0, null=True),
         Field("prompt_tokens", "integer", lo=0), Field("round", "integer", lo=0), Field("seed", "integer"),
         Field("seconds", lo=0, null=True), Field("prefill_seconds", lo=0, null=True),
-        Field("tokens", "integers", lo=0, null=True), Field("method", "text"),
-    ), ("verifier", "law", "K", "depth", "temperature", "prompt", "round", "method", "tree", "draft_temperature",
+        Field("tokens", "integers", lo=0, null=True), Field("method", "text"), Field("rule", "text", null=True),
+    ), ("verifier", "rule", "law", "K", "depth", "temperature", "prompt", "round", "method", "tree", "draft_temperature",
         "top_k", "top_p")),
     # ``experiment paper``'s stage timings (stages.jsonl)
     "stages": Schema((
