@@ -21,11 +21,13 @@ def _batch(rows, pad):
 PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
 
 
-def test_greedy_equals_the_targets_own_greedy_generate_row_by_row(pair):
+@pytest.mark.parametrize("spec", [dict(verifier="specinfer", k=2, depth=3), dict(rule="traversal", k=2, depth=3),
+                                  dict(rule="block", k=1, depth=3)])
+def test_greedy_equals_the_targets_own_greedy_generate_row_by_row(pair, spec):
     t, d = pair
     ids, mask = _batch(PROMPTS, pad=0)
     out = t.generate(ids, attention_mask=mask, assistant_model=d, custom_generate=md.custom_generate,
-                     verifier="specinfer", k=2, depth=3, do_sample=False, max_new_tokens=10, pad_token_id=0)
+                     **spec, do_sample=False, max_new_tokens=10, pad_token_id=0)
     assert out.shape == (3, ids.shape[1] + 10)
     assert torch.equal(out[:, :ids.shape[1]], ids)
     for i, r in enumerate(PROMPTS):
@@ -58,12 +60,13 @@ def test_sampling_is_multidraft_generate_with_seed_plus_row(pair, verifier, k):
     assert torch.equal(alone[0, 2:2 + n], out.sequences[1, ids.shape[1]:ids.shape[1] + n])
 
 
-def test_top_k_top_p_and_temperature_reach_the_decoder(pair):
+@pytest.mark.parametrize("spec", [dict(verifier="spectr"), dict(rule="traversal")])
+def test_top_k_top_p_and_temperature_reach_the_decoder(pair, spec):
     t, d = pair
     ids = torch.tensor([PROMPTS[0]])
-    out = t.generate(ids, draft_model=d, custom_generate=md.custom_generate, verifier="spectr", k=2, depth=2,
+    out = t.generate(ids, draft_model=d, custom_generate=md.custom_generate, **spec, k=2, depth=2,
                      do_sample=True, temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=8, seed=3, pad_token_id=0)
-    ref = md.generate(t, d, ids, verifier="spectr", k=2, depth=2, temperature=0.7, top_k=5, top_p=0.9,
+    ref = md.generate(t, d, ids, **spec, k=2, depth=2, temperature=0.7, top_k=5, top_p=0.9,
                       max_new_tokens=8, generator=3, eos_token_id=t.generation_config.eos_token_id)
     assert torch.equal(out[0, 4:4 + ref.new_tokens], ref.tokens)
 

@@ -87,7 +87,7 @@ def run(args) -> int:
     logger = logging.getLogger("multidraft.serve")
     say = logger.info
     llama = args.engine == "llama.cpp"
-    spec = settings.verifier is not None
+    spec = not settings.target_alone
     target, draft, tok = load_pair(
         args.engine, target=args.target, draft=args.draft if spec else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,

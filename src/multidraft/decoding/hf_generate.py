@@ -8,7 +8,7 @@ transformers user keeps their call and gains exact multi-draft speculative decod
                           custom_generate=md.custom_generate, verifier="optimal", k=2, depth=4,
                           do_sample=True, temperature=1.0, max_new_tokens=64, seed=0)
 
-The speculative settings (``verifier``, ``k``, ``depth``, ``tree``, ``draft_law``,
+The speculative settings (``verifier``, ``rule``, ``k``, ``depth``, ``tree``, ``draft_law``,
 ``draft_temperature``, ``max_nodes``, ``min_gain``) are ``decoding.Settings``'; the sampling
 settings come from the generation config: ``do_sample=False`` is temperature 0 (the target's
 greedy decoding, token for token), otherwise ``temperature``, ``top_k`` and ``top_p`` as
@@ -169,7 +169,7 @@ def __getattr__(name):
 
 def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                     synced_gpus=False, streamer=None, *, draft_model=None, verifier=_UNSET, k=_UNSET, depth=_UNSET,
-                    tree=_UNSET, draft_law=_UNSET, draft_temperature=_UNSET, max_nodes=_UNSET, min_gain=_UNSET,
+                    tree=_UNSET, rule=_UNSET, draft_law=_UNSET, draft_temperature=_UNSET, max_nodes=_UNSET, min_gain=_UNSET,
                     seed=None, generator=None, **model_kwargs):
     """Multi-draft speculative decoding as transformers' ``custom_generate`` (see the module notes).
 
@@ -187,7 +187,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         raise ArgumentError("input_ids", "must be a [B, T] LongTensor")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ArgumentError("streamer", f"streams one sequence (as in transformers); got a batch of {input_ids.shape[0]}")
-    spec = {name: value for name, value in dict(verifier=verifier, k=k, depth=depth, tree=tree, draft_law=draft_law,
+    spec = {name: value for name, value in dict(verifier=verifier, k=k, depth=depth, tree=tree, rule=rule, draft_law=draft_law,
                                                 draft_temperature=draft_temperature, max_nodes=max_nodes,
                                                 min_gain=min_gain).items() if value is not _UNSET}
     draft = draft_model if draft_model is not None else outer.get("assistant_model")
@@ -197,7 +197,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         raise ArgumentError("max_new_tokens", f"leaves no room: max_length {generation_config.max_length} with a "
                                               f"prompt of {T} tokens; raise max_new_tokens")
     settings = Settings.from_args(**spec, max_new_tokens=n_new, **_sampling(generation_config))
-    if settings.verifier is not None and draft is None:
+    if not settings.target_alone and draft is None:
         raise ArgumentError("draft_model", "is missing: pass assistant_model=draft (or draft_model=draft) "
                                            "to generate, or verifier=None for the target alone")
     eos = generation_config.eos_token_id

@@ -98,16 +98,17 @@ class ServedModel:
     def request_settings(self, temperature: float, top_p, top_k, max_tokens: int) -> Settings:
         dt = temperature if self.draft_temperature is None else self.draft_temperature
         changes = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens)
-        if self.settings.verifier is not None:
+        if not self.settings.target_alone:
             changes["draft_temperature"] = dt
         return self.settings.derive(**changes)
 
     def describe(self) -> dict:
         s = self.settings
-        if s.verifier is None:
-            return {"engine": self.engine, "verifier": "none", "law": None, "k": None, "depth": None, "tree": None}
-        return {"engine": self.engine, "verifier": s.verifier.name, "law": s.law, "k": s.k, "depth": s.depth,
-                "tree": self.tree}
+        if s.target_alone:
+            return {"engine": self.engine, "rule": None, "verifier": "none", "law": None, "k": None, "depth": None,
+                    "tree": None}
+        return {"engine": self.engine, "rule": s.rule, "verifier": s.verifier.name if s.verifier is not None else None,
+                "law": s.law, "k": s.k, "depth": s.depth, "tree": self.tree}
 
 
 class TextStream:
@@ -270,7 +271,7 @@ class Worker:
 
         try:
             ids = torch.tensor([job.prompt_ids], dtype=torch.long)
-            res = generate(m.target, m.draft if job.settings.verifier is not None else None, ids, job.settings,
+            res = generate(m.target, None if job.settings.target_alone else m.draft, ids, job.settings,
                            generator=job.seed, eos_token_id=None if m.ignore_eos else m.codec.eos, on_step=on_step)
         except Exception as exc:  # a failure inside the model: answered, logged, the worker goes on
             log.exception("request failed")
