@@ -103,3 +103,11 @@ def test_main_grid_and_report(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["chain_k1_l2_v2.jsonl", "kary_k2_l2_v2.jsonl"]
     text = (tmp_path / "table.md").read_text()
     assert "| kary_k2_l2_v2 | 2 |" in text and "best token walk" in text
+
+
+def test_root_study_rows_and_report(tmp_path):
+    assert seqrules.run_root("sequences", 2, 3, 2, n=15, out_dir=tmp_path, show_progress=False) == 15
+    assert seqrules.run_root("sequences", 2, 3, 2, n=15, out_dir=tmp_path, show_progress=False) == 0
+    seqrules.run_cell("sequences", 2, 3, 2, n=1, out_dir=tmp_path, rules=[], show_progress=False)
+    text = seqrules.report(sorted(tmp_path.glob("*.jsonl")))
+    assert "| sequences_k2_l3_v2 | 15 | " in text and "seed 14 (random)" in text

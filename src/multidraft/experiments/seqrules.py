@@ -23,6 +23,7 @@ registered adds their certificates and nothing else; a larger ``n`` adds instanc
 
     python -m multidraft.experiments.seqrules --grid                 # every cell of GRID
     python -m multidraft.experiments.seqrules --report               # the table, from the files
+    python -m multidraft.experiments.seqrules --root                 # item 5: the root trade-off (ROOT_CELLS)
     python -m multidraft.experiments.seqrules --law sequences --k 2 --depth 2 --vocab 3 -n 500
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ from . import records
 from .progress import progress as _progress
 
 __all__ = ["AT", "DROPPED", "GRID", "LAWS", "OUT_DIR", "cell_name", "cell_path", "load_cell", "main", "make_law",
-           "report", "run_cell", "summarize_cell"]
+           "report", "root_path", "run_cell", "run_root", "summarize_cell"]
 
 AT = 1e-9  # a rule within this of the ceiling is "at the ceiling" (LP precision)
 TOL = 1e-12  # certificate tolerance: a rule past it is not lossless
@@ -153,6 +154,57 @@ def run_cell(law: str, k: int, depth: int, V: int, n: int = 500, seed: int = 0, 
                 added["ceilings" if nm == CEILING else "rules"] += 1
     added["seconds"] = time.perf_counter() - t0
     return added
+
+
+# ---------------------------------------------------------------- item 5: the root trade-off
+
+ROOT_CELLS = (("chain", 1, 3, 3), ("sequences", 2, 2, 3), ("sequences", 2, 3, 2), ("kary", 2, 2, 2))
+ROOT_N = 100
+
+
+def root_path(out_dir, law: str, k: int, depth: int, V: int) -> Path:
+    return Path(out_dir) / f"root_{cell_name(law, k, depth, V)}.jsonl"
+
+
+def run_root(law: str, k: int, depth: int, V: int, n: int = ROOT_N, seed: int = 0, out_dir=OUT_DIR,
+             show_progress: bool = True) -> int:
+    """``trees.root_tradeoff`` on instances 0..n-1 of a cell (same instances as ``run_cell``), one row
+    each, missing rows only; returns the rows added."""
+    n = as_int(n, "n", minimum=1)
+    make_law(law, k, depth)
+    config = {"experiment": "seq_rules_root", "law": law, "k": k, "depth": depth, "V": V, "n": n,
+              "styles": list(trees.STYLES), "slack": 1e-9}
+    added = 0
+    with records.JsonlWriter(root_path(out_dir, law, k, depth, V), config, seed, keyed=("n",)) as w:
+        done = w.done(("instance",))
+        for i in _progress(range(n), total=n, desc="root " + cell_name(law, k, depth, V), enabled=show_progress):
+            if records.row_key({"instance": i}, ("instance",)) in done:
+                continue
+            style = trees.STYLES[i % len(trees.STYLES)]
+            model = trees.TableModel.random(V, seed=seed + i, style=style)
+            t = time.perf_counter()
+            r = trees.root_tradeoff(_instance_law(law, k, depth, model), model)
+            w.write(instance=i, seed=seed + i, style=style, **r._asdict(), seconds=round(time.perf_counter() - t, 4))
+            added += 1
+    return added
+
+
+def _root_section(path, significant: float = 1e-7) -> list[str]:
+    meta, rows = records.read_jsonl(path)
+    c = meta["config"]
+    name = cell_name(c["law"], c["k"], c["depth"], c["V"])
+    cost = [r["ceiling"] - r["root_optimal"] for r in rows]
+    short = [r["alpha_root"] - r["ceiling_root_max"] for r in rows]
+    bad = [r for r, g in zip(rows, cost) if g > significant]
+    line = (f"| {name} | {len(rows)} | {len(bad)} | {max(cost, default=0):.6f} | {max(short, default=0):.6f} |")
+    if bad:
+        w = max(bad, key=lambda r: r["ceiling"] - r["root_optimal"])
+        line += (f" seed {w['seed']} ({w['style']}): ceiling {w['ceiling']:.6f}, best root-optimal rule "
+                 f"{w['root_optimal']:.6f}; alpha* at the root {w['alpha_root']:.6f}, at the ceiling at most "
+                 f"{w['ceiling_root_max']:.6f} |")
+    else:
+        line += " - |"
+    return [line]
 
 
 # ---------------------------------------------------------------- the report (files only)
@@ -282,8 +334,11 @@ def _verdict_improves(cells: list, rule: str, claim: str) -> str:
 
 def report(paths) -> str:
     """The markdown report of the cell files ``paths`` (read only, never recomputed)."""
-    cells = []
+    cells, roots = [], []
     for p in sorted(Path(p) for p in paths):
+        if p.name.startswith("root_"):
+            roots.append(p)
+            continue
         config, insts = load_cell(p)
         cells.append((config, summarize_cell(config, insts), insts))
     if not cells:
@@ -339,6 +394,15 @@ def report(paths) -> str:
         if ss and all(x["max_gap"] <= AT for x in ss):
             at_all.append(nm)
     out.append(f"- rules at the ceiling on every tree instance (chains aside): {', '.join(at_all) if at_all else 'none'}.")
+    if roots:
+        out += ["", "## Item 5: does the ceiling pay at the root?", "",
+                "`trees.root_tradeoff` per instance (LPs on the ceiling's constraints, HiGHS tolerance 1e-10): "
+                "\"costly\" counts instances where the best rule that accepts the first token with probability "
+                "alpha* (the root's optimum, as every walk of `optimal`) stays more than 1e-7 below the ceiling.", "",
+                "| cell | instances | costly | largest cost (tokens/call) | largest root shortfall of the ceiling | worst |",
+                "|---|---|---|---|---|---|"]
+        for p in roots:
+            out += _root_section(p)
     out += ["", "## Cells left out of the grid", "", "| cell | why |", "|---|---|"]
     for law, k, depth, V, why in DROPPED:
         out.append(f"| {cell_name(law, k, depth, V)} | {why} |")
@@ -349,6 +413,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m multidraft.experiments.seqrules", description=__doc__.split("\n")[0])
     ap.add_argument("--grid", action="store_true", help="run every cell of GRID (only the missing rows)")
     ap.add_argument("--report", action="store_true", help="write the markdown table from the cell files only")
+    ap.add_argument("--root", action="store_true", help=f"item 5: trees.root_tradeoff on ROOT_CELLS ({ROOT_N} instances each)")
     ap.add_argument("--law", choices=LAWS)
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--depth", type=int, default=2)
@@ -359,8 +424,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(OUT_DIR), help="the cell files' directory (default %(default)s)")
     ap.add_argument("--markdown", help="report file (default OUT_DIR/table.md)")
     a = ap.parse_args(argv)
-    if not (a.grid or a.report or a.law):
-        ap.error("give --grid, --report, or one cell (--law ...)")
+    if not (a.grid or a.report or a.law or a.root):
+        ap.error("give --grid, --report, --root, or one cell (--law ...)")
     cells = list(GRID) if a.grid else ([(a.law, a.k, a.depth, a.vocab)] if a.law else [])
     t0 = time.perf_counter()
     for law, k, depth, V in cells:
@@ -369,6 +434,11 @@ def main(argv=None) -> int:
               f"{got['seconds']:.1f} s", file=sys.stderr)
     if cells:
         print(f"all cells: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if a.root:
+        t1 = time.perf_counter()
+        for law, k, depth, V in ROOT_CELLS:
+            run_root(law, k, depth, V, n=ROOT_N, seed=a.seed, out_dir=a.out_dir)
+        print(f"root trade-off: {time.perf_counter() - t1:.1f} s", file=sys.stderr)
     if a.report:
         paths = sorted(Path(a.out_dir).glob("*.jsonl"))
         table = report(paths)

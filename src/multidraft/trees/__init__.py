@@ -41,7 +41,7 @@ from .walk import TokenWalk, node_ks
 from .block import BlockVerification, block_tokens
 from .traversal import TraversalVerification
 from .compare import expected_tokens
-from .ceiling import MAX_LP_VARIABLES, CeilingSolution, TreeLP, lp_size, optimal_tokens, tree_paths
+from .ceiling import MAX_LP_VARIABLES, CeilingSolution, RootTradeoff, TreeLP, lp_size, optimal_tokens, root_tradeoff, tree_paths
 
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
@@ -51,4 +51,5 @@ __all__ = [
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",
     "expected_tokens", "optimal_tokens", "CeilingSolution", "TreeLP", "lp_size", "tree_paths", "MAX_LP_VARIABLES",
+    "RootTradeoff", "root_tradeoff",
 ]
