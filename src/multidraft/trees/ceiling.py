@@ -176,7 +176,13 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
     A_ub, b_ub, A_eq, b_eq, keep_rows = lp.A_ub, lp.b_ub, lp.A_eq, lp.b_eq, lp.keep_rows
     nT, nv = len(classes), len(cols_Y)
     opts = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
-    res = linprog(-lens, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs-ds", options=opts)
+    # dual simplex at tight tolerances; where it stalls (trees or sequences of probability ~1e-17, 'peaked'
+    # at V = 4), interior point at the same tolerances, then dual simplex at HiGHS' defaults: the repair
+    # and the certified dual below do not depend on which one answered
+    for method, o in (("highs-ds", opts), ("highs-ipm", opts), ("highs-ds", {})):
+        res = linprog(-lens, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method=method, options=o)
+        if res.status == 0:
+            break
     if res.status != 0:
         raise RuntimeError(f"ceiling LP for {tree_law.name}: HiGHS status {res.status} ({res.message})")
     # dual certificate (linprog minimises -|Y|: the max problem's duals are minus the marginals)
