@@ -54,6 +54,8 @@ __all__ = ["MAX_LP_VARIABLES", "CeilingSolution", "RootTradeoff", "TreeLP", "lp_
 MAX_LP_VARIABLES = 300_000  # (tree, Y) pairs the ceiling LP accepts
 FACE_TOL = 1e-9  # reduced costs within this of 0 count as the optimal face in the repair
 REFINE_ROUNDS = 3  # iterative-refinement rounds of the primal
+REFINE_SECONDS = 10.0  # time limit of one refinement LP: HiGHS can stall on the scaled problem of an
+# ill-conditioned instance (sequences K=3 L=2 V=2, seed 281, 'peaked'); the NNLS repair takes over
 
 
 class CeilingSolution(NamedTuple):
@@ -208,7 +210,7 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
         for method in ("highs-ds", "highs-ipm"):  # the scaled problem needs only the default tolerances
             fix = linprog(-lens, A_ub=A_ub, b_ub=(b_ub - A_ub @ best) / eps + 1e-6, A_eq=A_eq,
                           b_eq=(b_eq - A_eq @ best) / eps, bounds=np.stack([-best / eps, np.full(nv, np.inf)], 1),
-                          method=method)
+                          method=method, options={"time_limit": REFINE_SECONDS})
             if fix.status == 0:
                 break
         if fix.status != 0:
