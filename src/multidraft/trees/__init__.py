@@ -48,7 +48,7 @@ from .gbv import GreedyBlockVerification, SelectThenBlock, greedy_selection_law
 from .spectr_gbv import SpecTrGBV, kseq_selection_law
 from .univer import UniVer
 from .compare import expected_tokens
-from .ceiling import MAX_LP_VARIABLES, CeilingSolution, TreeLP, lp_size, optimal_tokens, tree_paths
+from .ceiling import MAX_LP_VARIABLES, CeilingSolution, RootTradeoff, TreeLP, lp_size, optimal_tokens, root_tradeoff, tree_paths
 
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
@@ -59,4 +59,5 @@ __all__ = [
     "BlockVerification", "block_tokens", "TraversalVerification",
     "GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law", "SpecTrGBV", "kseq_selection_law", "UniVer",
     "expected_tokens", "optimal_tokens", "CeilingSolution", "TreeLP", "lp_size", "tree_paths", "MAX_LP_VARIABLES",
+    "RootTradeoff", "root_tradeoff",
 ]

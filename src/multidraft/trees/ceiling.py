@@ -48,11 +48,14 @@ from .laws import MAX_TREES
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
-__all__ = ["MAX_LP_VARIABLES", "CeilingSolution", "TreeLP", "lp_size", "optimal_tokens", "tree_paths"]
+__all__ = ["MAX_LP_VARIABLES", "CeilingSolution", "RootTradeoff", "TreeLP", "lp_size", "optimal_tokens", "root_tradeoff",
+           "tree_paths"]
 
 MAX_LP_VARIABLES = 300_000  # (tree, Y) pairs the ceiling LP accepts
 FACE_TOL = 1e-9  # reduced costs within this of 0 count as the optimal face in the repair
 REFINE_ROUNDS = 3  # iterative-refinement rounds of the primal
+REFINE_SECONDS = 10.0  # time limit of one refinement LP: HiGHS can stall on the scaled problem of an
+# ill-conditioned instance (sequences K=3 L=2 V=2, seed 281, 'peaked'); the NNLS repair takes over
 
 
 class CeilingSolution(NamedTuple):
@@ -94,10 +97,21 @@ def _check_size(tree_law, V: int, max_variables: int) -> None:
             f"({MAX_TREES:,} trees); use a smaller V, K or depth")
 
 
-def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> CeilingSolution:
-    """The tree-level ceiling of ``tree_law`` (a ``laws.TreeLaw``) under ``model``
-    (``tables.TableModel``): the LP of the module notes, solved, repaired and certified."""
-    from scipy.optimize import linprog, nnls
+class _LP(NamedTuple):
+    classes: list        # merged trees S, in row order
+    probs: dict          # {S: P(S)}
+    cols_Y: list         # the emitted sequence of each column
+    cols_S: np.ndarray   # the tree class of each column
+    lens: np.ndarray     # |Y| of each column
+    A_ub: object         # sequence rows (sparse): sum pi(S, Y) p(s | Y) <= p(s)
+    b_ub: np.ndarray
+    A_eq: object         # tree rows (sparse): sum_Y pi(S, Y) = P(S)
+    b_eq: np.ndarray
+    keep_rows: np.ndarray  # flat indices in V^(L+1) of the sequence rows
+
+
+def _ceiling_lp(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> _LP:
+    """The ceiling LP's data (module notes), built after the size check."""
     from scipy.sparse import csr_matrix
 
     max_variables = as_int(max_variables, "max_variables", minimum=1)
@@ -150,8 +164,27 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
     b_ub = full[keep_rows]
     A_eq = csr_matrix((np.ones(nv), (cols_S, np.arange(nv))), shape=(nT, nv))
     b_eq = np.array([probs[S] for S in classes])
+    return _LP(classes, probs, cols_Y, cols_S, lens, A_ub, b_ub, A_eq, b_eq, keep_rows)
+
+
+def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> CeilingSolution:
+    """The tree-level ceiling of ``tree_law`` (a ``laws.TreeLaw``) under ``model``
+    (``tables.TableModel``): the LP of the module notes, solved, repaired and certified."""
+    from scipy.optimize import linprog, nnls
+
+    lp = _ceiling_lp(tree_law, model, max_variables)
+    V, n = model.V, tree_law.depth + 1
+    classes, probs, cols_Y, cols_S, lens = lp.classes, lp.probs, lp.cols_Y, lp.cols_S, lp.lens
+    A_ub, b_ub, A_eq, b_eq, keep_rows = lp.A_ub, lp.b_ub, lp.A_eq, lp.b_eq, lp.keep_rows
+    nT, nv = len(classes), len(cols_Y)
     opts = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
-    res = linprog(-lens, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs-ds", options=opts)
+    # dual simplex at tight tolerances; where it stalls (trees or sequences of probability ~1e-17, 'peaked'
+    # at V = 4), interior point at the same tolerances, then dual simplex at HiGHS' defaults: the repair
+    # and the certified dual below do not depend on which one answered
+    for method, o in (("highs-ds", opts), ("highs-ipm", opts), ("highs-ds", {})):
+        res = linprog(-lens, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method=method, options=o)
+        if res.status == 0:
+            break
     if res.status != 0:
         raise RuntimeError(f"ceiling LP for {tree_law.name}: HiGHS status {res.status} ({res.message})")
     # dual certificate (linprog minimises -|Y|: the max problem's duals are minus the marginals)
@@ -177,7 +210,7 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
         for method in ("highs-ds", "highs-ipm"):  # the scaled problem needs only the default tolerances
             fix = linprog(-lens, A_ub=A_ub, b_ub=(b_ub - A_ub @ best) / eps + 1e-6, A_eq=A_eq,
                           b_eq=(b_eq - A_eq @ best) / eps, bounds=np.stack([-best / eps, np.full(nv, np.inf)], 1),
-                          method=method)
+                          method=method, options={"time_limit": REFINE_SECONDS})
             if fix.status == 0:
                 break
         if fix.status != 0:
@@ -212,6 +245,42 @@ def optimal_tokens(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> Ce
             seqs[tuple(int(d) for d in np.unravel_index(k, (V,) * n))] = float(v[r])
     duals = ({S: float(u[i]) for i, S in enumerate(classes)}, seqs)
     return CeilingSolution(value, upper, upper - value, feas, coupling, dict(probs), duals, nv)
+
+
+class RootTradeoff(NamedTuple):
+    ceiling: float           # the ceiling LP's value (HiGHS, not repaired)
+    alpha_root: float        # the largest P(|Y| >= 2) of any lossless rule: alpha* of the root's drafts
+    root_optimal: float      # the most tokens per call of a lossless rule with P(|Y| >= 2) >= alpha_root - slack
+    ceiling_root_max: float  # the largest P(|Y| >= 2) of a lossless rule within slack of the ceiling
+
+
+def root_tradeoff(tree_law, model, slack: float = 1e-9, max_variables: int = MAX_LP_VARIABLES) -> RootTradeoff:
+    """Whether reaching the ceiling costs acceptance at the root: three more LPs on the ceiling's
+    constraints (issue 26, item 5). ``root_optimal < ceiling`` (beyond LP precision) means no rule
+    that accepts the first token as often as possible (``alpha*`` at the root, as every token walk
+    of 'optimal') reaches the ceiling of this instance; ``ceiling_root_max < alpha_root`` says the
+    same from the ceiling's side. Values at HiGHS' tolerances (1e-10), no certificate."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix, vstack
+
+    lp = _ceiling_lp(tree_law, model, max_variables)
+    opts = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+    first = (lp.lens >= 2).astype(np.float64)  # P(|Y| >= 2): the first draft token accepted
+
+    def solve(c, extra_row=None, extra_b=None):
+        A, b = lp.A_ub, lp.b_ub
+        if extra_row is not None:
+            A, b = vstack([A, csr_matrix(extra_row)]), np.append(b, extra_b)
+        res = linprog(-c, A_ub=A, b_ub=b, A_eq=lp.A_eq, b_eq=lp.b_eq, bounds=(0, None), method="highs-ds", options=opts)
+        if res.status != 0:
+            raise RuntimeError(f"root_tradeoff LP for {tree_law.name}: HiGHS status {res.status} ({res.message})")
+        return -float(res.fun)
+
+    ceiling = solve(lp.lens)
+    alpha = solve(first)
+    root_optimal = solve(lp.lens, -first, -(alpha - slack))
+    root_max = solve(first, -lp.lens, -(ceiling - slack))
+    return RootTradeoff(ceiling, alpha, root_optimal, root_max)
 
 
 class TreeLP(TreeRule):

@@ -1,47 +1,91 @@
 """Every rule's exact expected tokens per call on one instance, next to the tree-level ceiling.
 
-``expected_tokens(tree_law, model)`` returns ``{name: E|Y|}`` for the token-level walks of
-``WALKS`` (named ``walk:<verifier>``), the sequence-level rules of ``RULES`` that support the
-law, and ``ceiling`` (``ceiling.optimal_tokens``'s value) with ``ceiling_upper`` (its dual
-certificate). Each rule's value is its exact ``certify_tree`` expectation, and its
-certificate's error is checked (``ValueError`` past ``tol``: a rule that is not lossless
-has no place in a comparison). Nothing is printed.
+The rules compared are found in the registry (``rules.names``), so a rule registered later
+joins every comparison without a change here:
+
+* every registered rule except ``EXCLUDED`` ('token_walk' needs a verifier, it appears as the
+  walks below; 'tree_lp' is the ceiling itself), built with no options (``rules.get(name)``),
+  that ``supports`` the tree law — the *sequence-level rules*;
+* the token-level walk of each verifier in ``WALKS``, named ``walk:<verifier>``, where it
+  supports the law;
+* ``ceiling`` (``ceiling.optimal_tokens``'s value) with ``ceiling_upper`` (its dual certificate).
+
+``rule_names(tree_law)`` lists the rules in that order, ``certified(name, tree_law, model)``
+gives one rule's ``certify_tree`` certificate (``ValueError`` when its error is past ``tol``:
+a rule that is not lossless has no place in a comparison), and
+``expected_tokens(tree_law, model)`` returns ``{name: E|Y|}`` for all of them and the
+ceiling. Nothing is printed.
 """
 from __future__ import annotations
 
-from .block import BlockVerification
 from .ceiling import optimal_tokens
-from .certify import certify_tree
-from .traversal import TraversalVerification
+from .certify import TreeCertificate, certify_tree
+from .rules import TreeRule, get, names
 from .walk import TokenWalk
 
-__all__ = ["RULES", "WALKS", "expected_tokens"]
+__all__ = ["EXCLUDED", "WALKS", "build_rule", "certified", "expected_tokens", "rule_names", "sequence_rules"]
 
 WALKS = ("specinfer", "spectr", "khisti_is", "optimal")
-RULES = ("block", "traversal")
+EXCLUDED = ("token_walk", "tree_lp")
+WALK_PREFIX = "walk:"
 
 
-def expected_tokens(tree_law, model, walks=WALKS, rules=RULES, tol: float = 1e-12) -> dict:
-    """``{name: expected tokens per call}`` on (``tree_law``, ``model``); see the module notes."""
-    out: dict = {}
-    todo = []
+def sequence_rules() -> list[str]:
+    """Registered rule names compared as sequence-level rules (registration order)."""
+    return [n for n in names() if n not in EXCLUDED]
+
+
+def build_rule(name: str, tree_law) -> TreeRule:
+    """The rule called ``name`` in a comparison: ``walk:<verifier>`` is ``TokenWalk(verifier,
+    tree_law.kind)``, any other name the registered rule built with no options."""
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a rule name (a string), got {name!r}")
+    if name.startswith(WALK_PREFIX):
+        return TokenWalk(name[len(WALK_PREFIX):], tree_law.kind)
+    if name in EXCLUDED or name not in names():
+        raise ValueError(f"name: {name!r} is not compared; choose 'walk:<verifier>' or one of "
+                         f"{', '.join(sequence_rules())}")
+    return get(name)
+
+
+def rule_names(tree_law, walks=WALKS, rules=None) -> list[str]:
+    """The rules compared on ``tree_law``: ``walk:<v>`` for each supporting verifier of ``walks``,
+    then each rule of ``rules`` (default: every ``sequence_rules()``) that supports the law."""
+    if rules is None:
+        rules = sequence_rules()
+    else:
+        known = sequence_rules()
+        for r in rules:
+            if r not in known:
+                raise ValueError(f"rules: unknown sequence-level rule {r!r}; choose from {', '.join(known)}")
+    out = []
     for v in walks:
-        rule = TokenWalk(v, tree_law.kind)
-        if rule.supports(tree_law):
-            todo.append((f"walk:{v}", rule))
-    makers = {"block": BlockVerification, "traversal": TraversalVerification}
+        if TokenWalk(v, tree_law.kind).supports(tree_law):
+            out.append(WALK_PREFIX + v)
     for r in rules:
-        if r not in makers:
-            raise ValueError(f"rules: unknown sequence-level rule {r!r}; choose from {', '.join(makers)}")
-        rule = makers[r]()
-        if rule.supports(tree_law):
-            todo.append((r, rule))
-    for name, rule in todo:
-        cert = certify_tree(rule, tree_law, model)
-        if cert.max_abs_error > tol:
-            raise ValueError(f"rules: {name} is not lossless on {tree_law.name} (error {cert.max_abs_error:.3g})")
-        out[name] = cert.expected_tokens
-    sol = optimal_tokens(tree_law, model)
-    out["ceiling"] = sol.value
-    out["ceiling_upper"] = sol.upper_bound
+        if get(r).supports(tree_law):
+            out.append(r)
+    return out
+
+
+def certified(name: str, tree_law, model, tol: float = 1e-12) -> TreeCertificate:
+    """``certify_tree`` of the rule ``name`` (see ``build_rule``); ``ValueError`` when it is not
+    lossless to ``tol``."""
+    cert = certify_tree(build_rule(name, tree_law), tree_law, model)
+    if not cert.max_abs_error <= tol:
+        raise ValueError(f"rules: {name} is not lossless on {tree_law.name} (error {cert.max_abs_error:.3g} > {tol:g})")
+    return cert
+
+
+def expected_tokens(tree_law, model, walks=WALKS, rules=None, tol: float = 1e-12, ceiling: bool = True) -> dict:
+    """``{name: expected tokens per call}`` on (``tree_law``, ``model``) for ``rule_names(tree_law,
+    walks, rules)``, plus ``ceiling`` and ``ceiling_upper`` unless ``ceiling=False``; see the
+    module notes."""
+    out: dict = {}
+    for name in rule_names(tree_law, walks, rules):
+        out[name] = certified(name, tree_law, model, tol).expected_tokens
+    if ceiling:
+        sol = optimal_tokens(tree_law, model)
+        out["ceiling"] = sol.value
+        out["ceiling_upper"] = sol.upper_bound
     return out
