@@ -48,8 +48,9 @@ everything is kept.
 
 Points unspecified to us, and our choices:
 
-* The selection criterion: the largest token-level ratio p/q at each node (rounded to
-  ``RATIO_DECIMALS`` decimals, so that p = q ties despite float rounding), ties to the
+* The selection criterion: the largest token-level ratio p/q at each node (ratios whose logs
+  round to one multiple of ``RATIO_STEP`` = 1e-3 tie, so that p = q ties despite float
+  rounding, also between a model's two forward passes), ties to the
   first drafted (the "greedy" step we could justify: it raises the BV weight of the next
   token the most, given q, among the drafted ones). Deterministic given the tree.
 * What the walk sees: only the picked node's drafts (a path-level score would make the
@@ -84,15 +85,18 @@ from .tree import DraftTree
 __all__ = ["GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law"]
 
 
-RATIO_DECIMALS = 12  # ratios equal to this many decimals tie (p = q must tie despite rounding)
+RATIO_STEP = 1e-3  # ratios whose logs round to one multiple of this tie: p = q must tie in model rows too
+# (a model's p and q from two forward passes differ by ~1e-6 relative in float32; a finer key
+# would rank that noise and the greedy pick would then reject drafts the target agrees with)
 
 
 def _ratio(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """p / q on q's support rounded to ``RATIO_DECIMALS`` decimals, -1 off it (those tokens are
-    never drafted). p, q: ``[V]``."""
+    """The ranking key of p / q on q's support: ``round(log(p / q) / RATIO_STEP)`` (-inf where
+    p = 0), -inf off q's support too (those tokens are never drafted). p, q: ``[V]``."""
     sup = q > 0
-    r = torch.round(p / torch.where(sup, q, torch.ones_like(q)), decimals=RATIO_DECIMALS)
-    return torch.where(sup, r, torch.full_like(q, -1.0))
+    r = p / torch.where(sup, q, torch.ones_like(q))
+    key = torch.round(torch.log(r) / RATIO_STEP)  # log 0 = -inf stays -inf
+    return torch.where(sup, key, torch.full_like(q, float("-inf")))
 
 
 def greedy_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
