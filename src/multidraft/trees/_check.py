@@ -15,12 +15,23 @@ import torch
 from .._validate import as_probs64
 from .tree import DraftTree
 
-__all__ = ["check_tree", "is_chain_law"]
+__all__ = ["check_tree", "is_chain_law", "row64"]
 
 
 def is_chain_law(tree_law) -> bool:
     """Whether every tree of ``tree_law`` is one chain (one draft at every internal node)."""
     return tree_law.node_ks() <= {1}
+
+
+def row64(x: torch.Tensor) -> torch.Tensor:
+    """A node's row ``[V]`` as the float64 distribution the rules compute with: float64 rows as
+    given, other dtypes divided by their float64 sum (``_validate.as_probs64``'s rule, without its
+    checks: ``check_tree`` made them). The decoder's float32 rows sum to 1 only to ~1e-7; read
+    unnormalised, every rule would be exact for a slightly different p."""
+    if x.dtype == torch.float64:
+        return x
+    x = x.double()
+    return x / x.sum()
 
 
 def _row(x, what: str, V: int | None) -> torch.Tensor:

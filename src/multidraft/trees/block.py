@@ -40,11 +40,35 @@ import torch
 
 from .._validate import as_generator
 from ..sampling import sample_token
-from ._check import check_tree, is_chain_law
+from ._check import check_tree, is_chain_law, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
-__all__ = ["BlockVerification", "block_tokens", "chain_weights"]
+__all__ = ["BlockVerification", "block_tokens", "chain_weights", "chain_keeps", "chain_stop"]
+
+
+def chain_keeps(ps: list, qs: list, xs: list) -> list[float]:
+    """``a[0..L]`` of block verification along one chain (scalars only: O(L), no pass over V).
+    ps, qs, xs as in :func:`chain_weights`."""
+    a = [1.0]
+    for i in range(len(xs)):
+        a.append(min(a[i] * float(ps[i][xs[i]]) / float(qs[i][xs[i]]), 1.0))
+    return a
+
+
+def chain_stop(i: int, a: list, ps: list, qs: list) -> tuple[float, torch.Tensor]:
+    """``(h_i, row_i)`` at prefix i: the keep probability and the emitted token's law ``[V]`` when
+    the scan stops there (one pass over V for i < L). ``a`` from :func:`chain_keeps`."""
+    L = len(a) - 1
+    if i == L:
+        return (a[L] if L > 0 else 1.0), ps[L]
+    res = (a[i] * ps[i] - qs[i]).clamp_min(0.0)  # [V]
+    r = float(res.sum())
+    row = res / r if r > 0 else ps[i]
+    if i == 0:
+        return 1.0, row
+    den = r + 1.0 - a[i]
+    return (r / den if r > 0 and den > 0 else 0.0), row
 
 
 def chain_weights(ps: list, qs: list, xs: list) -> tuple[list[float], list[float], list[torch.Tensor]]:
@@ -54,26 +78,9 @@ def chain_weights(ps: list, qs: list, xs: list) -> tuple[list[float], list[float
     xs: the L drafted tokens. Returns ``(a, h, rows)``: ``a[0..L]``, the keep probabilities
     ``h[0..L]`` (``h[0] = 1``: the root always ends the scan) and the emitted token's law
     ``rows[0..L]`` (``[V]`` each) when the scan stops at prefix i."""
-    L = len(xs)
-    a = [1.0]
-    for i in range(L):
-        a.append(min(a[i] * float(ps[i][xs[i]]) / float(qs[i][xs[i]]), 1.0))
-    h, rows = [], []
-    for i in range(L + 1):
-        if i == L:
-            h.append(a[L] if L > 0 else 1.0)
-            rows.append(ps[L])
-            continue
-        res = (a[i] * ps[i] - qs[i]).clamp_min(0.0)  # [V]
-        r = float(res.sum())
-        if i == 0:
-            h.append(1.0)
-            rows.append(res / r if r > 0 else ps[0])
-        else:
-            den = r + 1.0 - a[i]
-            h.append(r / den if r > 0 and den > 0 else 0.0)
-            rows.append(res / r if r > 0 else ps[i])
-    return a, h, rows
+    a = chain_keeps(ps, qs, xs)
+    h, rows = zip(*(chain_stop(i, a, ps, qs) for i in range(len(xs) + 1)))
+    return a, list(h), list(rows)
 
 
 def block_tokens(tree_law, model) -> float:
@@ -117,16 +124,16 @@ class BlockVerification(TreeRule):
 
     def _chain(self, tree: DraftTree):
         check_tree(tree, ("iid", "wor", "greedy"), "block", chain=True)
-        ids, xs, ps, qs = [0], [], [tree.p(0).double()], []
+        ids, xs, ps, qs = [0], [], [row64(tree.p(0))], []
         i = 0
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
             t = nd.drafts[0]
-            qs.append(nd.q.double())
+            qs.append(row64(nd.q))
             xs.append(t)
             i = nd.child[t]
             ids.append(i)
-            ps.append(tree.p(i).double())
+            ps.append(row64(tree.p(i)))
         return ids, xs, ps, qs
 
     def output_distribution(self, tree: DraftTree) -> dict:
@@ -158,18 +165,19 @@ class BlockVerification(TreeRule):
         return total
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
+        """The backward scan, lazily: h_i and the residual at prefix i are computed only when the
+        scan reaches i (one pass over V each), so a step whose leaf is kept costs no residual at
+        all; the same uniforms and the same numbers as ``chain_weights``."""
         ids, xs, ps, qs = self._chain(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
         L = len(xs)
-        _, h, rows = chain_weights(ps, qs, xs)
-        eta = torch.rand(L, generator=g, dtype=torch.float64, device=g.device)  # [L]: eta_1 .. eta_L
-        tau = 0
-        for i in range(L, 0, -1):
-            if float(eta[i - 1]) < h[i]:
-                tau = i
-                break
-        y = int(sample_token(rows[tau], g))
-        return TreeVerdict(tuple(ids[1 : tau + 1]), y)
+        a = chain_keeps(ps, qs, xs)
+        eta = torch.rand(L, generator=g, dtype=torch.float64, device=g.device).tolist()  # eta_1 .. eta_L
+        for i in range(L, -1, -1):
+            h, row = chain_stop(i, a, ps, qs)
+            if i == 0 or eta[i - 1] < h:
+                return TreeVerdict(tuple(ids[1 : i + 1]), int(sample_token(row, g)))
+        raise AssertionError("unreachable: the root always ends the scan")  # pragma: no cover
 
 
 register("block", BlockVerification)

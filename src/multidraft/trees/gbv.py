@@ -77,7 +77,7 @@ import torch
 
 from .._validate import as_generator
 from ..sampling import sample_token
-from ._check import check_tree, is_chain_law
+from ._check import check_tree, is_chain_law, row64
 from .block import chain_weights
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
@@ -166,16 +166,16 @@ class SelectThenBlock(TreeRule):
             if not nd.drafts:
                 out.append((w, ids, xs, ps, ss))
                 return
-            s, key = self._law(ps[-1], nd.q.double(), len(nd.drafts))
+            s, key = self._law(ps[-1], row64(nd.q), len(nd.drafts))
             agg: dict = {}
             for t, pt in zip(nd.drafts, self._slot_probs(key, nd.drafts)):
                 agg[t] = agg.get(t, 0.0) + pt
             for t, pt in agg.items():
                 if pt > 0:
                     c = nd.child[t]
-                    rec(c, w * pt, ids + [c], xs + [t], ps + [tree.p(c).double()], ss + [s])
+                    rec(c, w * pt, ids + [c], xs + [t], ps + [row64(tree.p(c))], ss + [s])
 
-        rec(0, 1.0, [0], [], [tree.p(0).double()], [])
+        rec(0, 1.0, [0], [], [row64(tree.p(0))], [])
         return out
 
     def output_distribution(self, tree: DraftTree) -> dict:
@@ -210,15 +210,15 @@ class SelectThenBlock(TreeRule):
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         self._check(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-        i, ids, xs, ps, ss = 0, [0], [], [tree.p(0).double()], []
+        i, ids, xs, ps, ss = 0, [0], [], [row64(tree.p(0))], []
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
-            s, key = self._law(ps[-1], nd.q.double(), len(nd.drafts))
+            s, key = self._law(ps[-1], row64(nd.q), len(nd.drafts))
             t = nd.drafts[self._pick(key, nd.drafts, g)]
             i = nd.child[t]
             ids.append(i)
             xs.append(t)
-            ps.append(tree.p(i).double())
+            ps.append(row64(tree.p(i)))
             ss.append(s)
         _, h, rows = chain_weights(ps, ss, xs)
         n = len(xs)

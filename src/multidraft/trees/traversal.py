@@ -88,7 +88,7 @@ import torch
 
 from .._validate import as_generator
 from ..sampling import sample_token
-from ._check import check_tree, is_chain_law
+from ._check import check_tree, is_chain_law, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -183,13 +183,14 @@ class TraversalVerification(TreeRule):
             """Add the kept sequences of s's subtree (reached with probability w) to law;
             return the probability that the whole subtree is refused."""
             nd = tree.nodes[s.node]
+            Q = row64(nd.q) if s.kids else None  # [V]
             for kid in s.kids:
                 if w <= 0:
                     return 0.0
                 t = tree.nodes[kid.node].token
-                ac = min(a * float(P[t]) / float(nd.q[t]), 1.0)
-                w = run(kid, prefix + (t,), ac, tree.p(kid.node).double(), w)
-                a, P = self._refused(a, P, nd.q.double(), t)
+                ac = min(a * float(P[t]) / float(Q[t]), 1.0)
+                w = run(kid, prefix + (t,), ac, row64(tree.p(kid.node)), w)
+                a, P = self._refused(a, P, Q, t)
             keep = 1.0 if s.node == 0 and prefix == () else a
             if w > 0 and keep > 0:
                 for y in torch.nonzero(P > 0).flatten().tolist():
@@ -197,7 +198,7 @@ class TraversalVerification(TreeRule):
                     law[key] = law.get(key, 0.0) + w * keep * float(P[y])
             return w * (1.0 - keep)
 
-        run(root, (), 1.0, tree.p(0).double(), 1.0)
+        run(root, (), 1.0, row64(tree.p(0)), 1.0)
         return law
 
     def expected_tokens(self, tree: DraftTree) -> float:
@@ -211,19 +212,20 @@ class TraversalVerification(TreeRule):
         def run(s: _Slot, depth: int, a: float, P: torch.Tensor, w: float) -> float:
             nonlocal total
             nd = tree.nodes[s.node]
+            Q = row64(nd.q) if s.kids else None  # [V]
             for kid in s.kids:
                 if w <= 0:
                     return 0.0
                 t = tree.nodes[kid.node].token
-                ac = min(a * float(P[t]) / float(nd.q[t]), 1.0)
-                w = run(kid, depth + 1, ac, tree.p(kid.node).double(), w)
-                a, P = self._refused(a, P, nd.q.double(), t)
+                ac = min(a * float(P[t]) / float(Q[t]), 1.0)
+                w = run(kid, depth + 1, ac, row64(tree.p(kid.node)), w)
+                a, P = self._refused(a, P, Q, t)
             keep = 1.0 if depth == 0 else a
             if w > 0 and keep > 0:
                 total += w * keep * (depth + 1)
             return w * (1.0 - keep)
 
-        run(root, 0, 1.0, tree.p(0).double(), 1.0)
+        run(root, 0, 1.0, row64(tree.p(0)), 1.0)
         return total
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
@@ -232,18 +234,19 @@ class TraversalVerification(TreeRule):
 
         def run(s: _Slot, path: tuple, a: float, P: torch.Tensor):
             nd = tree.nodes[s.node]
+            Q = row64(nd.q) if s.kids else None  # [V]
             for kid in s.kids:
                 t = tree.nodes[kid.node].token
-                ac = min(a * float(P[t]) / float(nd.q[t]), 1.0)
-                got = run(kid, path + (kid.node,), ac, tree.p(kid.node).double())
+                ac = min(a * float(P[t]) / float(Q[t]), 1.0)
+                got = run(kid, path + (kid.node,), ac, row64(tree.p(kid.node)))
                 if got is not None:
                     return got
-                a, P = self._refused(a, P, nd.q.double(), t)
+                a, P = self._refused(a, P, Q, t)
             if path == () or float(torch.rand((), generator=g, dtype=torch.float64, device=g.device)) < a:
                 return TreeVerdict(path, int(sample_token(P, g)))
             return None
 
-        return run(root, (), 1.0, tree.p(0).double())
+        return run(root, (), 1.0, row64(tree.p(0)))
 
 
 register("traversal", TraversalVerification)

@@ -130,7 +130,7 @@ import numpy as np
 from .. import drafts as _drafts
 from .._validate import as_generator, as_int
 from ..sampling import sample_token
-from ._check import check_tree, is_chain_law
+from ._check import check_tree, is_chain_law, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -263,11 +263,11 @@ class UniVer(TreeRule):
         plan.weight[0] = 1.0
         for i, nd in enumerate(tree.nodes):  # creation order: a parent before its children
             alpha = plan.weight[i]
-            P = tree.p(i).double()  # [V]
+            P = row64(tree.p(i))  # [V]
             if not nd.drafts:
                 plan.h[i], plan.rho[i] = alpha, P
                 continue
-            Q = nd.q.double()  # [V]
+            Q = row64(nd.q)  # [V]
             if law in ("wor", "greedy") and len(set(nd.drafts)) != len(nd.drafts):
                 raise ValueError(f"tree: node {i} repeats a draft, which a {law!r} law never does "
                                  "(the drafts do not match the tree's law)")
