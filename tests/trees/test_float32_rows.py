@@ -42,3 +42,26 @@ def test_a_float32_tree_is_read_as_its_normalised_rows(rule, law):
         assert a.keys() == b.keys()
         assert max(abs(a[y] - b[y]) for y in a) < 1e-15
         assert abs(r.expected_tokens(t32) - r.expected_tokens(t64)) < 1e-14
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_rows_checked_skips_only_the_row_checks(rule):
+    """A builder that vouches for its rows (the decoder) gets the same verdicts without the O(V)
+    row checks; the structural checks stay, and an unvouched bad row is still refused."""
+    r = trees.get(rule)
+    law = trees.chain(2) if rule == "block" else trees.sequences(2, 2)
+    for seed in range(3):
+        tree, _ = _trees(law, seed)
+        vouched = tree.copy()
+        vouched.rows_checked = True
+        for s in range(5):
+            assert r.verify(tree, torch.Generator().manual_seed(s)) == r.verify(vouched, torch.Generator().manual_seed(s))
+        assert abs(r.expected_tokens(tree) - r.expected_tokens(vouched)) < 1e-15
+    bad = tree.copy()
+    bad.nodes[0].q = bad.nodes[0].q * 2.0  # not a distribution
+    with pytest.raises(ValueError, match="q row at node 0"):
+        r.verify(bad, torch.Generator().manual_seed(0))
+    depth0 = law.new_tree(0)
+    depth0.rows_checked = True
+    with pytest.raises(ValueError, match="depth 0"):
+        r.verify(depth0, torch.Generator().manual_seed(0))

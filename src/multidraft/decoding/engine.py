@@ -364,6 +364,7 @@ class _Decoder:
                     if nd.q is not None:
                         nd.q = nd.q.cpu()
             tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p).cpu())
+            tree.rows_checked = True  # process_logits rows are distributions (trees.DraftTree notes)
             if tree.nodes[0].drafts:
                 verdict = rule.verify(tree, self.g)
             else:

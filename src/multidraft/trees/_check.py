@@ -1,7 +1,7 @@
 """Input checks shared by the sequence-level tree rules (block, traversal, tree_lp).
 
 ``check_tree`` refuses, with one ``ValueError`` naming the argument, a tree the rules cannot
-read: not a ``DraftTree``, depth 0 (nothing drafted), a node law the rule does not verify,
+read (the per-row checks are skipped for a tree whose builder set ``rows_checked``: the decoder): not a ``DraftTree``, depth 0 (nothing drafted), a node law the rule does not verify,
 a q or p row that is not a distribution ``[V]``, a drafted token outside the vocabulary or of
 probability 0 under its node's q row, a node whose drafts disagree with its children or
 with the number of drafts its shape gives it. (A rule's ``refusal(tree_law)`` returns why it
@@ -51,17 +51,19 @@ def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False) 
         raise ValueError("tree: depth 0 (no drafts below the root); a tree rule needs depth >= 1")
     if tree.law not in kinds and not (chain and tree.law in ("iid", "wor", "greedy")):
         raise ValueError(f"tree: drafted by the {tree.law!r} law; {rule} verifies {' or '.join(map(repr, kinds))} drafts")
-    V = None
+    trusted = bool(getattr(tree, "rows_checked", False))  # the builder vouches for the rows (DraftTree notes)
+    V = int(tree.p(0).shape[-1]) if trusted else None
     for i, nd in enumerate(tree.nodes):
-        p = _row(tree.p(i), f"p row at node {i}", V)
-        V = p.shape[0]
+        if not trusted:
+            p = _row(tree.p(i), f"p row at node {i}", V)
+            V = p.shape[0]
         if not nd.drafts:
             if nd.child:
                 raise ValueError(f"tree: node {i} has children but no drafts")
             continue
         if chain and len(nd.drafts) != 1:
             raise ValueError(f"tree: {rule} verifies one chain, node {i} has {len(nd.drafts)} drafts")
-        q = _row(nd.q, f"q row at node {i}", V)
+        q = nd.q if trusted else _row(nd.q, f"q row at node {i}", V)
         k = tree.n_children(i)
         if len(nd.drafts) != k and not (tree.law in ("wor", "greedy") and len(nd.drafts) < k):
             raise ValueError(f"tree: node {i} has {len(nd.drafts)} drafts, its shape gives it {k}")

@@ -49,6 +49,11 @@ class DraftTree:
     shape      the ``TreeShape`` that decides how many drafts each node receives;
     root_token the last committed token; depth_cap the largest depth drafted this step;
     n_cols     the number of draft columns (draft temperatures); law the draft law kind.
+
+    ``rows_checked`` (default False): set by a builder that makes every q and p row a
+    distribution by construction (the decoder: ``sampling.process_logits`` rows); the
+    sequence-level rules' input check then skips its O(V) per-row checks and keeps the
+    structural ones, as the token walk verifies with ``validate=False``.
     """
 
     def __init__(self, shape: TreeShape, root_token: int, depth_cap: int, n_cols: int = 1, law: str = "iid"):
@@ -57,6 +62,7 @@ class DraftTree:
         self.n_cols = n_cols
         self.law = law
         self._target: Callable[[int], torch.Tensor] | None = None
+        self.rows_checked = False
         root_cols = tuple(range(shape.k)) if shape.mode == "sequences" else ()
         self.nodes: list[Node] = [Node(root_token, -1, 0, (), root_cols)]
         cap = shape.max_nodes()
