@@ -51,6 +51,8 @@ class TokenWalk(TreeRule):
 
     name = "token_walk"
     _MEMO = 4096  # exact node laws kept (output_distribution over many trees sharing nodes)
+    _MEMO_ELEMS = 1 << 22  # ... and at most this many row elements held by the memo (p, q, law: 3 V
+    # each; ~100 MB in float64): at V = 151,936 that is 9 nodes, not 4,096 x 3.6 MB
 
     def __init__(self, verifier, law=None):
         self.verifier = verifier if isinstance(verifier, _verifiers.Verifier) else _verifiers.get(verifier)
@@ -60,6 +62,7 @@ class TokenWalk(TreeRule):
         self.law = law_kind(law, "law")
         self._by_k: dict[int, object] = {}
         self._memo: dict = {}
+        self._memo_elems = 0
 
     def __repr__(self) -> str:
         return f"<tree rule 'token_walk' verifier={self.verifier.name!r} law={self.law!r}>"
@@ -137,9 +140,12 @@ class TokenWalk(TreeRule):
         v = self.verifier_for(len(drafts))
         dr = torch.tensor(drafts, dtype=torch.long, device=p.device)
         out = v.output_distribution(p, q, dr, law=self.law).double().cpu()
-        if len(self._memo) >= self._MEMO:
+        size = 3 * out.numel()
+        if len(self._memo) >= self._MEMO or self._memo_elems + size > self._MEMO_ELEMS:
             self._memo.clear()
+            self._memo_elems = 0
         self._memo[key] = (p, q, out)
+        self._memo_elems += size
         return out
 
     def output_distribution(self, tree: DraftTree) -> dict:
