@@ -1,7 +1,8 @@
 r"""Every tree rule's exact tokens per call on the decoder's own draft trees, paired (issue 26, item 6).
 
 What is measured. For each prompt of a data set the target's own continuation is sampled at
-temperature 1 (``generate`` with the target alone, seed ``derived_seed(seed, "<dataset>|<id>|continuation")``).
+temperature 1 (``generate`` with the target alone, seed ``derived_seed(seed, "<dataset>|<id>|continuation")``;
+a ``file:PATH`` data set is named by its file name there, so seeds do not depend on where it lies).
 At positions ``j = 0, stride, 2 stride, ...`` of it the decoder's state is recreated (committed
 text = prompt + continuation[:j], root = its last token) and, for every shape and node budget,
 the draft tree is built by the decoder's own code (``engine._Decoder._draft_tree``, the
@@ -185,6 +186,8 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
     laws = {sb: tree_law(st) for sb, st in settings.items()}
     rulesets = {sb: tree_rules(law) for sb, law in laws.items()}
     eos = getattr(tokenizer, "eos_token_id", None)
+    # seeds name the data set by what it is, not where it lies: a prompt file by its file name
+    ds_name = "file:" + Path(dataset[5:]).name if dataset.startswith("file:") else dataset
     made, t_start, secs_trees = 0, time.time(), 0.0
     stopped = "done"
     with JsonlWriter(out, config, seed, keyed=("n", "shapes", "budgets")) as w:
@@ -197,7 +200,7 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                 stopped = "limit"
                 break
             if pid not in conts:
-                cseed = derived_seed(seed, f"{dataset}|{pid}|continuation")
+                cseed = derived_seed(seed, f"{ds_name}|{pid}|continuation")
                 res = generate(target, None, ids, verifier=None, temperature=1.0, max_new_tokens=cont_tokens,
                                generator=cseed, eos_token_id=eos)
                 conts[pid] = res.tokens.tolist()
@@ -223,7 +226,7 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                     break
                 r = T - 1 + j  # root index: committed text full[:r], root full[r]
                 t0 = time.perf_counter()
-                tseed = derived_seed(seed, f"{dataset}|{pid}|{j}|{s}|{b}")
+                tseed = derived_seed(seed, f"{ds_name}|{pid}|{j}|{s}|{b}")
                 with torch.inference_mode():
                     while cur < r:  # the positions' chunks, stride tokens at a time
                         _advance(dec, full, cur, min(r, cur + stride))
