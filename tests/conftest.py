@@ -76,3 +76,18 @@ def corpus_file(tmp_path):
     f.write_text("in the beginning god created the heaven and the earth.\n\n"
                  "and the earth was without form, and void; and darkness was upon the face of the deep.\n", encoding="utf-8")
     return f
+
+
+@pytest.fixture
+def saved_pair(tmp_path):
+    """A tiny pair (V = 32) with its tokenizer saved as model directories, for the command line's
+    ``--target DIR --draft DIR``: ``(target, tokenizer, target_dir, draft_dir)``."""
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    tok = tm.tiny_tokenizer()
+    for m, name in [(t, "t"), (d, "d")]:
+        m.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    return t, tok, tmp_path / "t", tmp_path / "d"

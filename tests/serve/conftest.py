@@ -1,7 +1,17 @@
 """Fixtures of the server tests: the tiny pair served by a live uvicorn server (live_server.py)."""
 import pytest
+import torch
 
 from live_server import start, tiny_served
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Every server test module decodes with one torch thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -4,19 +4,10 @@ import asyncio
 import time
 
 import pytest
-import torch
 
 from live_server import MODEL, start, tiny_served
 
 httpx = pytest.importorskip("httpx")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

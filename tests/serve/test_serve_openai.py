@@ -9,14 +9,6 @@ from live_server import MODEL
 PROMPT = "in the beginning god"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def greedy_text(live, prompt_ids, n):
     import tiny_models as tm
 

@@ -18,22 +18,9 @@ pytest.importorskip("uvicorn")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-@pytest.fixture
-def model_dirs(tmp_path):
-    pytest.importorskip("transformers")
-    import tiny_models as tm
-
-    t, d = tm.tiny_pair(vocab_size=32, seed=4)
-    tok = tm.tiny_tokenizer()
-    for m, name in [(t, "t"), (d, "d")]:
-        m.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
-    return tmp_path / "t", tmp_path / "d"
-
-
 @pytest.mark.slow
-def test_sigterm_mid_request_exits_cleanly(model_dirs):
-    t, d = model_dirs
+def test_sigterm_mid_request_exits_cleanly(saved_pair):
+    _, _, t, d = saved_pair
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "multidraft", "serve", "--engine", "transformers", "--target", str(t), "--draft", str(d),
