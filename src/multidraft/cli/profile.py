@@ -55,6 +55,21 @@ def register(sub) -> None:
                         "(default: all cores)")
     p.add_argument("--out", metavar="FILE", default="profile.json", help="JSON output file (default profile.json)")
     p.add_argument("--quiet", action="store_true", help="no loading messages on stderr")
+    c = p.add_argument_group("comparing profiles (no measurement)")
+    c.add_argument("--compare", nargs="+", metavar="FILE", default=None,
+                   help="read these cost profiles instead of measuring and print what width costs on each "
+                        "machine and, with --accept-stats, whether the cost model's best tree branches there")
+    c.add_argument("--accept-stats", metavar="FILE", default=None,
+                   help="with --compare: a study's acceptance JSONL or an AcceptStats JSON (as decode --accept-stats)")
+    c.add_argument("--accept-dataset", metavar="NAME", default=None,
+                   help="with --compare: the data set of a study with several")
+    c.add_argument("--verifier", default="specinfer", help="with --compare: the verifier whose acceptances rate the trees "
+                                                           "(default specinfer)")
+    c.add_argument("--k", type=int, default=2, help="with --compare: the most drafts a node may get (default 2)")
+    c.add_argument("--temperature", type=float, default=1.0, help="with --compare: the study's temperature (default 1)")
+    c.add_argument("--max-nodes", type=int, default=16, help="with --compare: tree budget, root included (default 16)")
+    c.add_argument("--max-depth", type=int, default=6, help="with --compare: deepest tree (default 6)")
+    c.add_argument("--markdown", metavar="FILE", default=None, help="with --compare: also write the table as markdown")
     p.set_defaults(func=run)
 
 
@@ -114,6 +129,8 @@ def _load(args, nodes, draft_nodes, log):
 
 
 def run(args) -> int:
+    if args.compare is not None:
+        return compare(args)
     nodes, draft_nodes, out = check_args(args)
 
     from ..decoding.profiling import measure_profile
@@ -162,4 +179,93 @@ def run(args) -> int:
         print(f"decoder's own time: {1e3 * prof.per_step_seconds:.2f} ms a step + {1e3 * prof.per_node_seconds:.2f} ms "
               f"a draft node (target alone {1e3 / prof.target_only_rate():.2f} ms a token)")
     print(f"wrote {out}")
+    return 0
+
+
+_WIDTH_N = (2, 4, 8, 16)
+_WIDTH_M = (2, 4)
+
+
+def _read_profiles(files):
+    from pathlib import Path
+
+    from ..decoding.treeopt import CostProfile
+
+    out = []
+    for f in files:
+        path = Path(f).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"--compare: cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            out.append((path, CostProfile.from_json(text)))
+        except ValueError as exc:
+            raise ValueError(f"--compare: {path}: {exc}") from None
+    return out
+
+
+def compare(args) -> int:
+    """``--compare``: the price of width on each profile's machine and, given acceptances, the
+    best chain against the best tree of the cost model (``treeopt.chain_vs_tree``)."""
+    from ..decoding.treeopt import chain_vs_tree, width_price
+
+    for flag, val, lo in (("--k", args.k, 1), ("--max-nodes", args.max_nodes, 2), ("--max-depth", args.max_depth, 1)):
+        if val < lo:
+            raise ValueError(f"{flag} must be >= {lo}, got {val}")
+    if args.max_nodes > 64 or args.max_depth > 8:
+        raise ValueError(f"--max-nodes <= 64 and --max-depth <= 8 (the tree chooser's limits), got "
+                         f"{args.max_nodes} and {args.max_depth}")
+    md_out = check_out_file(args.markdown, "--markdown") if args.markdown else None
+    profiles = _read_profiles(args.compare)
+    stats = None
+    if args.accept_stats is not None:
+        from ..experiments.acceptance import tree_acceptance
+        from ..trees.walk import node_ks
+        from ..verifiers import get as get_verifier
+
+        try:
+            v = get_verifier(args.verifier)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"--verifier: {exc}") from None
+        law = v.implied_law(args.k)
+        ks = node_ks(v, law, args.k)
+        try:
+            stats, _ = tree_acceptance(args.accept_stats, verifier=v.name, law=law, ks=ks, t_target=args.temperature,
+                                       t_draft=args.temperature, dataset=args.accept_dataset)
+        except ValueError as exc:
+            raise ValueError(f"--accept-stats: {exc}") from None
+        stats = stats.restrict([k for k in ks if k in stats.accept])
+    head = (["profile", "engine", "cpu", "weights", "target 1 tok ms"] + [f"target {n} / 1" for n in _WIDTH_N]
+            + [f"draft {m} / 1" for m in _WIDTH_M])
+    if stats is not None:
+        head += ["best chain", "best tree", "tree / chain", "tree / target alone"]
+    rows = []
+    for path, prof in profiles:
+        m = prof.meta
+        w = width_price(prof, _WIDTH_N, _WIDTH_M)
+        weights = f"{m.get('dtype', '?')} / {m.get('draft_dtype', m.get('dtype', '?'))}"
+        row = [path.name, m.get("engine", "?"), f"{m.get('cpu', '?')} ({m.get('cores', '?')} cores)", weights,
+               f"{1e3 * prof.target_seconds(1):.1f}"] + [f"{w['target'][n]:.2f}" for n in _WIDTH_N] \
+            + [f"{w['draft'][x]:.2f}" for x in _WIDTH_M]
+        if stats is not None:
+            cv = chain_vs_tree(prof, stats, args.max_nodes, args.max_depth)
+            tree = (f"{cv.tree.nodes - 1} nodes, depth {cv.tree.depth}, branches" if cv.branches
+                    else f"chain of {cv.tree.depth}")
+            row += [f"depth {cv.chain.depth}: {cv.chain.tokens_per_s:.2f} tok/s", f"{tree}: {cv.tree.tokens_per_s:.2f} tok/s",
+                    f"{cv.tree_over_chain:.3f}x", f"{cv.tree.tokens_per_s / cv.target_only_tokens_per_s:.2f}x"]
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    if stats is not None:
+        lines.append("")
+        lines.append(f"acceptances: {stats.source}; trees of at most {args.max_nodes} nodes (root included), depth "
+                     f"<= {args.max_depth}, nodes of {', '.join(map(str, stats.ks))} drafts; predicted by the "
+                     "cost model (decoding.treeopt), not measured")
+    text = "\n".join(lines)
+    print(text)
+    if md_out is not None:
+        try:
+            md_out.write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"--markdown: cannot write {md_out}: {exc.strerror or exc}") from None
     return 0

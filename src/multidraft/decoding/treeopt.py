@@ -57,7 +57,8 @@ import numpy as np
 
 __all__ = ["CostProfile", "AcceptStats", "TreeDP", "TreeChoice", "Choice", "expected_tokens",
            "expected_tokens_along", "slot_increments", "tree_candidates", "STATISTICS",
-           "level_counts", "step_seconds", "chain", "fit_overhead", "choose_tree"]
+           "level_counts", "step_seconds", "chain", "fit_overhead", "choose_tree", "width_price", "chain_vs_tree",
+           "ChainVsTree"]
 
 MAX_NODES = 64
 MAX_DEPTH = 8
@@ -696,3 +697,52 @@ def choose_tree(profile: CostProfile, stats: AcceptStats, max_nodes: int = MAX_N
     base = profile.target_only_rate()
     return Choice(best, base, best is not None and best.tokens_per_s > base * (1 + 1e-9),
                   "along" if slots is not None else "positional")
+
+
+def width_price(profile: CostProfile, ns=(2, 4, 8, 16), ms=(2, 4)) -> dict:
+    """What width costs on the machine of ``profile``: ``{"target": {n: t(n) / t(1)},
+    "draft": {m: d(m) / d(1)}}``, the seconds of one target forward over n tree tokens and of
+    one draft level of m nodes, each relative to one token (interpolated between measured
+    points, held flat beyond the last). A price near 1 means a wider tree is almost free; near
+    n, that every extra node costs a whole forward (then only chains can pay)."""
+    if not isinstance(profile, CostProfile):
+        raise ValueError(f"profile must be a CostProfile, got {type(profile).__name__}")
+    t1, d1 = profile.target_seconds(1), profile.draft_seconds(1)
+    return {"target": {int(n): profile.target_seconds(int(n)) / t1 for n in ns},
+            "draft": {int(m): profile.draft_seconds(int(m)) / d1 for m in ms}}
+
+
+@dataclass(frozen=True)
+class ChainVsTree:
+    """The best chain and the best tree of :func:`choose_tree` under one profile and one set of
+    acceptances: ``tree_over_chain`` = predicted tokens/s of the best tree over the best chain's
+    (1.0 when the best tree is a chain, i.e. no branching pays on this machine)."""
+
+    chain: TreeChoice
+    tree: TreeChoice
+    target_only_tokens_per_s: float
+
+    @property
+    def branches(self) -> bool:
+        return any(p[-1] > 0 for p in self.tree.paths)
+
+    @property
+    def tree_over_chain(self) -> float:
+        return self.tree.tokens_per_s / self.chain.tokens_per_s
+
+
+def chain_vs_tree(profile: CostProfile, stats: AcceptStats, max_nodes: int = MAX_NODES,
+                  max_depth: int = MAX_DEPTH) -> ChainVsTree:
+    """The best chain (depth 1..max_depth, single-draft SD under ``stats.accept[1]``) against
+    the best tree :func:`choose_tree` finds, both costed by :func:`step_seconds` on ``profile``:
+    the cost model's answer to "does multi-draft pay on this machine?"."""
+    if 1 not in stats.accept:
+        raise ValueError("stats: no single-draft (k = 1) acceptances, so no chain can be rated")
+    best_chain = None
+    for d in range(1, min(max_depth, max_nodes - 1) + 1):
+        c = TreeChoice(chain(d), expected_tokens(chain(d), stats), step_seconds(chain(d), profile))
+        if best_chain is None or c.tokens_per_s > best_chain.tokens_per_s * (1 + 1e-12):
+            best_chain = c
+    choice = choose_tree(profile, stats, max_nodes, max_depth)
+    tree = choice.tree if choice.tree is not None and choice.tree.tokens_per_s > best_chain.tokens_per_s else best_chain
+    return ChainVsTree(best_chain, tree, choice.target_only_tokens_per_s)
