@@ -35,3 +35,7 @@ def test_grid_with_one_rule_adds_only_its_rows(tmp_path, monkeypatch):
     assert all(r["cert_error"] <= 1e-12 for r in after[len(before):])
     text = (tmp_path / "table.md").read_text()
     assert "| univer_ot | 2 |" in text and "UniVer with its LP plan (`univer_ot`) improves" in text
+    line = next(x for x in text.splitlines() if "UniVer's LP plan (`univer_ot`) against traversal" in x)
+    rows = {(r["instance"], r["rule"]): r["tokens"] for r in after if r["rule"] != "ceiling"}
+    above = sum(rows[(i, "univer_ot")] > rows[(i, "traversal")] + seqrules.AT for i in (0, 1))
+    assert f"(2 instances on trees, 1 cells): above in {above}, below in " in line

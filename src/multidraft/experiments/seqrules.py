@@ -351,6 +351,32 @@ def _verdict_improves(cells: list, rule: str, claim: str) -> str:
             f"cell: {gains}.{worst}")
 
 
+def _verdict_versus(cells: list, rule: str, other: str, claim: str) -> str:
+    """``rule`` against ``other`` instance by instance on the tree cells: how often above / below
+    by more than AT, and the largest difference each way (cell, seed, style, both values)."""
+    pairs = [(c, d) for c, _, insts in cells if c["law"] != "chain" for d in insts
+             if rule in d["tokens"] and other in d["tokens"]]
+    if not pairs:
+        return f"- **{claim}**: not measured — no instance has rows of both `{rule}` and `{other}`."
+    diff = [d["tokens"][rule] - d["tokens"][other] for _, d in pairs]
+    cells_seen = {cell_name(c["law"], c["k"], c["depth"], c["V"]) for c, _ in pairs}
+
+    def case(j: int) -> str:
+        c, d = pairs[j]
+        return (f"{cell_name(c['law'], c['k'], c['depth'], c['V'])}, seed {d['seed']} ({d['style']}): {rule} "
+                f"{d['tokens'][rule]:.6f}, {other} {d['tokens'][other]:.6f}")
+
+    hi = max(range(len(diff)), key=lambda j: diff[j])
+    lo = min(range(len(diff)), key=lambda j: diff[j])
+    out = (f"- **{claim}** ({len(pairs)} instances on trees, {len(cells_seen)} cells): above in "
+           f"{sum(x > AT for x in diff)}, below in {sum(x < -AT for x in diff)}")
+    if diff[hi] > AT:
+        out += f"; furthest above: {case(hi)}"
+    if diff[lo] < -AT:
+        out += f"; furthest below: {case(lo)}"
+    return out + "."
+
+
 def report(paths) -> str:
     """The markdown report of the cell files ``paths`` (read only, never recomputed)."""
     cells, roots = [], []
@@ -401,6 +427,8 @@ def report(paths) -> str:
             _verdict_improves(cells, "traversal", "traversal verification improves on token-level verification (Weng, Hu et al., 2505.12398)"),
             _verdict_improves(cells, "univer", "UniVer improves on token-level verification (Weng, Hu, Yairi, 2605.04543)"),
             _verdict_improves(cells, "univer_ot", "UniVer with its LP plan (`univer_ot`) improves on token-level verification"),
+            _verdict_versus(cells, "univer_ot", "traversal", "UniVer's LP plan (`univer_ot`) against traversal (= `univer`'s "
+                            "residual plan on these i.i.d. trees)"),
             _verdict_improves(cells, "gbv", "GBV improves on token-level verification (Thomas & Pal, 2602.16961)")]
     if worsts:
         w, c = max(worsts, key=lambda wc: wc[0]["by"])
