@@ -15,7 +15,9 @@ meta row with config, seed, versions and command, then rows bound to it). Rows a
 * every other row: one rule's exact expected tokens per call on the instance and its
   certificate error (``trees.compare.certified``: a rule past 1e-12 stops the run), warnings
   the rule raised, seconds. The rules are ``trees.compare.rule_names(law)``: the token walks
-  and *every registered sequence-level rule* that supports the law.
+  and *every registered sequence-level rule* that supports the law; the command line adds the
+  variants of ``trees.compare.VARIANTS`` (``univer_ot``: UniVer with its LP plan, small V only:
+  at most 0.6 s of one core per instance on every cell of GRID, measured).
 
 ``run_cell`` writes only the rows that are missing, so rerunning a cell after new rules are
 registered adds their certificates and nothing else; a larger ``n`` adds instances.
@@ -25,6 +27,7 @@ registered adds their certificates and nothing else; a larger ``n`` adds instanc
     python -m multidraft.experiments.seqrules --report               # the table, from the files
     python -m multidraft.experiments.seqrules --root                 # item 5: the root trade-off (ROOT_CELLS)
     python -m multidraft.experiments.seqrules --law sequences --k 2 --depth 2 --vocab 3 -n 500
+    python -m multidraft.experiments.seqrules --grid --rules univer_ot  # one rule's rows only, every cell
 """
 from __future__ import annotations
 
@@ -348,6 +351,32 @@ def _verdict_improves(cells: list, rule: str, claim: str) -> str:
             f"cell: {gains}.{worst}")
 
 
+def _verdict_versus(cells: list, rule: str, other: str, claim: str) -> str:
+    """``rule`` against ``other`` instance by instance on the tree cells: how often above / below
+    by more than AT, and the largest difference each way (cell, seed, style, both values)."""
+    pairs = [(c, d) for c, _, insts in cells if c["law"] != "chain" for d in insts
+             if rule in d["tokens"] and other in d["tokens"]]
+    if not pairs:
+        return f"- **{claim}**: not measured — no instance has rows of both `{rule}` and `{other}`."
+    diff = [d["tokens"][rule] - d["tokens"][other] for _, d in pairs]
+    cells_seen = {cell_name(c["law"], c["k"], c["depth"], c["V"]) for c, _ in pairs}
+
+    def case(j: int) -> str:
+        c, d = pairs[j]
+        return (f"{cell_name(c['law'], c['k'], c['depth'], c['V'])}, seed {d['seed']} ({d['style']}): {rule} "
+                f"{d['tokens'][rule]:.6f}, {other} {d['tokens'][other]:.6f}")
+
+    hi = max(range(len(diff)), key=lambda j: diff[j])
+    lo = min(range(len(diff)), key=lambda j: diff[j])
+    out = (f"- **{claim}** ({len(pairs)} instances on trees, {len(cells_seen)} cells): above in "
+           f"{sum(x > AT for x in diff)}, below in {sum(x < -AT for x in diff)}")
+    if diff[hi] > AT:
+        out += f"; furthest above: {case(hi)}"
+    if diff[lo] < -AT:
+        out += f"; furthest below: {case(lo)}"
+    return out + "."
+
+
 def report(paths) -> str:
     """The markdown report of the cell files ``paths`` (read only, never recomputed)."""
     cells, roots = [], []
@@ -397,6 +426,9 @@ def report(paths) -> str:
             _verdict_rule(cells, "spectr_gbv", ("sequences",), "SpecTr-GBV is optimal for i.i.d. draft sequences (Lin et al., 2604.25925)"),
             _verdict_improves(cells, "traversal", "traversal verification improves on token-level verification (Weng, Hu et al., 2505.12398)"),
             _verdict_improves(cells, "univer", "UniVer improves on token-level verification (Weng, Hu, Yairi, 2605.04543)"),
+            _verdict_improves(cells, "univer_ot", "UniVer with its LP plan (`univer_ot`) improves on token-level verification"),
+            _verdict_versus(cells, "univer_ot", "traversal", "UniVer's LP plan (`univer_ot`) against traversal (= `univer`'s "
+                            "residual plan on these i.i.d. trees)"),
             _verdict_improves(cells, "gbv", "GBV improves on token-level verification (Thomas & Pal, 2602.16961)")]
     if worsts:
         w, c = max(worsts, key=lambda wc: wc[0]["by"])
@@ -437,16 +469,18 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=3)
     ap.add_argument("-n", type=int, default=500, help="instances per cell (default 500)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rules", nargs="*", help="sequence-level rules (default: every registered one)")
+    ap.add_argument("--rules", nargs="*", help="sequence-level rules (default: every registered one and the variants "
+                    f"{', '.join(compare.VARIANTS)})")
     ap.add_argument("--out-dir", default=str(OUT_DIR), help="the cell files' directory (default %(default)s)")
     ap.add_argument("--markdown", help="report file (default OUT_DIR/table.md)")
     a = ap.parse_args(argv)
     if not (a.grid or a.report or a.law or a.root):
         ap.error("give --grid, --report, --root, or one cell (--law ...)")
     cells = list(GRID) if a.grid else ([(a.law, a.k, a.depth, a.vocab)] if a.law else [])
+    rules = a.rules if a.rules is not None else compare.sequence_rules() + list(compare.VARIANTS)
     t0 = time.perf_counter()
     for law, k, depth, V in cells:
-        got = run_cell(law, k, depth, V, n=a.n, seed=a.seed, out_dir=a.out_dir, rules=a.rules)
+        got = run_cell(law, k, depth, V, n=a.n, seed=a.seed, out_dir=a.out_dir, rules=rules)
         print(f"{cell_name(law, k, depth, V)}: {got['ceilings']} ceilings and {got['rules']} rule rows added in "
               f"{got['seconds']:.1f} s", file=sys.stderr)
     if cells:

@@ -44,19 +44,58 @@ from ._check import check_tree, is_chain_law, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
-__all__ = ["BlockVerification", "block_tokens", "chain_weights", "chain_keeps", "chain_stop"]
+__all__ = ["BlockVerification", "ChainRows", "block_tokens", "chain_weights", "chain_keeps", "chain_stop", "scan_stops",
+           "add_scan_law", "scan_tokens", "scan_verify"]
 
 
-def chain_keeps(ps: list, qs: list, xs: list) -> list[float]:
-    """``a[0..L]`` of block verification along one chain (scalars only: O(L), no pass over V).
-    ps, qs, xs as in :func:`chain_weights`."""
+class ChainRows:
+    """The rows ``[V]`` of a chain's prefixes, read as float64 distributions (``_check.row64``) only
+    where needed: ``rows[i]`` converts row i on first use (then keeps it), ``rows.at(i, x)`` reads
+    one entry without converting the row (a float32 row: its entry over the row's float64 sum, the
+    very numbers of ``row64``). Block verification's scan needs every ``p(X_i | X^(i-1))`` and
+    ``q(X_i | X^(i-1))`` but whole rows only at the prefix where it stops."""
+
+    __slots__ = ("_raw", "_rows", "_sums")
+
+    def __init__(self, raw: list):
+        self._raw = list(raw)  # [V] each, any float dtype
+        self._rows: dict = {}
+        self._sums: dict = {}
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = row64(self._raw[i])
+        return row
+
+    def at(self, i: int, x: int) -> float:
+        raw = self._raw[i]
+        if i in self._rows or raw.dtype == torch.float64:
+            return float(self[i][x])
+        total = self._sums.get(i)
+        if total is None:
+            total = self._sums[i] = raw.double().sum()  # row64's divisor, bit for bit
+        return float(raw[x].double() / total)
+
+
+def _rows(rows) -> ChainRows:
+    return rows if isinstance(rows, ChainRows) else ChainRows(rows)
+
+
+def chain_keeps(ps, qs, xs: list) -> list[float]:
+    """``a[0..L]`` of block verification along one chain (scalars only: O(L), no pass over V but
+    the sums of rows that are not float64). ps, qs, xs as in :func:`chain_weights`."""
+    ps, qs = _rows(ps), _rows(qs)
     a = [1.0]
     for i in range(len(xs)):
-        a.append(min(a[i] * float(ps[i][xs[i]]) / float(qs[i][xs[i]]), 1.0))
+        a.append(min(a[i] * ps.at(i, xs[i]) / qs.at(i, xs[i]), 1.0))
     return a
 
 
-def chain_stop(i: int, a: list, ps: list, qs: list) -> tuple[float, torch.Tensor]:
+def chain_stop(i: int, a: list, ps, qs) -> tuple[float, torch.Tensor]:
     """``(h_i, row_i)`` at prefix i: the keep probability and the emitted token's law ``[V]`` when
     the scan stops there (one pass over V for i < L). ``a`` from :func:`chain_keeps`."""
     L = len(a) - 1
@@ -71,16 +110,62 @@ def chain_stop(i: int, a: list, ps: list, qs: list) -> tuple[float, torch.Tensor
     return (r / den if r > 0 and den > 0 else 0.0), row
 
 
-def chain_weights(ps: list, qs: list, xs: list) -> tuple[list[float], list[float], list[torch.Tensor]]:
+def chain_weights(ps, qs, xs: list) -> tuple[list[float], list[float], list[torch.Tensor]]:
     """The weights of block verification along one chain of length L.
 
     ps: L + 1 target rows ``[V]`` (at X^0 .. X^L); qs: L draft rows ``[V]`` (at X^0 .. X^(L-1));
-    xs: the L drafted tokens. Returns ``(a, h, rows)``: ``a[0..L]``, the keep probabilities
-    ``h[0..L]`` (``h[0] = 1``: the root always ends the scan) and the emitted token's law
-    ``rows[0..L]`` (``[V]`` each) when the scan stops at prefix i."""
+    lists of rows or ``ChainRows``; xs: the L drafted tokens. Returns ``(a, h, rows)``: ``a[0..L]``,
+    the keep probabilities ``h[0..L]`` (``h[0] = 1``: the root always ends the scan) and the
+    emitted token's law ``rows[0..L]`` (``[V]`` each) when the scan stops at prefix i."""
+    ps, qs = _rows(ps), _rows(qs)
     a = chain_keeps(ps, qs, xs)
     h, rows = zip(*(chain_stop(i, a, ps, qs) for i in range(len(xs) + 1)))
     return a, list(h), list(rows)
+
+
+# the backward scan, given its weights: law, value and one run ---------------------------------
+
+def scan_stops(h: list, start: float = 1.0):
+    """``(i, start x P(tau = i))`` for i = L .. 0 (from the leaf back): the scan stops at prefix i
+    when every longer prefix was refused and i is kept, ``P(tau = i) = h_i prod_(j > i) (1 - h_j)``."""
+    later = start  # start x P(every prefix longer than i refused)
+    for i in range(len(h) - 1, -1, -1):
+        yield i, later * h[i]
+        later *= 1.0 - h[i]
+
+
+def add_scan_law(law: dict, xs: list, h: list, rows: list, start: float = 1.0) -> None:
+    """Add ``start`` x the emitted law of the backward scan (``X^tau`` then ``y ~ rows[tau]``) to ``law``."""
+    for i, w in scan_stops(h, start):
+        if w <= 0:
+            continue
+        row = rows[i]
+        for y in torch.nonzero(row > 0).flatten().tolist():
+            key = tuple(xs[:i]) + (y,)
+            law[key] = law.get(key, 0.0) + w * float(row[y])
+
+
+def scan_tokens(h: list) -> float:
+    """E|Y| of the backward scan: ``sum_i (i + 1) P(tau = i)`` (tau drafts kept, one token more)."""
+    e = 0.0
+    for i, w in scan_stops(h):
+        e += w * (i + 1)
+    return e
+
+
+def scan_verify(a: list, ps, qs, g: torch.Generator) -> tuple[int, int]:
+    """One run of the backward scan: ``(tau, y)``. Reads L uniforms ``eta_1 .. eta_L`` then one for
+    the emitted token; h_i and the residual at prefix i are computed only when the scan reaches i
+    (so a step whose leaf is kept costs no residual, and with ``ChainRows`` no row conversion but
+    the leaf's): the same numbers as ``chain_weights``."""
+    ps, qs = _rows(ps), _rows(qs)
+    L = len(a) - 1
+    eta = torch.rand(L, generator=g, dtype=torch.float64, device=g.device).tolist()  # eta_1 .. eta_L
+    for i in range(L, -1, -1):
+        h, row = chain_stop(i, a, ps, qs)
+        if i == 0 or eta[i - 1] < h:
+            return i, int(sample_token(row, g))
+    raise AssertionError("unreachable: the root always ends the scan")  # pragma: no cover
 
 
 def block_tokens(tree_law, model) -> float:
@@ -123,61 +208,42 @@ class BlockVerification(TreeRule):
         return self.refusal(tree_law) is None
 
     def _chain(self, tree: DraftTree):
+        """``(ids, xs, ps, qs)``: node ids from the root, drafted tokens, and the target and draft
+        rows of the prefixes as ``ChainRows`` (converted to float64 where they are read)."""
         check_tree(tree, ("iid", "wor", "greedy"), "block", chain=True)
-        ids, xs, ps, qs = [0], [], [row64(tree.p(0))], []
+        ids, xs, ps, qs = [0], [], [tree.p(0)], []
         i = 0
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
             t = nd.drafts[0]
-            qs.append(row64(nd.q))
+            qs.append(nd.q)
             xs.append(t)
             i = nd.child[t]
             ids.append(i)
-            ps.append(row64(tree.p(i)))
-        return ids, xs, ps, qs
+            ps.append(tree.p(i))
+        return ids, xs, ChainRows(ps), ChainRows(qs)
 
     def output_distribution(self, tree: DraftTree) -> dict:
         _, xs, ps, qs = self._chain(tree)
-        L = len(xs)
         _, h, rows = chain_weights(ps, qs, xs)
         law: dict = {}
-        later = 1.0  # probability that every longer prefix was refused
-        for i in range(L, -1, -1):
-            w = later * h[i]
-            later *= 1.0 - h[i]
-            if w <= 0:
-                continue
-            row = rows[i]
-            for y in torch.nonzero(row > 0).flatten().tolist():
-                law[tuple(xs[:i]) + (y,)] = w * float(row[y])
+        add_scan_law(law, xs, h, rows)
         return law
 
     def expected_tokens(self, tree: DraftTree) -> float:
-        """Exact E|Y| in O(L x V): ``1 + sum_(i=1..L) P(tau >= i)`` with
-        ``P(tau >= i) = 1 - prod_(j=i..L) (1 - h_j)`` (tau is the largest i with eta_i <= h_i)."""
+        """Exact E|Y| in O(L x V): ``sum_i (i + 1) P(tau = i)`` (``scan_tokens``)."""
         _, xs, ps, qs = self._chain(tree)
-        L = len(xs)
         _, h, _ = chain_weights(ps, qs, xs)
-        total, none_after = 1.0, 1.0  # none_after: P(no j >= i keeps), from the leaf back
-        for i in range(L, 0, -1):
-            none_after *= 1.0 - h[i]
-            total += 1.0 - none_after
-        return total
+        return scan_tokens(h)
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
-        """The backward scan, lazily: h_i and the residual at prefix i are computed only when the
-        scan reaches i (one pass over V each), so a step whose leaf is kept costs no residual at
-        all; the same uniforms and the same numbers as ``chain_weights``."""
+        """The backward scan, lazily (``scan_verify``): a row is converted to float64 and a
+        residual computed only at the prefix where the scan stops; the same uniforms and the same
+        numbers as ``chain_weights``."""
         ids, xs, ps, qs = self._chain(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-        L = len(xs)
-        a = chain_keeps(ps, qs, xs)
-        eta = torch.rand(L, generator=g, dtype=torch.float64, device=g.device).tolist()  # eta_1 .. eta_L
-        for i in range(L, -1, -1):
-            h, row = chain_stop(i, a, ps, qs)
-            if i == 0 or eta[i - 1] < h:
-                return TreeVerdict(tuple(ids[1 : i + 1]), int(sample_token(row, g)))
-        raise AssertionError("unreachable: the root always ends the scan")  # pragma: no cover
+        tau, y = scan_verify(chain_keeps(ps, qs, xs), ps, qs, g)
+        return TreeVerdict(tuple(ids[1 : tau + 1]), y)
 
 
 register("block", BlockVerification)

@@ -8,7 +8,9 @@ joins every comparison without a change here:
   that ``supports`` the tree law — the *sequence-level rules*;
 * the token-level walk of each verifier in ``WALKS``, named ``walk:<verifier>``, where it
   supports the law;
-* ``ceiling`` (``ceiling.optimal_tokens``'s value) with ``ceiling_upper`` (its dual certificate).
+* ``ceiling`` (``ceiling.optimal_tokens``'s value) with ``ceiling_upper`` (its dual certificate);
+* on request only (``rules=[...]``), the *variants* of ``VARIANTS``: a registered rule built with
+  options, under a name of its own (``univer_ot``: ``get('univer', plan='ot')``, small V only).
 
 ``rule_names(tree_law)`` lists the rules in that order, ``certified(name, tree_law, model)``
 gives one rule's ``certify_tree`` certificate (``ValueError`` when its error is past ``tol``:
@@ -23,11 +25,12 @@ from .certify import TreeCertificate, certify_tree
 from .rules import TreeRule, get, names
 from .walk import TokenWalk
 
-__all__ = ["EXCLUDED", "WALKS", "build_rule", "certified", "expected_tokens", "rule_names", "sequence_rules"]
+__all__ = ["EXCLUDED", "VARIANTS", "WALKS", "build_rule", "certified", "expected_tokens", "rule_names", "sequence_rules"]
 
 WALKS = ("specinfer", "spectr", "khisti_is", "optimal")
 EXCLUDED = ("token_walk", "tree_lp")
 WALK_PREFIX = "walk:"
+VARIANTS = {"univer_ot": ("univer", {"plan": "ot"})}  # name -> (registered rule, options); compared when asked
 
 
 def sequence_rules() -> list[str]:
@@ -37,24 +40,29 @@ def sequence_rules() -> list[str]:
 
 def build_rule(name: str, tree_law) -> TreeRule:
     """The rule called ``name`` in a comparison: ``walk:<verifier>`` is ``TokenWalk(verifier,
-    tree_law.kind)``, any other name the registered rule built with no options."""
+    tree_law.kind)``, a name of ``VARIANTS`` its rule built with its options, any other name the
+    registered rule built with no options."""
     if not isinstance(name, str):
         raise ValueError(f"name must be a rule name (a string), got {name!r}")
     if name.startswith(WALK_PREFIX):
         return TokenWalk(name[len(WALK_PREFIX):], tree_law.kind)
+    if name in VARIANTS:
+        base, options = VARIANTS[name]
+        return get(base, **options)
     if name in EXCLUDED or name not in names():
         raise ValueError(f"name: {name!r} is not compared; choose 'walk:<verifier>' or one of "
-                         f"{', '.join(sequence_rules())}")
+                         f"{', '.join(sequence_rules() + list(VARIANTS))}")
     return get(name)
 
 
 def rule_names(tree_law, walks=WALKS, rules=None) -> list[str]:
     """The rules compared on ``tree_law``: ``walk:<v>`` for each supporting verifier of ``walks``,
-    then each rule of ``rules`` (default: every ``sequence_rules()``) that supports the law."""
+    then each rule of ``rules`` (default: every ``sequence_rules()``; names of ``VARIANTS`` are
+    taken too) that supports the law."""
     if rules is None:
         rules = sequence_rules()
     else:
-        known = sequence_rules()
+        known = sequence_rules() + list(VARIANTS)
         for r in rules:
             if r not in known:
                 raise ValueError(f"rules: unknown sequence-level rule {r!r}; choose from {', '.join(known)}")
@@ -63,7 +71,7 @@ def rule_names(tree_law, walks=WALKS, rules=None) -> list[str]:
         if TokenWalk(v, tree_law.kind).supports(tree_law):
             out.append(WALK_PREFIX + v)
     for r in rules:
-        if get(r).supports(tree_law):
+        if build_rule(r, tree_law).supports(tree_law):
             out.append(r)
     return out
 

@@ -76,9 +76,8 @@ from __future__ import annotations
 import torch
 
 from .._validate import as_generator
-from ..sampling import sample_token
 from ._check import check_tree, is_chain_law, row64
-from .block import chain_weights
+from .block import add_scan_law, chain_keeps, chain_weights, scan_tokens, scan_verify
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -182,16 +181,7 @@ class SelectThenBlock(TreeRule):
         law: dict = {}
         for w, _, xs, ps, ss in self._walks(tree):
             _, h, rows = chain_weights(ps, ss, xs)
-            later = w  # probability of this walk and of every longer prefix being refused
-            for i in range(len(xs), -1, -1):
-                wi = later * h[i]
-                later *= 1.0 - h[i]
-                if wi <= 0:
-                    continue
-                row = rows[i]
-                for y in torch.nonzero(row > 0).flatten().tolist():
-                    key = tuple(xs[:i]) + (y,)
-                    law[key] = law.get(key, 0.0) + wi * float(row[y])
+            add_scan_law(law, xs, h, rows, start=w)  # w: the probability of picking this walk
         return law
 
     def expected_tokens(self, tree: DraftTree) -> float:
@@ -200,11 +190,7 @@ class SelectThenBlock(TreeRule):
         total = 0.0
         for w, _, xs, ps, ss in self._walks(tree):
             _, h, _ = chain_weights(ps, ss, xs)
-            later, e = 1.0, 0.0
-            for i in range(len(xs), -1, -1):
-                e += later * h[i] * (i + 1)
-                later *= 1.0 - h[i]
-            total += w * e
+            total += w * scan_tokens(h)
         return total
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
@@ -220,15 +206,7 @@ class SelectThenBlock(TreeRule):
             xs.append(t)
             ps.append(row64(tree.p(i)))
             ss.append(s)
-        _, h, rows = chain_weights(ps, ss, xs)
-        n = len(xs)
-        eta = torch.rand(n, generator=g, dtype=torch.float64, device=g.device)  # [n]: eta_1 .. eta_n
-        tau = 0
-        for j in range(n, 0, -1):
-            if float(eta[j - 1]) < h[j]:
-                tau = j
-                break
-        y = int(sample_token(rows[tau], g))
+        tau, y = scan_verify(chain_keeps(ps, ss, xs), ps, ss, g)  # block verification's n uniforms, then the token's
         return TreeVerdict(tuple(ids[1 : tau + 1]), y)
 
 

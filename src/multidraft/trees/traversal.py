@@ -87,8 +87,8 @@ from __future__ import annotations
 import torch
 
 from .._validate import as_generator
-from ..sampling import sample_token
 from ._check import check_tree, is_chain_law, row64
+from ._postorder import decisions_law, decisions_tokens, first_kept
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -175,78 +175,35 @@ class TraversalVerification(TreeRule):
             return _split(tree)
         return _trie(tree, 0)
 
+    def _decisions(self, tree: DraftTree, s: _Slot, path: tuple, a: float, P: torch.Tensor):
+        """The traversal's decisions below and at slot s (``_postorder``): ``(path, keep, row, leaf)``
+        in post-order, each child tried with ``a(c)``, the parent updated after each refusal."""
+        nd = tree.nodes[s.node]
+        Q = row64(nd.q) if s.kids else None  # [V]
+        for kid in s.kids:
+            t = tree.nodes[kid.node].token
+            ac = min(a * float(P[t]) / float(Q[t]), 1.0)
+            yield from self._decisions(tree, kid, path + (kid.node,), ac, row64(tree.p(kid.node)))
+            a, P = self._refused(a, P, Q, t)
+        yield path, (a if path else 1.0), P, not s.kids
+
+    def _walk(self, tree: DraftTree):
+        return self._decisions(tree, self._structure(tree), (), 1.0, row64(tree.p(0)))
+
     def output_distribution(self, tree: DraftTree) -> dict:
-        root = self._structure(tree)
-        law: dict = {}
-
-        def run(s: _Slot, prefix: tuple, a: float, P: torch.Tensor, w: float) -> float:
-            """Add the kept sequences of s's subtree (reached with probability w) to law;
-            return the probability that the whole subtree is refused."""
-            nd = tree.nodes[s.node]
-            Q = row64(nd.q) if s.kids else None  # [V]
-            for kid in s.kids:
-                if w <= 0:
-                    return 0.0
-                t = tree.nodes[kid.node].token
-                ac = min(a * float(P[t]) / float(Q[t]), 1.0)
-                w = run(kid, prefix + (t,), ac, row64(tree.p(kid.node)), w)
-                a, P = self._refused(a, P, Q, t)
-            keep = 1.0 if s.node == 0 and prefix == () else a
-            if w > 0 and keep > 0:
-                for y in torch.nonzero(P > 0).flatten().tolist():
-                    key = prefix + (y,)
-                    law[key] = law.get(key, 0.0) + w * keep * float(P[y])
-            return w * (1.0 - keep)
-
-        run(root, (), 1.0, row64(tree.p(0)), 1.0)
-        return law
+        return decisions_law(tree, self._walk(tree))
 
     def expected_tokens(self, tree: DraftTree) -> float:
         """Exact E|Y| in O(nodes x V). The traversal's states (a, P) do not depend on the
-        randomness (only on which subtrees were refused, in a fixed order), so the recursion of
-        ``output_distribution`` is followed once; a node kept with probability ``w x keep``
-        emits ``depth + 1`` tokens (its path and one token from its row, whatever that token)."""
-        root = self._structure(tree)
-        total = 0.0
-
-        def run(s: _Slot, depth: int, a: float, P: torch.Tensor, w: float) -> float:
-            nonlocal total
-            nd = tree.nodes[s.node]
-            Q = row64(nd.q) if s.kids else None  # [V]
-            for kid in s.kids:
-                if w <= 0:
-                    return 0.0
-                t = tree.nodes[kid.node].token
-                ac = min(a * float(P[t]) / float(Q[t]), 1.0)
-                w = run(kid, depth + 1, ac, row64(tree.p(kid.node)), w)
-                a, P = self._refused(a, P, Q, t)
-            keep = 1.0 if depth == 0 else a
-            if w > 0 and keep > 0:
-                total += w * keep * (depth + 1)
-            return w * (1.0 - keep)
-
-        run(root, 0, 1.0, row64(tree.p(0)), 1.0)
-        return total
+        randomness (only on which subtrees were refused, in a fixed order), so its decisions are
+        followed once; a node kept with probability ``w x keep`` emits ``depth + 1`` tokens (its
+        path and one token from its row, whatever that token)."""
+        return decisions_tokens(self._walk(tree))
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
-        root = self._structure(tree)
+        walk = self._walk(tree)  # checks the tree (before the generator is read)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-
-        def run(s: _Slot, path: tuple, a: float, P: torch.Tensor):
-            nd = tree.nodes[s.node]
-            Q = row64(nd.q) if s.kids else None  # [V]
-            for kid in s.kids:
-                t = tree.nodes[kid.node].token
-                ac = min(a * float(P[t]) / float(Q[t]), 1.0)
-                got = run(kid, path + (kid.node,), ac, row64(tree.p(kid.node)))
-                if got is not None:
-                    return got
-                a, P = self._refused(a, P, Q, t)
-            if path == () or float(torch.rand((), generator=g, dtype=torch.float64, device=g.device)) < a:
-                return TreeVerdict(path, int(sample_token(P, g)))
-            return None
-
-        return run(root, (), 1.0, row64(tree.p(0)))
+        return first_kept(walk, g)
 
 
 register("traversal", TraversalVerification)

@@ -129,8 +129,8 @@ import numpy as np
 
 from .. import drafts as _drafts
 from .._validate import as_generator, as_int
-from ..sampling import sample_token
 from ._check import check_tree, is_chain_law, row64
+from ._postorder import first_kept
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -346,65 +346,64 @@ class UniVer(TreeRule):
         plan.h[i], plan.rho[i] = (1.0 if i == 0 else h), rho
 
     # phase 2 --------------------------------------------------------------------------------
-    def output_distribution(self, tree: DraftTree) -> dict:
-        plan = self.allocate(tree)
-        law: dict = {}
+    @staticmethod
+    def _decisions(plan: _Plan, i: int = 0, path: tuple = ()):
+        """Phase 2's decisions for ``verify`` (``_postorder``): ``(path, keep, row, leaf)`` in
+        post-order, a node's children in slot order (repeated tokens have no subtree), then the node
+        itself with its final weight h and row rho."""
+        kids = [c for _, c, _ in plan.slots[i] if c is not None]
+        for c in kids:
+            yield from UniVer._decisions(plan, c, path + (c,))
+        yield path, plan.h[i], plan.rho[i], not kids
+
+    @staticmethod
+    def _exact(tree: DraftTree, plan: _Plan, visit) -> None:
+        """Phase 2 read exactly: ``visit(i, prefix, reach, fail, h, rho)`` at every node tried with
+        probability ``reach`` > 0, after its children (``fail``: the probability that all of them
+        were refused once i is tried; ``prefix``: the tokens to i). A node is kept, once tried,
+        with ``s = 1 - fail (1 - h)``."""
 
         def run(i: int, prefix: tuple, reach: float) -> float:
-            """Add node i's emissions (tried with probability reach); return P(i kept | tried)."""
             fail = 1.0
             for t, c, _ in plan.slots[i]:
                 if c is None or reach * fail <= 0:
                     continue
                 fail *= 1.0 - run(c, prefix + (t,), reach * fail)
-            keep = plan.h[i]
-            m = reach * fail * keep
+            visit(i, prefix, reach, fail, plan.h[i], plan.rho[i])
+            return 1.0 - fail * (1.0 - plan.h[i])
+
+        run(0, (), 1.0)
+
+    def output_distribution(self, tree: DraftTree) -> dict:
+        law: dict = {}
+
+        def emit(i, prefix, reach, fail, h, rho):
+            m = reach * fail * h  # P(the accepted path ends at i)
             if m > 0:
-                rho = plan.rho[i]
                 for y in torch.nonzero(rho > 0).flatten().tolist():
                     key = prefix + (y,)
                     law[key] = law.get(key, 0.0) + m * float(rho[y])
-            return 1.0 - fail * (1.0 - keep)
 
-        run(0, (), 1.0)
+        self._exact(tree, self.allocate(tree), emit)
         return law
 
     def expected_tokens(self, tree: DraftTree) -> float:
-        """Exact E|Y| given this tree, O(nodes x V) (module notes, "Exact value")."""
-        plan = self.allocate(tree)
+        """Exact E|Y| given this tree, O(nodes x V) with phase 1 the only pass over V (module
+        notes, "Exact value")."""
         total = 1.0
 
-        def run(i: int, reach: float) -> float:
+        def add(i, prefix, reach, fail, h, rho):
             nonlocal total
-            fail = 1.0
-            for _, c, _ in plan.slots[i]:
-                if c is None:
-                    continue
-                fail *= 1.0 - run(c, reach * fail)
-            s = 1.0 - fail * (1.0 - plan.h[i])
             if i:
-                total += reach * s
-            return s
+                total += reach * (1.0 - fail * (1.0 - h))  # P(i tried) s(i)
 
-        run(0, 1.0)
+        self._exact(tree, self.allocate(tree), add)
         return total
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         plan = self.allocate(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-
-        def run(i: int, path: tuple):
-            for _, c, _ in plan.slots[i]:
-                if c is None:
-                    continue
-                got = run(c, path + (c,))
-                if got is not None:
-                    return got
-            if i == 0 or float(torch.rand((), generator=g, dtype=torch.float64, device=g.device)) < plan.h[i]:
-                return TreeVerdict(path, int(sample_token(plan.rho[i], g)))
-            return None
-
-        return run(0, ())
+        return first_kept(self._decisions(plan), g)
 
 
 register("univer", UniVer)
