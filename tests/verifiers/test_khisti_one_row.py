@@ -137,13 +137,14 @@ def test_one_row_sampling_matches_the_exact_law():
         assert chi2 <= stats.chi2.ppf(1 - 1e-6, int(keep.sum()) - 1), (t.tolist(), chi2)
 
 
-def test_hull_chain_is_the_enumerated_chain():
-    """Where ``_lex_chain_hull`` returns a chain, it is the enumeration's (blocks equal, lambdas
-    to 1e-12), on random matches with peaked, flat and tiny masses, r = t and r != t."""
+def test_hull_chain_gives_the_enumerated_law():
+    """The lex split with the hull candidate (``rt`` given) realises the same winner law as the
+    enumeration of the chain, on random matches with peaked, flat and tiny masses, r = t and
+    r != t; where the hull candidate is taken (realised), its blocks are the enumeration's."""
     rng = np.random.default_rng(5)
     n = 10
     a, b = np.triu_indices(n, 1)
-    found = 0
+    taken = 0
     for t_ in range(120):
         conc = rng.choice([0.1, 1.0, 5.0], 3)
         p = rng.dirichlet(np.ones(n) * conc[0]) * rng.uniform(0.05, 1)
@@ -153,19 +154,21 @@ def test_hull_chain_is_the_enumerated_chain():
         fixed = r * t + r * t_out + r_out * t
         M = r[a] * t[b] + r[b] * t[a]
         w = np.maximum(p, KI._P_FLOOR)
-        chain = KI._lex_chain_hull(w, r, t, r_out, t_out)
         lam0, blk0 = KI._lex_chain_enum(w, M, fixed, a, b)
+        chain = KI._lex_chain_hull(w, r, t, r_out, t_out)
         if t_ % 2 == 0:
-            assert chain is not None, t_  # r = t: always a prefix chain (no ties here)
-        if chain is None:
-            continue
-        found += 1
-        lam, blk = chain
-        assert np.array_equal(blk, blk0), t_
-        np.testing.assert_allclose(lam * w, lam0 * w, rtol=1e-12, atol=1e-15)
+            assert chain is not None, t_  # r = t: a prefix chain (no ties here)
+        if chain is not None and KI._lex_realise(*chain, w, M, fixed, a, b)[1]:
+            taken += 1
+            assert np.array_equal(chain[1], blk0), t_
+            np.testing.assert_allclose(chain[0] * w, lam0 * w, rtol=1e-12, atol=1e-15)
         f, ok = KI._lex_decomp_row(p, M, fixed, a, b, (r, t, r_out, t_out))
-        assert ok and (f >= 0).all() and (f <= M).all(), t_
-    assert found >= 90, found
+        f0, ok0 = KI._lex_decomp_row(p, M, fixed, a, b)
+        assert ok and ok0 and (f >= 0).all() and (f <= M).all(), t_
+        m = fixed + np.bincount(a, f, n) + np.bincount(b, M - f, n)
+        m0 = fixed + np.bincount(a, f0, n) + np.bincount(b, M - f0, n)
+        np.testing.assert_allclose(m, m0, rtol=1e-12, atol=1e-15)
+    assert taken >= 80, taken
 
 
 def test_off_coef_on_used_buckets_equals_the_full_recursion():

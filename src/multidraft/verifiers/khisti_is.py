@@ -179,8 +179,6 @@ def _split_lex(pu, Mu, fixedu, a, b, laws=None):
     unique; m is. A row where BVLS fails keeps the even split (exact, only less efficient).
     ``laws`` = (r ``[U, n]``, t ``[U, n]``, r_out ``[U]``, t_out ``[U]``), the two drafts' laws
     the pair masses come from, lets ``_lex_chain_hull`` try the decomposition first."""
-    from scipy.optimize import lsq_linear
-
     U, P = Mu.shape
     n = pu.shape[1]
     out = Mu / 2
@@ -195,6 +193,8 @@ def _split_lex(pu, Mu, fixedu, a, b, laws=None):
             if ok:
                 out[u] = fu
                 continue
+        from scipy.optimize import lsq_linear
+
         if E is None:
             E = np.zeros((n, P))
             E[a, np.arange(P)] = 1.0
@@ -242,14 +242,14 @@ def _lex_decomp_row(p, M, fixed, a, b, rt=None):
     w = np.maximum(p, _P_FLOOR)
     chain = None if rt is None else _lex_chain_hull(w, *rt)
     if chain is not None:
-        lam, blk = chain
-    else:
-        lam, blk = _lex_chain_enum(w, M, fixed, a, b)
-    return _lex_realise(lam, blk, w, M, fixed, a, b)
+        f, ok = _lex_realise(*chain, w, M, fixed, a, b)
+        if ok:  # m = lam w is realised, so a base, and its level sets are tight: the optimum
+            return f, ok
+    return _lex_realise(*_lex_chain_enum(w, M, fixed, a, b), w, M, fixed, a, b)
 
 
 def _lex_chain_hull(w, r, t, r_out, t_out):
-    """The chain of ``_lex_decomp_row`` when it is a chain of prefixes, certified; else None.
+    """A candidate chain for ``_lex_decomp_row``: the lower hull of prefix sets (or None).
 
     Here g(X) = fixed(X) + M(pairs touching X) = P(either draft in X) = r(X) + t(X) (r_out +
     r(S - X)) (r, t the winner's and the newcomer's laws on S, r(S) + r_out = 1), a sum of
@@ -258,14 +258,16 @@ def _lex_chain_hull(w, r, t, r_out, t_out):
     (g(P_b) - g(P_a)) / w(P_b - P_a), with the contraction g(P_b) - g(P_a) = r(D) (t_out +
     t(S - P_b)) + t(D) (r_out + r(S - P_a)), D = P_b - P_a (no cancellation). The candidate
     m = lambda w is the lexicographically optimal base iff it is a base of g whose level sets
-    are tight (Fujishige 1980, Thm. 3.3 of his 'Lexicographically optimal base of a
-    polymatroid with respect to a weight vector'): the chain's sets are tight by construction
-    and its lambdas increase, so it remains to check m(X) <= g(X) for all 2^n sets (one
-    matrix product, relative tolerance 1e-12, the enumeration's). For r = t (the first match
+    are tight (Fujishige 1980, 'Lexicographically optimal base of a polymatroid with respect to
+    a weight vector'): the chain's sets are tight by construction (the lambdas telescope) and
+    the lambdas increase (checked), so m is the optimum as soon as it is a base, i.e. as soon
+    as a split of the pairs realises it: ``_lex_decomp_row`` takes the chain when
+    ``_lex_realise`` succeeds (realised law = m to 1e-13) and enumerates otherwise. For r = t (the first match
     of iid drafts) g = 2 t(X) - t(X)^2 is a concave function of t(X), whose minimisers of
     g - lambda w are prefixes of the order by t_i / w_i (a swap towards a lower ratio at equal
     t(X) raises w(X)), so the chain is found whenever no two ratios tie; later matches mostly
-    are prefix chains too. Returns (lam ``[n]``, blk ``[n]``) as the enumeration."""
+    are prefix chains too. Returns (lam ``[n]``, blk ``[n]``) as the enumeration, or None when
+    the lambdas fail to increase."""
     n = w.shape[0]
     if n > LEX_DECOMP_N:
         return None
@@ -294,12 +296,6 @@ def _lex_chain_hull(w, r, t, r_out, t_out):
     lam = np.empty(n)
     blk = np.empty(n, dtype=np.int64)
     lam[order], blk[order] = lam_o, blk_o
-    bits = _subsets(n)[2]  # [2^n - 1, n]
-    tab = bits @ np.stack([r, t, lam * w], 1)  # r(X), t(X), m(X)
-    rc = r_out + (r.sum() - tab[:, 0])  # r_out + r(S - X): small terms only when r(S - X) is small
-    g = tab[:, 0] + tab[:, 1] * rc
-    if not bool((tab[:, 2] <= g * (1 + 1e-12)).all()):
-        return None
     return lam, blk
 
 
@@ -358,6 +354,7 @@ def _lex_realise_with(lam, blk, w, M, fixed, a, b, grounded):
     ba, bb = blk[a], blk[b]
     f = np.where(ba < bb, M, 0.0)  # across blocks the lower ratio takes the whole pair
     free = (ba == bb) & (M > 0)
+    both = np.concatenate([a, b])  # one bincount for the two ends of every pair
     ab, ba_, dg = a * n + b, b * n + a, np.arange(n) * (n + 1)
     J = (blk[:, None] == blk[None, :]) if grounded else None
     for _ in range(2 * n):
@@ -365,14 +362,13 @@ def _lex_realise_with(lam, blk, w, M, fixed, a, b, grounded):
             break
         Mi = np.where(free, M, 0.0)
         fo = np.where(free, 0.0, f)
-        d = m - fixed - np.bincount(a, fo, n) - np.bincount(b, np.where(free, 0.0, M - fo), n)
-        deg = np.bincount(a, Mi, n) + np.bincount(b, Mi, n)
+        got = np.bincount(both, np.concatenate([fo, M - Mi - fo]), n)  # mass the fixed pairs give
+        deg = np.bincount(both, np.concatenate([Mi, Mi]), n)
         L = np.zeros((n, n))
         L.flat[ab] = -Mi
         L.flat[ba_] = -Mi
         L.flat[dg] = deg
-        rhs = d - 0.5 * deg
-        y = None
+        rhs = m - fixed - got - 0.5 * deg
         if grounded:
             try:
                 y = np.linalg.solve(L + float(Mi.max()) * J, rhs)
@@ -382,11 +378,11 @@ def _lex_realise_with(lam, blk, w, M, fixed, a, b, grounded):
             y = np.linalg.lstsq(L, rhs, rcond=None)[0]
         fi = Mi * (0.5 + y[a] - y[b])
         out = free & ((fi < 0) | (fi > M))
-        f = np.where(free, np.clip(fi, 0.0, M), f)
+        f = np.where(free, np.minimum(np.maximum(fi, 0.0), M), f)
         if not out.any():
             break
         free = free & ~out  # the pairs past a bound stay there
-    mr = fixed + np.bincount(a, f, n) + np.bincount(b, M - f, n)
+    mr = fixed + np.bincount(both, np.concatenate([f, M - f]), n)
     return f, bool(np.abs(mr - m).max() <= 1e-13 * max(1.0, float(m.max())))
 
 
@@ -446,6 +442,12 @@ def _stage_law(fixed, w, M, a, b):
     return fixed + np.bincount(a, w * M, n) + np.bincount(b, (1 - w) * M, n)
 
 
+@functools.lru_cache(maxsize=16)
+def _triu(n: int):
+    """``np.triu_indices(n, 1)`` (read only)."""
+    return np.triu_indices(n, 1)
+
+
 def _pair_index(n: int, i: int, j: int) -> int:
     """Index of the slot pair {i, j} (i != j) in ``np.triu_indices(n, 1)`` order."""
     if i > j:
@@ -476,7 +478,7 @@ def _stages_np(p, t, to, solver):
     (the keep probabilities ``[P]`` of the slot pairs (``np.triu_indices`` order), one array
     per match, and the winner's law ``[n]``), numpy float64."""
     n = p.shape[0]
-    a, b = np.triu_indices(n, 1)
+    a, b = _triu(n)
     r, ro = t[0], float(to[0])
     ws = []
     for m in range(1, t.shape[0]):
