@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .._scan import cdf_search, top_desc_stable
-from ._residual import accept, accept_prob, chunk_rows, residual_law, residual_or, row_scale, rows64, sample_rows
+from ._residual import NORMALISED, accept, accept_prob, chunk_rows, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
 from .registry import register
 
@@ -497,6 +497,13 @@ def _stages_np(p, t, to, solver):
     return ws, r
 
 
+def _row_scales(x: torch.Tensor) -> torch.Tensor:
+    """``row_scale(x)`` of one row ``[V]`` or of a few ``[K, V]`` (the same float64 values, in
+    fewer calls): each row's float64 sum, 1.0 where it is within ``NORMALISED`` of 1."""
+    s = x.sum(-1, keepdim=True) if x.dtype == torch.float64 else x.sum(-1, keepdim=True, dtype=torch.float64)
+    return torch.where(((s - 1.0).abs() > NORMALISED) & (s > 0), s, torch.ones_like(s))
+
+
 class _Row:
     """One row as ``KhistiIS._verify`` receives it (raw_rows): p ``[V]``, q ``[V]`` (shared) or
     ``[K, V]`` (per draft), any float dtype. Every float64 value read is the value ``rows64``
@@ -506,8 +513,8 @@ class _Row:
     def __init__(self, p, q):
         self.p, self.q = p, q
         self.V = p.shape[-1]
-        self.sp = row_scale(p)  # [1]
-        self.sq = row_scale(q)  # [1] or [K, 1]
+        self.sp = _row_scales(p)  # [1]
+        self.sq = _row_scales(q)  # [1] or [K, 1]
         self._p64 = self._q64 = self._qbar = None
 
     def p_at(self, idx):  # [m] float64
