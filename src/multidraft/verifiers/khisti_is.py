@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import numpy as np
@@ -486,7 +487,10 @@ def _stages_np(p, t, to, solver):
         fixed = r * tm + r * tom + ro * tm
         M = r[a] * tm[b] + r[b] * tm[a]
         fu = None
-        if a.size:
+        if a.size and solver == "lex" and n <= LEX_DECOMP_N:  # _split_lex's first try, without its batch loop
+            f, ok = _lex_decomp_row(p, M, fixed, a, b, (r, tm, ro, tom))
+            fu = f[None] if ok else None
+        if a.size and fu is None:
             args = (p[None], M[None], fixed[None], a, b)
             laws = (r[None], tm[None], np.array([ro]), np.array([tom]))
             fu = _split_lex(*args, laws) if solver == "lex" else _split_lp(*args)
@@ -626,7 +630,7 @@ def _scratch(name: str, shape, dtype, device) -> torch.Tensor:
     multi-MB tensors, which glibc hands back to the OS and page-faults in again at every call
     (about 1 ms per MB on a shared VM). Never returned to a caller."""
     bufs = _WS.__dict__.setdefault("bufs", {})
-    n = int(np.prod(shape))
+    n = math.prod(shape)
     key = (name, dtype, str(device))
     t = bufs.get(key)
     if t is None or t.numel() < n:
