@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 
@@ -514,9 +515,12 @@ class _Row:
     gives (``x.double() / row_scale(x)``, elementwise), read at the tokens asked for; the full
     float64 rows are built on first use only."""
 
+    _serials = itertools.count()
+
     def __init__(self, p, q):
         self.p, self.q = p, q
         self.V = p.shape[-1]
+        self.serial = next(_Row._serials)  # names this row's chunks in the workspace
         self.sp = _row_scales(p)  # [1]
         self.sq = _row_scales(q)  # [1] or [K, 1]
         self._p64 = self._q64 = self._qbar = None
@@ -638,25 +642,30 @@ def _scratch(name: str, shape, dtype, device) -> torch.Tensor:
     return t[:n].view(shape)
 
 
-def _chunks(R):
+def _chunks(R, reverse: bool = False):
     """The float64 values of one row in column chunks: (c0, c1, P ``[c]``, Q ``[k1, c]``, Qbar
     ``[c]``), each value the one ``rows64`` gives (elementwise), Qbar the mean of the K rows
     as the plan forms it. No ``[K, V]`` float64 copy of the rows is ever held; the chunks live
-    in ``_scratch`` (valid until the next chunk)."""
+    in ``_scratch`` (valid until the next chunk), and the chunk left there by the previous pass
+    over this row is not recomputed (``reverse``: last chunk first, for a pass whose chunks are
+    independent)."""
     q2 = R.q if R.q.ndim == 2 else R.q.unsqueeze(0)
     sq2 = R.sq if R.q.ndim == 2 else R.sq.unsqueeze(0)  # [k1, 1]
     k1, dev = q2.shape[0], R.p.device
     step = min(R.V, max(4096, OFF_CHUNK // k1))
-    for c0 in range(0, R.V, step):
+    starts = range(0, R.V, step)
+    for c0 in (reversed(starts) if reverse else starts):
         c1 = min(R.V, c0 + step)
         Pc = _scratch("P", (c1 - c0,), torch.float64, dev)
-        Pc.copy_(R.p[c0:c1]).div_(R.sp)
         Qc = _scratch("Q", (k1, c1 - c0), torch.float64, dev)
-        Qc.copy_(q2[:, c0:c1]).div_(sq2)
-        if k1 == 1:
-            qb = Qc[0]
-        else:
-            qb = torch.mean(Qc, -2, out=_scratch("Qbar", (c1 - c0,), torch.float64, dev))
+        qb = Qc[0] if k1 == 1 else _scratch("Qbar", (c1 - c0,), torch.float64, dev)
+        if getattr(_WS, "chunk", None) != (R.serial, c0, c1):
+            _WS.chunk = None
+            Pc.copy_(R.p[c0:c1]).div_(R.sp)
+            Qc.copy_(q2[:, c0:c1]).div_(sq2)
+            if k1 > 1:
+                torch.mean(Qc, -2, out=qb)
+            _WS.chunk = (R.serial, c0, c1)
         yield c0, c1, Pc, Qc, qb
 
 
@@ -666,12 +675,13 @@ def _residual_one(R, qi_chunk, g):
     on that residual row (the fallback row p where it has no mass), in workspace tensors."""
     dev = R.p.device
     w = _scratch("w", (1, R.V), torch.float64, dev)
-    for c0, c1, Pc, Qc, qb in _chunks(R):
+    for c0, c1, Pc, Qc, qb in _chunks(R, reverse=True):
         torch.sub(Pc, qi_chunk(c0, c1, Pc, Qc, qb), out=w[0, c0:c1]).clamp_min_(0.0)
-    if not float(w.sum()) > 0:
-        w = residual_or(w, R.p64().unsqueeze(0))
-    u = torch.rand(1, generator=g, dtype=torch.float64, device=dev)  # sample_rows' uniform
     c = torch.cumsum(w, -1, out=_scratch("cdf", (1, R.V), torch.float64, dev))
+    if not float(c[0, -1]) > 0:  # no mass (w >= 0): residual_or's fallback row
+        w = residual_or(w, R.p64().unsqueeze(0))
+        c = torch.cumsum(w, -1)
+    u = torch.rand(1, generator=g, dtype=torch.float64, device=dev)  # sample_rows' uniform
     if not float(c[0, -1]) > 0:
         raise RuntimeError("internal error: a residual row has no mass (inputs not normalised?)")
     idx = int(cdf_search(c, u)[0])
@@ -701,9 +711,9 @@ class _OffOne:
             H = torch.zeros(1, k1, C + 1, dtype=torch.float64, device=dev)
             for c0, c1, Pc, Qc, qb in _chunks(R):
                 kc = key[c0:c1]
-                if self.off == "ratio":  # _ratio_bucket, in place
-                    r = torch.div(Pc, qb, out=_scratch("ratio", (c1 - c0,), torch.float64, dev)).nan_to_num_(nan=0.0)
-                    kc.copy_(r.view(torch.int64).bitwise_right_shift_(_R_SHIFT).sub_(_R_LO).clamp_(0, _R_C - 1))
+                if self.off == "ratio":  # _ratio_bucket, in place in the key's own memory
+                    torch.div(Pc, qb, out=kc.view(torch.float64)).nan_to_num_(nan=0.0)
+                    kc.bitwise_right_shift_(_R_SHIFT).sub_(_R_LO).clamp_(0, _R_C - 1)
                 else:
                     kc.copy_(_bucket(Pc - qb * qb))
                 inS = Sa[(Sa >= c0) & (Sa < c1)]
@@ -728,7 +738,7 @@ class _OffOne:
         for k in range(k1):  # A_k at each token's bucket (row by row: a 1-D gather is a fast path)
             torch.index_select(A[k], 0, key[c0:c1], out=Ak[k])
         Ak.mul_(Qc)
-        qi = torch.sum(Ak, 0, out=_scratch("qi", (c1 - c0,), torch.float64, dev))  # [c]: off S
+        qi = Ak[0] if k1 == 1 else torch.sum(Ak, 0, out=_scratch("qi", (c1 - c0,), torch.float64, dev))  # [c]: off S
         sel = (self.Sa >= c0) & (self.Sa < c1)
         qi[self.Sa[sel] - c0] = self.mSa[sel]  # on S: the matches' law
         return qi
