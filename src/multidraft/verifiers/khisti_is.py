@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import functools
+import itertools
+import math
+import threading
 
 import numpy as np
 import torch
 
-from .._scan import top_desc_stable
-from ._residual import accept, accept_prob, chunk_rows, residual_law, residual_or, sample_rows
+from .._scan import cdf_search, top_desc_stable
+from ._residual import NORMALISED, accept, accept_prob, chunk_rows, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
 from .registry import register
 
@@ -80,6 +83,14 @@ class _OffRule:
             return le, Hr.cumsum(-1) - Hr
         return Ht @ self.W.T, Hr @ self.W.T  # 1 - W[c', c] = W[c, c']
 
+    def restricted(self, used: torch.Tensor) -> "_OffRule":
+        """The rule on the buckets ``used`` ``[U]`` (increasing) only, for ``sums``: rank keeps
+        the cumulative sums (a zero bucket adds nothing), ratio the submatrix of W."""
+        out = _OffRule.__new__(_OffRule)
+        out.kind, out.key, out.C = self.kind, None, used.numel()
+        out.W = None if self.W is None else self.W.index_select(0, used).index_select(1, used)
+        return out
+
     def keep_prob(self, ca: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
         """P(keep a against b) for bucket tensors of one shape (float64)."""
         if self.W is None:
@@ -100,8 +111,15 @@ def _off_coef(H: torch.Tensor, rule: _OffRule, K: int) -> torch.Tensor:
 
     Recursion over the matches: A_0 = [1, 0, ..]; match m keeps the winner (draft k < m) with
     keep_m(c) and lets draft m win with win_m(c) (``_OffRule.sums``; a newcomer in S beats it,
-    a winner in S beats the newcomer): A_k <- A_k keep_m for k < m, A_m = win_m."""
+    a winner in S beats the newcomer): A_k <- A_k keep_m for k < m, A_m = win_m. Buckets where
+    no row has mass drop out first (their terms are zero; A there is never read against a
+    positive q): the recursion runs on the U buckets used (``_OffRule.restricted``)."""
     r, k1, C = H.shape
+    if K > 1:  # only the buckets holding mass (of any row and draft) matter: the rest get A = 0
+        used = (H > 0).flatten(0, 1).any(0).nonzero().squeeze(-1)  # [U]
+        if used.numel() < C:
+            Ac = _off_coef(H.index_select(-1, used), rule.restricted(used), K)
+            return torch.zeros(r, Ac.shape[1], C, dtype=torch.float64, device=H.device).index_copy_(-1, used, Ac)
     A = torch.zeros(r, K, C, dtype=torch.float64, device=H.device)
     A[:, 0] = 1.0
     for m in range(1, K):
@@ -150,7 +168,7 @@ def _split_lp(pu, Mu, fixedu, a, b):
     return np.clip(res.x.reshape(U, P + n)[:, :P], 0.0, Mu)
 
 
-def _split_lex(pu, Mu, fixedu, a, b):
+def _split_lex(pu, Mu, fixedu, a, b, laws=None):
     """Pair splits ``[U, P]``: the lexicographically optimal winner law (Fujishige 1980).
 
     The laws m reachable by splitting the pair masses form the base polytope of a submodular
@@ -160,24 +178,29 @@ def _split_lex(pu, Mu, fixedu, a, b):
     the LP's optima, chosen by a strictly convex rule instead of by the solver's vertex. It
     is a bounded least-squares problem in f (BVLS, an exact active-set method), one per row;
     p_i = 0 gets the weight ``_P_FLOOR`` (its mass is moved away first). f itself need not be
-    unique; m is. A row where BVLS fails keeps the even split (exact, only less efficient)."""
-    from scipy.optimize import lsq_linear
-
+    unique; m is. A row where BVLS fails keeps the even split (exact, only less efficient).
+    ``laws`` = (r ``[U, n]``, t ``[U, n]``, r_out ``[U]``, t_out ``[U]``), the two drafts' laws
+    the pair masses come from, lets ``_lex_chain_hull`` try the decomposition first."""
     U, P = Mu.shape
     n = pu.shape[1]
     out = Mu / 2
-    E = np.zeros((n, P))
-    E[a, np.arange(P)] = 1.0
-    E[b, np.arange(P)] -= 1.0
+    E = None
     for u in range(U):
         live = Mu[u] > 0
         if not live.any():
             continue
         if n <= LEX_DECOMP_N:
-            fu, ok = _lex_decomp_row(pu[u], Mu[u], fixedu[u], a, b)
+            rt = None if laws is None else tuple(x[u] for x in laws)
+            fu, ok = _lex_decomp_row(pu[u], Mu[u], fixedu[u], a, b, rt)
             if ok:
                 out[u] = fu
                 continue
+        from scipy.optimize import lsq_linear
+
+        if E is None:
+            E = np.zeros((n, P))
+            E[a, np.arange(P)] = 1.0
+            E[b, np.arange(P)] -= 1.0
         base = fixedu[u] + np.bincount(b, Mu[u], n)  # m with every pair given to j
         d = 1.0 / np.sqrt(np.maximum(pu[u], _P_FLOOR))
         try:
@@ -203,7 +226,7 @@ def _subsets(k: int):
     return idx, bits, bits.astype(np.float64), (bits[:, i] | bits[:, j]).astype(np.float64), i, j
 
 
-def _lex_decomp_row(p, M, fixed, a, b):
+def _lex_decomp_row(p, M, fixed, a, b, rt=None):
     """The lex split of one row (``_split_lex``'s problem) by Fujishige's decomposition.
 
     The reachable winner laws are the bases of g(X) = fixed(X) + M(pairs touching X) (the
@@ -214,9 +237,84 @@ def _lex_decomp_row(p, M, fixed, a, b):
     across blocks go to the lower ratio; the pairs inside a block are split by the weighted
     Laplacian solve f = M (1/2 + y_a - y_b), pairs that leave [0, M] are clamped and the rest
     re-solved (an active set). Returns (f ``[P]``, ok): ok when the realised law matches the
-    decomposition's to 1e-13 (else the caller solves the row by BVLS)."""
+    decomposition's to 1e-13 (else the caller solves the row by BVLS). With rt = (r, t,
+    r_out, t_out), the laws behind fixed and M, the chain is first read off a hull of prefixes
+    (``_lex_chain_hull``) and certified; the enumeration below runs when that fails."""
     n = p.shape[0]
     w = np.maximum(p, _P_FLOOR)
+    chain = None if rt is None else _lex_chain_hull(w, *rt)
+    if chain is not None:
+        f, ok = _lex_realise(*chain, w, M, fixed, a, b)
+        if ok:  # m = lam w is realised, so a base, and its level sets are tight: the optimum
+            return f, ok
+    return _lex_realise(*_lex_chain_enum(w, M, fixed, a, b), w, M, fixed, a, b)
+
+
+def _lex_chain_hull(w, r, t, r_out, t_out):
+    """A candidate chain for ``_lex_decomp_row``: the lower hull of prefix sets (or None).
+
+    Here g(X) = fixed(X) + M(pairs touching X) = P(either draft in X) = r(X) + t(X) (r_out +
+    r(S - X)) (r, t the winner's and the newcomer's laws on S, r(S) + r_out = 1), a sum of
+    nonnegative terms. Tokens are ordered by (r_i + t_i) / w_i (ties by slot), and the lower convex hull of the prefix points (w(P_k), g(P_k)) gives a
+    chain: from the current vertex a, the next is the largest b minimising
+    (g(P_b) - g(P_a)) / w(P_b - P_a), with the contraction g(P_b) - g(P_a) = r(D) (t_out +
+    t(S - P_b)) + t(D) (r_out + r(S - P_a)), D = P_b - P_a (no cancellation). The candidate
+    m = lambda w is the lexicographically optimal base iff it is a base of g whose level sets
+    are tight (Fujishige 1980, 'Lexicographically optimal base of a polymatroid with respect to
+    a weight vector'): the chain's sets are tight by construction (the lambdas telescope) and
+    the lambdas increase (checked), so m is the optimum as soon as it is a base, i.e. as soon
+    as a split of the pairs realises it: ``_lex_decomp_row`` takes the chain when
+    ``_lex_realise`` succeeds (realised law = m to 1e-13) and enumerates otherwise. For r = t (the first match
+    of iid drafts) g = 2 t(X) - t(X)^2 is a concave function of t(X), whose minimisers of
+    g - lambda w are prefixes of the order by t_i / w_i (a swap towards a lower ratio at equal
+    t(X) raises w(X)), so the chain is found whenever no two ratios tie; later matches mostly
+    are prefix chains too. Returns (lam ``[n]``, blk ``[n]``) as the enumeration, or None when
+    the lambdas fail to increase."""
+    n = w.shape[0]
+    if n > LEX_DECOMP_N:
+        return None
+    order = np.argsort((r + t) / w, kind="stable")
+    seg, low, inf = _segments(n)  # [(n+1)^2, n]: rows (a, b) sum slots a <= i < b; low: b <= a (1 / +inf)
+    sums = (seg @ np.stack([r[order], t[order], w[order]], 1)).reshape(n + 1, n + 1, 3)
+    SR, ST, SW = sums[..., 0], sums[..., 1], sums[..., 2]
+    # [a, b]: the contraction ratio of D = slots a..b-1 (+inf for b <= a)
+    slope = (SR * (t_out + ST[:, n]) + ST * (r_out + SR[:, n : n + 1])) / (SW + low) + inf
+    lo = slope.min(1, keepdims=True)  # [n+1, 1]; row n is +inf
+    nxt = (n - np.argmax((slope <= lo * (1 + 1e-12))[:, ::-1], 1)).tolist()  # the largest minimising b
+    sl = slope.tolist()
+    lam_o = np.empty(n)
+    blk_o = np.empty(n, dtype=np.int64)
+    a = j = 0
+    prev = -np.inf
+    while a < n:
+        b = nxt[a]
+        lab = sl[a][b]
+        if not lab > prev:  # lambdas must increase along the chain
+            return None
+        lam_o[a:b] = lab
+        blk_o[a:b] = j
+        prev = lab
+        a, j = b, j + 1
+    lam = np.empty(n)
+    blk = np.empty(n, dtype=np.int64)
+    lam[order], blk[order] = lam_o, blk_o
+    return lam, blk
+
+
+@functools.lru_cache(maxsize=16)
+def _segments(n: int):
+    """``[(n+1)^2, n]`` float64, row a * (n+1) + b the indicator of slots a <= i < b, and the
+    ``[n+1, n+1]`` float64 indicator of b <= a, and the same with +inf for 1 (read only)."""
+    ab = np.arange((n + 1) ** 2)
+    a, b = ab // (n + 1), ab % (n + 1)
+    i = np.arange(n)
+    low = (b <= a).reshape(n + 1, n + 1)
+    return ((a[:, None] <= i) & (i < b[:, None])).astype(np.float64), low.astype(np.float64), np.where(low, np.inf, 0.0)
+
+
+def _lex_chain_enum(w, M, fixed, a, b):
+    """The chain of ``_lex_decomp_row`` by enumeration: (lam ``[n]``, blk ``[n]``)."""
+    n = w.shape[0]
     pid = np.zeros((n, n), dtype=np.int64)
     pid[a, b] = np.arange(a.shape[0])
     lam = np.empty(n)
@@ -234,30 +332,59 @@ def _lex_decomp_row(p, M, fixed, a, b):
         blk[B] = j
         j += 1
         rest = rest[~el]
+    return lam, blk
+
+
+def _lex_realise(lam, blk, w, M, fixed, a, b):
+    """A split f ``[P]`` realising m = lam w from the chain (``_lex_decomp_row``), and ok.
+
+    Pairs across blocks go whole to the lower block; the pairs inside a block are split by
+    the weighted-Laplacian solve f = M (1/2 + y_a - y_b) with an active set for the pairs that
+    leave [0, M]. The Laplacian is singular (y is defined up to a constant on each connected
+    part): it is solved with the same-block matrix J added (L + c J, one extra equation per
+    block, the solution's differences inside a connected block are those of any solution);
+    when that fails or the realised law misses m, the minimum-norm solve (lstsq) is used."""
+    f, ok = _lex_realise_with(lam, blk, w, M, fixed, a, b, grounded=True)
+    if not ok:
+        f, ok = _lex_realise_with(lam, blk, w, M, fixed, a, b, grounded=False)
+    return f, ok
+
+
+def _lex_realise_with(lam, blk, w, M, fixed, a, b, grounded):
+    n = w.shape[0]
     m = lam * w
     ba, bb = blk[a], blk[b]
     f = np.where(ba < bb, M, 0.0)  # across blocks the lower ratio takes the whole pair
     free = (ba == bb) & (M > 0)
-    ar = np.arange(n)
+    both = np.concatenate([a, b])  # one bincount for the two ends of every pair
+    ab, ba_, dg = a * n + b, b * n + a, np.arange(n) * (n + 1)
+    J = (blk[:, None] == blk[None, :]) if grounded else None
     for _ in range(2 * n):
         if not free.any():
             break
         Mi = np.where(free, M, 0.0)
         fo = np.where(free, 0.0, f)
-        d = m - fixed - np.bincount(a, fo, n) - np.bincount(b, np.where(free, 0.0, M - fo), n)
-        half = 0.5 * (np.bincount(a, Mi, n) + np.bincount(b, Mi, n))
+        got = np.bincount(both, np.concatenate([fo, M - Mi - fo]), n)  # mass the fixed pairs give
+        deg = np.bincount(both, np.concatenate([Mi, Mi]), n)
         L = np.zeros((n, n))
-        L[a, b] = -Mi
-        L[b, a] = -Mi
-        L[ar, ar] = -L.sum(1)
-        y = np.linalg.lstsq(L, d - half, rcond=None)[0]
+        L.flat[ab] = -Mi
+        L.flat[ba_] = -Mi
+        L.flat[dg] = deg
+        rhs = m - fixed - got - 0.5 * deg
+        if grounded:
+            try:
+                y = np.linalg.solve(L + float(Mi.max()) * J, rhs)
+            except np.linalg.LinAlgError:
+                return f, False
+        else:
+            y = np.linalg.lstsq(L, rhs, rcond=None)[0]
         fi = Mi * (0.5 + y[a] - y[b])
         out = free & ((fi < 0) | (fi > M))
-        f = np.where(free, np.clip(fi, 0.0, M), f)
+        f = np.where(free, np.minimum(np.maximum(fi, 0.0), M), f)
         if not out.any():
             break
         free = free & ~out  # the pairs past a bound stay there
-    mr = fixed + np.bincount(a, f, n) + np.bincount(b, M - f, n)
+    mr = fixed + np.bincount(both, np.concatenate([f, M - f]), n)
     return f, bool(np.abs(mr - m).max() <= 1e-13 * max(1.0, float(m.max())))
 
 
@@ -277,70 +404,349 @@ def _solve_stage(pS, rS, r_out, tS, t_out, solver="lex"):
     fixed = rS * tS + rS * t_out.unsqueeze(-1) + r_out.unsqueeze(-1) * tS  # [N, n]
     a, b = torch.triu_indices(n, n, 1, device=dev)
     M = rS[:, a] * tS[:, b] + rS[:, b] * tS[:, a]  # [N, P]
-    P = a.numel()
-    f = M / 2
-    if P:
-        if N == 1:  # one row (a decoder node): it is its own distinct row
-            inv = first = torch.zeros(1, dtype=torch.long, device=dev)
-        else:
-            key = torch.cat([pS, rS, tS, r_out.unsqueeze(-1), t_out.unsqueeze(-1)], -1)
-            uniq, inv = torch.unique(key, dim=0, return_inverse=True)
-            first = torch.full((uniq.shape[0],), N, dtype=torch.long, device=dev).scatter_reduce(
-                0, inv, torch.arange(N, device=dev), "amin"
-            )
-        args = (pS[first].cpu().numpy(), M[first].cpu().numpy(), fixed[first].cpu().numpy(), a.cpu().numpy(), b.cpu().numpy())
-        fu = _split_lex(*args) if solver == "lex" else _split_lp(*args)
-        if fu is not None:
-            f = torch.as_tensor(fu, dtype=torch.float64, device=dev)[inv]
-        # otherwise keep the even split: any split is exact, only less efficient
-    w = torch.where(M > 0, f / torch.where(M > 0, M, 1.0), torch.full_like(M, 0.5))
+    if N == 1:  # one row (a decoder node): it is its own distinct row
+        inv = first = torch.zeros(1, dtype=torch.long, device=dev)
+    else:
+        key = torch.cat([pS, rS, tS, r_out.unsqueeze(-1), t_out.unsqueeze(-1)], -1)
+        uniq, inv = torch.unique(key, dim=0, return_inverse=True)
+        first = torch.full((uniq.shape[0],), N, dtype=torch.long, device=dev).scatter_reduce(
+            0, inv, torch.arange(N, device=dev), "amin"
+        )
+    an, bn = a.cpu().numpy(), b.cpu().numpy()
+    Mu, fixu = M[first].cpu().numpy(), fixed[first].cpu().numpy()
+    fu = None
+    if a.numel():
+        args = (pS[first].cpu().numpy(), Mu, fixu, an, bn)
+        laws = tuple(x[first].cpu().numpy() for x in (rS, tS, r_out, t_out))
+        fu = _split_lex(*args, laws) if solver == "lex" else _split_lp(*args)
+    if fu is None:  # the even split: any split is exact, only less efficient
+        fu = Mu / 2
+    wu = _pair_keep(Mu, fu)  # [U, P]
+    mu = np.stack([_stage_law(fixu[i], wu[i], Mu[i], an, bn) for i in range(wu.shape[0])])
+    w = torch.as_tensor(wu, dtype=torch.float64, device=dev)[inv]
     W = torch.ones(N, n, n, dtype=torch.float64, device=dev)
     W[:, a, b] = w
     W[:, b, a] = 1 - w
-    Msym = torch.zeros(N, n, n, dtype=torch.float64, device=dev)
-    Msym[:, a, b] = M
-    Msym[:, b, a] = M
-    m = fixed + (W * Msym).sum(-1)
-    return W, m
+    return W, torch.as_tensor(mu, dtype=torch.float64, device=dev)[inv]
+
+
+def _pair_keep(M, f):
+    """P(the lower slot i is selected from the pair {i, j}) = f / M (1/2 for an empty pair),
+    numpy, any shape."""
+    return np.where(M > 0, f / np.where(M > 0, M, 1.0), 0.5)
+
+
+def _stage_law(fixed, w, M, a, b):
+    """The winner's law on S after a match ``[n]``: fixed + the pair masses as the keep
+    probabilities w split them, summed in one fixed order (numpy bincount) by every path
+    (a row alone and a row inside a batch get the same bits)."""
+    n = fixed.shape[0]
+    return fixed + np.bincount(a, w * M, n) + np.bincount(b, (1 - w) * M, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _triu(n: int):
+    """``np.triu_indices(n, 1)`` (read only)."""
+    return np.triu_indices(n, 1)
+
+
+def _pair_index(n: int, i: int, j: int) -> int:
+    """Index of the slot pair {i, j} (i != j) in ``np.triu_indices(n, 1)`` order."""
+    if i > j:
+        i, j = j, i
+    return i * n - i * (i + 1) // 2 + (j - i - 1)
 
 
 def _stages_one_row(pS, tS, t_out, solver):
     """``_solve_stage`` for every match of one row, in numpy (a decoder node: no batch to share
     the torch call overheads with): pS ``[n]``, tS ``[K, n]``, t_out ``[K]`` -> (Ws, one
-    ``[1, n, n]`` per match, mS ``[1, n]``), on pS's device. The same formulas as
-    ``_solve_stage`` in float64, so the same law up to the order of a sum."""
+    ``[1, n, n]`` per match, mS ``[1, n]``), on pS's device. The same arithmetic as
+    ``_solve_stage``: the plan of a row alone equals its plan inside a batch bit for bit."""
     dev = pS.device
-    p = pS.cpu().numpy()
-    t = tS.cpu().numpy()
-    to = t_out.cpu().numpy()
-    n = p.shape[0]
+    ws, r = _stages_np(pS.cpu().numpy(), tS.cpu().numpy(), t_out.cpu().numpy(), solver)
+    n = pS.shape[-1]
     a, b = np.triu_indices(n, 1)
-    r, ro = t[0], float(to[0])
     Ws = []
+    for w in ws:
+        W = np.ones((n, n))
+        W[a, b] = w
+        W[b, a] = 1 - w
+        Ws.append(torch.as_tensor(W, dtype=torch.float64, device=dev).unsqueeze(0))
+    return Ws, torch.as_tensor(r, dtype=torch.float64, device=dev).unsqueeze(0)
+
+
+def _stages_np(p, t, to, solver):
+    """The matches of one row on the host: p ``[n]``, t ``[K, n]``, to ``[K]`` float64 arrays ->
+    (the keep probabilities ``[P]`` of the slot pairs (``np.triu_indices`` order), one array
+    per match, and the winner's law ``[n]``), numpy float64."""
+    n = p.shape[0]
+    a, b = _triu(n)
+    r, ro = t[0], float(to[0])
+    ws = []
     for m in range(1, t.shape[0]):
         tm, tom = t[m], float(to[m])
         fixed = r * tm + r * tom + ro * tm
         M = r[a] * tm[b] + r[b] * tm[a]
-        f = M / 2
-        if a.size:
+        fu = None
+        if a.size and solver == "lex" and n <= LEX_DECOMP_N:  # _split_lex's first try, without its batch loop
+            f, ok = _lex_decomp_row(p, M, fixed, a, b, (r, tm, ro, tom))
+            fu = f[None] if ok else None
+        if a.size and fu is None:
             args = (p[None], M[None], fixed[None], a, b)
-            fu = _split_lex(*args) if solver == "lex" else _split_lp(*args)
-            if fu is not None:
-                f = fu[0]
-        w = np.where(M > 0, f / np.where(M > 0, M, 1.0), 0.5)
-        W = np.ones((n, n))
-        W[a, b] = w
-        W[b, a] = 1 - w
-        Msym = np.zeros((n, n))
-        Msym[a, b] = M
-        Msym[b, a] = M
-        # this sum in torch, as _solve_stage sums it: the plan of a row alone equals its plan
-        # inside a batch bit for bit (numpy's pairwise sum would round differently)
-        Wt, Mt = torch.as_tensor(W, device="cpu"), torch.as_tensor(Msym, device="cpu")
-        r = (torch.as_tensor(fixed, device="cpu") + (Wt * Mt).sum(-1)).numpy()
+            laws = (r[None], tm[None], np.array([ro]), np.array([tom]))
+            fu = _split_lex(*args, laws) if solver == "lex" else _split_lp(*args)
+        w = _pair_keep(M, M / 2 if fu is None else fu[0])
+        r = _stage_law(fixed, w, M, a, b)
         ro = ro * tom
-        Ws.append(torch.as_tensor(W, dtype=torch.float64, device=dev).unsqueeze(0))
-    return Ws, torch.as_tensor(r, dtype=torch.float64, device=dev).unsqueeze(0)
+        ws.append(w)
+    return ws, r
+
+
+def _row_scales(x: torch.Tensor) -> torch.Tensor:
+    """``row_scale(x)`` of one row ``[V]`` or of a few ``[K, V]`` (the same float64 values, in
+    fewer calls): each row's float64 sum, 1.0 where it is within ``NORMALISED`` of 1."""
+    s = x.sum(-1, keepdim=True) if x.dtype == torch.float64 else x.sum(-1, keepdim=True, dtype=torch.float64)
+    return torch.where(((s - 1.0).abs() > NORMALISED) & (s > 0), s, torch.ones_like(s))
+
+
+class _Row:
+    """One row as ``KhistiIS._verify`` receives it (raw_rows): p ``[V]``, q ``[V]`` (shared) or
+    ``[K, V]`` (per draft), any float dtype. Every float64 value read is the value ``rows64``
+    gives (``x.double() / row_scale(x)``, elementwise), read at the tokens asked for; the full
+    float64 rows are built on first use only."""
+
+    _serials = itertools.count()
+
+    def __init__(self, p, q):
+        self.p, self.q = p, q
+        self.V = p.shape[-1]
+        self.serial = next(_Row._serials)  # names this row's chunks in the workspace
+        self.sp = _row_scales(p)  # [1]
+        self.sq = _row_scales(q)  # [1] or [K, 1]
+        self._p64 = self._q64 = self._qbar = None
+
+    def p_at(self, idx):  # [m] float64
+        return self.p[idx].double() / self.sp
+
+    def qk_at(self, idx):  # [k1, m] float64
+        q = self.q if self.q.ndim == 2 else self.q.unsqueeze(0)
+        sq = self.sq if self.q.ndim == 2 else self.sq.unsqueeze(0)
+        return q[:, idx].double() / sq
+
+    def qbar_at(self, idx):  # [m] float64: qbar as the plan forms it (the mean of the K rows)
+        return self.qk_at(idx)[0] if self.q.ndim == 1 else self.qk_at(idx).mean(-2)
+
+    def p64(self):  # [V]
+        if self._p64 is None:
+            self._p64 = rows64(self.p)
+        return self._p64
+
+    def qk(self):  # [k1, V]
+        if self._q64 is None:
+            self._q64 = rows64(self.q) if self.q.ndim == 2 else rows64(self.q).unsqueeze(0)
+        return self._q64
+
+    def qbar(self):  # [V]
+        if self._qbar is None:
+            self._qbar = self.qk()[0] if self.q.ndim == 1 else self.qk().mean(-2)
+        return self._qbar
+
+    def score(self):  # [V]: p - qbar^2 in float64, as the plan computes it
+        return self.p64() - self.qbar() * self.qbar()
+
+    def top_set(self, n: int, K: int) -> torch.Tensor:
+        """``_top_set(score, n)`` of the row ``[n]``: from a float32 bound when it certifies the
+        set (``_certified_top``), else from the float64 score."""
+        if self.p.dtype == torch.float32 and self.q.dtype == torch.float32 and self.V > SORT_V and n + CAND_EXTRA < self.V:
+            S = _certified_top(self, n, K)
+            if S is not None:
+                return S
+        return _top_set(self.score().unsqueeze(0), n)[0]
+
+
+CAND_EXTRA = 8  # candidates beyond s in the float32 pass of the top set
+CAND_BLOCK = 1024  # block length of that pass (block maxima, then a topk inside the best blocks)
+
+
+def _certified_top(R, n, K):
+    """The top n tokens of the float64 score p - qbar^2 (order: score desc, id asc), found from
+    a float32 upper bound of it on the raw float32 rows, or None when the bound does not
+    certify them (e.g. ties at the boundary).
+
+    Bound. P = fl(p / sp), Q = fl(q / sq) are the float64 rows (raw values over their row
+    sums), qb the float32 mean of the raw q rows (q itself for a shared q), Qbar the float64
+    one. With ep = |1/sp - 1| and eq >= |Qbar / qb - 1| (|1/sq - 1|, plus (K + 2) 2^-24 for the
+    float32 mean of K rows), the float64 score P - Qbar^2 is at most
+    p (1 + ep + 2^-50) - qb^2 (1 - 2 eq - 2^-50). u = p a - qb^2 b in float32, a = that factor
+    plus 2^-20, b minus 2^-20, is above it even after float32 rounding (at most 2^-24 of
+    each term per operation: 4 operations, 2^-22, fewer than the 2^-20 given). The m = n +
+    CAND_EXTRA tokens of largest u are taken (maxima of blocks of CAND_BLOCK tokens, then a
+    topk inside the m best blocks); uout bounds u off them (the (m+1)-th block maximum and the (m+1)-th value inside
+    the chosen blocks). Their exact float64 scores are computed as the plan computes them, and
+    the n best in the stable order are the answer when the n-th best exceeds uout: every other
+    token's score is then below its u <= uout."""
+    p, q, V = R.p, R.q, R.V
+    sp = float(R.sp.reshape(-1)[0])
+    sq = R.sq.reshape(-1)
+    if not (sp > 0 and bool((sq > 0).all())):
+        return None
+    eq = float((1.0 / sq.double() - 1.0).abs().max()) + 2.0 ** -52
+    if q.ndim == 2:
+        qb = q.mean(0)
+        eq += (K + 2) * 2.0 ** -24
+    else:
+        qb = q
+    a = 1.0 + abs(1.0 / sp - 1.0) + 2.0 ** -50 + 2.0 ** -20
+    b = 1.0 - 2 * eq - eq * eq - 2.0 ** -50 - 2.0 ** -20
+    if not b > 0:
+        return None
+    m = n + CAND_EXTRA
+    B = min(CAND_BLOCK, max(2, V // (4 * m)))  # at least 4m blocks
+    nb = (V + B - 1) // B
+    if nb <= m + 1:
+        return None
+    ub = torch.empty(nb * B, dtype=torch.float32, device=p.device)  # u, padded with -inf to whole blocks
+    torch.mul(p, a, out=ub[:V]).addcmul_(qb, qb, value=-b)  # u [V] float32, >= the float64 score
+    ub[V:] = -float("inf")
+    blocks = ub.view(nb, B)
+    top = torch.topk(blocks.amax(-1), m + 1)
+    tv = torch.topk(blocks.index_select(0, top.indices[:m]).reshape(-1), m + 1)  # inside the m best blocks
+    uout = max(float(top.values[m]), float(tv.values[m]))
+    ti = tv.indices[:m]
+    cand = (top.indices[:m][ti // B] * B + ti % B).sort().values  # ids ascending, then the stable order by exact score
+    qbc = R.qbar_at(cand)
+    sc = R.p_at(cand) - qbc * qbc
+    order = torch.sort(sc, descending=True, stable=True)
+    if not float(order.values[n - 1]) > uout + 2.0 ** -140:  # + float32 underflow (2^-150 an operation)
+        return None
+    return cand[order.indices[:n]]
+
+
+OFF_CHUNK = 1 << 18  # float64 elements ([k1, c] of q) per chunk of the one-row off-S passes
+
+
+_WS = threading.local()
+
+
+def _scratch(name: str, shape, dtype, device) -> torch.Tensor:
+    """A workspace tensor of this thread, reused from call to call (contents undefined): the
+    one-row passes over V write their float64 temporaries here instead of allocating fresh
+    multi-MB tensors, which glibc hands back to the OS and page-faults in again at every call
+    (about 1 ms per MB on a shared VM). Never returned to a caller."""
+    bufs = _WS.__dict__.setdefault("bufs", {})
+    n = math.prod(shape)
+    key = (name, dtype, str(device))
+    t = bufs.get(key)
+    if t is None or t.numel() < n:
+        t = bufs[key] = torch.empty(n, dtype=dtype, device=device)
+    return t[:n].view(shape)
+
+
+def _chunks(R, reverse: bool = False):
+    """The float64 values of one row in column chunks: (c0, c1, P ``[c]``, Q ``[k1, c]``, Qbar
+    ``[c]``), each value the one ``rows64`` gives (elementwise), Qbar the mean of the K rows
+    as the plan forms it. No ``[K, V]`` float64 copy of the rows is ever held; the chunks live
+    in ``_scratch`` (valid until the next chunk), and the chunk left there by the previous pass
+    over this row is not recomputed (``reverse``: last chunk first, for a pass whose chunks are
+    independent)."""
+    q2 = R.q if R.q.ndim == 2 else R.q.unsqueeze(0)
+    sq2 = R.sq if R.q.ndim == 2 else R.sq.unsqueeze(0)  # [k1, 1]
+    k1, dev = q2.shape[0], R.p.device
+    step = min(R.V, max(4096, OFF_CHUNK // k1))
+    starts = range(0, R.V, step)
+    for c0 in (reversed(starts) if reverse else starts):
+        c1 = min(R.V, c0 + step)
+        Pc = _scratch("P", (c1 - c0,), torch.float64, dev)
+        Qc = _scratch("Q", (k1, c1 - c0), torch.float64, dev)
+        qb = Qc[0] if k1 == 1 else _scratch("Qbar", (c1 - c0,), torch.float64, dev)
+        if getattr(_WS, "chunk", None) != (R.serial, c0, c1):
+            _WS.chunk = None
+            Pc.copy_(R.p[c0:c1]).div_(R.sp)
+            Qc.copy_(q2[:, c0:c1]).div_(sq2)
+            if k1 > 1:
+                torch.mean(Qc, -2, out=qb)
+            _WS.chunk = (R.serial, c0, c1)
+        yield c0, c1, Pc, Qc, qb
+
+
+def _residual_one(R, qi_chunk, g):
+    """One draw from (p - q_I)+ of a row, q_I given chunk by chunk: qi_chunk(c0, c1, P, Q,
+    Qbar) -> ``[c]``. The same uniform and inverse CDF as ``sample_rows`` / ``inverse_cdf``
+    on that residual row (the fallback row p where it has no mass), in workspace tensors."""
+    dev = R.p.device
+    w = _scratch("w", (1, R.V), torch.float64, dev)
+    for c0, c1, Pc, Qc, qb in _chunks(R, reverse=True):
+        torch.sub(Pc, qi_chunk(c0, c1, Pc, Qc, qb), out=w[0, c0:c1]).clamp_min_(0.0)
+    c = torch.cumsum(w, -1, out=_scratch("cdf", (1, R.V), torch.float64, dev))
+    if not float(c[0, -1]) > 0:  # no mass (w >= 0): residual_or's fallback row
+        w = residual_or(w, R.p64().unsqueeze(0))
+        c = torch.cumsum(w, -1)
+    u = torch.rand(1, generator=g, dtype=torch.float64, device=dev)  # sample_rows' uniform
+    if not float(c[0, -1]) > 0:
+        raise RuntimeError("internal error: a residual row has no mass (inputs not normalised?)")
+    idx = int(cdf_search(c, u)[0])
+    if idx >= R.V:  # a target rounded up to the total: the last positive entry
+        idx = int((w[0] > 0).nonzero()[-1, 0])
+    return torch.tensor(idx, dtype=torch.long, device=dev)
+
+
+class _OffOne:
+    """The off-S part of q_I for one row (``KhistiIS._off_parts`` and ``_q_inf_full`` for a
+    row alone), built on first use: the full-V buckets and histograms only when a selected
+    draft is off S or a draft is rejected, in column chunks (``_chunks``). R a ``_Row``; S,
+    active ``[n]``; mS ``[n]`` (numpy). The histogram keeps the plan's summation order (the
+    tokens of S go to an extra bucket instead of adding zeros to theirs)."""
+
+    def __init__(self, off, R, S, active, mS, K):
+        self.off, self.R, self.S, self.active, self.mS, self.K = off, R, S, active, mS, K
+        self.A = None
+
+    def _coef(self):
+        if self.A is None:
+            R, dev = self.R, self.R.p.device
+            C = _R_C if self.off == "ratio" else _n_buckets(torch.float64)
+            Sa = self.S[self.active]
+            k1 = R.q.shape[0] if R.q.ndim == 2 else 1
+            key = _scratch("key", (R.V,), torch.long, dev)
+            H = torch.zeros(1, k1, C + 1, dtype=torch.float64, device=dev)
+            for c0, c1, Pc, Qc, qb in _chunks(R):
+                kc = key[c0:c1]
+                if self.off == "ratio":  # _ratio_bucket, in place in the key's own memory
+                    torch.div(Pc, qb, out=kc.view(torch.float64)).nan_to_num_(nan=0.0)
+                    kc.bitwise_right_shift_(_R_SHIFT).sub_(_R_LO).clamp_(0, _R_C - 1)
+                else:
+                    kc.copy_(_bucket(Pc - qb * qb))
+                inS = Sa[(Sa >= c0) & (Sa < c1)]
+                kc[inS - c0] = C
+                H[0].scatter_add_(-1, kc.unsqueeze(0).expand(k1, -1), Qc)
+            A = _off_coef(H[..., :C].contiguous(), _OffRule(self.off, key.unsqueeze(0), C), self.K)[0]  # [k1, C]
+            self.A = torch.cat([A, torch.zeros(k1, 1, dtype=torch.float64, device=dev)], -1)  # [k1, C + 1]
+            self.key, self.Sa = key, Sa
+            self.mSa = torch.as_tensor(self.mS, dtype=torch.float64, device=dev)[self.active]
+        return self.A, self.key
+
+    def q_inf_at(self, y: int) -> float:
+        """q_I(y) for y off S: sum_k q_k(y) A_k(c_y), summed as ``KhistiIS._verify_rows`` sums it."""
+        A, key = self._coef()
+        qy = self.R.qk_at(torch.tensor([y], device=key.device))[:, 0]  # [k1]
+        return float((qy * A[:, int(key[y])]).unsqueeze(0).sum(-1)[0])
+
+    def _q_inf_chunk(self, c0, c1, Pc, Qc, qb):
+        A, key = self.A, self.key
+        k1, dev = Qc.shape[0], Qc.device
+        Ak = _scratch("Ak", (k1, c1 - c0), torch.float64, dev)
+        for k in range(k1):  # A_k at each token's bucket (row by row: a 1-D gather is a fast path)
+            torch.index_select(A[k], 0, key[c0:c1], out=Ak[k])
+        Ak.mul_(Qc)
+        qi = Ak[0] if k1 == 1 else torch.sum(Ak, 0, out=_scratch("qi", (c1 - c0,), torch.float64, dev))  # [c]: off S
+        sel = (self.Sa >= c0) & (self.Sa < c1)
+        qi[self.Sa[sel] - c0] = self.mSa[sel]  # on S: the matches' law
+        return qi
+
+    def residual(self, g):
+        """One draw from (p - q_I)+ (``_residual_one``)."""
+        self._coef()
+        return _residual_one(self.R, self._q_inf_chunk, g)
 
 
 class _Plan:
@@ -395,6 +801,7 @@ class KhistiIS(Verifier):
     name = "khisti_is"
     laws = ("iid", "independent")
     min_k = 1
+    raw_rows = True  # _verify divides by row_scale itself (rows64 for batches; read values for one row)
 
     def __init__(self, s: int = 10, mass: float | None = None, off: str = "ratio", solver: str = "lex"):
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
@@ -480,8 +887,89 @@ class KhistiIS(Verifier):
     # sampling path ---------------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law):
         # p [..., V], q [..., V] or [..., K, V], drafts [..., K]
-        fp, fq, fd, batch = self._flat(p, q, drafts)
+        # raw_rows: p, q as given (any float dtype); _verify_rows reads rows64(p), rows64(q),
+        # _verify_one divides by row_scale only the values it reads (the same float64 values)
+        batch = p.shape[:-1]
+        if drafts.reshape(-1, drafts.shape[-1]).shape[0] == 1:  # a decoder node: the same rule, one row
+            fp, fq, fd, _ = self._flat(p, q, drafts)
+            return self._verify_one(_Row(fp[0], fq[0]), fd[0], g).reshape(batch)
+        fp, fq, fd, _ = self._flat(rows64(p), rows64(q), drafts)
+        return self._verify_rows(fp, fq, fd, g).reshape(batch)
+
+    def _verify_one(self, R, d, g):
+        """``_verify_rows`` for one row, token for token (the same uniforms, the same float64
+        values at every token it reads): R a ``_Row`` (raw p ``[V]``, q ``[V]`` or ``[K, V]``),
+        d ``[K]`` -> the token (0-dim long). The plan is built only as far as the drafts need
+        it: the top set S (``_Row.top_set``: no float64 copy of the rows when a float32 bound
+        certifies it) and the matches' laws on S (numpy) always; the importance-weight buckets
+        of the K drafts alone; the O(V) off-S histogram only when the selected draft is off S
+        or rejected."""
+        K, V = d.shape[0], R.V
+        dev = R.p.device
+        u = torch.rand(1, K, generator=g, dtype=torch.float64, device=dev)[0].tolist()
+        dl = d.tolist()
+        if K == 1:  # no match: q_I = q (what the plan gives, value for value)
+            y = dl[0]
+            return self._finish(R, y, float(R.qk_at(d)[0, 0]), u[0], g,
+                                lambda g: _residual_one(R, lambda c0, c1, P, Q, qb: Q[0], g))
+        S = R.top_set(min(self.s, V), K)  # [n], score order
+        n = S.shape[0]
+        pS = R.p_at(S)
+        if self.mass is None:
+            active = torch.ones(n, dtype=torch.bool, device=dev)
+        else:
+            active = (pS.cumsum(-1) - pS) < self.mass
+        pS = pS * active
+        tS = R.qk_at(S).expand(K, n) * active
+        t_out = (1 - tS.sum(-1)).clamp_min(0.0)  # [K]
+        ws, mS = _stages_np(pS.cpu().numpy(), tS.cpu().numpy(), t_out.cpu().numpy(), self.solver)
+        slot = {t: i for i, (t, a) in enumerate(zip(S.tolist(), active.tolist())) if a}
+        # keys of the drafts off S (the plan's full-V key, read at these K tokens)
+        pos = [slot.get(t, -1) for t in dl]
+        keyv = Wm = None
+        if sum(x < 0 for x in pos) >= 2:
+            pd, qd = R.p_at(d), R.qbar_at(d)
+            keyv = (_ratio_bucket(pd, qd) if self.off == "ratio" else _bucket(pd - qd * qd)).tolist()
+            Wm = _ratio_matrix(dev) if self.off == "ratio" else None
+        w, pw = dl[0], pos[0]
+        kw = keyv[0] if keyv is not None else None
+        for m in range(1, K):
+            b, pb = dl[m], pos[m]
+            kb = keyv[m] if keyv is not None else None
+            if w == b:
+                keep = 1.0
+            elif pw >= 0:
+                if pb >= 0:  # the plan's W[pw, pb]
+                    keep = float(ws[m - 1][_pair_index(n, pw, pb)])
+                    keep = keep if pw < pb else 1 - keep
+                else:
+                    keep = 1.0
+            elif pb >= 0:
+                keep = 0.0
+            else:
+                keep = float(Wm[kw, kb]) if Wm is not None else float(kw >= kb)
+            if not u[m] < keep:
+                w, pw, kw = b, pb, kb
+        off = _OffOne(self.off, R, S, active, mS, K)
+        if pw >= 0:
+            return self._finish(R, w, float(mS[pw]), u[0], g, off.residual)
+        return self._finish(R, w, off.q_inf_at(w), u[0], g, off.residual)
+
+    @staticmethod
+    def _finish(R, y, qi, u0, g, residual):
+        """The accept step of the selected draft y (q_I(y) = qi): ``accept``'s coin, and on a
+        rejection ``residual(g)``, one draw from (p - q_I)+."""
+        dev = R.p.device
+        py = float(R.p_at(torch.tensor([y], device=dev))[0])
+        if py > 0 and u0 * qi <= py:
+            return torch.tensor(y, dtype=torch.long, device=dev)
+        return residual(g)
+
+    def _verify_rows(self, fp, fq, fd, g):
+        """The sampling path over N flattened rows: fp ``[N, V]``, fq ``[N, V]`` or
+        ``[N, K, V]``, fd ``[N, K]`` -> tokens ``[N]``."""
         N, K = fd.shape
+        p = fp
         plan = self._plan(fp, fq, K)
         S, active, rule = plan.S, plan.active, plan.rule
         ar = torch.arange(N, device=p.device)
@@ -529,7 +1017,7 @@ class KhistiIS(Verifier):
             token[rej] = sample_rows(
                 lambda rows: residual_or((fp[rows] - self._q_inf_full(fq, plan, rows, K)).clamp_min(0.0), fp[rows]), rej, g
             )
-        return token.reshape(batch)
+        return token
 
     # exact path ------------------------------------------------------------------------------
     def _output_distribution(self, p, q, drafts, law):
