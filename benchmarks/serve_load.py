@@ -10,7 +10,8 @@ never compete for the cores):
                   built; specinfer K = 2, depth 4)
 ``ours-nospec``   the same server with ``--verifier none`` (the target alone)
 ``llama-server``  llama.cpp's server on the same two GGUF files with its own draft-model
-                  speculation (``--llama-args``, default ``--spec-draft-n-max 4
+                  speculation (``--spec-type draft-simple``: at this commit ``-md`` alone loads
+                  the draft but drafts nothing; ``--llama-args``, default ``--spec-draft-n-max 4
                   --spec-draft-n-min 0``), built by ``LLAMA_TOOLS_TARGETS="llama-speculative
                   llama-completion llama-server" scripts/build_llama_tools.sh`` from the llama.cpp
                   commit the Python binding vendors. Its sampling is made the same law as ours:
@@ -334,7 +335,9 @@ async def run_cell(ep: Endpoint, work: list[dict], clients: int, requests: int, 
             rows[k] = await one_request(client, ep, k, work, request_seed(base_seed, k), max_tokens, temperature)
             rows[k]["client"] = c
 
-    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
+    # a fresh connection per request: llama-server (cpp-httplib) may close an idle kept-alive
+    # connection just as the next request is written on it, which the client would count as lost
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop(c, client) for c in range(clients)))
@@ -393,7 +396,7 @@ def llama_server_cmd(binary: str, target: Path, draft: Path, args, port: int) ->
     return [binary, "-m", str(target), "-md", str(draft), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(args.context * slots), "-t", t, "-tb", t, "-td", t, "-tbd", t,
             "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--no-cache-prompt", "--cache-ram", "0",
-            "--no-webui", *shlex.split(args.llama_args)]
+            "--no-webui", "--spec-type", "draft-simple", *shlex.split(args.llama_args)]
 
 
 class Server:
@@ -617,7 +620,7 @@ def summarize_cells(rows: list[dict]) -> list[dict]:
         elif spec and "draft_n" in spec[0]:
             # llama-server: draft_n drafted, draft_n_accepted kept; its target calls are not reported
             dn = sum(s["draft_n"] or 0 for s in spec)
-            calls = {"draft_acceptance": sum(s["draft_n_accepted"] or 0 for s in spec) / dn if dn else None}
+            calls = {"drafted": dn, "draft_acceptance": sum(s["draft_n_accepted"] or 0 for s in spec) / dn if dn else None}
         wall = cell["wall_s"]
         out.append({"server": key[0], "temperature": key[1], "clients": key[2], "sent": cell["sent"],
                     "answered": len(rs), "ok": len(good), "problems": sorted({p for r in rs for p in r["problems"]})[:3],
@@ -643,6 +646,9 @@ def failures(cells: list[dict]) -> list[str]:
             bad.append(f"{where}: {c['mixed']} responses with another request's prompt length")
         if c["server"] in OURS and c["differs"]:
             bad.append(f"{where}: {c['differs']} texts differ from the same request's (same seed) in the first cell")
+        if c["server"] == "llama-server" and c["ok"] and not (isinstance(c["spec"], dict) and c["spec"]["drafted"]):
+            bad.append(f"{where}: llama-server drafted no token (its speculation was off: without --spec-type "
+                       f"draft-simple, -md only loads the draft model)")
     return bad
 
 
@@ -651,7 +657,7 @@ def _spec_cell(s) -> str:
         return "-"
     if isinstance(s, dict):
         a = s.get("draft_acceptance")
-        return "-" if a is None else f"draft acc. {a:.2f}"
+        return "no drafts" if a is None else f"draft acc. {a:.2f}"
     return f"{s:.2f} tok/call"
 
 

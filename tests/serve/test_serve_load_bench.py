@@ -68,6 +68,7 @@ def test_command_lines(sl):
     # the same law as ours at T = 1: llama.cpp's default top-k 40, top-p 0.95, min-p 0.05 off
     assert flag("--top-k") == "0" and flag("--top-p") == "1.0" and flag("--min-p") == "0.0"
     assert flag("--spec-draft-n-max") == "4" and "--no-cache-prompt" in ll
+    assert flag("--spec-type") == "draft-simple"  # -md alone loads the draft and drafts nothing
 
 
 def test_request_body_is_openai_only(sl):
@@ -179,7 +180,7 @@ def test_summary_of_a_clean_run(sl, tmp_path):
     assert c1["ok"] == 2 and c1["tokens"] == 8 and c1["tokens_per_s"] == pytest.approx(2.0)
     assert c1["p50_latency_s"] == 1.0 and c1["p99_latency_s"] == 2.0 and c1["spec"] == pytest.approx(2.0)
     assert c4["compared"] == 2 and c4["differs"] == 0 and c4["mixed"] == 0 and c4["p50_ttft_s"] == 0.5
-    assert l4["differs"] == 1 and l4["spec"] == {"draft_acceptance": 0.5}   # llama-server's: reported, not failed
+    assert l4["differs"] == 1 and l4["spec"] == {"drafted": 32, "draft_acceptance": 0.5}  # reported, not failed
     assert sl.failures(cells) == []
     path = tmp_path / "run.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -200,6 +201,17 @@ def test_summary_fails_a_run_with_a_lost_mixed_or_irreproducible_response(sl, tm
     path = tmp_path / "run.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert sl.main(["--summarize", str(path)]) == 1
+
+
+def test_a_llama_server_that_drafted_nothing_fails_the_run(sl):
+    rows = fixture_rows(bad=False)
+    for r in rows:
+        if r.get("kind") == "request" and r["server"] == "llama-server":
+            r["spec"] = {"draft_n": 0, "draft_n_accepted": 0, "predicted_n": 4}
+    cells = sl.summarize_cells(rows)
+    assert cells[2]["spec"] == {"drafted": 0, "draft_acceptance": None}
+    bad = sl.failures(cells)
+    assert len(bad) == 2 and all("drafted no token" in b for b in bad)
 
 
 def test_percentiles(sl):
