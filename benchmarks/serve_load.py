@@ -683,6 +683,12 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
             f"run {end.get('wall_s', float('nan')):.0f} s; {meta.get('time_utc')}"), ""]
     for name, cmd in meta.get("commands", {}).items():
         out.append(f"- `{name}`: `{cmd}`")
+    for srv in (r for r in rows if r.get("kind") == "server" and r.get("props")):
+        g = srv["props"].get("default_generation_settings") or {}
+        g = g.get("params", g)
+        keys = ("top_k", "top_p", "min_p", "typical_p", "xtc_probability", "dry_multiplier", "repeat_penalty",
+                "top_n_sigma", "samplers", "speculative.types")
+        out.append(f"- `{srv['server']}` /props: " + ", ".join(f"{k} {g.get(k)}" for k in keys if k in g))
     out += ["", ("| server | T | clients | ok/sent | mixed | differ/compared | p50 latency s | p99 latency s | "
                  "p50 TTFT s | p99 TTFT s | tokens/s | speculation |"),
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]

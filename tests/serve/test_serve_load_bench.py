@@ -157,7 +157,9 @@ def fixture_rows(bad: bool):
             "time_utc": "2026-12-06T00:00:00Z"}
     sp = {"target_calls": 2, "accepted_tokens": 2, "block_efficiency": 2.0}
     ls = {"draft_n": 4, "draft_n_accepted": 2, "predicted_n": 4}
-    rows = [meta]
+    props = {"default_generation_settings": {"params": {"top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                                                        "samplers": ["top_k", "temperature"]}}}
+    rows = [meta, {"kind": "server", "server": "llama-server", "command": ["llama-server"], "props": props}]
     rows += [_req("ours", 1.0, 1, k, f"t{k}", latency=1.0 + k, spec=sp) for k in range(2)] + [_cell("ours", 1.0, 1, 2, 4.0)]
     four = [_req("ours", 1.0, 4, k, f"t{k}", latency=2.0, ttft=0.5, spec=sp) for k in range(8)]
     if bad:
@@ -190,6 +192,7 @@ def test_summary_of_a_clean_run(sl, tmp_path):
     assert "| ours | 1 | 4 | 8/8 | 0 | 0/2 |" in text and "| llama-server | 1 | 4 | 8/8 | 0 | 1/2 |" in text
     assert "ours / llama-server aggregate tokens/s = 2.00x" in text    # 32/8 against 32/16
     assert "Test CPU" in text and "0c1e57098" in text and "no failure" in text
+    assert "/props: top_k 0, top_p 1.0, min_p 0.0, samplers ['top_k', 'temperature']" in text
 
 
 def test_summary_fails_a_run_with_a_lost_mixed_or_irreproducible_response(sl, tmp_path):
