@@ -681,6 +681,8 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
             f"CPU {cpu.get('Model name')} ({cpu.get('nproc')} cores); load average "
             f"{la0[0] if la0 else float('nan'):.2f} at the start, {la1[0] if la1 else float('nan'):.2f} at the end; "
             f"run {end.get('wall_s', float('nan')):.0f} s; {meta.get('time_utc')}"), ""]
+    if meta.get("argv"):
+        out += [f"command: `python {shlex.join(meta['argv'])}`", ""]
     for name, cmd in meta.get("commands", {}).items():
         out.append(f"- `{name}`: `{cmd}`")
     for srv in (r for r in rows if r.get("kind") == "server" and r.get("props")):

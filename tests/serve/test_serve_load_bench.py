@@ -151,7 +151,7 @@ def _cell(server, T, clients, sent, wall):
 
 
 def fixture_rows(bad: bool):
-    meta = {"kind": "meta", "args": {"requests": 2, "max_tokens": 4, "threads": 2}, "seed": 0,
+    meta = {"kind": "meta", "argv": ["benchmarks/serve_load.py", "--requests", "2"], "args": {"requests": 2, "max_tokens": 4, "threads": 2}, "seed": 0,
             "llama_cpp_commit": "0c1e57098", "cpu": {"Model name": "Test CPU", "nproc": 2}, "loadavg_start": [0.5, 0, 0],
             "commands": {"ours": "python -m multidraft serve", "llama-server": "llama-server -m t"}, "notes": [],
             "time_utc": "2026-12-06T00:00:00Z"}
@@ -192,6 +192,7 @@ def test_summary_of_a_clean_run(sl, tmp_path):
     assert "| ours | 1 | 4 | 8/8 | 0 | 0/2 |" in text and "| llama-server | 1 | 4 | 8/8 | 0 | 1/2 |" in text
     assert "ours / llama-server aggregate tokens/s = 2.00x" in text    # 32/8 against 32/16
     assert "Test CPU" in text and "0c1e57098" in text and "no failure" in text
+    assert "command: `python benchmarks/serve_load.py --requests 2`" in text
     assert "/props: top_k 0, top_p 1.0, min_p 0.0, samplers ['top_k', 'temperature']" in text
 
 
