@@ -1,39 +1,61 @@
 """Load test of ``multidraft serve`` against ``llama-server`` and against itself with speculation off.
 
 Servers (``--servers``, comma separated; each started here as a subprocess on its own port,
-run through every (temperature, concurrency) cell, then stopped with SIGTERM before the next
-starts, so they never compete for the cores):
+waited for on ``/health``, warmed up with one untimed request, run through every
+(temperature, concurrency) cell, then stopped with SIGTERM before the next starts, so they
+never compete for the cores):
 
-``ours``          ``multidraft serve`` with the speculative configuration of ``--serve-args``
-                  (default: the llama.cpp engine, the default pair as ``serve`` picks it, specinfer
-                  K = 2, depth 4)
+``ours``          ``multidraft serve`` with ``--serve-args`` (default: the llama.cpp engine, the
+                  default pair as ``serve`` picks it: the BF16 target and the Q4_0 draft where
+                  built; specinfer K = 2, depth 4)
 ``ours-nospec``   the same server with ``--verifier none`` (the target alone)
-``llama-server``  llama.cpp's server on the same GGUF files with its own draft-model speculation
-                  (``-md DRAFT --draft-max D``; ``--llama-args``), built by
-                  ``LLAMA_TOOLS_TARGETS=llama-server scripts/build_llama_tools.sh`` from the
-                  llama.cpp commit the Python binding vendors. Where the binary is missing the
-                  column is skipped with a note saying how to build it.
+``llama-server``  llama.cpp's server on the same two GGUF files with its own draft-model
+                  speculation (``--spec-type draft-simple``: at this commit ``-md`` alone loads
+                  the draft but drafts nothing; ``--llama-args``, default ``--spec-draft-n-max 4
+                  --spec-draft-n-min 0``), built by ``LLAMA_TOOLS_TARGETS="llama-speculative
+                  llama-completion llama-server" scripts/build_llama_tools.sh`` from the llama.cpp
+                  commit the Python binding vendors. Its sampling is made the same law as ours:
+                  ``--top-k 0 --top-p 1.0 --min-p 0.0`` (its default chain has top-k 40, top-p
+                  0.95, min-p 0.05; the other samplers of that chain are off by default, which
+                  the meta row's ``/props`` shows), one slot per client (``-np``) each with our
+                  context (``-c`` = context x slots), ``--threads`` threads for both of its
+                  models, and no prompt cache (``--no-cache-prompt --cache-ram 0``: ours has none,
+                  and the cells repeat prompts).
 
-Workload: ``--clients`` concurrent clients (default 1,4,8), each sending ``--requests`` requests
-in turn, streamed, to ``/v1/chat/completions``: HumanEval and MT-bench prompts
-(``multidraft.datasets.load_prompts``, alternating), ``max_tokens`` ``--max-tokens``, at each
-temperature of ``--temperatures`` (default 0,1), each request with its own seed. Every
-response is checked: a 200, a finish_reason, the final ``[DONE]``, the usage object, and, for
-``ours``, the request's own seed echoed back (matched to its request, not mixed up). At T = 0,
-and for ``ours`` at T = 1 too (a seed fixes the text), each response is compared with the
-1-client response to the same request: ``mismatch`` counts the differing texts (0 expected
-for ``ours``: one request is decoded at a time and a seed fixes its tokens; llama-server's
-batched slots may differ by floating-point reduction order).
+Workload: ``--clients`` concurrent clients (default 1,4,8), each sending ``--requests``
+requests one after the other, streamed, to ``/v1/chat/completions``, the same body for every
+server: request k (client c sends k = c * R + j, j < R) carries prompt k (HumanEval and MT-bench
+alternating, ``multidraft.datasets``), seed ``--seed`` * 100003 + k, ``max_tokens``
+``--max-tokens``, at each temperature of ``--temperatures`` (default 0,1).
 
-Printed per (server, temperature, clients): requests ok / sent, mismatches, p50 and p99
-latency, p50 time to first token (streamed), aggregate completion tokens/s (all tokens over
-the cell's wall time). ``--out FILE`` writes the rows as JSON; ``--markdown FILE`` the table.
+Checks. Each response, as it arrives (``check_stream``): HTTP 200, parseable events, exactly
+one finish_reason (``stop`` or ``length``), the final ``[DONE]``, the usage object,
+completion_tokens <= max_tokens and == max_tokens when the finish is ``length`` (not cut
+short), a non-empty text unless the model stopped at once, and for ``ours`` the request's own
+seed echoed in every chunk. Across cells (``summarize``, from the JSONL only): request k's
+``prompt_tokens`` must equal the first cell's value for k (a response given to the wrong
+request shows another prompt's length: ``mixed``), and its text is compared with the first
+cell's text for k (``differs``): 0 is required of ``ours`` and ``ours-nospec`` at every
+temperature (a seed fixes the tokens; requests are decoded one at a time), and reported for
+llama-server (its batched slots change the floating-point reduction order).
 
-Tiny run (what the shared 2-core machine allows; about 4 minutes):
-    .venv/bin/python benchmarks/serve_load.py --clients 1,2 --requests 1 --max-tokens 16
-Full run (issue 28):
-    .venv/bin/python benchmarks/serve_load.py --clients 1,4,8 --requests 20 --max-tokens 128 \\
-        --out docs/results/serve/load.json --markdown docs/results/serve/load.md
+Output: ``--out FILE.jsonl``: a ``meta`` row (commands, llama.cpp commit, CPU model and flags,
+load average, versions, seeds, git commit), one ``server`` row per server (its command line,
+model id, llama-server's ``/props``), one ``request`` row per request (timings, tokens, the
+text, the problems found, the speculative statistics each server returns), one ``cell`` row
+per cell (its wall time), and an ``end`` row. ``--summarize FILE.jsonl [--markdown FILE.md]``
+prints the table from that file alone: per (server, T, clients) ok/sent, problems, mixed,
+differs, p50 / p99 latency, p50 / p99 time to first token, aggregate completion tokens/s (all
+tokens of the cell over its wall time) and the tokens per target call; then ours against
+llama-server and against ours-nospec. A run ends by summarizing its own file (exit 1 when a
+request failed or ``ours`` broke a check).
+
+Smoke run (docs/results/serve/smoke.*):
+    python benchmarks/serve_load.py --clients 1,4 --requests 2 --max-tokens 32 --temperatures 1 \\
+        --out docs/results/serve/smoke.jsonl --markdown docs/results/serve/smoke.md
+Full run (issue 28; docs/results/serve/README.md gives its wall time):
+    python benchmarks/serve_load.py --clients 1,4,8 --requests 20 --max-tokens 128 --temperatures 0,1 \\
+        --out docs/results/serve/load.jsonl --markdown docs/results/serve/load.md
 """
 from __future__ import annotations
 
@@ -41,255 +63,302 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import shlex
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_SERVER = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp")) \
-    / "build-0.3.36/bin/llama-server"
+LLAMA_CACHE = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp"))
+LLAMA_SERVER = LLAMA_CACHE / "build-0.3.36/bin/llama-server"
+SERVERS = ("ours", "ours-nospec", "llama-server")
+OURS = ("ours", "ours-nospec")  # deterministic per seed: a differing text is an error
+CONTEXT = 4096  # multidraft's llama.cpp engine context (decoding.pair.load_pair's n_ctx)
+SEED_STRIDE = 100_003
+FINISH = ("stop", "length")
 
 
+# --- arguments ------------------------------------------------------------------------------------
+def _int_list(name: str, text: str, lo: int = 1) -> list[int]:
+    try:
+        xs = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} takes comma-separated integers, got {text!r}") from None
+    if not xs or any(x < lo for x in xs) or len(set(xs)) != len(xs):
+        raise argparse.ArgumentTypeError(f"{name} takes distinct integers >= {lo}, got {text!r}")
+    return xs
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
+    ap.add_argument("--clients", default="1,4,8", help="concurrent clients per cell (1 is always run first)")
+    ap.add_argument("--requests", type=int, default=20, help="requests per client per cell")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0, help="request k's seed is SEED * 100003 + k")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every server (both models)")
+    ap.add_argument("--context", type=int, default=CONTEXT,
+                    help=f"context per request: ours loads {CONTEXT}; llama-server gets -c CONTEXT x slots")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
+    ap.add_argument("--serve-args", default="--engine llama.cpp --verifier specinfer --k 2 --depth 4",
+                    help="arguments of `multidraft serve` for 'ours' (one quoted string)")
+    ap.add_argument("--llama-server", default=str(LLAMA_SERVER), help="the llama-server binary")
+    ap.add_argument("--llama-args", default="--spec-draft-n-max 4 --spec-draft-n-min 0",
+                    help="extra llama-server arguments (its draft-model speculation)")
+    ap.add_argument("--logs", default="/tmp/serve_load_logs", help="directory of the servers' logs")
+    ap.add_argument("--out", default=None, help="JSONL file of the run (meta, server, request, cell, end rows)")
+    ap.add_argument("--markdown", default=None, help="write the summary table there too")
+    ap.add_argument("--summarize", default=None, metavar="JSONL", help="only print the table of a finished run")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.summarize is not None:
+        return args
+    try:
+        args.server_list = [s.strip() for s in args.servers.split(",") if s.strip()]
+        bad = [s for s in args.server_list if s not in SERVERS]
+        if bad or not args.server_list or len(set(args.server_list)) != len(args.server_list):
+            raise argparse.ArgumentTypeError(f"--servers takes distinct names of {', '.join(SERVERS)}, got {args.servers!r}")
+        clients = _int_list("--clients", args.clients)
+        args.client_list = [1] + sorted(c for c in clients if c != 1)  # 1 first: the reference of every check
+        try:
+            temps = [float(t) for t in args.temperatures.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--temperatures takes comma-separated numbers, got {args.temperatures!r}") \
+                from None
+        if not temps or any(not 0 <= t <= 2 for t in temps) or len(set(temps)) != len(temps):
+            raise argparse.ArgumentTypeError(f"--temperatures takes distinct numbers in [0, 2], got {args.temperatures!r}")
+        args.temperature_list = temps
+        for name in ("requests", "max_tokens", "threads", "context"):
+            if getattr(args, name) < 1:
+                raise argparse.ArgumentTypeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        if args.max_tokens >= args.context:
+            raise argparse.ArgumentTypeError(f"--max-tokens must be below --context ({args.context}), got {args.max_tokens}")
+        if args.timeout <= 0:
+            raise argparse.ArgumentTypeError(f"--timeout must be > 0, got {args.timeout}")
+    except argparse.ArgumentTypeError as exc:
+        ap.error(str(exc))
+    return args
+
+
+# --- workload -------------------------------------------------------------------------------------
+def prompts(n: int) -> list[dict]:
+    """``n`` chat prompts, HumanEval (with its instruction) and MT-bench alternating."""
+    from multidraft.datasets import instruction_for, load_prompts
+
+    half = (n + 1) // 2
+    he = [("humaneval", i, instruction_for("humaneval") + p) for i, p in load_prompts("humaneval", half)]
+    mt = [("mtbench", i, p) for i, p in load_prompts("mtbench", n - half)]
+    out = []
+    for j in range(max(len(he), len(mt))):
+        out += ([he[j]] if j < len(he) else []) + ([mt[j]] if j < len(mt) else [])
+    return [{"dataset": d, "id": i, "text": t} for d, i, t in out[:n]]
+
+
+def request_seed(seed: int, k: int) -> int:
+    return seed * SEED_STRIDE + k
+
+
+def request_body(model: str, text: str, seed: int, max_tokens: int, temperature: float) -> dict:
+    """The one body every server gets (OpenAI's fields only)."""
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": temperature, "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
+
+
+# --- checking a response --------------------------------------------------------------------------
+def check_stream(lines: list[str], *, kind: str, seed: int, max_tokens: int, model: str | None = None) -> dict:
+    """Parse and check one streamed chat response (its SSE lines, in order).
+
+    Returns ``{"text", "finish_reason", "prompt_tokens", "completion_tokens", "spec", "problems"}``:
+    ``problems`` lists what is wrong (empty: the response is whole and is this request's).
+    ``kind`` is the server's name; for ``ours``/``ours-nospec`` the request's seed must be
+    echoed in every chunk and the model id must be ``model``."""
+    problems: list[str] = []
+    parts: list[str] = []
+    finishes: list[str] = []
+    usage, spec, done, after_done = None, None, False, False
+    seeds: set = set()
+    models: set = set()
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if done:
+            after_done = True
+            continue
+        if data == "[DONE]":
+            done = True
+            continue
+        try:
+            ev = json.loads(data)
+        except json.JSONDecodeError:
+            problems.append(f"unparseable event {data[:60]!r}")
+            continue
+        if not isinstance(ev, dict):
+            problems.append(f"event is not an object: {data[:60]!r}")
+            continue
+        if "error" in ev:
+            problems.append(f"error event: {json.dumps(ev['error'])[:160]}")
+            continue
+        if "seed" in ev:
+            seeds.add(ev["seed"])
+        if "model" in ev:
+            models.add(ev["model"])
+        if ev.get("usage"):
+            usage = ev["usage"]
+        if ev.get("speculative"):
+            spec = {k: ev["speculative"].get(k) for k in ("target_calls", "accepted_tokens", "block_efficiency")}
+        if ev.get("timings"):  # llama-server: its draft statistics
+            t = ev["timings"]
+            spec = {"draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0),
+                    "predicted_n": t.get("predicted_n")}
+        choices = ev.get("choices")
+        if choices is None:
+            problems.append("event without choices")
+            continue
+        for ch in choices:
+            if ch.get("index", 0) != 0:
+                problems.append(f"choice index {ch.get('index')}")
+            piece = (ch.get("delta") or {}).get("content")
+            if piece:
+                parts.append(piece)
+            if ch.get("finish_reason") is not None:
+                finishes.append(ch["finish_reason"])
+    text = "".join(parts)
+    if not done:
+        problems.append("no [DONE]")
+    if after_done:
+        problems.append("events after [DONE]")
+    if len(finishes) != 1:
+        problems.append(f"{len(finishes)} finish_reasons")
+    finish = finishes[-1] if finishes else None
+    if finish is not None and finish not in FINISH:
+        problems.append(f"finish_reason {finish!r}")
+    ptok = ctok = None
+    if usage is None:
+        problems.append("no usage")
+    else:
+        ptok, ctok = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(ptok, int) or ptok < 1:
+            problems.append(f"prompt_tokens {ptok!r}")
+        if not isinstance(ctok, int) or ctok < 0:
+            problems.append(f"completion_tokens {ctok!r}")
+        elif ctok > max_tokens:
+            problems.append(f"completion_tokens {ctok} > max_tokens {max_tokens}")
+        elif finish == "length" and ctok != max_tokens:
+            problems.append(f"finish 'length' after {ctok} of {max_tokens} tokens (truncated)")
+    if max_tokens > 0 and not text and finish != "stop":
+        problems.append("empty text")
+    if kind in OURS:
+        if seeds != {seed}:
+            problems.append(f"seed(s) {sorted(seeds, key=str)[:3]} echoed for request seed {seed}")
+        if model is not None and models != {model}:
+            problems.append(f"model(s) {sorted(models)[:3]} in the chunks, expected {model!r}")
+    return {"text": text, "finish_reason": finish, "prompt_tokens": ptok, "completion_tokens": ctok, "spec": spec,
+            "problems": problems}
+
+
+# --- talking to a server --------------------------------------------------------------------------
+@dataclass
+class Endpoint:
+    """A running server as the clients see it."""
+
+    name: str   # ours, ours-nospec or llama-server
+    url: str
+    model: str
+
+
+def _has_content(line: str) -> bool:
+    """Whether an SSE line carries generated text (the time to first token ends there)."""
+    if not line.startswith("data:") or '"content"' not in line:
+        return False
+    try:
+        ev = json.loads(line[5:])
+    except json.JSONDecodeError:
+        return False
+    return isinstance(ev, dict) and any((ch.get("delta") or {}).get("content") for ch in ev.get("choices") or [])
+
+
+async def one_request(client, ep: Endpoint, k: int, work: list[dict], seed: int, max_tokens: int,
+                      temperature: float) -> dict:
+    """Send request k, time it, check its response; returns the JSONL ``request`` row's fields."""
+    body = request_body(ep.model, work[k]["text"], seed, max_tokens, temperature)
+    lines: list[str] = []
+    status, ttft = None, None
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", ep.url + "/v1/chat/completions", json=body) as r:
+            status = r.status_code
+            if status != 200:
+                raw = (await r.aread())[:300].decode("utf-8", "replace")
+                lines, problems = [], [f"HTTP {status}: {raw}"]
+            else:
+                async for line in r.aiter_lines():
+                    if ttft is None and _has_content(line):
+                        ttft = time.perf_counter() - t0
+                    lines.append(line)
+                problems = None
+    except Exception as exc:  # a lost or cut-off response: counted, never raised
+        problems = [f"{type(exc).__name__}: {exc}"[:200]]
+    latency = time.perf_counter() - t0
+    row = {"k": k, "seed": seed, "status": status, "latency_s": latency, "ttft_s": ttft, "start_s": t0}
+    if problems is not None:
+        return {**row, "text": None, "finish_reason": None, "prompt_tokens": None, "completion_tokens": None,
+                "spec": None, "problems": problems}
+    return {**row, **check_stream(lines, kind=ep.name, seed=seed, max_tokens=max_tokens, model=ep.model)}
+
+
+async def run_cell(ep: Endpoint, work: list[dict], clients: int, requests: int, *, base_seed: int, max_tokens: int,
+                   temperature: float, timeout: float) -> tuple[list[dict], float]:
+    """``clients`` concurrent clients, each sending ``requests`` requests in turn; returns the
+    request rows (ordered by k) and the cell's wall time."""
+    import httpx
+
+    n = clients * requests
+    if n > len(work):
+        raise ValueError(f"the cell needs {n} prompts, the work list has {len(work)}")
+    rows: list = [None] * n
+
+    async def client_loop(c, client):
+        for j in range(requests):
+            k = c * requests + j
+            rows[k] = await one_request(client, ep, k, work, request_seed(base_seed, k), max_tokens, temperature)
+            rows[k]["client"] = c
+
+    # a fresh connection per request: llama-server (cpp-httplib) may close an idle kept-alive
+    # connection just as the next request is written on it, which the client would count as lost
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(c, client) for c in range(clients)))
+        wall = time.perf_counter() - t0
+    for r in rows:
+        r["start_s"] -= t0
+    return rows, wall
+
+
+# --- the servers ----------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def prompts(n: int) -> list[tuple[str, str]]:
-    from multidraft.datasets import instruction_for, load_prompts
-
-    half = (n + 1) // 2
-    he = [(i, instruction_for("humaneval") + p) for i, p in load_prompts("humaneval", half)]
-    mt = [(i, p) for i, p in load_prompts("mtbench", n - half)]
-    out = []
-    for a, b in zip(he, mt + [None] * (len(he) - len(mt))):
-        out.append(a)
-        if b is not None:
-            out.append(b)
-    return out[:n]
-
-
-class Server:
-    """A server subprocess; ``url`` once /health answers."""
-
-    def __init__(self, name: str, cmd: list[str], port: int, health: str, log_path: Path):
-        self.name, self.port = name, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        import httpx
-
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}; see {log_path}")
-            try:
-                if httpx.get(self.url + health, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - t0 > 900:
-                raise RuntimeError(f"{name} did not start in 900 s; see {log_path}")
-            time.sleep(0.5)
-        self.model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.log.close()
-        return rc
-
-
-async def one_request(client, srv: Server, text: str, seed: int, args, temperature: float) -> dict:
-    body = {"model": srv.model, "messages": [{"role": "user", "content": text}], "max_tokens": args.max_tokens,
-            "temperature": temperature, "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft = None
-    parts, finish, usage, echoed, done = [], None, None, None, False
-    try:
-        async with client.stream("POST", srv.url + "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return {"ok": False, "error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                ev = json.loads(data)
-                if "error" in ev:
-                    return {"ok": False, "error": json.dumps(ev["error"])[:200]}
-                echoed = ev.get("seed", echoed)
-                if ev.get("usage"):
-                    usage = ev["usage"]
-                for ch in ev.get("choices") or []:
-                    piece = (ch.get("delta") or {}).get("content")
-                    if piece:
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-                        parts.append(piece)
-                    finish = ch.get("finish_reason") or finish
-    except Exception as exc:  # a lost or cut-off response is a failure of the cell, counted
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    latency = time.perf_counter() - t0
-    problems = []
-    if not done:
-        problems.append("no [DONE]")
-    if finish is None:
-        problems.append("no finish_reason")
-    if usage is None:
-        problems.append("no usage")
-    if srv.name.startswith("ours") and echoed != seed:
-        problems.append(f"seed {echoed} echoed for request seed {seed}")
-    return {"ok": not problems, "error": "; ".join(problems) or None, "text": "".join(parts), "finish": finish,
-            "tokens": (usage or {}).get("completion_tokens", 0), "latency": latency,
-            "ttft": ttft if ttft is not None else latency}
-
-
-async def run_cell(srv: Server, work: list, clients: int, args, temperature: float) -> tuple[list, float]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=clients + 2)
-    results: list = [None] * (clients * args.requests)
-
-    async def client_loop(c, client):
-        for j in range(args.requests):
-            k = c * args.requests + j
-            text, seed = work[k % len(work)]
-            results[k] = await one_request(client, srv, text, seed + k // len(work), args, temperature)
-
-    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client_loop(c, client) for c in range(clients)))
-        wall = time.perf_counter() - t0
-    return results, wall
-
-
-def pct(xs, q):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--servers", default="ours,ours-nospec,llama-server")
-    ap.add_argument("--clients", default="1,4,8")
-    ap.add_argument("--requests", type=int, default=20, help="requests per client per cell")
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
-    ap.add_argument("--serve-args", default="--engine llama.cpp --verifier specinfer --k 2 --depth 4",
-                    help="arguments of `multidraft serve` for 'ours' (quoted)")
-    ap.add_argument("--llama-server", default=str(LLAMA_SERVER), help="the llama-server binary")
-    ap.add_argument("--llama-args", default="--draft-max 4 --draft-min 0 -c 16384",
-                    help="extra llama-server arguments (its draft-model speculation; -c is shared by the -np slots, one per client)")
-    ap.add_argument("--threads", type=int, default=None, help="threads of every server (default: all cores)")
-    ap.add_argument("--logs", default="/tmp/serve_load_logs", help="directory of the servers' logs")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--markdown", default=None)
-    args = ap.parse_args(argv)
-    # SIGTERM (a timeout, a job manager) unwinds like Ctrl-C: the running server is stopped too
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    clients = [int(c) for c in args.clients.split(",")]
-    temps = [float(t) for t in args.temperatures.split(",")]
-    if clients[0] != 1:
-        clients = [1] + [c for c in clients if c != 1]  # the 1-client run is every comparison's reference
-    logs = Path(args.logs)
-    logs.mkdir(parents=True, exist_ok=True)
-    n_work = max(clients) * args.requests
-    work = [(text, args.seed * 100_003 + i) for i, (_, text) in enumerate(prompts(n_work))]
-    threads = [] if args.threads is None else ["--threads", str(args.threads)]
-    notes, rows = [], []
-    for name in servers:
-        port = free_port()
-        if name in ("ours", "ours-nospec"):
-            extra = shlex.split(args.serve_args)
-            if name == "ours-nospec":
-                extra = _without_spec(extra)
-            cmd = [sys.executable, "-m", "multidraft", "serve", *extra, *threads, "--port", str(port),
-                   "--queue-size", str(max(clients) * 2), "--log-level", "warning"]
-            health = "/health"
-        elif name == "llama-server":
-            binary = Path(args.llama_server)
-            if not binary.is_file():
-                notes.append(f"llama-server skipped: no binary at {binary}; build it with "
-                             f"LLAMA_TOOLS_TARGETS=llama-server scripts/build_llama_tools.sh (about 10 minutes on 2 "
-                             f"cores) or pass --llama-server PATH")
-                print(notes[-1], file=sys.stderr)
-                continue
-            from multidraft.models import default_gguf
-
-            t = default_gguf("target", "bf16")
-            d = default_gguf("draft", "q4_0")
-            t = t if t.is_file() else default_gguf("target")
-            d = d if d.is_file() else default_gguf("draft")
-            cmd = [str(binary), "-m", str(t), "-md", str(d), "--host", "127.0.0.1", "--port", str(port),
-                   "-np", str(max(clients)), *shlex.split(args.llama_args), *(["-t", str(args.threads)] if args.threads else [])]
-            health = "/health"
-        else:
-            raise SystemExit(f"--servers: unknown server {name!r} (ours, ours-nospec, llama-server)")
-        print(f"starting {name}: {' '.join(cmd)}", file=sys.stderr)
-        srv = Server(name, cmd, port, health, logs / f"{name}.log")
-        try:
-            # one untimed request first: the weights paged in, the first-call costs paid
-            asyncio.run(run_cell(srv, work[:1], 1, argparse.Namespace(**{**vars(args), "requests": 1,
-                                                                        "max_tokens": 2}), 0.0))
-            for temp in temps:
-                ref: dict[int, str] = {}
-                for c in clients:
-                    res, wall = asyncio.run(run_cell(srv, work, c, args, temp))
-                    good = [r for r in res if r and r["ok"]]
-                    mismatch = 0
-                    for k, r in enumerate(res):
-                        if not (r and r["ok"]):
-                            continue
-                        if c == 1:
-                            ref[k] = r["text"]
-                        elif k in ref and (temp == 0 or name.startswith("ours")) and r["text"] != ref[k]:
-                            mismatch += 1
-                    toks = sum(r["tokens"] for r in good)
-                    row = dict(server=name, temperature=temp, clients=c, sent=len(res), ok=len(good),
-                               mismatch=mismatch, p50_latency_s=pct([r["latency"] for r in good], 50),
-                               p99_latency_s=pct([r["latency"] for r in good], 99),
-                               p50_ttft_s=pct([r["ttft"] for r in good], 50), tokens=toks, wall_s=wall,
-                               tokens_per_s=toks / wall if wall > 0 else float("nan"),
-                               errors=sorted({r["error"] for r in res if r and not r["ok"]})[:3])
-                    rows.append(row)
-                    print(_line(row), file=sys.stderr, flush=True)
-        finally:
-            rc = srv.stop()
-            if rc != 0:
-                notes.append(f"{name} exited with {rc} on SIGTERM (see {logs / (name + '.log')})")
-    table = _markdown(rows, notes, args)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "notes": notes,
-                                              "loadavg": os.getloadavg()}, indent=1) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
-    bad = [r for r in rows if r["ok"] < r["sent"] or (r["server"].startswith("ours") and r["mismatch"])]
-    return 1 if bad else 0
-
-
-def _without_spec(extra: list[str]) -> list[str]:
+def without_spec(extra: list[str]) -> list[str]:
     """``--serve-args`` with the speculative flags replaced by ``--verifier none``."""
     drop_value = {"--verifier", "--k", "--depth", "--tree", "--draft-law", "--draft-temperature", "--max-nodes",
-                  "--max-depth", "--k-max", "--min-gain", "--profile", "--accept-stats", "--draft", "--draft-ftype"}
+                  "--max-depth", "--k-max", "--min-gain", "--profile", "--accept-stats", "--draft", "--draft-ftype",
+                  "--warmup-prompt"}
     out, skip = [], False
     for a in extra:
         if skip:
@@ -305,24 +374,371 @@ def _without_spec(extra: list[str]) -> list[str]:
     return out + ["--verifier", "none"]
 
 
-def _line(r: dict) -> str:
-    return (f"{r['server']:>13} T={r['temperature']:g} clients={r['clients']}: {r['ok']}/{r['sent']} ok, "
-            f"{r['mismatch']} mismatched, p50 {r['p50_latency_s']:.2f} s, p99 {r['p99_latency_s']:.2f} s, "
-            f"TTFT p50 {r['p50_ttft_s']:.2f} s, {r['tokens_per_s']:.2f} tok/s"
-            + (f"  errors: {r['errors']}" if r["errors"] else ""))
+def gguf_pair() -> tuple[Path, Path]:
+    """The GGUF files ``multidraft serve`` loads by default: BF16 target and Q4_0 draft where built."""
+    from multidraft.models import default_gguf
+
+    t, d = default_gguf("target", "bf16"), default_gguf("draft", "q4_0")
+    return (t if t.is_file() else default_gguf("target")), (d if d.is_file() else default_gguf("draft"))
 
 
-def _markdown(rows, notes, args) -> str:
-    out = [f"serve_load: {args.requests} requests per client, max_tokens {args.max_tokens}, "
-           f"serve args `{args.serve_args}`, llama-server args `{args.llama_args}`", "",
-           "| server | T | clients | ok/sent | mismatched | p50 latency s | p99 latency s | p50 TTFT s | tokens/s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+def ours_cmd(name: str, args, port: int) -> list[str]:
+    extra = shlex.split(args.serve_args)
+    if name == "ours-nospec":
+        extra = without_spec(extra)
+    return [sys.executable, "-m", "multidraft", "serve", *extra, "--threads", str(args.threads), "--port", str(port),
+            "--queue-size", str(max(args.client_list) * 2), "--log-level", "warning"]
+
+
+def llama_server_cmd(binary: str, target: Path, draft: Path, args, port: int) -> list[str]:
+    slots = max(args.client_list)
+    t = str(args.threads)
+    return [binary, "-m", str(target), "-md", str(draft), "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(slots), "-c", str(args.context * slots), "-t", t, "-tb", t, "-td", t, "-tbd", t,
+            "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0", "--no-cache-prompt", "--cache-ram", "0",
+            "--no-webui", "--spec-type", "draft-simple", *shlex.split(args.llama_args)]
+
+
+class Server:
+    """A server subprocess, ready once ``/health`` answers 200 (``endpoint`` then set)."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path, start_timeout: float = 900.0):
+        import httpx
+
+        self.name, self.cmd = name, cmd
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {self.proc.returncode} before /health answered; "
+                                       f"see {log_path}")
+                try:
+                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - t0 > start_timeout:
+                    raise RuntimeError(f"{name} did not answer /health in {start_timeout:.0f} s; see {log_path}")
+                time.sleep(0.5)
+            self.start_s = time.monotonic() - t0
+            self.models = httpx.get(self.url + "/v1/models", timeout=10).json()
+            self.props = None
+            if name == "llama-server":
+                self.props = httpx.get(self.url + "/props", timeout=10).json()
+        except BaseException:
+            self.stop()
+            raise
+        self.endpoint = Endpoint(name, self.url, self.models["data"][0]["id"])
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def _run_text(cmd: list[str]) -> str | None:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        return (p.stdout + p.stderr).strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_info() -> dict:
+    out = {"nproc": os.cpu_count()}
+    text = _run_text(["lscpu"]) or ""
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key in ("Model name", "Architecture", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "Socket(s)",
+                   "L3 cache", "Flags", "Hypervisor vendor"):
+            out[key] = val.strip()
+    return out
+
+
+def versions() -> dict:
+    v = {"python": platform.python_version()}
+    for mod in ("multidraft", "llama_cpp", "torch", "httpx", "fastapi", "uvicorn"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except (ImportError, AttributeError):
+            v[mod] = None
+    return v
+
+
+def llama_commit() -> str | None:
+    text = (ROOT / "scripts/build_llama_tools.sh").read_text()
+    for line in text.splitlines():
+        if line.startswith("LLAMA_COMMIT="):
+            return line.split("=", 1)[1].strip()
+    return None
+
+
+def git_commit() -> str | None:
+    head = _run_text(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    dirty = _run_text(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
+    return None if head is None else head + ("-dirty" if dirty else "")
+
+
+# --- the run --------------------------------------------------------------------------------------
+class Log:
+    """The JSONL file (or nothing): one row a line, flushed at once."""
+
+    def __init__(self, path):
+        self.f = open(path, "w") if path else None
+        self.rows: list[dict] = []
+
+    def write(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.f:
+            self.f.write(json.dumps(row) + "\n")
+            self.f.flush()
+
+    def close(self):
+        if self.f:
+            self.f.close()
+
+
+def run(args) -> int:
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    n_work = max(args.client_list) * args.requests
+    work = prompts(n_work)
+    target, draft = gguf_pair()
+    log = Log(args.out)
+    t_run = time.perf_counter()
+    commands = {}
+    binary = Path(args.llama_server)
+    servers = list(args.server_list)
+    notes = []
+    if "llama-server" in servers and not binary.is_file():
+        notes.append(f"llama-server skipped: no binary at {binary}; build it with LLAMA_TOOLS_TARGETS=\"llama-speculative "
+                     f"llama-completion llama-server\" scripts/build_llama_tools.sh or pass --llama-server PATH")
+        print(notes[-1], file=sys.stderr)
+        servers.remove("llama-server")
+    ports = {name: free_port() for name in servers}
+    for name in servers:
+        commands[name] = (ours_cmd(name, args, ports[name]) if name in OURS
+                          else llama_server_cmd(str(binary), target, draft, args, ports[name]))
+    meta = {"kind": "meta", "argv": sys.argv, "args": {k: v for k, v in vars(args).items()},
+            "servers": servers, "commands": {k: shlex.join(v) for k, v in commands.items()},
+            "gguf": {"target": str(target), "draft": str(draft),
+                     "target_bytes": target.stat().st_size if target.is_file() else None,
+                     "draft_bytes": draft.stat().st_size if draft.is_file() else None},
+            "llama_cpp_commit": llama_commit(),
+            "llama_server_version": _run_text([str(binary), "--version"]) if binary.is_file() else None,
+            "cpu": cpu_info(), "loadavg_start": os.getloadavg(), "versions": versions(), "git": git_commit(),
+            "seed": args.seed, "seed_rule": f"request k: seed * {SEED_STRIDE} + k", "n_prompts": len(work),
+            "prompts": [{"k": k, "dataset": w["dataset"], "id": w["id"]} for k, w in enumerate(work)],
+            "notes": notes, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    log.write(meta)
+    try:
+        for name in servers:
+            print(f"starting {name}: {shlex.join(commands[name])}", file=sys.stderr, flush=True)
+            srv = Server(name, commands[name], ports[name], logs / f"{name}.log")
+            rc = None
+            try:
+                log.write({"kind": "server", "server": name, "command": commands[name], "start_s": srv.start_s,
+                           "model": srv.endpoint.model, "models": srv.models, "props": srv.props})
+                ep = srv.endpoint
+                # untimed: the weights paged in, the first-call costs paid
+                asyncio.run(run_cell(ep, work, 1, 1, base_seed=args.seed, max_tokens=min(8, args.max_tokens),
+                                     temperature=0.0, timeout=args.timeout))
+                for temp in args.temperature_list:
+                    for c in args.client_list:
+                        rows, wall = asyncio.run(run_cell(ep, work, c, args.requests, base_seed=args.seed,
+                                                          max_tokens=args.max_tokens, temperature=temp,
+                                                          timeout=args.timeout))
+                        for r in rows:
+                            log.write({"kind": "request", "server": name, "temperature": temp, "clients": c, **r})
+                        log.write({"kind": "cell", "server": name, "temperature": temp, "clients": c,
+                                   "requests_per_client": args.requests, "sent": len(rows), "wall_s": wall,
+                                   "loadavg": os.getloadavg()})
+                        row = summarize_cells(log.rows)[-1]
+                        print(_line(row), file=sys.stderr, flush=True)
+            finally:
+                rc = srv.stop()
+                log.write({"kind": "stop", "server": name, "returncode": rc})
+    finally:
+        log.write({"kind": "end", "loadavg_end": os.getloadavg(), "wall_s": time.perf_counter() - t_run})
+        log.close()
+    table, bad = report(log.rows)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    return 1 if bad else 0
+
+
+# --- the summary (from the JSONL rows only) -------------------------------------------------------
+def pct(xs, q: float) -> float:
+    """The q-th percentile by the nearest rank (NaN for no values)."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def summarize_cells(rows: list[dict]) -> list[dict]:
+    """One summary per cell row, in file order, with the cross-cell checks against the first
+    cell (of the same server and temperature) that answered request k."""
+    first: dict = {}  # (server, T, k) -> (prompt_tokens, text)
+    reqs: dict = {}
     for r in rows:
-        out.append(f"| {r['server']} | {r['temperature']:g} | {r['clients']} | {r['ok']}/{r['sent']} | {r['mismatch']} | "
-                   f"{r['p50_latency_s']:.2f} | {r['p99_latency_s']:.2f} | {r['p50_ttft_s']:.2f} | "
-                   f"{r['tokens_per_s']:.2f} |")
-    out += [""] + [f"- {n}" for n in notes]
-    return "\n".join(out)
+        if r.get("kind") == "request":
+            reqs.setdefault((r["server"], r["temperature"], r["clients"]), []).append(r)
+    out = []
+    for cell in (r for r in rows if r.get("kind") == "cell"):
+        key = (cell["server"], cell["temperature"], cell["clients"])
+        rs = sorted(reqs.get(key, []), key=lambda r: r["k"])
+        good = [r for r in rs if not r["problems"]]
+        mixed = differs = compared = 0
+        for r in good:
+            ref = first.get((key[0], key[1], r["k"]))
+            if ref is None:
+                first[(key[0], key[1], r["k"])] = (r["prompt_tokens"], r["text"])
+                continue
+            compared += 1
+            mixed += r["prompt_tokens"] != ref[0]
+            differs += r["text"] != ref[1]
+        toks = sum(r["completion_tokens"] for r in good)
+        spec = [r["spec"] for r in good if r.get("spec")]
+        calls = None
+        if spec and "target_calls" in spec[0]:
+            tc = sum(s["target_calls"] or 0 for s in spec)
+            calls = toks / tc if tc else None
+        elif spec and "draft_n" in spec[0]:
+            # llama-server: draft_n drafted, draft_n_accepted kept; its target calls are not reported
+            dn = sum(s["draft_n"] or 0 for s in spec)
+            calls = {"drafted": dn, "draft_acceptance": sum(s["draft_n_accepted"] or 0 for s in spec) / dn if dn else None}
+        wall = cell["wall_s"]
+        out.append({"server": key[0], "temperature": key[1], "clients": key[2], "sent": cell["sent"],
+                    "answered": len(rs), "ok": len(good), "problems": sorted({p for r in rs for p in r["problems"]})[:3],
+                    "mixed": mixed, "differs": differs, "compared": compared,
+                    "p50_latency_s": pct([r["latency_s"] for r in good], 50),
+                    "p99_latency_s": pct([r["latency_s"] for r in good], 99),
+                    "p50_ttft_s": pct([r["ttft_s"] for r in good], 50), "p99_ttft_s": pct([r["ttft_s"] for r in good], 99),
+                    "tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall if wall > 0 else float("nan"),
+                    "mean_latency_s": sum(r["latency_s"] for r in good) / len(good) if good else float("nan"),
+                    "spec": calls})
+    return out
+
+
+def failures(cells: list[dict]) -> list[str]:
+    """What makes a run fail: a request lost or answered wrongly, a response mixed up, or a
+    text of ours that a seed did not reproduce."""
+    bad = []
+    for c in cells:
+        where = f"{c['server']} T={c['temperature']:g} clients={c['clients']}"
+        if c["ok"] < c["sent"]:
+            bad.append(f"{where}: {c['sent'] - c['ok']} of {c['sent']} requests failed ({'; '.join(c['problems'])})")
+        if c["mixed"]:
+            bad.append(f"{where}: {c['mixed']} responses with another request's prompt length")
+        if c["server"] in OURS and c["differs"]:
+            bad.append(f"{where}: {c['differs']} texts differ from the same request's (same seed) in the first cell")
+        if c["server"] == "llama-server" and c["ok"] and not (isinstance(c["spec"], dict) and c["spec"]["drafted"]):
+            bad.append(f"{where}: llama-server drafted no token (its speculation was off: without --spec-type "
+                       f"draft-simple, -md only loads the draft model)")
+    return bad
+
+
+def _spec_cell(s) -> str:
+    if s is None:
+        return "-"
+    if isinstance(s, dict):
+        a = s.get("draft_acceptance")
+        return "no drafts" if a is None else f"draft acc. {a:.2f}"
+    return f"{s:.2f} tok/call"
+
+
+def _line(c: dict) -> str:
+    return (f"{c['server']:>13} T={c['temperature']:g} clients={c['clients']}: {c['ok']}/{c['sent']} ok, "
+            f"{c['mixed']} mixed, {c['differs']}/{c['compared']} differ, p50 {c['p50_latency_s']:.2f} s, "
+            f"p99 {c['p99_latency_s']:.2f} s, TTFT p50 {c['p50_ttft_s']:.2f} s, {c['tokens_per_s']:.2f} tok/s"
+            + (f"  problems: {c['problems']}" if c["problems"] else ""))
+
+
+def report(rows: list[dict]) -> tuple[str, list[str]]:
+    """The markdown summary of a run's rows and its failures."""
+    meta = next((r for r in rows if r.get("kind") == "meta"), {})
+    end = next((r for r in rows if r.get("kind") == "end"), {})
+    a = meta.get("args", {})
+    cells = summarize_cells(rows)
+    cpu = meta.get("cpu", {})
+    la0, la1 = meta.get("loadavg_start"), end.get("loadavg_end")
+    out = [(f"serve_load: {a.get('requests')} requests per client, max_tokens {a.get('max_tokens')}, "
+            f"{a.get('threads')} threads, seed {meta.get('seed')}; llama.cpp {meta.get('llama_cpp_commit')}; "
+            f"CPU {cpu.get('Model name')} ({cpu.get('nproc')} cores); load average "
+            f"{la0[0] if la0 else float('nan'):.2f} at the start, {la1[0] if la1 else float('nan'):.2f} at the end; "
+            f"run {end.get('wall_s', float('nan')):.0f} s; {meta.get('time_utc')}"), ""]
+    if meta.get("argv"):
+        out += [f"command: `python {shlex.join(meta['argv'])}`", ""]
+    for name, cmd in meta.get("commands", {}).items():
+        out.append(f"- `{name}`: `{cmd}`")
+    for srv in (r for r in rows if r.get("kind") == "server" and r.get("props")):
+        g = srv["props"].get("default_generation_settings") or {}
+        g = g.get("params", g)
+        keys = ("top_k", "top_p", "min_p", "typical_p", "xtc_probability", "dry_multiplier", "repeat_penalty",
+                "top_n_sigma", "samplers", "speculative.types")
+        out.append(f"- `{srv['server']}` /props: " + ", ".join(f"{k} {g.get(k)}" for k in keys if k in g))
+    out += ["", ("| server | T | clients | ok/sent | mixed | differ/compared | p50 latency s | p99 latency s | "
+                 "p50 TTFT s | p99 TTFT s | tokens/s | speculation |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        out.append(f"| {c['server']} | {c['temperature']:g} | {c['clients']} | {c['ok']}/{c['sent']} | {c['mixed']} | "
+                   f"{c['differs']}/{c['compared']} | {c['p50_latency_s']:.2f} | {c['p99_latency_s']:.2f} | "
+                   f"{c['p50_ttft_s']:.2f} | {c['p99_ttft_s']:.2f} | {c['tokens_per_s']:.2f} | {_spec_cell(c['spec'])} |")
+    by = {(c["server"], c["temperature"], c["clients"]): c for c in cells}
+    ratios = []
+    for (s, t, n), c in by.items():
+        if s != "ours":
+            continue
+        for other in ("llama-server", "ours-nospec"):
+            o = by.get((other, t, n))
+            if o and o["tokens_per_s"] > 0:
+                ratios.append(f"- T={t:g}, {n} clients: ours / {other} aggregate tokens/s = "
+                              f"{c['tokens_per_s'] / o['tokens_per_s']:.2f}x")
+    if ratios:
+        out += [""] + ratios
+    bad = failures(cells)
+    out += ["", ("Every response checked (status, events, one finish_reason, [DONE], usage, no truncation; ours: the "
+                 "request's seed echoed). mixed: prompt_tokens differ from the first cell's for the same request; "
+                 "differ: texts differ from the first cell's for the same request and seed (required 0 for ours and "
+                 "ours-nospec). speculation: ours, completion tokens per target forward; llama-server, its accepted / "
+                 "drafted tokens.")]
+    out += [f"- note: {n}" for n in meta.get("notes", [])]
+    out += [f"- FAILED: {b}" for b in bad] or ["- every request answered and checked: no failure"]
+    return "\n".join(out), bad
+
+
+def summarize_file(path: str, markdown: str | None) -> int:
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not any(r.get("kind") == "cell" for r in rows):
+        raise SystemExit(f"--summarize: {path} holds no cell rows (not a serve_load JSONL?)")
+    table, bad = report(rows)
+    print(table)
+    if markdown:
+        Path(markdown).write_text(table + "\n")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.summarize is not None:
+        return summarize_file(args.summarize, args.markdown)
+    # SIGTERM (a timeout, a job manager) unwinds like Ctrl-C: the running server is stopped too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #
 # Idempotent: the sdist is downloaded once (sha256 checked), unpacked once, configured
 # and built incrementally; a second run only prints the paths. CPU only, no network
-# access from the binaries (no curl, no OpenSSL), Release, static libraries, compiled for the
+# access from the binaries (no curl, no OpenSSL) nor from the build (llama-server's web UI is
+# neither built with npm nor downloaded from Hugging Face: the server embeds an empty UI), Release, static libraries, compiled for the
 # same portable x86-64 baseline as the Python binding (scripts/llama_cpu_flags.txt: AVX2, no
 # AVX-512, no AMX), so the peers run on every machine the project runs on and are timed with
 # the same kernels as multidraft's llama.cpp engine.
@@ -101,12 +102,14 @@ fi
 # 3. configure (cmake reruns only what changed); llama-server only when it is asked for
 server=OFF
 [[ " $targets " == *" llama-server "* ]] && server=ON
-read -r -a cpu_flags < <(tr -s ' \n' ' ' < "$here/scripts/llama_cpu_flags.txt")
+# (read -d '' reads the whole file and returns 1 at its end, which set -e must not see)
+read -r -d '' -a cpu_flags < "$here/scripts/llama_cpu_flags.txt" || true
+[[ ${#cpu_flags[@]} -gt 0 ]] || die "no flags read from scripts/llama_cpu_flags.txt"
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER="$server" -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_RPC=OFF \
     "${cpu_flags[@]}" \
     -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >&2
