@@ -253,3 +253,29 @@ def test_bad_input_names_the_argument(hf_pair, llama_pair):
     with pytest.raises(ValueError, match="^input_ids.*KV cells"):  # the context's cells are spoken for
         bd.add(torch.tensor([PROMPTS[1]]), big, generator=1)
     bd.cancel(0)
+
+
+def test_a_failing_lane_leaves_the_others_going(hf_pair):
+    """A lane whose on_step raises is closed and reported (LaneError); the other lanes finish
+    with generate's tokens."""
+    t, d = hf_pair
+    sets = _settings(1.0)
+
+    def boom(tokens):
+        raise KeyError("client went away")
+
+    bd = BatchDecoder(t, d, max_lanes=3)
+    lanes = {bd.add(torch.tensor([PROMPTS[i]]), sets[i], generator=100 + i, on_step=boom if i == 1 else None): i
+             for i in range(3)}
+    done, errors = {}, []
+    while bd.lanes:
+        try:
+            done.update(bd.step())
+        except B.LaneError as exc:
+            errors.append(exc.lane)
+            done.update(exc.finished)
+            assert isinstance(exc.__cause__, KeyError)
+    assert [lanes[e] for e in errors] == [1]
+    assert sorted(lanes[k] for k in done) == [0, 2]
+    for k, r in done.items():
+        assert r.tokens.tolist() == _alone(t, d, lanes[k], sets[lanes[k]]).tokens.tolist()

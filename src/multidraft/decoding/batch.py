@@ -11,6 +11,11 @@ the pending calls of all lanes as ONE forward per model:
 * a target tick, when no lane asks for the draft: every lane's ``[root] + tree`` in one
   target forward.
 
+Why per-lane equivalence is the property to keep: batched speculative decoding is where
+exactness breaks in practice (Batch speculative decoding done right, arXiv 2510.22876: ragged
+tensors mixed up between rows in existing implementations); here a lane shares no state with
+another lane but the forward pass, and each lane's rows of it are its own (the masks below).
+
 Lanes join (:meth:`BatchDecoder.add`) and leave (when they finish, or :meth:`BatchDecoder.cancel`)
 between ticks: continuous batching. Per lane, the calls, their arguments and the order in
 which the lane's generator is consumed are those of ``generate`` alone; the only things shared
@@ -52,9 +57,18 @@ from .kv import fresh_prefill, keep, new_cache
 from .runners import _is_llama, hf_forward
 from .settings import Settings
 
-__all__ = ["BatchDecoder", "generate_batch", "HFBatchRunner", "LlamaBatchRunner", "DEFAULT_MAX_LANES"]
+__all__ = ["BatchDecoder", "LaneError", "generate_batch", "HFBatchRunner", "LlamaBatchRunner", "DEFAULT_MAX_LANES"]
 
 DEFAULT_MAX_LANES = 8
+
+
+class LaneError(RuntimeError):
+    """A lane's decode raised ``__cause__`` in :meth:`BatchDecoder.step`: ``lane`` (now closed)
+    and ``finished``, the ``{lane: GenerationResult}`` that step finished otherwise."""
+
+    def __init__(self, lane: int, exc: BaseException, finished: dict):
+        super().__init__(f"lane {lane}: {type(exc).__name__}: {exc}")
+        self.lane, self.finished = lane, finished
 
 
 class _Lane:
@@ -359,6 +373,12 @@ class BatchDecoder:
     ``generate(target, draft, input_ids_i, settings_i, generator=g_i, eos_token_id=eos_i)``
     (the engines' floating-point caveat: ``docs/guide/decoding.md``, "Batches").
 
+    A lane's ``GenerationResult.seconds`` is its wall time from its first step to its last,
+    the other lanes' share of the forwards included. An exception raised in a lane's decode
+    (e.g. by its ``on_step``) closes that lane and, after every other lane of the tick has
+    been served, is raised from ``step`` as a :class:`LaneError` (``lane``, and ``finished``:
+    the results that tick finished); the other lanes go on at the next ``step``.
+
     The models serve this decoder alone while it has lanes (a llama.cpp model's context is
     cleared when the decoder is made; a single ``generate`` on it clears it again).
     """
@@ -458,14 +478,22 @@ class BatchDecoder:
             calls = [(l, self.lanes[l]["call"].tokens, self.lanes[l]["call"].parents, self.lanes[l]["call"].last_only)
                      for l in lanes]
             logits = runner.extend(calls)
-            for l, lg in zip(lanes, logits):
+            failed: dict[int, BaseException] = {}
+            for l, lg in zip(lanes, logits):  # every lane is sent its logits, whatever another raises
                 ln = self.lanes[l]
                 try:
                     ln["call"] = ln["gen"].send(lg)
                 except StopIteration as stop:
                     done[l] = stop.value
-                    del self.lanes[l]
-                    self._free(l)
+                except Exception as exc:  # noqa: BLE001 - re-raised below as LaneError
+                    failed[l] = exc
+                else:
+                    continue
+                del self.lanes[l]
+                self._free(l)
+        if failed:
+            lane, exc = next(iter(failed.items()))
+            raise LaneError(lane, exc, done) from exc
         return done
 
     def run(self) -> dict[int, GenerationResult]:
