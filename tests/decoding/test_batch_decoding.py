@@ -34,7 +34,8 @@ from multidraft.decoding.batch import BatchDecoder, generate_batch
 
 from test_decoding import _chi2_pvalue
 
-PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8], [9, 3], [5, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+# PROMPTS[2] = [9]: an empty committed prefix (the root is the whole prompt)
+PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8], [9], [5, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9],
            [1, 2], [4, 4, 4], [7, 1, 7, 1, 7, 1], [8, 9, 10, 11]]
 
 
@@ -141,7 +142,9 @@ def test_batched_logits_match_alone(request, engine):
     # lane -> (tokens, parents) of two consecutive levels (the second over uncommitted entries)
     lv1 = {0: ([5, 7, 8, 9], [-1, 0, 0, 1]), 1: ([2, 3], [-1, 0]), 2: ([4], [-1]), 3: ([1, 2, 3, 4, 5], [-1, 0, 0, 0, 2])}
     lv2 = {0: ([10, 11], [2, 3]), 1: ([12], [0]), 2: ([13, 14, 15], [0, 0, 1]), 3: ([16], [4])}
+    room = _settings(1.0)[0]  # sequence ids for trees of up to 15 nodes (llama.cpp)
     for lane, p in enumerate(prefixes):
+        br.reserve(lane, room)
         br.open(lane, torch.tensor([p]))
     out1 = [o.clone() for o in br.extend([(l, *lv1[l], False) for l in range(4)])]
     out2 = [o.clone() for o in br.extend([(l, *lv2[l], l == 2) for l in range(4)])]
@@ -279,3 +282,23 @@ def test_a_failing_lane_leaves_the_others_going(hf_pair):
     assert sorted(lanes[k] for k in done) == [0, 2]
     for k, r in done.items():
         assert r.tokens.tolist() == _alone(t, d, lanes[k], sets[lanes[k]]).tokens.tolist()
+
+
+def test_llama_lanes_wait_for_sequence_ids(llama_pair):
+    """A lane holds one llama.cpp sequence id per uncommitted entry of a step: lanes of 40-node
+    trees (45 ids each of 256) are admitted five at a time and the rest wait; all give generate's
+    tokens."""
+    t, d = llama_pair
+    s = Settings.from_args(verifier="specinfer", k=3, depth=3, temperature=1.0, max_new_tokens=10)
+    bd = BatchDecoder(t, d, max_lanes=8)
+    opened = 0
+    while bd.fits(torch.tensor([PROMPTS[opened]]), s):
+        bd.add(torch.tensor([PROMPTS[opened]]), s, generator=100 + opened)
+        opened += 1
+    assert opened == 256 // 45
+    with pytest.raises(ValueError, match="^settings.*sequence ids"):
+        bd.add(torch.tensor([PROMPTS[opened]]), s, generator=0)
+    bd.run()
+    got = generate_batch(t, d, PROMPTS, s, generator=100)
+    for i, r in enumerate(got):
+        assert r.tokens.tolist() == _alone(t, d, i, s).tokens.tolist()

@@ -37,12 +37,13 @@ Batch runners (the runner protocol of ``runners`` with a lane argument): ``open(
   its committed prefix, its uncommitted ancestors and itself (its tree mask) and nothing of
   the padding; a padding token sees only itself, its logits and cache entries are dropped.
   The lanes' new entries are appended to their own caches.
-* :class:`LlamaBatchRunner` (llama.cpp): one context for all lanes; lane l owns the sequence
-  ids ``l * S .. (l + 1) * S - 1`` (``S = n_seq_max // max_lanes``): ``l * S`` is its committed
-  prefix and ``l * S + 1 + h`` its uncommitted entry h, exactly ``llamacpp.LlamaRunner``'s tree
-  attention by sequence ids shifted by the lane's base; one ``llama_decode`` per tick. The
-  context's ``n_ctx`` cells are shared: a lane is admitted only when its prompt,
-  ``max_new_tokens`` and one step's tree fit beside the lanes already open.
+* :class:`LlamaBatchRunner` (llama.cpp): one context for all lanes; a lane holds its own
+  sequence ids, as many as its trees need (``reserve``: one for its committed prefix, one per
+  uncommitted entry of a step), taken from the context's ``n_seq_max`` (256): exactly
+  ``llamacpp.LlamaRunner``'s tree attention by sequence ids with the lane's ids in place of
+  0, 1, 2, ...; one ``llama_decode`` per tick. The context's ``n_ctx`` cells and its sequence
+  ids are shared: a lane is admitted only when its prompt, ``max_new_tokens`` and one step's
+  tree fit beside the lanes already open (``BatchDecoder.fits``).
 """
 from __future__ import annotations
 
@@ -155,6 +156,10 @@ class HFBatchRunner:
         self.caches.pop(lane, None)
         self.books.pop(lane, None)
 
+    def reserve(self, lane: int, settings: Settings) -> None:
+        """Nothing to reserve (the llama.cpp runner's sequence ids); checks the lane id."""
+        _check_lane(lane, self.max_lanes)
+
     def _length(self, lane: int) -> int:
         return int(self.caches[lane].get_seq_length())
 
@@ -252,22 +257,46 @@ class LlamaBatchRunner:
     def __init__(self, model, max_lanes: int = DEFAULT_MAX_LANES):
         self.m = model
         self.max_lanes = max_lanes
-        self.block = model.n_seq_max // max_lanes  # sequence ids per lane
-        if self.block < 2:
+        if 2 * max_lanes > model.n_seq_max:
             raise ArgumentError("max_lanes", f"= {max_lanes}: llama.cpp allows {model.n_seq_max} sequences, at "
                                              f"least 2 per lane; use max_lanes <= {model.n_seq_max // 2}")
         model.clear()  # the lanes own the context from here (a single LlamaRunner would clear it again)
         self.n_cells = int(model._L.llama_n_ctx(model._ctx))  # KV cells shared by the lanes
+        self.free: list[int] = list(range(model.n_seq_max))  # sequence ids no lane holds
+        self.seqs: dict[int, list[int]] = {}  # lane -> its prefix's sequence id, then one per handle
         self.books: dict[int, _TreeBook] = {}
         self.anchor: dict[int, list[int]] = {}
 
-    def _seq(self, lane: int, h: int = -1) -> int:
-        """Lane's sequence id of its committed prefix (h = -1) or of its uncommitted handle h."""
-        return lane * self.block + 1 + h
+    @staticmethod
+    def handles(settings: Settings) -> int:
+        """Most uncommitted entries a lane holds in one step on either model: the target's tree,
+        or the draft's pending chain (up to depth + 1 tokens) and the nodes it feeds."""
+        return 1 if settings.shape is None else settings.shape.max_nodes() + settings.shape.depth + 1
 
-    def open(self, lane: int, ids: torch.Tensor) -> float:  # ids [1, T]
+    def reserve(self, lane: int, settings: Settings) -> None:
+        """Give ``lane`` the sequence ids its settings need (``handles`` + 1; before ``open``)."""
         _check_lane(lane, self.max_lanes)
         self.close(lane)
+        n = 1 + self.handles(settings)
+        if n > len(self.free):
+            raise ArgumentError("settings", f": this lane's trees need {n} llama.cpp sequence ids but {len(self.free)} "
+                                            f"of {self.m.n_seq_max} are free; wait for a lane to finish, or use "
+                                            "smaller trees")
+        self.seqs[lane], self.free = self.free[:n], self.free[n:]
+
+    def cells(self, T: int, settings: Settings) -> int:
+        """KV cells a lane may hold at once: prompt, output and one step's uncommitted entries."""
+        return T + settings.max_new_tokens + self.handles(settings)
+
+    def _seq(self, lane: int, h: int = -1) -> int:
+        """Lane's sequence id of its committed prefix (h = -1) or of its uncommitted handle h."""
+        return self.seqs[lane][1 + h]
+
+    def open(self, lane: int, ids: torch.Tensor) -> float:  # ids [1, T]
+        if lane not in self.seqs:
+            raise ValueError(f"lane {lane} has no sequence ids: reserve(lane, settings) before open")
+        for s in self.seqs[lane]:
+            self.m.seq_rm(s)
         m, toks = self.m, [int(x) for x in ids[0].tolist()]
         s = self._seq(lane)
         t0 = time.perf_counter()
@@ -281,8 +310,9 @@ class LlamaBatchRunner:
         return time.perf_counter() - t0
 
     def close(self, lane: int) -> None:
-        for h in range(-1, self.block - 1):
-            self.m.seq_rm(self._seq(lane, h))
+        for s in self.seqs.pop(lane, []):
+            self.m.seq_rm(s)
+            self.free.append(s)
         self.books.pop(lane, None)
         self.anchor.pop(lane, None)
 
@@ -313,10 +343,9 @@ class LlamaBatchRunner:
         for lane, toks, parents, last_only in calls:
             book, anchor = self.books[lane], self.anchor[lane]
             M, n = len(book.pos), len(toks)
-            if M + n > self.block - 1:
-                raise ValueError(f"llama.cpp batch: lane {lane} has {M + n} uncommitted tree entries in one step; "
-                                 f"{self.max_lanes} lanes leave {self.block - 1} sequences each (lower max_lanes "
-                                 "or the tree's size)")
+            if M + n > len(self.seqs[lane]) - 1:
+                raise ValueError(f"llama.cpp batch: lane {lane} has {M + n} uncommitted entries in one step but "
+                                 f"{len(self.seqs[lane]) - 1} sequence ids for them (reserve(lane, settings))")
             book.add(parents)
             first = len(seqs)
             for i, par in enumerate(parents):
@@ -349,11 +378,6 @@ class LlamaBatchRunner:
             m.seq_rm(self._seq(lane, h))  # cells of no sequence left are freed
         book.commit(len(handles))
         self.anchor[lane] = []
-
-    def cells(self, T: int, settings: Settings) -> int:
-        """KV cells a lane may hold at once: prompt, output and one step's uncommitted entries."""
-        nodes = 1 if settings.shape is None else settings.shape.max_nodes() + settings.shape.depth + 1
-        return T + settings.max_new_tokens + nodes
 
 
 def batch_runner(model, max_lanes: int):
@@ -412,7 +436,12 @@ class BatchDecoder:
         if not self.free_lanes:
             return False
         free = self._cells_free()
-        return free is None or self.tr.cells(int(input_ids.shape[-1]), settings) <= free
+        if free is None:
+            return True
+        ids_needed = 1 + self.tr.handles(settings)
+        runners = [self.tr] + ([self.dr] if self.dr is not None and not settings.target_alone else [])
+        return self.tr.cells(int(input_ids.shape[-1]), settings) <= free and \
+            all(ids_needed <= len(r.free) for r in runners)
 
     def add(self, input_ids: torch.Tensor, settings: Settings | None = None, *, generator=None,
             eos_token_id=None, on_step=None, **kwargs) -> int:
@@ -445,11 +474,18 @@ class BatchDecoder:
                                                  "for a lane to finish, or load the models with a larger n_ctx")
         lane = next(i for i in range(self.max_lanes) if i not in self.lanes)
         views = (_Lane(self.tr, lane), _Lane(self.dr, lane) if (self.dr is not None and not settings.target_alone) else None)
-        with torch.inference_mode():
-            dec = _Decoder(self.target, views[1] and self.draft, settings, g, None, eos=eos, runners=views)
-            dec.on_step = on_step
-            gen = dec.decode(input_ids)
-            call = next(gen)  # prefills the lane; a decode always runs at least one forward
+        try:
+            self.tr.reserve(lane, settings)
+            if views[1] is not None:
+                self.dr.reserve(lane, settings)
+            with torch.inference_mode():
+                dec = _Decoder(self.target, views[1] and self.draft, settings, g, None, eos=eos, runners=views)
+                dec.on_step = on_step
+                gen = dec.decode(input_ids)
+                call = next(gen)  # prefills the lane; a decode always runs at least one forward
+        except BaseException:
+            self._free(lane)
+            raise
         self.lanes[lane] = dict(dec=dec, gen=gen, call=call, cells=cells)
         return lane
 
@@ -579,6 +615,9 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
     bd = BatchDecoder(target, draft if needs_draft else None, max_lanes=max_lanes)
     for i in range(n):  # every check before any decoding (each prompt against the models)
         eos = _check_models(target, None if plans[i].target_alone else draft, ids[i], plans[i], eos_token_id)
+        if bd._cells_free() is not None and 1 + bd.tr.handles(plans[i]) > target.n_seq_max:
+            raise ArgumentError("settings", f"[{i}]: its trees need {1 + bd.tr.handles(plans[i])} llama.cpp sequence "
+                                            f"ids, more than the context's {target.n_seq_max}; use smaller trees")
         if bd._cells_free() is not None and bd.tr.cells(int(ids[i].shape[1]), plans[i]) > bd._cells_free():
             raise ArgumentError("prompts", f"[{i}] may need {bd.tr.cells(int(ids[i].shape[1]), plans[i])} KV cells "
                                            f"(prompt, max_new_tokens and one step's tree), more than the llama.cpp "
