@@ -240,7 +240,9 @@ def test_bad_input_names_the_argument(hf_pair, llama_pair):
         generate_batch(t, d, [], s, generator=0)
     with pytest.raises(ValueError, match="^prompts"):
         generate_batch(t, d, torch.tensor([PROMPTS[0]]), s, generator=0)
-    with pytest.raises(ValueError, match="^input_ids"):  # longer than the context (256 positions)
+    with pytest.raises(ValueError, match="^prompts"):  # ids outside the vocabulary
+        generate_batch(t, d, [PROMPTS[0], [1, 2, 99]], s, generator=0)
+    with pytest.raises(ValueError, match="^prompts: prompt 1 has 260 tokens"):  # longer than the context (256)
         generate_batch(t, d, [PROMPTS[0], list(range(20)) * 13], s, generator=0)
     with pytest.raises(ValueError, match="^max_lanes"):
         generate_batch(t, d, PROMPTS[:2], s, generator=0, max_lanes=0)

@@ -547,7 +547,7 @@ def _as_prompt(p, i: int) -> torch.Tensor:
         try:
             ids = torch.tensor([[operator.index(t) for t in p]], dtype=torch.long)
         except TypeError:
-            raise ArgumentError("prompts", f"[{i}] must be a LongTensor [1, T] or [T] or a list of token ids") from None
+            raise ArgumentError("prompts", f": prompt {i} must be a LongTensor [1, T] or [T] or a list of token ids") from None
     return ids
 
 
@@ -581,7 +581,7 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
             raise ArgumentError("settings", f"has {len(settings)} entries but there are {n} prompts; give one per prompt")
         for i, s in enumerate(settings):
             if not isinstance(s, Settings):
-                raise ArgumentError("settings", f"[{i}] must be a multidraft.decoding.Settings, got {type(s).__name__}")
+                raise ArgumentError("settings", f": entry {i} must be a multidraft.decoding.Settings, got {type(s).__name__}")
         plans = list(settings)
     else:
         if settings is None:
@@ -614,12 +614,17 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
     needs_draft = any(not s.target_alone for s in plans)
     bd = BatchDecoder(target, draft if needs_draft else None, max_lanes=max_lanes)
     for i in range(n):  # every check before any decoding (each prompt against the models)
-        eos = _check_models(target, None if plans[i].target_alone else draft, ids[i], plans[i], eos_token_id)
+        try:
+            eos = _check_models(target, None if plans[i].target_alone else draft, ids[i], plans[i], eos_token_id)
+        except ArgumentError as exc:
+            if exc.arg != "input_ids":
+                raise
+            raise ArgumentError("prompts", f": prompt {i}{exc.detail}") from None
         if bd._cells_free() is not None and 1 + bd.tr.handles(plans[i]) > target.n_seq_max:
-            raise ArgumentError("settings", f"[{i}]: its trees need {1 + bd.tr.handles(plans[i])} llama.cpp sequence "
+            raise ArgumentError("settings", f": entry {i}: its trees need {1 + bd.tr.handles(plans[i])} llama.cpp sequence "
                                             f"ids, more than the context's {target.n_seq_max}; use smaller trees")
         if bd._cells_free() is not None and bd.tr.cells(int(ids[i].shape[1]), plans[i]) > bd._cells_free():
-            raise ArgumentError("prompts", f"[{i}] may need {bd.tr.cells(int(ids[i].shape[1]), plans[i])} KV cells "
+            raise ArgumentError("prompts", f": prompt {i} may need {bd.tr.cells(int(ids[i].shape[1]), plans[i])} KV cells "
                                            f"(prompt, max_new_tokens and one step's tree), more than the llama.cpp "
                                            f"context's {bd._cells_free()}; load the models with a larger n_ctx")
     del eos
