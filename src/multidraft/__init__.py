@@ -16,9 +16,11 @@ __version__ = "0.1.0"
 
 _SUBMODULES = ("drafts", "verifiers", "exact", "limits", "sampling", "trees", "datasets", "models", "decoding",
                "experiments")
-_NAMES = {"certify": "exact", "optimal_acceptance": "limits", "generate": "decoding", "custom_generate": "decoding"}
+_NAMES = {"certify": "exact", "optimal_acceptance": "limits", "generate": "decoding", "generate_batch": "decoding",
+          "custom_generate": "decoding"}
 
-__all__ = ["drafts", "verifiers", "exact", "limits", "trees", "certify", "optimal_acceptance", "generate", "custom_generate", "__version__"]
+__all__ = ["drafts", "verifiers", "exact", "limits", "trees", "certify", "optimal_acceptance", "generate", "generate_batch", "custom_generate",
+           "__version__"]
 
 
 def __getattr__(name):

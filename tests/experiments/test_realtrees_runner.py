@@ -46,21 +46,21 @@ def test_the_trees_built_are_the_decoders(pair_tok, shape, one_thread):
     ids = torch.tensor([[1, 5, 7, 2]])
     st = realtrees.shape_settings(shape, 4)
     seen = []
-    real = engine.score_tree
+    real = engine.score_call
 
     class Stop(Exception):
         pass
 
-    def spy(runner, tree):
+    def spy(tree):
         seen.append(tree)
         raise Stop  # the first step's tree is drafted: enough
 
-    engine.score_tree = spy
+    engine.score_call = spy
     try:
         with pytest.raises(Stop):
             md.generate(t, d, ids, st, generator=11)
     finally:
-        engine.score_tree = real
+        engine.score_call = real
     want = seen[0]
     with torch.inference_mode():
         dec = engine._Decoder(t, d, st, torch.Generator(), None)

@@ -34,10 +34,12 @@ settings admit a sequence-level rule only for a tree law it ``supports``); at te
 target's greedy decoding (up to floating-point differences between the tree pass and a
 plain forward, which the tests bound on float32 models).
 
-Batching: the engine decodes one sequence (``input_ids`` is ``[1, T]``). Batching would
-need per-sequence trees padded to a common node count (masked padding nodes), per-row
-cache lengths (left padding plus per-row position ids, or a cache that supports ragged
-compaction, since rows accept different numbers of tokens) and per-row stopping.
+Batching: ``generate`` decodes one sequence (``input_ids`` is ``[1, T]``). The decode itself is
+a generator (``_Decoder.decode``) that yields each forward pass it needs as a :class:`Call` and is
+sent the logits back; ``generate`` serves the calls with its own runners (``drive``), and
+``batch.BatchDecoder`` serves the calls of many such decodes (lanes, each with its own settings
+and generator) with one forward per model for all of them (``batch.generate_batch``). So the
+drafting, every generator draw, the verification and the commits are this one code path.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
 from .settings import WALK, Settings, node_ks
 
-__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "score_tree", "node_ks"]
+__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "score_tree", "score_call", "Call", "drive", "node_ks"]
 
 
 @dataclass
@@ -157,6 +159,12 @@ def _check_models(target, draft, input_ids, settings: Settings, eos_token_id) ->
 
 
 # ---------------------------------------------------------------------------------------------
+def score_call(tree: DraftTree) -> "Call":
+    """The target pass of a step: ``[root] + tree nodes``, the root's parent -1 (the end of the
+    committed prefix), every other node's its tree parent."""
+    return Call("t", [nd.token for nd in tree.nodes], [-1] + [nd.parent for nd in tree.nodes[1:]])
+
+
 def score_tree(runner, tree: DraftTree) -> torch.Tensor:
     """One forward of ``[root] + tree nodes`` after the committed prefix of ``runner``.
 
@@ -164,8 +172,32 @@ def score_tree(runner, tree: DraftTree) -> torch.Tensor:
     position ``pos(root) + depth(i)``. Returns logits ``[N, V]``; the N entries stay
     uncommitted until ``runner.commit``.
     """
-    parents = [-1] + [nd.parent for nd in tree.nodes[1:]]
-    return runner.extend([nd.token for nd in tree.nodes], parents)
+    call = score_call(tree)
+    return runner.extend(call.tokens, call.parents)
+
+
+@dataclass
+class Call:
+    """One forward pass a decode asks for (``_Decoder.decode`` yields it): ``model`` 't' (target)
+    or 'd' (draft), and the runner protocol's ``extend(tokens, parents, last_only)`` arguments
+    (``runners``). The decode is sent back the logits ``extend`` returns."""
+
+    model: str
+    tokens: list
+    parents: list
+    last_only: bool = False
+
+
+def drive(gen, target_runner, draft_runner):
+    """Run the decode generator ``gen`` (``_Decoder.decode`` or a part of it), serving each
+    ``Call`` with ``target_runner`` / ``draft_runner``; returns the generator's return value."""
+    try:
+        call = next(gen)
+        while True:
+            r = target_runner if call.model == "t" else draft_runner
+            call = gen.send(r.extend(call.tokens, call.parents, call.last_only))
+    except StopIteration as stop:
+        return stop.value
 
 
 def generate(target, draft, input_ids, settings: Settings | None = None, *, generator=None, eos_token_id=None,
@@ -258,9 +290,12 @@ class _Decoder:
     end-of-sequence ids (checked by ``_check_models``), the context window from the models."""
 
     def __init__(self, target, draft, settings: Settings, g: torch.Generator, progress, prompt_cache=None,
-                 node_log=None, *, eos: frozenset = frozenset()):
-        self.t = runner_for(target, prompt_cache)
-        self.d = runner_for(draft, prompt_cache) if draft is not None else None
+                 node_log=None, *, eos: frozenset = frozenset(), runners=None):
+        if runners is None:
+            self.t = runner_for(target, prompt_cache)
+            self.d = runner_for(draft, prompt_cache) if draft is not None else None
+        else:  # a lane of a batch (``batch.BatchDecoder``): its views of the shared batch runners
+            self.t, self.d = runners
         self.settings, self.eos, self.g, self.progress = settings, eos, g, progress
         self.node_log = node_log
         self.on_step = None  # generate's on_step (streaming; set after construction)
@@ -279,6 +314,15 @@ class _Decoder:
         return _trees.get(s.rule)
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
+        """The whole decode of ``input_ids`` ``[1, T]``, each forward run by this decoder's runners."""
+        return drive(self.decode(input_ids), self.t, self.d)
+
+    # The decode as a generator of forward passes: it yields each ``Call`` it needs and is sent
+    # the call's logits back; it returns the GenerationResult. ``run`` serves the calls with this
+    # decoder's own runners; ``batch.BatchDecoder`` serves the calls of many lanes' decoders with
+    # one forward per model for all of them. Everything else (drafting, every generator draw,
+    # verification, commits) is this one code path.
+    def decode(self, input_ids: torch.Tensor):
         s = self.settings
         ids = input_ids.long()
         T = ids.shape[1]
@@ -299,7 +343,7 @@ class _Decoder:
                 break
             remaining = s.max_new_tokens - len(out)
             cap = 0 if s.target_alone else min(s.shape.depth, remaining - 1, room)
-            new, m, dd = self._step(root, cap)
+            new, m, dd = yield from self._step(root, cap)
             accepted.append(m)
             depths.append(dd)
             hit = next((j for j, tk in enumerate(new) if tk in self.eos), None)
@@ -344,9 +388,9 @@ class _Decoder:
         tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)), plan.law)
         drafted = cap > 0
         if drafted:
-            self._draft_tree(tree)
+            yield from self._draft_calls(tree)
         # one target pass over [root] + tree
-        logits = score_tree(self.t, tree)
+        logits = yield score_call(tree)
         self.target_calls += 1
         self.tree_tokens += len(tree.nodes)
         rule = self.rule
@@ -386,10 +430,14 @@ class _Decoder:
 
     # drafting ---------------------------------------------------------------------------
     def _draft_tree(self, tree: DraftTree) -> None:
+        """Draft ``tree`` with this decoder's own draft runner (``_draft_calls`` served at once)."""
+        drive(self._draft_calls(tree), self.t, self.d)
+
+    def _draft_calls(self, tree: DraftTree):
         # level 0: the pending tokens and the root, a plain causal chain
         chain = self.pending + [tree.nodes[0].token]
         c = self._chain = len(chain)
-        logits = self.d.extend(chain, list(range(-1, c - 1)), last_only=True)
+        logits = yield Call("d", chain, list(range(-1, c - 1)), True)
         self.draft_calls += 1
         fed: list[int] = []
         level = [0]
@@ -412,8 +460,8 @@ class _Decoder:
             if not nxt:
                 return
             par = [tree.nodes[i].parent for i in nxt]
-            logits = self.d.extend([tree.nodes[i].token for i in nxt],
-                                   [c - 1 if j == 0 else c + tree.nodes[j].fed for j in par])
+            logits = yield Call("d", [tree.nodes[i].token for i in nxt],
+                                [c - 1 if j == 0 else c + tree.nodes[j].fed for j in par])
             self.draft_calls += 1
             for i in nxt:
                 tree.nodes[i].fed = len(fed)

@@ -20,10 +20,12 @@ criteria, beams, several return sequences, scores) is refused with a ValueError 
 ignored. A ``streamer`` (batch of one, as in transformers) receives each step's tokens as the
 step ends: one to depth + 1 tokens at a time.
 
-Batches. Each row is decoded on its own by ``decoding.generate`` (its left padding removed
-with the attention mask; right padding is refused), row ``i`` with the seed ``seed + i``, so a
-row's tokens never depend on the other rows of the batch: row ``i`` of a batch equals that
-prompt decoded alone with seed ``seed + i``. Without ``seed`` (or ``generator``) one is drawn
+Batches. The rows are decoded as lanes of ``decoding.generate_batch`` (each row's left padding
+removed with the attention mask; right padding is refused), sharing every forward pass, row
+``i`` with its own generator seeded ``seed + i``: row ``i`` of a batch equals that prompt
+decoded alone by ``decoding.generate`` with seed ``seed + i`` (the same draws from the same
+generator; only the forward passes are shared, whose float32 logits differ from a lone pass by
+~1e-6, ``docs/guide/decoding.md``, "Batches"). Without ``seed`` (or ``generator``) one is drawn
 from torch's default generator, so ``torch.manual_seed`` makes a call reproducible as it does
 for transformers' own sampling; the seeds used are in the dictionary output. The result is
 what ``generate`` returns: the sequences ``[B, T + n]`` (the prompt batch as given, the new
@@ -212,15 +214,18 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
     if pad is None:
         pad = eos_ids[0] if eos_ids else None
 
+    from .batch import generate_batch
     from .engine import generate
 
     base = _base_seed(seed, generator)
-    results = []
-    for i, row in enumerate(_rows(input_ids, model_kwargs.get("attention_mask"))):
-        g = torch.Generator().manual_seed(base + i)
+    rows = [row.unsqueeze(0) for row in _rows(input_ids, model_kwargs.get("attention_mask"))]
+    if len(rows) == 1:
         on_step = None if streamer is None else (lambda toks: streamer.put(torch.tensor(toks, dtype=torch.long)))
-        results.append(generate(model, draft, row.unsqueeze(0), settings, generator=g, eos_token_id=eos_ids or None,
-                                on_step=on_step))
+        results = [generate(model, draft, rows[0], settings, generator=torch.Generator().manual_seed(base),
+                            eos_token_id=eos_ids or None, on_step=on_step)]
+    else:  # the rows as lanes sharing every forward pass, row i with its own generator seeded base + i
+        results = generate_batch(model, draft, rows, settings, generator=[base + i for i in range(len(rows))],
+                                 eos_token_id=eos_ids or None)
     if streamer is not None:
         streamer.end()
     width = max(r.new_tokens for r in results)

@@ -75,16 +75,7 @@ class HFRunner:
             self._pos.append(self._pos[par] + 1 if par >= 0 else self.base)
             chain = chain and par == h - 1
         self._anc = anc
-        tok = torch.tensor(tokens, dtype=torch.long, device=self.device).view(1, n)
-        keep_n = 1 if last_only else 0
-        if chain:  # a plain causal continuation of the committed prefix: no mask needed
-            out = self.model(input_ids=tok, cache=self.cache, use_cache=True, logits_to_keep=keep_n)
-        else:
-            pos = torch.tensor(self._pos[M:], dtype=torch.long, device=self.device).view(1, n)
-            mask = tree_attention_mask(anc[M:], self.base, self.dtype).to(self.device)
-            out = self.model(input_ids=tok, position_ids=pos, attention_mask=mask, cache=self.cache,
-                             use_cache=True, logits_to_keep=keep_n)
-        return out.logits[0]
+        return hf_forward(self.model, self.cache, tokens, self._pos[M:], anc[M:], self.base, chain, last_only)
 
     def commit(self, handles: list[int]) -> None:
         j = 0  # handles already in place (a committed chain) are not moved
@@ -94,6 +85,27 @@ class HFRunner:
         keep(self.cache, self.base + j, extra)
         self.base += len(handles)
         self._pos, self._anc = [], torch.zeros(0, 0, dtype=torch.bool)
+
+
+def hf_forward(model, cache, tokens: list[int], pos: list[int], visible: torch.Tensor, past: int, chain: bool,
+               last_only: bool) -> torch.Tensor:
+    """One forward of ``tokens`` (one sequence) after ``cache``: ``pos`` their positions, ``visible``
+    ``[n, M + n]`` which of the cache's last M entries and of these tokens each one sees (it also
+    sees the first ``past`` entries). A plain causal continuation (``chain``) runs without a mask.
+    Returns logits ``[n, V]``, or ``[1, V]`` for the last token with ``last_only``. ``HFRunner`` and
+    a lone lane of ``batch.HFBatchRunner`` run exactly this (so a batch of one is bitwise ``generate``)."""
+    p = next(model.parameters())
+    n = len(tokens)
+    tok = torch.tensor(tokens, dtype=torch.long, device=p.device).view(1, n)
+    keep_n = 1 if last_only else 0
+    if chain:  # a plain causal continuation of the committed prefix: no mask needed
+        out = model(input_ids=tok, cache=cache, use_cache=True, logits_to_keep=keep_n)
+    else:
+        pos_t = torch.tensor(pos, dtype=torch.long, device=p.device).view(1, n)
+        mask = tree_attention_mask(visible, past, p.dtype).to(p.device)
+        out = model(input_ids=tok, position_ids=pos_t, attention_mask=mask, cache=cache,
+                    use_cache=True, logits_to_keep=keep_n)
+    return out.logits[0]
 
 
 def model_vocab_size(model, name: str) -> int:

@@ -1,0 +1,92 @@
+"""Batched decoding against one ``generate`` call per prompt, on tiny random models, one run.
+
+For B lanes (``--lanes``, default 1,2,4,8) the same B prompts and settings (K = 2, depth 3
+full trees, specinfer, T = 1, ``--max-new-tokens``) are decoded twice, interleaved
+``--reps`` times: by ``generate_batch`` (one shared forward per draft level and per target
+pass for all lanes) and by B ``generate`` calls in turn. The tokens of the two are checked
+equal (or the lanes that differ counted); the table gives the median wall times and ``speedup = sequential / batched`` (the
+reference is measured in the same run: a shared machine's load hits both alike).
+
+Engines (``--engine``): ``transformers`` (a random Qwen2 of ``--hidden`` width and 4 layers,
+draft 2 layers, float32 on the CPU, or ``--device cuda``) and ``llama.cpp`` (``multidraft.
+testing.tiny_gguf`` files, float32 weights, f16 KV cells, ``--threads``).
+
+    PYTHONPATH=src python benchmarks/batch_decode.py --engine llama.cpp --max-new-tokens 48
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from multidraft.decoding import Settings, generate, generate_batch
+
+
+def _hf_pair(hidden: int, device: str):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    models = []
+    for layers, seed in ((4, 0), (2, 1)):
+        cfg = Qwen2Config(vocab_size=512, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=max(1, hidden // 32), num_key_value_heads=max(1, hidden // 64),
+                          max_position_embeddings=1024, tie_word_embeddings=False, use_sliding_window=False,
+                          initializer_range=0.2)
+        cfg._attn_implementation = "sdpa"
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            models.append(AutoModelForCausalLM.from_config(cfg).eval().to(device))
+    return models
+
+
+def _llama_pair(threads: int, cache_type: str, flash=None):
+    from multidraft.decoding.llamacpp import LlamaCppModel
+    from multidraft.testing import tiny_gguf
+
+    d = Path(tempfile.mkdtemp())
+    kw = dict(n_ctx=4096, n_threads=threads, cache_type=cache_type, flash_attn=None if flash is None else bool(flash))
+    return [LlamaCppModel(tiny_gguf(d / "t.gguf", seed=1, n_layer=4), **kw),
+            LlamaCppModel(tiny_gguf(d / "d.gguf", seed=2, n_layer=2), **kw)]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=("transformers", "llama.cpp"), default="transformers")
+    ap.add_argument("--lanes", default="1,2,4,8")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache-type", choices=("f16", "f32"), default="f16", help="llama.cpp KV cells")
+    ap.add_argument("--flash-attn", type=int, choices=(0, 1), default=None, help="llama.cpp flash attention (default: its choice)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t, d = _hf_pair(args.hidden, args.device) if args.engine == "transformers" else _llama_pair(args.threads, args.cache_type, args.flash_attn)
+    s = Settings.from_args(verifier="specinfer", k=2, depth=3, temperature=1.0, max_new_tokens=args.max_new_tokens)
+    g = torch.Generator().manual_seed(0)
+    lanes = [int(x) for x in args.lanes.split(",")]
+    prompts = [torch.randint(1, 200, (1, 8 + 3 * i), generator=g) for i in range(max(lanes))]
+    print(f"engine {args.engine}, {args.max_new_tokens} new tokens per lane, medians of {args.reps}")
+    print(f"{'lanes':>5} {'batched s':>10} {'sequential s':>13} {'speedup':>8} {'tokens':>7}")
+    for B in lanes:
+        tb, ts = [], []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            got = generate_batch(t, d, prompts[:B], s, generator=list(range(B)))
+            tb.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ref = [generate(t, d, prompts[i], s, generator=i) for i in range(B)]
+            ts.append(time.perf_counter() - t0)
+            differ = sum(a.tokens.tolist() != b.tokens.tolist() for a, b in zip(got, ref))
+        mb, ms = statistics.median(tb), statistics.median(ts)
+        n = sum(r.new_tokens for r in got)
+        print(f"{B:>5} {mb:>10.3f} {ms:>13.3f} {ms / mb:>7.2f}x {n:>7}"
+              + (f"  ({differ} of {B} lanes' tokens differ from generate's)" if differ else ""))
+
+
+if __name__ == "__main__":
+    main()
