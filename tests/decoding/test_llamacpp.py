@@ -209,3 +209,19 @@ def test_cli_decode_on_llama_cpp(files, capsys):
     assert "--draft-ftype picks the default draft's requantized GGUF" in capsys.readouterr().err
     assert main(["decode", "--engine", "llama.cpp", "--draft-ftype", "Q2", "--prompt", "x", "--quiet"]) == 2
     assert "--draft-ftype must be one of" in capsys.readouterr().err
+
+
+def test_small_n_batch_is_an_error_or_works_never_an_abort(files):
+    """llama.cpp aborts the process (GGML_ASSERT) when a context's batch is smaller than its
+    sequence count (256): the model asks llama.cpp for at least that and chunks by ``n_batch``
+    itself, so a small ``n_batch`` decodes, and a step that does not fit is a ValueError."""
+    ms = [LlamaCppModel(files[0], n_ctx=256, n_batch=16, cache_type="f32", flash_attn=False) for _ in range(2)]
+    try:
+        ids = torch.tensor([PROMPT * 7])  # 35 prompt tokens: prefilled in chunks of 16
+        r = md.generate(ms[0], ms[1], ids, max_new_tokens=6, generator=0, k=2, depth=2)
+        assert r.new_tokens == 6
+        with pytest.raises(ValueError, match="n_batch = 16"):
+            md.generate(ms[0], ms[1], ids, max_new_tokens=6, generator=0, k=4, depth=2)  # 1 + 4 + 16 tree tokens
+    finally:
+        for m in ms:
+            m.close()

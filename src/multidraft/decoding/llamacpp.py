@@ -118,7 +118,9 @@ class LlamaCppModel:
     n_ctx       context size in tokens (KV cells; the prompt, the output and one step's tree
                 must fit); capped by the model's training context.
     n_threads   CPU threads for decoding (default: ``os.cpu_count()``).
-    n_batch     most tokens per llama_decode call (prompt prefill is chunked by it).
+    n_batch     most tokens per llama_decode call (prompt prefill is chunked by it). The context
+                itself is created with a batch of at least ``n_seq_max`` (llama.cpp aborts the
+                process, GGML_ASSERT, when its batch is smaller than its sequence count).
     cache_type  KV cache element type, "f16" (llama.cpp's default) or "f32" (the tests use it
                 to compare tree passes with plain decodes at float32 precision).
     flash_attn  None: llama.cpp decides (its default); False / True force it off / on (on the
@@ -153,7 +155,7 @@ class LlamaCppModel:
         self.n_seq_max = int(L.llama_max_parallel_sequences())
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx
-        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_batch = cp.n_ubatch = max(n_batch, self.n_seq_max)  # smaller: GGML_ASSERT in llama.cpp, a SIGABRT
         cp.n_seq_max = self.n_seq_max
         cp.kv_unified = True
         cp.n_threads = cp.n_threads_batch = n_threads
