@@ -212,12 +212,12 @@ def test_shared_work_gives_the_plain_rows(pair_tok, prompt_file, tmp_path, monke
 
     made = []
 
-    class Spy(realtrees._RootOnce):
+    class Spy(realtrees._SharedCalls):
         def __init__(self, runner):
             super().__init__(runner)
             made.append(self)
 
-    monkeypatch.setattr(realtrees, "_RootOnce", Spy)
+    monkeypatch.setattr(realtrees, "_SharedCalls", Spy)
     out = tmp_path / "r.jsonl"
     ds = f"file:{prompt_file}"
     _run(pair_tok, out, dataset=ds, budgets=(4, 8))

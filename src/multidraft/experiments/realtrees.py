@@ -41,9 +41,11 @@ rule in a table is one version of its code, and states the differences.
 
 Cost, and what is shared (exactly). Per prompt: the continuation (one target forward per token)
 and one prefill of each model (the target's shared with the continuation's, ``PromptCache``);
-per position: one chunk of ``stride`` tokens in each model and the root's draft forward, which
-is the same call on the same cache for all of the position's trees and is paid once
-(``_RootOnce``); per tree: its draft levels, its own target pass and the rules. Trees are NOT
+per position: one chunk of ``stride`` tokens in each model and every distinct sequence of draft
+calls (the root's forward is the same call on the same cache for all of the position's trees,
+and trees whose drafts coincide repeat whole sequences) and every distinct target pass (trees
+with the same nodes), each paid once (``_SharedCalls``); per tree: the rest of its draft levels,
+its target pass unless shared, and the rules. Trees are NOT
 scored in one pass over their union, nor batched: that changes the bf16 logits (a tree's nodes
 at other key positions moved logits by up to 0.22 on the default pair), hence the rows.
 
@@ -188,42 +190,62 @@ def _advance(dec, full: list[int], cur: int, to: int) -> None:
         r.commit(list(range(len(chunk))))
 
 
-class _RootOnce:
-    """The draft runner as ``_Decoder._draft_tree`` sees it, paying the root's forward once per position.
+class _SharedCalls:
+    """A runner as the decoder's drafting and ``score_tree`` see it, paying each distinct call once per position.
 
-    Every tree of a position starts with the same draft call on the same cache: ``extend([root],
-    [-1], last_only=True)`` right after a commit. The first tree runs it and keeps its logits and
-    the cache tensors it produced (a transformers ``DynamicLayer`` grows by concatenation into new
-    tensors, and nothing here writes into a cache tensor in place: ``commit([])`` and the chunk
-    commits of ``_advance`` only slice); the next trees at that position get those logits and
-    tensors back, the very bits the call would compute. Any other call goes to the runner."""
+    A model call's result depends only on the committed cache and the calls made since the last
+    commit. Every tree of a position starts with the same draft call on the same cache
+    (``extend([root], [-1], last_only=True)``); trees whose drafts coincide (often on peaked rows:
+    a chain of budget 8 whose first draws equal another chain's) repeat whole sequences of draft
+    calls, and trees with the same nodes (a K-ary tree and two sequences whose drafts all
+    merged into one chain) the same target call. The first time a sequence of calls is made, its
+    logits and the cache tensors it produced are kept (a transformers ``DynamicLayer`` grows by
+    concatenation into new tensors, and nothing here writes into a cache tensor in place:
+    ``commit([])`` and the chunk commits of ``_advance`` only slice); a repeat gets them back,
+    the very bits the call computes. Kept per committed length (cleared when ``_advance``
+    commits), at most ``MAX_BYTES`` of tensors at a time (then cleared: a later repeat is paid)."""
+
+    MAX_BYTES = 1 << 28
 
     def __init__(self, runner):
         from ..decoding.runners import HFRunner
 
         self.runner = runner
         self.active = isinstance(runner, HFRunner)
-        self.saved = None
-        self.hits = 0
+        self.kept: dict = {}
+        self.kept_base = None
+        self.kept_bytes = 0
+        self.calls: tuple = ()
+        self.hits = self.misses = 0
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
     def extend(self, tokens: list[int], parents: list[int], last_only: bool = False) -> torch.Tensor:
         r = self.runner
-        if not (self.active and last_only and len(tokens) == 1 and list(parents) == [-1] and not r._pos):
+        if not self.active:
             return r.extend(tokens, parents, last_only)
-        key = (r.base, int(tokens[0]))
+        if r.base != self.kept_base or self.kept_bytes > self.MAX_BYTES:
+            self.kept, self.kept_base, self.kept_bytes = {}, r.base, 0
+        if not r._pos:  # the first call since a commit
+            self.calls = ()
+        key = self.calls + ((tuple(int(t) for t in tokens), tuple(int(p) for p in parents), bool(last_only)),)
+        self.calls = key
         layers = r.cache.layers
-        if self.saved is not None and self.saved[0] == key:
-            _, kv, pos, anc, logits = self.saved
+        hit = self.kept.get(key)
+        if hit is not None:
+            kv, pos, anc, logits = hit
             for layer, (k, v) in zip(layers, kv):
                 layer.keys, layer.values = k, v
             r._pos, r._anc = list(pos), anc.clone()
             self.hits += 1
             return logits.clone()
-        logits = r.extend(tokens, parents, last_only)  # [1, V]
-        self.saved = (key, [(layer.keys, layer.values) for layer in layers], list(r._pos), r._anc.clone(), logits.clone())
+        logits = r.extend(tokens, parents, last_only)  # [n, V] or [1, V]
+        kv = [(layer.keys, layer.values) for layer in layers]
+        self.kept[key] = (kv, list(r._pos), r._anc.clone(), logits.clone())
+        self.kept_bytes += logits.numel() * logits.element_size() + sum(
+            t.numel() * t.element_size() for pair in kv for t in pair)
+        self.misses += 1
         return logits
 
 
@@ -264,6 +286,13 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
     made, filled, t_start, worst = 0, 0, time.time(), 0.0
     cpu = {"continuations": 0.0, "prefill": 0.0, "trees": 0.0}  # process CPU seconds (load-independent)
     n_cont_tokens = 0
+    calls = {"draft paid": 0, "draft shared": 0, "target paid": 0, "target shared": 0}
+    last: tuple = ()  # the current prompt's _SharedCalls (only their counts outlive the prompt)
+
+    def count(runners) -> None:
+        for who, x in runners:
+            calls[f"{who} paid"] += x.misses
+            calls[f"{who} shared"] += x.hits
     stopped = "done"
 
     def limit() -> bool:
@@ -316,7 +345,9 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                 dec = _Decoder(target, draft, settings[todo[0][1:3]], torch.Generator(), None, pc)
                 dec.t.prefill(torch.tensor([full[:T - 1]]))
                 dec.d.prefill(torch.tensor([full[:T - 1]]))
-            dec.d = _RootOnce(dec.d)
+            count(last)
+            dec.t, dec.d = _SharedCalls(dec.t), _SharedCalls(dec.d)
+            last = (("target", dec.t), ("draft", dec.d))
             cpu["prefill"] += time.process_time() - c0
             cur = T - 1
             for j, s, b, old in todo:
@@ -365,7 +396,8 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                 continue
             break
     el = time.time() - t_start
-    return dict(trees=made, filled=filled, recheck_max=worst, seconds=el, cpu_seconds=cpu, continuation_tokens=n_cont_tokens,
+    count(last)
+    return dict(trees=made, filled=filled, recheck_max=worst, seconds=el, cpu_seconds=cpu, continuation_tokens=n_cont_tokens, model_calls=calls,
                 trees_per_min=60 * (made + filled) / el if el > 0 else 0.0, stopped=stopped)
 
 
@@ -549,7 +581,7 @@ def main(argv=None) -> int:
     c = got["cpu_seconds"]
     print(f"CPU seconds: trees {c['trees']:.1f} ({60 * (got['trees'] + got['filled']) / max(c['trees'], 1e-9):.1f} trees per "
           f"CPU-minute, positions' chunks included), prompt prefills {c['prefill']:.1f}, continuations {c['continuations']:.1f} "
-          f"({got['continuation_tokens']} tokens)")
+          f"({got['continuation_tokens']} tokens); model calls " + ", ".join(f"{k} {v}" for k, v in got["model_calls"].items()))
     return 0
 
 
