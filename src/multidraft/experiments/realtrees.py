@@ -23,7 +23,8 @@ vocabulary; q rows are the decoder's own float32 draft rows (the ones the drafts
 from), renormalised in float64. Nothing is truncated (``support: "full"``, V = 151,936 for
 the default pair), so no truncation bound is needed.
 
-Rules. Token walks ``walk:<v>`` for v in ``WALKS`` (specinfer, spectr, khisti_is, optimal);
+Rules. Token walks ``walk:<v>`` for v in ``WALKS`` (specinfer, spectr, khisti_is, optimal; optimal
+with its exact scan over every token, ``head=None``: the per-node optimum);
 then every other name of ``trees.names()`` built with no options (block on chains,
 traversal, and any rule registered later). A rule that does not support the shape's law is
 left out; one whose ``expected_tokens`` is only the enumeration default (no closed form at
@@ -250,8 +251,9 @@ class _SharedCalls:
 
 
 def _missing(row: dict, rules: list, fills: dict) -> list[str]:
-    """Names of ``rules`` that a written tree row (and the fill rows of its key) do not hold."""
-    have = set(row.get("tokens") or {}) | set(row.get("skipped") or {}) | set(fills)
+    """Names of ``rules`` (today's runnable rules) that a written tree row and the fill rows of its key
+    do not hold (a rule skipped when the row was written, and runnable today, is missing too)."""
+    have = set(row.get("tokens") or {}) | set(fills)
     return [name for name, _ in rules if name not in have]
 
 
