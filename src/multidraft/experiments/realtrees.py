@@ -261,7 +261,7 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
         cont_tokens: int = 128, stride: int = 8, shapes=SHAPES, budgets=BUDGETS, max_trees: int | None = None,
         deadline: float | None = None, log=None, model_names: dict | None = None, fill: bool = True) -> dict:
     """Write the rows of ``dataset`` (see the module notes) to ``out``; returns counts and timings.
-    Stops cleanly after ``max_trees`` new trees or at ``deadline`` (time.time()), whichever first.
+    Stops cleanly after ``max_trees`` trees built (new or filled) or at ``deadline`` (time.time()), whichever first.
 
     ``fill``: a tree already written without some rule of today's set (a rule registered after it
     was written) is rebuilt from its seed (the same tree, bit for bit) and a ``tree_fill`` row holds
@@ -550,7 +550,7 @@ def main(argv=None) -> int:
     r.add_argument("--stride", type=int, default=8, help="positions every this many tokens of the continuation")
     r.add_argument("--shapes", default=",".join(SHAPES))
     r.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    r.add_argument("--max-trees", type=int, default=None, help="stop after this many new trees")
+    r.add_argument("--max-trees", type=int, default=None, help="stop after this many trees built (new or filled)")
     r.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (resumable)")
     r.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on a shared machine)")
     r.add_argument("--out", required=True, help="JSONL file (created, or resumed)")
