@@ -171,3 +171,96 @@ def test_mtbench_categories():
         pytest.skip("MT-bench data not installed")
     ids = [i for i, _ in datasets.load_prompts("mtbench", 80)]
     assert set(ids) <= set(cats) and len(set(cats.values())) == 8
+
+
+def _reference_rows(pair_tok, dataset, conts, shapes, budgets, stride, seed):
+    """Every tree's rule values computed the plain way (the runner before it shared anything): a
+    fresh decoder per prompt with its own prefills, the root's draft forward run for every tree."""
+    from multidraft import datasets
+    from multidraft.experiments.records import derived_seed
+
+    t, d, tok = pair_tok
+    name = "file:" + dataset[5:].rsplit("/", 1)[-1]
+    out = {}
+    for pid, prompt in datasets.load_prompts(dataset, len(conts)):
+        ids = datasets.prompt_ids(tok, dataset, prompt)
+        T = int(ids.shape[1])
+        full = ids[0].tolist() + conts[pid]
+        with torch.inference_mode():
+            dec = engine._Decoder(t, d, realtrees.shape_settings(shapes[0], budgets[0]), torch.Generator(), None)
+            dec.t.prefill(torch.tensor([full[:T - 1]]))
+            dec.d.prefill(torch.tensor([full[:T - 1]]))
+            cur = T - 1
+            for j in range(0, len(conts[pid]), stride):
+                while cur < T - 1 + j:
+                    realtrees._advance(dec, full, cur, min(T - 1 + j, cur + stride))
+                    cur = min(T - 1 + j, cur + stride)
+                for s in shapes:
+                    for b in budgets:
+                        g = torch.Generator().manual_seed(derived_seed(seed, f"{name}|{pid}|{j}|{s}|{b}"))
+                        tree = realtrees.build_tree(dec, realtrees.shape_settings(s, b), full[T - 1 + j], g)
+                        rules, _ = realtrees.tree_rules(realtrees.tree_law(realtrees.shape_settings(s, b)))
+                        out[(pid, j, s, b)] = realtrees.evaluate_tree(tree, rules)
+    return out
+
+
+def test_shared_work_gives_the_plain_rows(pair_tok, prompt_file, tmp_path, monkeypatch, one_thread):
+    """What the runner shares (the root's draft forward across a position's trees, the prompt prefill
+    with the continuation) changes no bit: every row equals the plain computation's, and the
+    sharing did happen."""
+    from multidraft.experiments.records import read_jsonl
+
+    made = []
+
+    class Spy(realtrees._SharedCalls):
+        def __init__(self, runner):
+            super().__init__(runner)
+            made.append(self)
+
+    monkeypatch.setattr(realtrees, "_SharedCalls", Spy)
+    out = tmp_path / "r.jsonl"
+    ds = f"file:{prompt_file}"
+    _run(pair_tok, out, dataset=ds, budgets=(4, 8))
+    assert sum(s.hits for s in made) > 0
+    _, rows = read_jsonl(out)
+    conts = {r["prompt"]: r["tokens"] for r in rows if r["kind"] == "continuation"}
+    got = {(r["prompt"], r["position"], r["shape"], r["budget"]): r["tokens"] for r in rows if r["kind"] == "tree"}
+    want = _reference_rows(pair_tok, ds, conts, realtrees.SHAPES, (4, 8), 3, 3)
+    assert got == want and len(got) >= 8 * 3
+
+
+def test_trees_written_before_a_rule_are_filled_exactly(pair_tok, prompt_file, tmp_path, monkeypatch, one_thread):
+    """Rows written without a rule (here 'gbv', as if registered later) are resumed, not rewritten: the
+    trees are rebuilt from their seeds, every written value is recomputed exactly (recheck 0), the
+    added rule equals a fresh run's, and the report tables hold it for every tree."""
+    from multidraft.experiments.records import read_jsonl
+
+    ds = f"file:{prompt_file}"
+    real = realtrees.tree_rules
+
+    def without_gbv(law):
+        todo, skipped = real(law)
+        return [(x, r) for x, r in todo if x != "gbv"], skipped
+
+    out = tmp_path / "old.jsonl"
+    monkeypatch.setattr(realtrees, "tree_rules", without_gbv)
+    first = _run(pair_tok, out, dataset=ds, shapes=("seq2", "chain"))
+    monkeypatch.setattr(realtrees, "tree_rules", real)
+    _, before = read_jsonl(out)
+    assert first["trees"] > 0 and not any("gbv" in r["tokens"] for r in before if r["kind"] == "tree")
+    again = _run(pair_tok, out, dataset=ds, shapes=("seq2", "chain"))
+    assert again["trees"] == 0 and again["filled"] == first["trees"] and again["recheck_max"] == 0.0
+    _, rows = read_jsonl(out)
+    assert [r for r in rows if r["kind"] == "tree"] == [r for r in before if r["kind"] == "tree"]  # untouched
+    fills = [r for r in rows if r["kind"] == "tree_fill"]
+    assert len(fills) == first["trees"] and all(r["added"] == ["gbv"] for r in fills)
+    assert all(v == 0.0 for r in fills for v in r["recheck"].values())
+    assert _run(pair_tok, out, dataset=ds, shapes=("seq2", "chain"))["filled"] == 0  # filled once
+    fresh = tmp_path / "fresh.jsonl"
+    _run(pair_tok, fresh, dataset=ds, shapes=("seq2", "chain"))
+    _, rows1 = read_jsonl(fresh)
+    want = {(r["prompt"], r["position"], r["shape"]): r["tokens"] for r in rows1 if r["kind"] == "tree"}
+    assert {(r["prompt"], r["position"], r["shape"]): r["tokens"] for r in fills} == want
+    text = realtrees.report([out])
+    assert "| gbv |" in text and "rebuilt from their seeds" in text
+    assert "### " + ds + ", seq2, budget 4: 4 trees" in text

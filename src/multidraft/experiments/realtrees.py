@@ -23,7 +23,8 @@ vocabulary; q rows are the decoder's own float32 draft rows (the ones the drafts
 from), renormalised in float64. Nothing is truncated (``support: "full"``, V = 151,936 for
 the default pair), so no truncation bound is needed.
 
-Rules. Token walks ``walk:<v>`` for v in ``WALKS`` (specinfer, spectr, khisti_is, optimal);
+Rules. Token walks ``walk:<v>`` for v in ``WALKS`` (specinfer, spectr, khisti_is, optimal; optimal
+with its exact scan over every token, ``head=None``: the per-node optimum);
 then every other name of ``trees.names()`` built with no options (block on chains,
 traversal, and any rule registered later). A rule that does not support the shape's law is
 left out; one whose ``expected_tokens`` is only the enumeration default (no closed form at
@@ -33,7 +34,21 @@ Files. One JSONL per data set (``records.JsonlWriter``: meta row with config, se
 versions; every row carries the code version). Rows ``kind: "continuation"`` (the sampled
 tokens, reused on resume) and ``kind: "tree"`` keyed by (prompt, position, shape, budget):
 a rerun with the same config skips every tree already written (resumable; trees have their
-own seeds, so a resumed run writes the same rows as an uninterrupted one).
+own seeds, so a resumed run writes the same rows as an uninterrupted one). A tree written
+before some rule of today's set existed is rebuilt from its seed and a ``kind: "tree_fill"``
+row holds every rule's value on it today (``recheck``: today's minus the written value, per
+rule; nonzero where a rule's code changed since); ``report`` takes today's values, so every
+rule in a table is one version of its code, and states the differences.
+
+Cost, and what is shared (exactly). Per prompt: the continuation (one target forward per token)
+and one prefill of each model (the target's shared with the continuation's, ``PromptCache``);
+per position: one chunk of ``stride`` tokens in each model and every distinct sequence of draft
+calls (the root's forward is the same call on the same cache for all of the position's trees,
+and trees whose drafts coincide repeat whole sequences) and every distinct target pass (trees
+with the same nodes), each paid once (``_SharedCalls``); per tree: the rest of its draft levels,
+its target pass unless shared, and the rules. Trees are NOT
+scored in one pass over their union, nor batched: that changes the bf16 logits (a tree's nodes
+at other key positions moved logits by up to 0.22 on the default pair), hence the rows.
 
     python -m multidraft.experiments.realtrees run --dataset humaneval -n 164 \
         --out docs/results/real_trees/humaneval.jsonl
@@ -100,11 +115,21 @@ def tree_law(settings) -> "trees.TreeLaw":
     return trees.TreeLaw(settings.shape, settings.law, repr(settings.shape))
 
 
+def _walk_verifier(name: str):
+    """The token-level verifier of ``walk:<name>``: the registered one, but ``optimal`` with its exact
+    scan over every token (``head=None``): the per-node optimum this study compares against (the
+    decoder's default plans a head and lumps the tail at V > 4,096, within ~5e-6 of it)."""
+    from .. import verifiers
+    from ..verifiers.optimal import Optimal
+
+    return Optimal(head=None) if name == "optimal" else verifiers.get(name)
+
+
 def tree_rules(law) -> tuple[list, dict]:
     """``([(name, rule)], {name: reason skipped})`` for a tree law (see the module notes)."""
     todo, skipped = [], {}
     for v in WALKS:
-        w = trees.TokenWalk(v, law.kind)
+        w = trees.TokenWalk(_walk_verifier(v), law.kind)
         if w.supports(law):
             todo.append((f"walk:{v}", w))
     for name in trees.names():
@@ -166,14 +191,86 @@ def _advance(dec, full: list[int], cur: int, to: int) -> None:
         r.commit(list(range(len(chunk))))
 
 
+class _SharedCalls:
+    """A runner as the decoder's drafting and ``score_tree`` see it, paying each distinct call once per position.
+
+    A model call's result depends only on the committed cache and the calls made since the last
+    commit. Every tree of a position starts with the same draft call on the same cache
+    (``extend([root], [-1], last_only=True)``); trees whose drafts coincide (often on peaked rows:
+    a chain of budget 8 whose first draws equal another chain's) repeat whole sequences of draft
+    calls, and trees with the same nodes (a K-ary tree and two sequences whose drafts all
+    merged into one chain) the same target call. The first time a sequence of calls is made, its
+    logits and the cache tensors it produced are kept (a transformers ``DynamicLayer`` grows by
+    concatenation into new tensors, and nothing here writes into a cache tensor in place:
+    ``commit([])`` and the chunk commits of ``_advance`` only slice); a repeat gets them back,
+    the very bits the call computes. Kept per committed length (cleared when ``_advance``
+    commits), at most ``MAX_BYTES`` of tensors at a time (then cleared: a later repeat is paid)."""
+
+    MAX_BYTES = 1 << 28
+
+    def __init__(self, runner):
+        from ..decoding.runners import HFRunner
+
+        self.runner = runner
+        self.active = isinstance(runner, HFRunner)
+        self.kept: dict = {}
+        self.kept_base = None
+        self.kept_bytes = 0
+        self.calls: tuple = ()
+        self.hits = self.misses = 0
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def extend(self, tokens: list[int], parents: list[int], last_only: bool = False) -> torch.Tensor:
+        r = self.runner
+        if not self.active:
+            return r.extend(tokens, parents, last_only)
+        if r.base != self.kept_base or self.kept_bytes > self.MAX_BYTES:
+            self.kept, self.kept_base, self.kept_bytes = {}, r.base, 0
+        if not r._pos:  # the first call since a commit
+            self.calls = ()
+        key = self.calls + ((tuple(int(t) for t in tokens), tuple(int(p) for p in parents), bool(last_only)),)
+        self.calls = key
+        layers = r.cache.layers
+        hit = self.kept.get(key)
+        if hit is not None:
+            kv, pos, anc, logits = hit
+            for layer, (k, v) in zip(layers, kv):
+                layer.keys, layer.values = k, v
+            r._pos, r._anc = list(pos), anc.clone()
+            self.hits += 1
+            return logits.clone()
+        logits = r.extend(tokens, parents, last_only)  # [n, V] or [1, V]
+        kv = [(layer.keys, layer.values) for layer in layers]
+        self.kept[key] = (kv, list(r._pos), r._anc.clone(), logits.clone())
+        self.kept_bytes += logits.numel() * logits.element_size() + sum(
+            t.numel() * t.element_size() for pair in kv for t in pair)
+        self.misses += 1
+        return logits
+
+
+def _missing(row: dict, rules: list, fills: dict) -> list[str]:
+    """Names of ``rules`` (today's runnable rules) that a written tree row and the fill rows of its key
+    do not hold (a rule skipped when the row was written, and runnable today, is missing too)."""
+    have = set(row.get("tokens") or {}) | set(fills)
+    return [name for name, _ in rules if name not in have]
+
+
 def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, prompt_seed: int | None = None,
         cont_tokens: int = 128, stride: int = 8, shapes=SHAPES, budgets=BUDGETS, max_trees: int | None = None,
-        deadline: float | None = None, log=None, model_names: dict | None = None) -> dict:
+        deadline: float | None = None, log=None, model_names: dict | None = None, fill: bool = True) -> dict:
     """Write the rows of ``dataset`` (see the module notes) to ``out``; returns counts and timings.
-    Stops cleanly after ``max_trees`` new trees or at ``deadline`` (time.time()), whichever first."""
+    Stops cleanly after ``max_trees`` trees built (new or filled) or at ``deadline`` (time.time()), whichever first.
+
+    ``fill``: a tree already written without some rule of today's set (a rule registered after it
+    was written) is rebuilt from its seed (the same tree, bit for bit) and a ``tree_fill`` row holds
+    every rule's value on it today (``added``: the rules it lacked; ``recheck``: today's value minus
+    the written one, per rule written; the report uses today's values and states the differences)."""
     from .. import datasets
     from ..decoding import generate
     from ..decoding.engine import _Decoder
+    from ..decoding.kv import PromptCache
 
     shapes, budgets = tuple(shapes), tuple(int(b) for b in budgets)
     settings = {(s, b): shape_settings(s, b) for s in shapes for b in budgets}
@@ -188,44 +285,79 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
     eos = getattr(tokenizer, "eos_token_id", None)
     # seeds name the data set by what it is, not where it lies: a prompt file by its file name
     ds_name = "file:" + Path(dataset[5:]).name if dataset.startswith("file:") else dataset
-    made, t_start, secs_trees = 0, time.time(), 0.0
+    made, filled, t_start, worst = 0, 0, time.time(), 0.0
+    cpu = {"continuations": 0.0, "prefill": 0.0, "trees": 0.0}  # process CPU seconds (load-independent)
+    n_cont_tokens = 0
+    calls = {"draft paid": 0, "draft shared": 0, "target paid": 0, "target shared": 0}
+    last: tuple = ()  # the current prompt's _SharedCalls (only their counts outlive the prompt)
+
+    def count(runners) -> None:
+        for who, x in runners:
+            calls[f"{who} paid"] += x.misses
+            calls[f"{who} shared"] += x.hits
     stopped = "done"
+
+    def limit() -> bool:
+        return (max_trees is not None and made + filled >= max_trees) or (deadline is not None and time.time() >= deadline)
+
     with JsonlWriter(out, config, seed, keyed=("n", "shapes", "budgets")) as w:
-        done = w.done(KEY)
         conts = {r["prompt"]: r["tokens"] for r in w.rows if r.get("kind") == "continuation"}
+        written = {(r["prompt"], r["position"], r["shape"], r["budget"]): r for r in w.rows if r.get("kind") == "tree"}
+        fills: dict = {}
+        for r in w.rows:
+            if r.get("kind") == "tree_fill":
+                fills.setdefault((r["prompt"], r["position"], r["shape"], r["budget"]), {}).update(r.get("tokens") or {})
         for pid, prompt in prompts:
             ids = datasets.prompt_ids(tokenizer, dataset, prompt)  # [1, T]
             T = int(ids.shape[1])
-            if (max_trees is not None and made >= max_trees) or (deadline is not None and time.time() >= deadline):
+            if limit():
                 stopped = "limit"
                 break
+            # the continuation's prompt prefill is the tree runners' target prefill (same ids, same
+            # call): kept once and copied exactly (PromptCache)
+            pc = PromptCache(max_entries=2)
             if pid not in conts:
+                c0 = time.process_time()
                 cseed = derived_seed(seed, f"{ds_name}|{pid}|continuation")
                 res = generate(target, None, ids, verifier=None, temperature=1.0, max_new_tokens=cont_tokens,
-                               generator=cseed, eos_token_id=eos)
+                               generator=cseed, eos_token_id=eos, prompt_cache=pc)
                 conts[pid] = res.tokens.tolist()
+                cpu["continuations"] += time.process_time() - c0
+                n_cont_tokens += len(conts[pid])
                 w.write(kind="continuation", dataset=dataset, prompt=pid, category=cats.get(pid), seed=cseed,
                         prompt_tokens=T, tokens=conts[pid])
             cont = conts[pid]
             full = ids[0].tolist() + cont
-            todo = [(j, s, b) for j in range(0, len(cont), stride) for s in shapes for b in budgets
-                    if not row_done(done, pid, j, s, b)]
+            todo = []
+            for j in range(0, len(cont), stride):
+                for s in shapes:
+                    for b in budgets:
+                        old = written.get((pid, j, s, b))
+                        if old is None:
+                            todo.append((j, s, b, None))
+                        elif fill and _missing(old, rulesets[(s, b)][0], fills.get((pid, j, s, b), {})):
+                            todo.append((j, s, b, old))
             if not todo:
                 continue
             # one decoder per prompt: prefill the prompt, then advance position by position in the
             # same chunks whether or not a position's trees are already written (so a resumed run
             # computes every row from the same caches as an uninterrupted one)
+            c0 = time.process_time()
             with torch.inference_mode():
-                dec = _Decoder(target, draft, settings[todo[0][1:]], torch.Generator(), None)
+                dec = _Decoder(target, draft, settings[todo[0][1:3]], torch.Generator(), None, pc)
                 dec.t.prefill(torch.tensor([full[:T - 1]]))
                 dec.d.prefill(torch.tensor([full[:T - 1]]))
+            count(last)
+            dec.t, dec.d = _SharedCalls(dec.t), _SharedCalls(dec.d)
+            last = (("target", dec.t), ("draft", dec.d))
+            cpu["prefill"] += time.process_time() - c0
             cur = T - 1
-            for j, s, b in todo:
-                if (max_trees is not None and made >= max_trees) or (deadline is not None and time.time() >= deadline):
+            for j, s, b, old in todo:
+                if limit():
                     stopped = "limit"
                     break
                 r = T - 1 + j  # root index: committed text full[:r], root full[r]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 tseed = derived_seed(seed, f"{ds_name}|{pid}|{j}|{s}|{b}")
                 with torch.inference_mode():
                     while cur < r:  # the positions' chunks, stride tokens at a time
@@ -234,23 +366,41 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                     tree = build_tree(dec, settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
                 t1 = time.perf_counter()
                 rules, skipped = rulesets[(s, b)]
-                tokens = evaluate_tree(tree, rules)
-                t2 = time.perf_counter()
-                w.write(kind="tree", dataset=dataset, prompt=pid, category=cats.get(pid), position=j, root_index=r,
-                        shape=s, budget=b, law=laws[(s, b)].kind, nodes=len(tree) - 1,
-                        depth=max(nd.depth for nd in tree.nodes), seed=tseed, support="full",
-                        V=int(tree.nodes[0].p.shape[0]), tokens=tokens, skipped=skipped,
-                        model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
-                made += 1
-                secs_trees += t2 - t0
-                if log is not None and made % 12 == 0:
+                if old is None:
+                    tokens = evaluate_tree(tree, rules)
+                    t2 = time.perf_counter()
+                    w.write(kind="tree", dataset=dataset, prompt=pid, category=cats.get(pid), position=j, root_index=r,
+                            shape=s, budget=b, law=laws[(s, b)].kind, nodes=len(tree) - 1,
+                            depth=max(nd.depth for nd in tree.nodes), seed=tseed, support="full",
+                            V=int(tree.nodes[0].p.shape[0]), tokens=tokens, skipped=skipped,
+                            model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
+                    made += 1
+                else:
+                    key = (pid, j, s, b)
+                    new = _missing(old, rules, fills.get(key, {}))
+                    tokens = evaluate_tree(tree, rules)
+                    recheck = {x: tokens[x] - v for x, v in old["tokens"].items() if x in tokens}
+                    worst = max([worst] + [abs(d) for d in recheck.values()])
+                    if len(tree) - 1 != old.get("nodes", len(tree) - 1):
+                        recheck["nodes"] = len(tree) - 1 - old["nodes"]
+                        worst = math.inf
+                    t2 = time.perf_counter()
+                    w.write(kind="tree_fill", dataset=dataset, prompt=pid, category=cats.get(pid), position=j, shape=s,
+                            budget=b, seed=tseed, tokens=tokens, skipped=skipped, added=new, recheck=recheck,
+                            model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
+                    fills.setdefault(key, {}).update(tokens)
+                    filled += 1
+                cpu["trees"] += time.process_time() - c0
+                if log is not None and (made + filled) % 12 == 0:
                     el = time.time() - t_start
-                    log(f"{dataset}: {made} trees in {el:.0f} s ({60 * made / el:.1f} trees/min)")
+                    log(f"{dataset}: {made} trees (+{filled} filled) in {el:.0f} s ({60 * (made + filled) / el:.1f} trees/min)")
             else:
                 continue
             break
     el = time.time() - t_start
-    return dict(trees=made, seconds=el, trees_per_min=60 * made / el if el > 0 else 0.0, stopped=stopped)
+    count(last)
+    return dict(trees=made, filled=filled, recheck_max=worst, seconds=el, cpu_seconds=cpu, continuation_tokens=n_cont_tokens, model_calls=calls,
+                trees_per_min=60 * (made + filled) / el if el > 0 else 0.0, stopped=stopped)
 
 
 def row_done(done: set, pid: str, j: int, s: str, b: int) -> bool:
@@ -272,6 +422,27 @@ def _tree_rows(paths) -> tuple[list[dict], list[str]]:
         if meta is None:
             notes.append(f"{path}: no meta row, left out")
             continue
+        # tree_fill rows: a tree written before some rules existed, every rule's value today (they win,
+        # so a table holds one version of each rule's code)
+        fills: dict = {}
+        worst: dict = {}
+        for r in rs:
+            if r.get("kind") != "tree_fill":
+                continue
+            vals = r.get("tokens")
+            if not isinstance(vals, dict) or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 1.0
+                                                     for v in vals.values()):
+                notes.append(f"{path}: a tree_fill row with bad tokens left out")
+                continue
+            fills.setdefault((r.get("dataset"), r.get("prompt"), r.get("position"), r.get("shape"), r.get("budget")), {}).update(vals)
+            for x, d in (r.get("recheck") or {}).items():
+                d = abs(d) if isinstance(d, (int, float)) else math.inf
+                m, c = worst.get(x, (0.0, 0))
+                worst[x] = (max(m, d), c + (d > 1e-12))
+        if fills:
+            diffs = ", ".join(f"{x} {m:.3g} ({c} trees > 1e-12)" for x, (m, c) in sorted(worst.items()))
+            notes.append(f"{path}: {len(fills)} trees written before some rules existed were rebuilt from their seeds "
+                         f"(tree_fill rows); their values are today's; largest |today - written| per rule: {diffs}")
         seen = set()
         for r in rs:
             if r.get("kind") != "tree":
@@ -286,6 +457,8 @@ def _tree_rows(paths) -> tuple[list[dict], list[str]]:
                 notes.append(f"{path}: a repeated tree row {key} left out")
                 continue
             seen.add(key)
+            if key in fills:
+                r = dict(r, tokens={**vals, **fills[key]})
             rows.append(r)
     return rows, notes
 
@@ -361,7 +534,7 @@ def report(paths) -> str:
                         f"{m:+.4f} | {se:.4f} | {sc:.4f} | {100 * m / summ['mean'][summ['best_walk']]:+.2f} % |")
     out = head + [""] + body
     if notes:
-        out += ["Rows left out:", ""] + [f"- {n}" for n in notes]
+        out += ["Notes (rows left out, trees rebuilt):", ""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
 
 
@@ -377,10 +550,12 @@ def main(argv=None) -> int:
     r.add_argument("--stride", type=int, default=8, help="positions every this many tokens of the continuation")
     r.add_argument("--shapes", default=",".join(SHAPES))
     r.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    r.add_argument("--max-trees", type=int, default=None, help="stop after this many new trees")
+    r.add_argument("--max-trees", type=int, default=None, help="stop after this many trees built (new or filled)")
     r.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (resumable)")
     r.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on a shared machine)")
     r.add_argument("--out", required=True, help="JSONL file (created, or resumed)")
+    r.add_argument("--no-fill", action="store_true",
+                   help="do not rebuild trees written before some of today's rules existed (tree_fill rows)")
     p = sub.add_parser("report", help="markdown tables from JSONL files only")
     p.add_argument("files", nargs="+")
     p.add_argument("--markdown", help="write the tables here")
@@ -402,8 +577,13 @@ def main(argv=None) -> int:
     got = run(target, draft, tok, dataset=a.dataset, n=a.n, out=a.out, seed=a.seed, prompt_seed=a.prompt_seed,
               cont_tokens=a.cont_tokens, stride=a.stride, shapes=a.shapes.split(","),
               budgets=[int(x) for x in a.budgets.split(",")], max_trees=a.max_trees, deadline=deadline,
-              log=lambda s: print(s, file=sys.stderr, flush=True), model_names=names)
-    print(f"{got['trees']} new trees in {got['seconds']:.0f} s: {got['trees_per_min']:.1f} trees/min ({got['stopped']})")
+              log=lambda s: print(s, file=sys.stderr, flush=True), model_names=names, fill=not a.no_fill)
+    print(f"{got['trees']} new trees and {got['filled']} filled in {got['seconds']:.0f} s: {got['trees_per_min']:.1f} trees/min "
+          f"({got['stopped']}); filled trees' written values recomputed within {got['recheck_max']:.3g}")
+    c = got["cpu_seconds"]
+    print(f"CPU seconds: trees {c['trees']:.1f} ({60 * (got['trees'] + got['filled']) / max(c['trees'], 1e-9):.1f} trees per "
+          f"CPU-minute, positions' chunks included), prompt prefills {c['prefill']:.1f}, continuations {c['continuations']:.1f} "
+          f"({got['continuation_tokens']} tokens); model calls " + ", ".join(f"{k} {v}" for k, v in got["model_calls"].items()))
     return 0
 
 

@@ -60,20 +60,42 @@ RHO_POINTS = 33  # grid of SpecTr's rho per node (odd: rho = 1 is on it)
 
 def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The K-sequential selection at a node with k i.i.d. drafts: its law ``[V]`` at the best rho
-    of the grid, and the acceptance coins ``beta [V]`` at that rho. p, q: ``[V]`` float64."""
+    of the grid, and the acceptance coins ``beta [V]`` at that rho. p, q: ``[V]`` float64.
+
+    For every rho of the grid, ``beta = min(1, p / (rho q))`` (0 off q's support),
+    ``1 - bbar = 1 - sum q beta``, ``s = q beta sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1) q``
+    and its acceptance ``sum min(s, p)``; the first rho of the largest acceptance wins. One
+    rho at a time over ``[V]`` rows (the same elementwise operations and row sums as on the
+    whole ``[G, V]`` grid, so the same bits, without its ``[G, V]`` temporaries)."""
     q = q / q.sum()
     sup = q > 0
     if k == 1:
         return q, torch.ones_like(q)
     half = math.log(4 * k)
     rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64, device=q.device)).unsqueeze(1)  # [G, 1]
-    qs = torch.where(sup, q, torch.ones_like(q))
-    beta = torch.where(sup, (p / (rho * qs)).clamp(max=1.0), torch.zeros_like(q))  # [G, V]
-    miss = 1.0 - (q * beta).sum(-1, keepdim=True)  # [G, 1]: 1 - bbar
-    geo = sum(miss.pow(j) for j in range(k - 1))  # [G, 1]: sum_(j<k-1) (1 - bbar)^j
-    s = q * beta * geo + miss.pow(k - 1) * q  # [G, V]
-    best = int(torch.argmax(torch.minimum(s, p).sum(-1)))  # first of the largest
-    return s[best], beta[best]
+    full = bool(sup.all())
+    qs = q if full else torch.where(sup, q, torch.ones_like(q))  # [V]
+
+    def coins(r):  # r [1, 1] -> beta [1, V], q beta [1, V], 1 - bbar [1, 1]
+        beta = r * qs
+        torch.div(p, beta, out=beta)
+        beta.clamp_(max=1.0)
+        if not full:
+            beta.masked_fill_(~sup, 0.0)
+        qb = q * beta
+        return beta, qb, 1.0 - qb.sum(-1, keepdim=True)
+
+    def law(qb, miss):  # s [1, V], in place of q beta
+        geo = sum(miss.pow(j) for j in range(k - 1))  # [1, 1]: sum_(j<k-1) (1 - bbar)^j
+        return qb.mul_(geo).add_(miss.pow(k - 1) * q)
+
+    acc = torch.empty(RHO_POINTS, dtype=torch.float64, device=q.device)  # [G]: acceptance at each rho
+    for j in range(RHO_POINTS):
+        beta, qb, miss = coins(rho[j:j + 1])
+        acc[j] = torch.minimum(law(qb, miss), p, out=beta).sum(-1)[0]
+    best = int(torch.argmax(acc))  # first of the largest
+    beta, qb, miss = coins(rho[best:best + 1])
+    return law(qb, miss)[0], beta[0]
 
 
 class SpecTrGBV(SelectThenBlock):
