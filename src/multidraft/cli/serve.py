@@ -27,7 +27,7 @@ def register(sub) -> None:
         "serve",
         help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with lossless speculation",
         description="Serve the pair over HTTP with OpenAI's API (streaming, seeds, stop sequences); one worker "
-                    "decodes queued requests one at a time. Needs the serve extra (pip install -e '.[serve]').",
+                    "decodes queued requests in --max-lanes lanes sharing the forward passes. Needs the serve extra (pip install -e '.[serve]').",
     )
     add_settings_flags(p, engine="llama.cpp")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -36,6 +36,11 @@ def register(sub) -> None:
                    help="the model id clients send (default: 'multidraft' + the target's name)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
                    help="requests waiting at most; more are refused with 429 (default 64)")
+    p.add_argument("--max-lanes", type=int, default=1, metavar="N",
+                   help="requests decoded at once, sharing the models' forward passes (continuous batching; "
+                        "default 1: one at a time, each token for token as `multidraft decode` with its seed; "
+                        "beside others a request's tokens may differ by the engines' floating-point differences "
+                        "between batch shapes, its law is the target's either way)")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, seconds the request being decoded may take to finish before it is stopped "
                         "(default 30; queued requests are answered 503 at once)")
@@ -64,6 +69,8 @@ def run(args) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be >= 1, got {args.queue_size}")
+    if not 1 <= args.max_lanes <= 64:
+        raise ValueError(f"--max-lanes must be in [1, 64], got {args.max_lanes}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     if args.warmup_prompt is not None and tree != "auto":
@@ -107,11 +114,11 @@ def run(args) -> int:
             settings, tree_desc = settings.derive(verifier=None), None
             draft = None
     name = args.model_name or _model_name(args)
-    model = ServedModel(name=name, engine=args.engine, target=target, draft=draft if settings.verifier else None,
+    model = ServedModel(name=name, engine=args.engine, target=target, draft=None if settings.target_alone else draft,
                         codec=codec, settings=settings, draft_temperature=draft_temperature, tree=tree_desc,
                         default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
-                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level)
+                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes)
 
 
 def _model_name(args) -> str:

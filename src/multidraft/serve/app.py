@@ -24,7 +24,7 @@ log = logging.getLogger("multidraft.serve")
 _POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
-def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0):
+def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1):
     """The ASGI app serving ``model``; ``app.state.worker`` is its worker."""
     from contextlib import asynccontextmanager
 
@@ -33,7 +33,7 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
-    worker = Worker(model, queue_size)
+    worker = Worker(model, queue_size, max_lanes)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -251,13 +251,13 @@ def _chunk(req: SamplingRequest, text, finish) -> dict:
 
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
-               shutdown_grace_s: float = 30.0, log_level: str = "info") -> int:
+               shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1) -> int:
     """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
     (uvicorn's own configuration is not installed)."""
     import uvicorn
 
-    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s)
+    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):

@@ -1,16 +1,21 @@
 """The model side of ``multidraft serve``: the served pair, the request queue and its one worker.
 
-Requests are decoded one at a time, in arrival order, by one worker thread that owns the
-models (``decoding.generate``, the same call as ``multidraft decode``); the HTTP side puts a
-:class:`Job` in a bounded queue and reads its events. A full queue refuses the request with
-429 at once; nothing is dropped silently. Batched decoding (several requests sharing the
-target's forward passes, issue 28 item 2) is the next step.
+One worker thread owns the models and a ``decoding.BatchDecoder`` of ``max_lanes`` lanes; the
+HTTP side puts a :class:`Job` in a bounded queue and reads its events. A full queue refuses the
+request with 429 at once; nothing is dropped silently. Between two shared forward passes the
+worker admits queued jobs into free lanes (continuous batching: requests join and leave between
+steps), so concurrent requests share the target's and the draft's forward passes; each lane has
+its own settings, seed and stopping. With ``max_lanes = 1`` requests are decoded one at a time,
+in arrival order, token for token as ``decoding.generate`` decodes them alone (a lone lane is
+bitwise ``generate``); beside other lanes a request's tokens are those of ``generate`` up to the
+engines' floating-point differences between batch shapes (``docs/guide/decoding.md``,
+"Batches"), its law exactly the target's.
 
-Streaming: ``generate``'s ``on_step`` hands the worker each step's tokens; :class:`TextStream`
+Streaming: each lane's ``on_step`` hands the worker that step's tokens; :class:`TextStream`
 turns the growing token list into text deltas, holding back a trailing incomplete UTF-8
 character and any suffix that could begin a stop sequence, and cuts the text at the first
 stop sequence (the stop sequence itself is not returned, as OpenAI does). ``on_step`` also
-stops the decode when the client has gone (the job's ``cancel`` event) or the server is
+stops the lane when the client has gone (the job's ``cancel`` event) or the server is
 shutting down past its grace period.
 """
 from __future__ import annotations
@@ -23,7 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decoding import Settings, generate
+from .._errors import ArgumentError
+from ..decoding import Settings
+from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
 from .protocol import APIError
 
@@ -175,21 +182,34 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
-class Worker:
-    """One thread decoding queued jobs one at a time (see the module docstring)."""
+class _Active:
+    """A job in a lane: its text stream and when it started."""
 
-    def __init__(self, model: ServedModel, queue_size: int = 64):
+    def __init__(self, job: Job, text: TextStream):
+        self.job, self.text = job, text
+        self.started = time.perf_counter()
+
+
+class Worker:
+    """One thread decoding queued jobs in the lanes of one ``BatchDecoder`` (module docstring)."""
+
+    def __init__(self, model: ServedModel, queue_size: int = 64, max_lanes: int = 1):
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be a positive integer, got {queue_size!r}")
+        if isinstance(max_lanes, bool) or not isinstance(max_lanes, int) or max_lanes < 1:
+            raise ValueError(f"max_lanes must be a positive integer, got {max_lanes!r}")
         self.model = model
+        self.max_lanes = max_lanes
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._loop, name="multidraft-serve-worker", daemon=True)
         self._stop = threading.Event()
         self.draining = threading.Event()
         self._deadline: float | None = None
-        self.running: Job | None = None
+        self.active: dict[int, _Active] = {}   # lane -> its job (worker thread; read under _lock)
+        self._held: Job | None = None          # the next job, waiting for room in the decoder
         self.counts = {"served": 0, "cancelled": 0, "refused": 0, "failed": 0}
         self._lock = threading.Lock()
+        self._decoder: BatchDecoder | None = None
 
     # HTTP side --------------------------------------------------------------------------
     def start(self) -> None:
@@ -207,14 +227,20 @@ class Worker:
             raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
                            type="rate_limit_error", code="rate_limit_exceeded") from None
 
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return bool(self.active)
+
     def status(self) -> dict:
         with self._lock:
-            return {"queued": self.queue.qsize(), "running": self.running is not None, **self.counts,
+            return {"queued": self.queue.qsize() + (self._held is not None), "running": bool(self.active),
+                    "lanes": len(self.active), "max_lanes": self.max_lanes, **self.counts,
                     "draining": self.draining.is_set()}
 
     def drain(self, grace_s: float) -> None:
-        """Shutting down: refuse new jobs, answer every queued one with 503, let the running one
-        finish within ``grace_s`` seconds (then it is stopped; finish_reason 'abort')."""
+        """Shutting down: refuse new jobs, answer every queued one with 503, let the running ones
+        finish within ``grace_s`` seconds (then they are stopped; finish_reason 'abort')."""
         if self.draining.is_set():
             return
         self._deadline = time.monotonic() + grace_s
@@ -225,8 +251,12 @@ class Worker:
             except queue.Empty:
                 break
             if job is not None:
-                job.emit(("error", APIError(503, "the server is shutting down; the request was not started",
-                                            type="server_error", code="server_shutting_down")))
+                self._refuse_shutdown(job)
+
+    @staticmethod
+    def _refuse_shutdown(job: Job) -> None:
+        job.emit(("error", APIError(503, "the server is shutting down; the request was not started",
+                                    type="server_error", code="server_shutting_down")))
 
     def stop(self, timeout: float = 10.0) -> None:
         self.drain(0.0)
@@ -236,50 +266,107 @@ class Worker:
 
     # worker thread ----------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                job = self.queue.get(timeout=0.1)
-            except queue.Empty:
+        m = self.model
+        while not self._stop.is_set() or self.active:  # lanes running at stop finish (halted past the grace)
+            if self._decoder is None:
+                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes)
+            self._admit()
+            if not self.active:
                 continue
+            try:
+                done = self._decoder.step()
+            except LaneError as err:  # one lane's decode raised: it is closed, the others go on
+                done = err.finished
+                self._fail_lost(done, err.__cause__ or err)
+            except Exception as exc:  # a shared forward failed: every lane of it is answered
+                log.exception("batched forward failed")
+                for lane in list(self.active):
+                    self._fail(lane, exc)
+                self._decoder = None
+                continue
+            for lane, res in done.items():
+                self._finish(lane, res)
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._refuse_shutdown(held)
+
+    def _next_job(self) -> Job | None:
+        if self._held is not None:
+            job, self._held = self._held, None
+            return job
+        try:  # block briefly only when nothing is decoding
+            return self.queue.get(timeout=0.1) if not self.active else self.queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _admit(self) -> None:
+        """Open lanes for queued jobs while the decoder has room (in arrival order)."""
+        dec, m = self._decoder, self.model
+        while dec.free_lanes and not self._stop.is_set():
+            job = self._next_job()
+            if job is None:
+                return
             if job.cancel.is_set():
                 with self._lock:
                     self.counts["cancelled"] += 1
                 continue
-            with self._lock:
-                self.running = job
+            if self.draining.is_set():
+                self._refuse_shutdown(job)
+                continue
+            ids = torch.tensor([job.prompt_ids], dtype=torch.long)
+            if not dec.fits(ids, job.settings):
+                if self.active:  # room comes back when a lane finishes
+                    self._held = job
+                    return
+            text = TextStream(m.codec.decode, job.stop)
+            act = _Active(job, text)
+
+            def on_step(tokens, act=act):
+                delta = act.text.push(tokens)
+                if delta:
+                    act.job.emit(("delta", delta))
+                return act.text.stopped or self._halt(act.job)
+
             try:
-                self._run(job)
-            finally:
+                lane = dec.add(ids, job.settings, generator=job.seed, on_step=on_step,
+                               eos_token_id=None if m.ignore_eos else m.codec.eos)
+            except ArgumentError as exc:  # e.g. prompt + max_tokens + a tree beyond the llama.cpp context
                 with self._lock:
-                    self.running = None
+                    self.counts["failed"] += 1
+                job.emit(("error", APIError(400, f"{exc}", param="max_tokens", code="context_length_exceeded")))
+                continue
+            except Exception as exc:  # the prefill or the admission failed: answered, the others go on
+                log.exception("request failed at admission")
+                with self._lock:
+                    self.counts["failed"] += 1
+                job.emit(("error", _internal(exc)))
+                continue
+            with self._lock:
+                self.active[lane] = act
 
     def _halt(self, job: Job) -> bool:
         if job.cancel.is_set():
             return True
         return self._deadline is not None and time.monotonic() > self._deadline
 
-    def _run(self, job: Job) -> None:
+    def _fail(self, lane: int, exc: BaseException) -> None:
+        with self._lock:
+            act = self.active.pop(lane)
+            self.counts["failed"] += 1
+        act.job.emit(("error", _internal(exc)))
+
+    def _fail_lost(self, done: dict, exc: BaseException) -> None:
+        """After a LaneError: every lane that left the decoder without a result failed."""
+        log.error("request failed: %s: %s", type(exc).__name__, exc)
+        for lane in [l for l in self.active if l not in self._decoder.lanes and l not in done]:
+            self._fail(lane, exc)
+
+    def _finish(self, lane: int, res) -> None:
         m = self.model
-        started = time.perf_counter()
-        text = TextStream(m.codec.decode, job.stop)
-
-        def on_step(tokens):
-            delta = text.push(tokens)
-            if delta:
-                job.emit(("delta", delta))
-            return text.stopped or self._halt(job)
-
-        try:
-            ids = torch.tensor([job.prompt_ids], dtype=torch.long)
-            res = generate(m.target, None if job.settings.target_alone else m.draft, ids, job.settings,
-                           generator=job.seed, eos_token_id=None if m.ignore_eos else m.codec.eos, on_step=on_step)
-        except Exception as exc:  # a failure inside the model: answered, logged, the worker goes on
-            log.exception("request failed")
-            with self._lock:
-                self.counts["failed"] += 1
-            job.emit(("error", APIError(500, f"decoding failed: {type(exc).__name__}: {exc}", type="server_error",
-                                        code="internal_error")))
-            return
+        with self._lock:
+            act = self.active.pop(lane)
+        job, text = act.job, act.text
         tail = text.finish()
         if tail:
             job.emit(("delta", tail))
@@ -296,8 +383,12 @@ class Worker:
         spec.update(target_calls=res.target_calls, draft_calls=res.draft_calls,
                     accepted_tokens=int(sum(res.accepted_lengths)), block_efficiency=res.block_efficiency,
                     acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
-                    prefill_seconds=res.prefill_seconds, queue_seconds=started - job.enqueued)
+                    prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued)
         job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": res.new_tokens,
                            "tokens": res.tokens.tolist(), "speculative": spec}))
         log.info("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
-                 len(job.prompt_ids), res.new_tokens, res.target_calls, finish, time.perf_counter() - started)
+                 len(job.prompt_ids), res.new_tokens, res.target_calls, finish, time.perf_counter() - act.started)
+
+
+def _internal(exc: BaseException) -> APIError:
+    return APIError(500, f"decoding failed: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")
