@@ -66,6 +66,8 @@ import torch
 
 from .._scan import cummin, ipow, rev_cummin, segment_search
 from ..limits.dual import prefix_order
+from ._optimal_np import NP_PLAN_MAX
+from ._optimal_np import plan_rows as _np_plan_rows
 from ._residual import accept, accept_prob, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
 from .registry import register
@@ -171,9 +173,14 @@ class _Plan:
         return torch.searchsorted(self.bnd_flat, (rows + pos).reshape(-1), right=True).reshape(pos.shape)
 
 
-def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, tol: float) -> _Plan:
-    """p, q float64 [R, V] (normalised). Returns the plan with the fitted level race."""
+def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, tol: float, route: str = "auto") -> _Plan:
+    """p, q float64 [R, V] (normalised). Returns the plan with the fitted level race.
+
+    ``route``: "numpy" (``_optimal_np``, one row at a time: CPU rows of at most ``NP_PLAN_MAX``
+    entries, the default for them under "auto"), "torch" (batched torch: GPU rows and long rows)."""
     R, V = p.shape
+    if route == "numpy" or (route == "auto" and p.device.type == "cpu" and V <= NP_PLAN_MAX):
+        return _plan_numpy(p, q, K, levels, max_iter, tol)
     dev = p.device
     dt = torch.float64
     order = prefix_order(p, q)  # [R, V]
@@ -247,6 +254,20 @@ def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, 
     )
     return plan
 
+
+def _plan_numpy(p, q, K, levels, max_iter, tol) -> _Plan:
+    """``_plan`` by the numpy route (same rule; see ``_optimal_np``)."""
+    d = _np_plan_rows(p, q, K, levels, max_iter, tol, FLOOR_TOL_FACTOR)
+    R = p.shape[0]
+    plan = _Plan()
+    for name in ("order", "rank", "bnd_flat", "lo", "frac", "r_sorted"):
+        setattr(plan, name, d[name])
+    plan.fit = OptimalFit(
+        batch=(R,), order=d["order"], r_sorted=d["r_sorted"], qsel_sorted=d["qsel_sorted"],
+        alpha_star=d["alpha_star"], acceptance=d["acceptance"], n_layers=d["n_layers"], n_fitted=d["n_fitted"],
+        largest_layer=d["largest_layer"], iterations=d["iterations"], converged=d["converged"], levels=levels,
+    )
+    return plan
 
 
 class _Lumped:
@@ -746,11 +767,14 @@ class Optimal(Verifier):
         rep = p.dim() >= 3 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
         return (rep, p[0], q[0]) if rep else (rep, p, q)
 
-    def _make_plan(self, p, q, K):
+    def _make_plan(self, p, q, K, normalised=False):
+        """(p64, q64, plan) of rows p, q; ``normalised``: the rows come from the prologue (float64,
+        normalised: ``rows64`` would return them unchanged, so its O(V) check is skipped)."""
         q = _shared_q(p, q, K)
         V = p.shape[-1]
         rep, pu, qu = self._distinct(p, q)
-        p64, q64, plan = self._fit_rows(_norm64(pu).reshape(-1, V), _norm64(qu).reshape(-1, V), K, pu.shape[:-1])
+        norm = (lambda x: x) if normalised else _norm64
+        p64, q64, plan = self._fit_rows(norm(pu).reshape(-1, V), norm(qu).reshape(-1, V), K, pu.shape[:-1])
         if rep:
             plan = _tile_any(plan, p.shape[0])
             p64 = p64.repeat(p.shape[0], 1)
@@ -803,12 +827,12 @@ class Optimal(Verifier):
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
         if K == 1:
             return self._verify_single(p, q, drafts, g)
-        return self._verify_plan(p, q, drafts, g)
+        return self._verify_plan(p, q, drafts, g, normalised=True)
 
-    def _verify_plan(self, p, q, drafts, g):
+    def _verify_plan(self, p, q, drafts, g, normalised=False):
         """The sampling path through the fitted plan (any K)."""
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
-        p64, q64, plan = self._make_plan(p, q, K)
+        p64, q64, plan = self._make_plan(p, q, K, normalised)
         D = drafts.reshape(-1, K)
         R = D.shape[0]
         _, lid, lo, f, rk = self._draft_info(plan, D)
@@ -870,7 +894,7 @@ class Optimal(Verifier):
     # exact path -----------------------------------------------------------------------
     def _output_distribution(self, p, q, drafts, law):
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
-        p64, q64, plan = self._make_plan(p, q, K)
+        p64, q64, plan = self._make_plan(p, q, K, normalised=True)
         return self._output_from_plan(p64, plan, drafts.reshape(-1, K)).reshape(*batch, V)
 
     def _output_from_plan(self, p64, plan, D):
