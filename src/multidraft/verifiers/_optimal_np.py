@@ -39,7 +39,7 @@ NP_PLAN_MAX = 16384  # CPU rows of at most this many entries are planned here
 
 @functools.lru_cache(maxsize=64)
 def _grid(M: int) -> np.ndarray:
-    return torch.linspace(0.0, 1.0, M + 1, dtype=torch.float64).numpy()  # the torch route's grid, bit for bit
+    return torch.linspace(0.0, 1.0, M + 1, dtype=torch.float64, device="cpu").numpy()  # the torch route's grid, bit for bit
 
 
 def _ipow(x: np.ndarray, k: int) -> np.ndarray:
@@ -73,6 +73,7 @@ def plan_rows(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: i
     order, rank, bnd_flat, lo, frac, r_sorted, qsel_sorted, alpha_star, acceptance, n_layers,
     n_fitted, largest_layer, iterations, converged."""
     R, V = p.shape
+    dev = p.device  # the CPU (this route is taken for CPU rows only)
     pn, qn = p.detach().numpy(), q.detach().numpy()
     order = np.empty((R, V), dtype=np.int64)
     rank = np.empty((R, V), dtype=np.int64)
@@ -92,10 +93,10 @@ def plan_rows(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: i
         b, it, cv = _row(pn[i], qn[i], K, levels, max_iter, tol, floor, ar, order[i], rank[i], lo[i], frac[i], r_s[i], qsel[i], alpha, acc, n_layers, n_fitted, largest, i)
         bnds.append(b + i * (V + 1))
         iters, conv = max(iters, it), conv and cv
-    return dict(order=torch.from_numpy(order), rank=torch.from_numpy(rank), bnd_flat=torch.from_numpy(np.concatenate(bnds)),
-                lo=torch.from_numpy(lo), frac=torch.from_numpy(frac), r_sorted=torch.from_numpy(r_s),
-                qsel_sorted=torch.from_numpy(qsel), alpha_star=torch.from_numpy(alpha), acceptance=torch.from_numpy(acc),
-                n_layers=torch.from_numpy(n_layers), n_fitted=torch.from_numpy(n_fitted), largest_layer=torch.from_numpy(largest),
+    return dict(order=torch.as_tensor(order, device=dev), rank=torch.as_tensor(rank, device=dev), bnd_flat=torch.as_tensor(np.concatenate(bnds), device=dev),
+                lo=torch.as_tensor(lo, device=dev), frac=torch.as_tensor(frac, device=dev), r_sorted=torch.as_tensor(r_s, device=dev),
+                qsel_sorted=torch.as_tensor(qsel, device=dev), alpha_star=torch.as_tensor(alpha, device=dev), acceptance=torch.as_tensor(acc, device=dev),
+                n_layers=torch.as_tensor(n_layers, device=dev), n_fitted=torch.as_tensor(n_fitted, device=dev), largest_layer=torch.as_tensor(largest, device=dev),
                 iterations=iters, converged=conv)
 
 
@@ -274,7 +275,8 @@ def _fit_once(c, qy, Ql, Tl, K, M, max_iter, tol, floor):
     gap = wh - wl
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(inside & (gap > 0), (c - wl) / np.where(gap > 0, gap, 1.0), 0.0)
-    f = np.clip(np.nan_to_num(f, nan=0.0), 0.0, 1.0)
+    f[np.isnan(f)] = 0.0  # (nan_to_num: inf stays inf here and clips to 1, as the torch route's max float does)
+    f = np.clip(f, 0.0, 1.0)
     mu = np.bincount(np.concatenate([lo, hi]), weights=np.concatenate([qy * (1.0 - f), qy * f]), minlength=M)
     Dt = np.empty(M + 1)
     Dt[0] = Qa

@@ -62,6 +62,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy as np
 import torch
 
 from .._scan import cummin, ipow, rev_cummin, segment_search
@@ -83,6 +84,7 @@ DEFAULT_HEAD = 64  # tokens of largest p + q planned one by one (the rest lumped
 DEFAULT_BIN_BITS = 6  # 2^6 q/p bins per octave for the lumped tail (ratios within a factor 1 + 1/64)
 DEFAULT_EXACT_BELOW = 4096  # rows of at most this many tokens are planned token by token
 DEFAULT_WARN_LUMP = 1e-4  # warn when the lumping bound on the acceptance gap exceeds this
+NUMPY_ON_CPU = True  # CPU rows: small plans, the unit rows and the race in numpy (False: torch everywhere; the tests compare both)
 
 
 def chord(lo: torch.Tensor, hi: torch.Tensor, K: int) -> torch.Tensor:
@@ -179,7 +181,7 @@ def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, 
     ``route``: "numpy" (``_optimal_np``, one row at a time: CPU rows of at most ``NP_PLAN_MAX``
     entries, the default for them under "auto"), "torch" (batched torch: GPU rows and long rows)."""
     R, V = p.shape
-    if route == "numpy" or (route == "auto" and p.device.type == "cpu" and V <= NP_PLAN_MAX):
+    if route == "numpy" or (route == "auto" and NUMPY_ON_CPU and p.device.type == "cpu" and V <= NP_PLAN_MAX):
         return _plan_numpy(p, q, K, levels, max_iter, tol)
     dev = p.device
     dt = torch.float64
@@ -308,21 +310,74 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     R, V = p.shape
     dev = p.device
     h = min(head, V)
-    hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices  # [R, h]
+    if NUMPY_ON_CPU and dev.type == "cpu":
+        hidx = _head_numpy(p, q, h)  # [R, h]
+    else:
+        hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices  # [R, h]
     key = _bin_keys(p, q, bits)  # [R, V]
     nb = (255 << bits) + 2
     key.scatter_(-1, hidx, nb - 1)  # head tokens: a dummy bin, dropped
-    Pb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, key.long(), p)
-    Qb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, key.long(), q)
+    kl = key.long()
+    Pb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, kl, p)
+    Qb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, kl, q)
+    ph, qh = p.gather(-1, hidx), q.gather(-1, hidx)  # [R, h]
+    w = 2.0 ** -bits + 2.0 ** -22
+    if NUMPY_ON_CPU and dev.type == "cpu":  # the unit rows are small: numpy (the same values as the torch lines below)
+        red, lut, c, lump = _units_numpy(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol)
+    else:
+        red, lut, c, lump = _units_torch(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol)
+    lp = _Lumped()
+    lp.red, lp.hidx, lp.key, lp.lut, lp.c, lp.q64 = red, hidx, key, lut, c, q
+    lp.fit = LumpedFit(p=p, q=q, K=K, lumped=lp, red_fit=red.fit, lump_bound=lump, head=h, bits=bits)
+    return lp
+
+
+HEAD_THRESHOLDS = (2.0 ** -10, 2.0 ** -16, 2.0 ** -22)  # candidate cut-offs tried for the head (numpy route)
+
+
+def _head_numpy(p, q, h):
+    """The ``h`` tokens of largest p + q per row, ids ascending, ties at the h-th value broken
+    by the lowest ids (a function of the row). p, q float64 CPU ``[R, V]``; returns int64 ``[R, h]``.
+
+    Without a pass over all V values per threshold: the candidates are the tokens with p + q at
+    or above the first cut-off of ``HEAD_THRESHOLDS`` that keeps at least h of them (every token
+    when none does); the h-th largest value v is found among the candidates (``np.partition``),
+    and since v is at or above the cut-off every token of value v is a candidate."""
+    pn, qn = p.numpy(), q.numpy()
+    R, V = pn.shape
+    out = np.empty((R, h), dtype=np.int64)
+    for i in range(R):
+        s = pn[i] + qn[i]
+        for t in HEAD_THRESHOLDS:
+            cand = np.flatnonzero(s >= t)
+            if cand.size >= h:
+                break
+        else:
+            cand = np.arange(V)
+        if cand.size > h:
+            sc = s[cand]
+            v = np.partition(sc, cand.size - h)[cand.size - h]  # the h-th largest value
+            above = cand[sc > v]
+            cand = np.sort(np.concatenate([above, cand[sc == v][: h - above.size]]))
+        out[i] = cand
+    return torch.as_tensor(out, device=p.device)
+
+
+def _units_torch(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol):
+    """The unit rows (head tokens ph, qh ``[R, h]`` first, then the occupied bins of Pb, Qb
+    ``[R, nb]`` in bin order, zero-padded to the batch's largest count), their plan, the bin ->
+    unit table ``lut [R, nb]``, ``c = r_u / q_u [R, U]`` and the lumping bound ``[R]``."""
+    R, nb = Pb.shape
+    dev = Pb.device
     occ = (Pb > 0) | (Qb > 0)
     occ[:, -1] = False
     lut = torch.cumsum(occ, -1).sub_(1).add_(h)  # [R, nb] bin -> unit (where occupied)
     nt = int(occ.sum(-1).max())
     U = h + nt
-    pr = torch.zeros(R, U, dtype=p.dtype, device=dev)
-    qr = torch.zeros(R, U, dtype=p.dtype, device=dev)
-    pr[:, :h] = p.gather(-1, hidx)
-    qr[:, :h] = q.gather(-1, hidx)
+    pr = torch.zeros(R, U, dtype=Pb.dtype, device=dev)
+    qr = torch.zeros(R, U, dtype=Pb.dtype, device=dev)
+    pr[:, :h] = ph
+    qr[:, :h] = qh
     rr, cc = occ.nonzero(as_tuple=True)
     uu = lut[rr, cc]
     pr[rr, uu] = Pb[rr, cc]
@@ -330,12 +385,9 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     red = _plan(pr, qr, K, levels, max_iter, tol)
     r_u = torch.empty_like(pr).scatter_(-1, red.order, red.r_sorted)  # [R, U] unit order
     c = torch.where(qr > 0, r_u / torch.where(qr > 0, qr, torch.ones_like(qr)), torch.zeros_like(qr))
-    lp = _Lumped()
-    lp.red, lp.hidx, lp.key, lp.lut, lp.c, lp.q64 = red, hidx, key, lut, c, q
     # bound on the gap to the true alpha* (which is <= the units' alpha*, min over fewer sets):
     # the units' own gap, plus per tail unit min(p_u, r_u) w/(1+w) (ratios within 1 + w) or
     # min(p_u, r_u) for the clamped bins; see docs/guide/optimal_verifier.md
-    w = 2.0 ** -bits + 2.0 ** -22
     mn = torch.minimum(pr, r_u)
     wide = torch.zeros(R, nb, dtype=torch.bool, device=dev)
     wide[:, : 1 << bits] = True
@@ -344,8 +396,37 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     wide_u[rr, uu] = wide[rr, cc]
     tail = torch.arange(U, device=dev) >= h
     lump = torch.where(wide_u, mn, mn * (w / (1 + w))).mul_(tail).sum(-1)
-    lp.fit = LumpedFit(p=p, q=q, K=K, lumped=lp, red_fit=red.fit, lump_bound=lump, head=h, bits=bits)
-    return lp
+    return red, lut, c, lump
+
+
+def _units_numpy(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol):
+    """``_units_torch`` on CPU in numpy: the same unit rows, plan (numpy route), lut, c and bound."""
+    Pn, Qn = Pb.numpy(), Qb.numpy()
+    R, nb = Pn.shape
+    occ = (Pn > 0) | (Qn > 0)
+    occ[:, -1] = False
+    lut = np.cumsum(occ, -1) - 1 + h  # [R, nb] int64
+    U = h + int(occ.sum(-1).max())
+    pr = np.zeros((R, U))
+    qr = np.zeros((R, U))
+    pr[:, :h] = ph.numpy()
+    qr[:, :h] = qh.numpy()
+    rr, cc = occ.nonzero()
+    uu = lut[rr, cc]
+    pr[rr, uu] = Pn[rr, cc]
+    qr[rr, uu] = Qn[rr, cc]
+    dev = Pb.device
+    red = _plan(torch.as_tensor(pr, device=dev), torch.as_tensor(qr, device=dev), K, levels, max_iter, tol)
+    r_u = np.empty_like(pr)
+    np.put_along_axis(r_u, red.order.numpy(), red.r_sorted.numpy(), -1)
+    pos = qr > 0
+    c = np.where(pos, r_u / np.where(pos, qr, 1.0), 0.0)
+    mn = np.minimum(pr, r_u)
+    wide_u = np.zeros((R, U), dtype=bool)
+    wide_u[rr, uu] = (cc < (1 << bits)) | (cc == (255 << bits))
+    lump = np.where(wide_u, mn, mn * (w / (1 + w)))
+    lump[:, :h] = 0.0
+    return red, torch.as_tensor(lut, device=dev), torch.as_tensor(c, device=dev), torch.as_tensor(lump.sum(-1), device=dev)
 
 
 def _tile_lumped(plan: _Lumped, c: int) -> _Lumped:
@@ -835,25 +916,66 @@ class Optimal(Verifier):
         p64, q64, plan = self._make_plan(p, q, K, normalised)
         D = drafts.reshape(-1, K)
         R = D.shape[0]
-        _, lid, lo, f, rk = self._draft_info(plan, D)
-        u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
-        u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
-        u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p.device)
-        level = lo + (u_lev < f).to(lo.dtype)
-        top = lid.amax(-1, keepdim=True)
-        cand = lid == top
-        lev = torch.where(cand, level, torch.full_like(level, -1))
-        cand = cand & (lev == lev.amax(-1, keepdim=True))
-        win = torch.where(cand, u_tie, torch.full_like(u_tie, -1.0)).argmax(-1, keepdim=True)  # [R, 1]
-        Z = D.gather(-1, win).squeeze(-1)
-        rZ = rk.gather(-1, win).squeeze(-1)
-        pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
-        token = Z.clone()
-        rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
+        if NUMPY_ON_CPU and p.device.type == "cpu":  # the race on [R, K] in numpy: the same operations, no torch dispatch
+            token, rej = self._race_numpy(p64, plan, D, g)
+        else:
+            _, lid, lo, f, rk = self._draft_info(plan, D)
+            u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
+            u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
+            u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p.device)
+            level = lo + (u_lev < f).to(lo.dtype)
+            top = lid.amax(-1, keepdim=True)
+            cand = lid == top
+            lev = torch.where(cand, level, torch.full_like(level, -1))
+            cand = cand & (lev == lev.amax(-1, keepdim=True))
+            win = torch.where(cand, u_tie, torch.full_like(u_tie, -1.0)).argmax(-1, keepdim=True)  # [R, 1]
+            Z = D.gather(-1, win).squeeze(-1)
+            rZ = rk.gather(-1, win).squeeze(-1)
+            pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
+            token = Z.clone()
+            rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
         if rej.numel():
             res = self._residual_rows(p64, plan, rej)
             token[rej] = sample_rows(lambda rows: res[rows], torch.arange(rej.numel(), device=p.device), g)
         return token.reshape(batch)
+
+    @staticmethod
+    def _draft_info_numpy(plan, D):
+        """``_draft_info`` in numpy (CPU plans): (layer id, lo, f, r of the drafted token), each [R, K]."""
+        if isinstance(plan, _Lumped):
+            hidx, lut = plan.hidx.numpy(), plan.lut.numpy()
+            eq = D[:, :, None] == hidx[:, None, :]  # [R, K, h]
+            kb = np.minimum(np.take_along_axis(plan.key.numpy(), D, -1).astype(np.int64), lut.shape[-1] - 1)
+            u = np.where(eq.any(-1), eq.argmax(-1), np.take_along_axis(lut, kb, -1))
+            lid, lo, f, _ = Optimal._draft_info_numpy(plan.red, u)
+            return lid, lo, f, np.take_along_axis(plan.q64.numpy(), D, -1) * np.take_along_axis(plan.c.numpy(), u, -1)
+        R, V = plan.order.shape
+        pos = np.take_along_axis(plan.rank.numpy(), D, -1)  # [R, K]
+        lid = np.searchsorted(plan.bnd_flat.numpy(), np.arange(R)[:, None] * (V + 1) + pos, side="right")
+        return (lid, np.take_along_axis(plan.lo.numpy(), pos, -1), np.take_along_axis(plan.frac.numpy(), pos, -1),
+                np.take_along_axis(plan.r_sorted.numpy(), pos, -1))
+
+    @staticmethod
+    def _race_numpy(p64, plan, D, g):
+        """The level race and the accept coin of ``_verify_plan`` on CPU, in numpy (the same uniforms,
+        read in the same order, and the same float64 operations): (token [R] torch, rejected rows)."""
+        R, K = D.shape
+        dev = p64.device  # the CPU
+        u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=dev).numpy()
+        u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=dev).numpy()
+        u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=dev).numpy()
+        Dn = D.numpy()
+        lid, lo, f, rk = Optimal._draft_info_numpy(plan, Dn)
+        level = lo + (u_lev < f)
+        cand = lid == lid.max(-1, keepdims=True)
+        lev = np.where(cand, level, -1)
+        cand &= lev == lev.max(-1, keepdims=True)
+        win = np.where(cand, u_tie, -1.0).argmax(-1)[:, None]  # [R, 1]
+        Z = np.take_along_axis(Dn, win, -1)[:, 0]
+        rZ = np.take_along_axis(rk, win, -1)[:, 0]
+        pZ = np.take_along_axis(p64.numpy(), Z[:, None], -1)[:, 0]
+        ok = (pZ > 0) & (u_acc * rZ <= pZ)  # _residual.accept
+        return torch.as_tensor(Z.copy(), device=dev), torch.as_tensor(np.flatnonzero(~ok), device=dev)
 
     def _verify_single(self, p, q, drafts, g):
         """K = 1 without the plan: every token is its own layer, so r = q exactly (the plan's
