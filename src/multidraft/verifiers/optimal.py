@@ -44,7 +44,7 @@ from ``verify``), never silently, and the output law stays exactly p.
 
 Large V (issue 27; rows of more than ``exact_below`` tokens, ``head`` not None): the scan runs on
 **units** instead of tokens. The ``head`` tokens of largest p + q (``torch.topk``) are units of
-their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float32 ratio's
+their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float64 ratio's
 bit pattern, 2^bin_bits bins per octave, monotone in q/p). The unit rows get the construction
 above; a token y of unit u gets ``r(y) = q(y) r_u / q_u``, its exact selection probability
 (given the drafts' units, the race is independent of which token of a unit was drafted, and
@@ -293,13 +293,13 @@ class _Lumped:
 
 
 def _bin_keys(p: torch.Tensor, q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Bin of q/p per token, int32 [R, V], monotone in q/p: the float32 ratio's bit pattern
-    shifted right by 23 - bits (exponent and the first ``bits`` mantissa bits), clamped to
-    [0, 255 << bits] (0: q = 0 or a ratio below float32's normal range; 255 << bits: p = 0 or a
-    ratio above it). A bin of a normal key holds ratios within a factor 1 + 2^-bits (+ the
-    float32 rounding)."""
-    ratio = (q / p).float()
-    key = ratio.view(torch.int32).bitwise_right_shift_(23 - bits)
+    """Bin of q/p per token, int64 [R, V], monotone in q/p: the float64 ratio's bit pattern
+    shifted right by 52 - bits (exponent and the first ``bits`` mantissa bits), offset so that
+    float32's normal range [2^-126, 2^128) maps to [1 << bits, 255 << bits), clamped to
+    [0, 255 << bits] (below: q = 0 or a ratio under 2^-126; 255 << bits: p = 0 or a ratio of
+    2^128 or more). A bin of a normal key holds ratios within a factor 1 + 2^-bits. The ratio's
+    own buffer becomes the keys (one O(V) temporary: fresh multi-MB buffers cost page faults)."""
+    key = torch.div(q, p).view(torch.int64).bitwise_right_shift_(52 - bits).sub_(896 << bits)
     return key.clamp_(0, 255 << bits)
 
 
@@ -321,7 +321,7 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     Pb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, kl, p)
     Qb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, kl, q)
     ph, qh = p.gather(-1, hidx), q.gather(-1, hidx)  # [R, h]
-    w = 2.0 ** -bits + 2.0 ** -22
+    w = 2.0 ** -bits + 2.0 ** -22  # the bins' ratio spread (2^-22: a margin for the rounding of q/p, far above it)
     if NUMPY_ON_CPU and dev.type == "cpu":  # the unit rows are small: numpy (the same values as the torch lines below)
         red, lut, c, lump = _units_numpy(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol)
     else:
@@ -332,14 +332,14 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     return lp
 
 
-HEAD_THRESHOLDS = (2.0 ** -10, 2.0 ** -16, 2.0 ** -22)  # candidate cut-offs tried for the head (numpy route)
+HEAD_THRESHOLDS = (2.0 ** -17, 2.0 ** -24)  # candidate cut-offs tried for the head (numpy route); the first keeps >= 64 tokens on LM rows
 
 
 def _head_numpy(p, q, h):
     """The ``h`` tokens of largest p + q per row, ids ascending, ties at the h-th value broken
     by the lowest ids (a function of the row). p, q float64 CPU ``[R, V]``; returns int64 ``[R, h]``.
 
-    Without a pass over all V values per threshold: the candidates are the tokens with p + q at
+    Without a sort or a [V] temporary of p + q: the candidates are the tokens with p + q at
     or above the first cut-off of ``HEAD_THRESHOLDS`` that keeps at least h of them (every token
     when none does); the h-th largest value v is found among the candidates (``np.partition``),
     and since v is at or above the cut-off every token of value v is a candidate."""
@@ -347,15 +347,17 @@ def _head_numpy(p, q, h):
     R, V = pn.shape
     out = np.empty((R, h), dtype=np.int64)
     for i in range(R):
-        s = pn[i] + qn[i]
         for t in HEAD_THRESHOLDS:
-            cand = np.flatnonzero(s >= t)
-            if cand.size >= h:
+            cand = np.flatnonzero((pn[i] >= 0.5 * t) | (qn[i] >= 0.5 * t))  # p + q >= t needs one of them >= t / 2
+            sc = pn[i][cand] + qn[i][cand]
+            keep = sc >= t
+            if int(keep.sum()) >= h:
+                cand, sc = cand[keep], sc[keep]
                 break
         else:
             cand = np.arange(V)
+            sc = pn[i] + qn[i]
         if cand.size > h:
-            sc = s[cand]
             v = np.partition(sc, cand.size - h)[cand.size - h]  # the h-th largest value
             above = cand[sc > v]
             cand = np.sort(np.concatenate([above, cand[sc == v][: h - above.size]]))
