@@ -1,6 +1,7 @@
 r"""The plan of ``optimal`` (prefix scan, layers, fitted level race) in numpy, one row at a time.
 
-The same rule as ``optimal._plan`` (torch), for CPU rows of at most ``NP_PLAN_MAX`` entries: the
+The same rule as ``optimal._plan`` (torch), for CPU rows of at most ``NP_PLAN_MAX`` entries (batches
+of at most ``NP_PLAN_ROWS`` rows): the
 unit rows of the lumped rule (a head of 64 tokens plus a few hundred to two thousand q/p bins)
 and every small-V row. On such rows the torch route spends its time in the dispatch of a few
 thousand small operations (issue 27: ~3 ms of a ~4.5 ms node at V = 151,936); here each
@@ -34,7 +35,9 @@ import functools
 import numpy as np
 import torch
 
-NP_PLAN_MAX = 16384  # CPU rows of at most this many entries are planned here
+NP_PLAN_MAX = 16384  # CPU rows of at most this many entries are planned here ...
+NP_PLAN_ROWS = 512  # ... in batches of at most this many rows (one Python pass per row: a batch of
+# 40,000 small rows, as the chi-square tests draw, is faster on the batched torch route)
 
 
 @functools.lru_cache(maxsize=64)

@@ -67,7 +67,7 @@ import torch
 
 from .._scan import cummin, ipow, rev_cummin, segment_search
 from ..limits.dual import prefix_order
-from ._optimal_np import NP_PLAN_MAX
+from ._optimal_np import NP_PLAN_MAX, NP_PLAN_ROWS
 from ._optimal_np import plan_rows as _np_plan_rows
 from ._residual import accept, accept_prob, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
@@ -178,10 +178,11 @@ class _Plan:
 def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, tol: float, route: str = "auto") -> _Plan:
     """p, q float64 [R, V] (normalised). Returns the plan with the fitted level race.
 
-    ``route``: "numpy" (``_optimal_np``, one row at a time: CPU rows of at most ``NP_PLAN_MAX``
-    entries, the default for them under "auto"), "torch" (batched torch: GPU rows and long rows)."""
+    ``route``: "numpy" (``_optimal_np``, one row at a time: under "auto", CPU batches of at most
+    ``NP_PLAN_ROWS`` rows of at most ``NP_PLAN_MAX`` entries), "torch" (batched torch: GPU rows,
+    long rows, large batches)."""
     R, V = p.shape
-    if route == "numpy" or (route == "auto" and NUMPY_ON_CPU and p.device.type == "cpu" and V <= NP_PLAN_MAX):
+    if route == "numpy" or (route == "auto" and NUMPY_ON_CPU and p.device.type == "cpu" and V <= NP_PLAN_MAX and R <= NP_PLAN_ROWS):
         return _plan_numpy(p, q, K, levels, max_iter, tol)
     dev = p.device
     dt = torch.float64
