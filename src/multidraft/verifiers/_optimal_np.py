@@ -24,9 +24,12 @@ Exactness does not depend on anything the fit does: the accept/residual step of 
 r computed from the placement actually made (Khisti et al., ICLR 2025, arXiv 2410.18234: a
 selection rule followed by single-draft SD against its exact selection law outputs p). The fit
 only moves the acceptance, which is alpha* when it converges. The steps are those of the torch
-route, operation for operation, except the search for the first token of a layer with
-c >= W_l: ``np.searchsorted`` instead of binary lifting (the same index where c is nondecreasing,
-which it is inside a layer up to rounding); a row's rule depends on that row only.
+route, except (a) the search for the first token of a layer with c >= W_l: ``np.searchsorted``
+instead of binary lifting (the same index where c is nondecreasing, which it is inside a layer up
+to rounding) and (b) the fixed-point map sums the level masses in closed form (D'_{l+1} =
+Q(pos_l) + to_lo_l) instead of one by one: the same map in exact arithmetic, rounded differently,
+so the placements agree with the torch route's up to rounding (r to ~1e-15 on the tests' rows). A
+row's rule depends on that row only.
 """
 from __future__ import annotations
 
@@ -191,32 +194,28 @@ def _fit_once(c, qy, Ql, Tl, K, M, max_iter, tol, floor):
     D = Qa + (Qb - Qa) * _grid(M)  # [M+1]
 
     def step(D):
-        """Level masses induced by placing each token by interpolation in W(D). D [..., M+1]."""
+        """Level masses induced by placing each token by interpolation in W(D). D [..., M+1].
+
+        With pos_l the first token of c >= W_l, the tokens below W_0 sit on level 0, those at
+        or above W_{M-1} on level M-1, and bucket l (W_l <= c < W_{l+1}) splits its draft mass
+        between levels l (``to_lo``, so that its mean W matches its mean c) and l + 1. Summed
+        level by level: D'_{l+1} = Q(pos_l) + to_lo_l, D'_0 = Q_a, D'_M = Q_b (the torch route
+        sums the same level masses one by one, which rounds differently)."""
         W = _chord(D[..., :-1], D[..., 1:], K)
         pos = np.searchsorted(c, W, side="left")  # [..., M] first token with c >= W_l
-        edges = np.empty(W.shape[:-1] + (M + 2,), dtype=np.int64)
-        edges[..., 0] = 0
-        edges[..., 1:-1] = pos
-        edges[..., -1] = n
-        sq, stt = Ql[edges], Tl[edges]
-        bq = sq[..., 1:] - sq[..., :-1]  # [..., M+1] bucket b: W_{b-1} <= c < W_b
-        bt = stt[..., 1:] - stt[..., :-1]
-        mu = np.zeros(W.shape)
-        mu[..., 0] += bq[..., 0]
-        mu[..., M - 1] += bq[..., M]
+        sq = Ql[pos]
+        out = np.empty(D.shape)
+        out[..., 0] = Qa
+        out[..., M] = Qb
         if M > 1:
+            stt = Tl[pos]
             wl, wh = W[..., :-1], W[..., 1:]
             gap = wh - wl
             ok = gap > 0
-            g = np.where(ok, gap, 1.0)
-            qi, ti = bq[..., 1:M], bt[..., 1:M]
-            to_lo = np.minimum(np.maximum(np.where(ok, (qi * wh - ti) / g, 0.5 * qi), 0.0), qi)
-            mu[..., :-1] += to_lo
-            mu[..., 1:] += qi - to_lo
-        out = np.empty(D.shape)
-        out[..., 0] = Qa
-        np.cumsum(mu, axis=-1, out=out[..., 1:])
-        out[..., 1:] += Qa
+            qi = sq[..., 1:] - sq[..., :-1]  # [..., M-1] draft mass of bucket l
+            ti = stt[..., 1:] - stt[..., :-1]  # its target mass
+            to_lo = np.minimum(np.maximum(np.where(ok, (qi * wh - ti) / np.where(ok, gap, 1.0), 0.5 * qi), 0.0), qi)
+            np.add(sq[..., :-1], to_lo, out=out[..., 1:M])
         return out
 
     G = step(D)
