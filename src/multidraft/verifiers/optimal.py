@@ -406,7 +406,7 @@ def _units_numpy(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol):
     """``_units_torch`` on CPU in numpy: the same unit rows, plan (numpy route), lut, c and bound."""
     Pn, Qn = Pb.numpy(), Qb.numpy()
     R, nb = Pn.shape
-    occ = (Pn > 0) | (Qn > 0)
+    occ = (Pn + Qn) > 0  # p, q >= 0
     occ[:, -1] = False
     lut = np.cumsum(occ, -1) - 1 + h  # [R, nb] int64
     U = h + int(occ.sum(-1).max())
@@ -945,18 +945,18 @@ class Optimal(Verifier):
     @staticmethod
     def _draft_info_numpy(plan, D):
         """``_draft_info`` in numpy (CPU plans): (layer id, lo, f, r of the drafted token), each [R, K]."""
+        rows = np.arange(D.shape[0])[:, None]  # x[rows, idx]: x.gather(-1, idx)
         if isinstance(plan, _Lumped):
             hidx, lut = plan.hidx.numpy(), plan.lut.numpy()
             eq = D[:, :, None] == hidx[:, None, :]  # [R, K, h]
-            kb = np.minimum(np.take_along_axis(plan.key.numpy(), D, -1).astype(np.int64), lut.shape[-1] - 1)
-            u = np.where(eq.any(-1), eq.argmax(-1), np.take_along_axis(lut, kb, -1))
+            kb = np.minimum(plan.key.numpy()[rows, D].astype(np.int64), lut.shape[-1] - 1)
+            u = np.where(eq.any(-1), eq.argmax(-1), lut[rows, kb])
             lid, lo, f, _ = Optimal._draft_info_numpy(plan.red, u)
-            return lid, lo, f, np.take_along_axis(plan.q64.numpy(), D, -1) * np.take_along_axis(plan.c.numpy(), u, -1)
+            return lid, lo, f, plan.q64.numpy()[rows, D] * plan.c.numpy()[rows, u]
         R, V = plan.order.shape
-        pos = np.take_along_axis(plan.rank.numpy(), D, -1)  # [R, K]
-        lid = np.searchsorted(plan.bnd_flat.numpy(), np.arange(R)[:, None] * (V + 1) + pos, side="right")
-        return (lid, np.take_along_axis(plan.lo.numpy(), pos, -1), np.take_along_axis(plan.frac.numpy(), pos, -1),
-                np.take_along_axis(plan.r_sorted.numpy(), pos, -1))
+        pos = plan.rank.numpy()[rows, D]  # [R, K]
+        lid = np.searchsorted(plan.bnd_flat.numpy(), rows * (V + 1) + pos, side="right")
+        return lid, plan.lo.numpy()[rows, pos], plan.frac.numpy()[rows, pos], plan.r_sorted.numpy()[rows, pos]
 
     @staticmethod
     def _race_numpy(p64, plan, D, g):
@@ -973,12 +973,13 @@ class Optimal(Verifier):
         cand = lid == lid.max(-1, keepdims=True)
         lev = np.where(cand, level, -1)
         cand &= lev == lev.max(-1, keepdims=True)
-        win = np.where(cand, u_tie, -1.0).argmax(-1)[:, None]  # [R, 1]
-        Z = np.take_along_axis(Dn, win, -1)[:, 0]
-        rZ = np.take_along_axis(rk, win, -1)[:, 0]
-        pZ = np.take_along_axis(p64.numpy(), Z[:, None], -1)[:, 0]
+        win = np.where(cand, u_tie, -1.0).argmax(-1)  # [R]
+        rows = np.arange(R)
+        Z = Dn[rows, win]
+        rZ = rk[rows, win]
+        pZ = p64.numpy()[rows, Z]
         ok = (pZ > 0) & (u_acc * rZ <= pZ)  # _residual.accept
-        return torch.as_tensor(Z.copy(), device=dev), torch.as_tensor(np.flatnonzero(~ok), device=dev)
+        return torch.as_tensor(Z, device=dev), torch.as_tensor(np.flatnonzero(~ok), device=dev)
 
     def _verify_single(self, p, q, drafts, g):
         """K = 1 without the plan: every token is its own layer, so r = q exactly (the plan's
