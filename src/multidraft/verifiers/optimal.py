@@ -43,15 +43,23 @@ and iterations; a fit that stops short is reported (``OptimalFit.shortfall``, a 
 from ``verify``), never silently, and the output law stays exactly p.
 
 Large V (issue 27; rows of more than ``exact_below`` tokens, ``head`` not None): the scan runs on
-**units** instead of tokens. The ``head`` tokens of largest p + q (``torch.topk``) are units of
+**units** instead of tokens. The ``head`` tokens of largest p + q (``_head_numpy`` on CPU, ``torch.topk`` on GPU) are units of
 their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float64 ratio's
 bit pattern, 2^bin_bits bins per octave, monotone in q/p). The unit rows get the construction
 above; a token y of unit u gets ``r(y) = q(y) r_u / q_u``, its exact selection probability
 (given the drafts' units, the race is independent of which token of a unit was drafted, and
 that token is q-distributed inside its unit). The output law is p for any head and bins; the
 acceptance loses at most ``w/(1+w)`` of ``min(p_u, r_u)`` per tail unit (ratios within 1 + w),
-reported as ``LumpedFit.shortfall_bound``. No sort of V; O(V) work: topk, the keys, two
+reported as ``LumpedFit.shortfall_bound``. No sort of V; O(V) work: the head, the keys, two
 scatter-adds, and on a rejection the residual.
+
+Routes (issue 27, round 2): on CPU, batches of at most ``NP_PLAN_ROWS`` rows of at most
+``NP_PLAN_MAX`` entries (the unit rows, every small-V row) are planned in numpy one row and one
+layer at a time (``_optimal_np``), and the unit rows, the head, the level race and the accept coin
+run in numpy too: the same rule, without the dispatch of thousands of small torch operations
+(~4.5 -> ~1.7 ms a node at V = 151,936). GPU rows, long rows and large batches take the batched
+torch route (``NUMPY_ON_CPU = False`` forces it). The two routes round differently (and may stop a
+fit at another point within its tolerance); each computes the exact r of its own placement.
 
 Corners: K = 1 puts every token alone (r = q): single-draft SD. Tokens with q = 0 are never
 drafted and get r = 0. Tokens with p = 0 < q come first (ratio inf), each its own layer.
