@@ -1,7 +1,7 @@
 """Per-node verify cost of ``optimal``: the lumped rule against the exact scan, interleaved.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/optimal_ab.py --store STORE [--rows 8] [--draws 6]
-        [--repeats 5] [--ks 2,3,4,6,8] [--out ab.jsonl]
+        [--repeats 5] [--ks 2,3,4,6,8] [--clock wall|thread] [--no-exact] [--out ab.jsonl]
 
 On a shared machine two runs of ``node_cost.py`` minutes apart see different loads, so this
 script times, call after call on the same node, ``specinfer``, ``optimal`` with ``head=None``
@@ -11,6 +11,11 @@ script times, call after call on the same node, ``specinfer``, ``optimal`` with 
 (method, K): the median over repeats of the mean ms per node, and the ratio to ``specinfer``
 of the same repeat (median over repeats). Also the exact acceptance gap of the lumped rule,
 alpha* - sum_y min(p, r), mean and max over the rows (``last_fit.shortfall``).
+``--clock thread`` times with ``time.thread_time`` (CPU time of this thread: on a machine whose
+cores are shared, wall time also counts the waits for a core); ``--no-exact`` leaves out the
+exact scan (150-400 ms a call on a loaded machine). ``--torch-route`` adds ``optimal_torch``: the
+lumped rule with ``optimal.NUMPY_ON_CPU`` off, i.e. the batched-torch route that the first round
+of issue 27 ran on CPU too (and that a GPU runs), timed on the same nodes.
 """
 from __future__ import annotations
 
@@ -30,8 +35,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
+from multidraft.verifiers import optimal as _optimal  # noqa: E402
 from multidraft.verifiers.optimal import Optimal  # noqa: E402
-from node_cost import store_rows, synthetic_rows  # noqa: E402
+from node_cost import CLOCKS, store_rows, synthetic_rows  # noqa: E402
+
+
+class _TorchRoute(Optimal):
+    """``optimal`` (lumped, defaults) with the numpy route switched off for its own calls."""
+
+    def verify(self, *a, **kw):
+        old, _optimal.NUMPY_ON_CPU = _optimal.NUMPY_ON_CPU, False
+        try:
+            return super().verify(*a, **kw)
+        finally:
+            _optimal.NUMPY_ON_CPU = old
 
 
 def main(argv=None):
@@ -43,6 +60,9 @@ def main(argv=None):
     ap.add_argument("--ks", default="2,3,4,6,8")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
+    ap.add_argument("--no-exact", action="store_true", help="leave out optimal with head=None (the exact scan)")
+    ap.add_argument("--torch-route", action="store_true", help="also time the lumped rule on the torch route (optimal_torch)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -52,11 +72,19 @@ def main(argv=None):
         TL, DL, src = synthetic_rows(args.rows, 151_936, args.seed)
     P, Q = torch.softmax(TL, -1), torch.softmax(DL, -1)  # float32 rows, as the engine passes them
     methods = {"specinfer": _verifiers.get("specinfer"), "optimal_exact": Optimal(head=None), "optimal": Optimal()}
+    if args.no_exact:
+        del methods["optimal_exact"]
+    if args.torch_route:
+        methods["optimal_torch"] = _TorchRoute()
+    clock = CLOCKS[args.clock]
     meta = {"kind": "meta", "benchmark": "optimal_ab", "rows": args.rows, "draws": args.draws, "repeats": args.repeats,
-            "threads": args.threads, "distributions": src, "load_average_before": list(os.getloadavg())}
+            "threads": args.threads, "clock": args.clock, "distributions": src, "load_average_before": list(os.getloadavg())}
     lines = [meta]
-    print(f"V = {P.shape[-1]}, {args.rows} rows x {args.draws} draws, {args.repeats} repeats, {args.threads} thread(s); load {meta['load_average_before']}")
-    print(f"{'K':>2} {'specinfer ms':>12} {'exact ms':>9} {'lumped ms':>9} {'exact/spec':>10} {'lumped/spec':>11} {'exact/lumped':>12} {'gap mean':>9} {'gap max':>9}")
+    print(f"V = {P.shape[-1]}, {args.rows} rows x {args.draws} draws, {args.repeats} repeats, {args.threads} thread(s), "
+          f"{args.clock} clock; load {meta['load_average_before']}")
+    nan = float("nan")
+    print(f"{'K':>2} {'specinfer ms':>12} {'exact ms':>9} {'torch ms':>9} {'lumped ms':>9} {'exact/spec':>10} {'torch/spec':>10} {'lumped/spec':>11} "
+          f"{'exact/lumped':>12} {'torch/lumped':>12} {'gap mean':>9} {'gap max':>9}")
     for k in [int(x) for x in args.ks.split(",")]:
         nodes = []
         for i in range(P.shape[0]):
@@ -69,9 +97,9 @@ def main(argv=None):
             for p, q, dr, s in nodes:
                 for name, v in methods.items():
                     g = torch.Generator().manual_seed(s)
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     v.verify(p, q, dr, generator=g, law="iid", validate=False)
-                    tot[name] += time.perf_counter() - t0
+                    tot[name] += clock() - t0
             if rep:  # the first repeat warms up
                 for name in methods:
                     per[name].append(1e3 * tot[name] / len(nodes))
@@ -82,11 +110,13 @@ def main(argv=None):
         med = {m: statistics.median(x) for m, x in per.items()}
         ratio = {m: statistics.median([a / b for a, b in zip(per[m], per["specinfer"])]) for m in methods}
         row = {"kind": "k", "k": k, "ms": med, "ms_repeats": per, "ratio_to_specinfer": ratio,
-               "exact_over_lumped": statistics.median([a / b for a, b in zip(per["optimal_exact"], per["optimal"])]),
+               "exact_over_lumped": statistics.median([a / b for a, b in zip(per["optimal_exact"], per["optimal"])]) if "optimal_exact" in per else nan,
+               "torch_over_numpy": statistics.median([a / b for a, b in zip(per["optimal_torch"], per["optimal"])]) if "optimal_torch" in per else nan,
                "gap_mean": sum(gaps) / len(gaps), "gap_max": max(gaps), "load_average": list(os.getloadavg())}
         lines.append(row)
-        print(f"{k:>2} {med['specinfer']:>12.2f} {med['optimal_exact']:>9.2f} {med['optimal']:>9.2f} {ratio['optimal_exact']:>10.1f} "
-              f"{ratio['optimal']:>11.1f} {row['exact_over_lumped']:>12.1f} {row['gap_mean']:>9.1e} {row['gap_max']:>9.1e}", flush=True)
+        print(f"{k:>2} {med['specinfer']:>12.2f} {med.get('optimal_exact', nan):>9.2f} {med.get('optimal_torch', nan):>9.2f} {med['optimal']:>9.2f} "
+              f"{ratio.get('optimal_exact', nan):>10.1f} {ratio.get('optimal_torch', nan):>10.1f} {ratio['optimal']:>11.2f} "
+              f"{row['exact_over_lumped']:>12.1f} {row['torch_over_numpy']:>12.2f} {row['gap_mean']:>9.1e} {row['gap_max']:>9.1e}", flush=True)
     if args.out:
         args.out.write_text("".join(json.dumps(x) + "\n" for x in lines))
 

@@ -43,15 +43,23 @@ and iterations; a fit that stops short is reported (``OptimalFit.shortfall``, a 
 from ``verify``), never silently, and the output law stays exactly p.
 
 Large V (issue 27; rows of more than ``exact_below`` tokens, ``head`` not None): the scan runs on
-**units** instead of tokens. The ``head`` tokens of largest p + q (``torch.topk``) are units of
-their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float32 ratio's
+**units** instead of tokens. The ``head`` tokens of largest p + q (``_head_numpy`` on CPU, ``torch.topk`` on GPU) are units of
+their own; every other token joins the unit of its q/p bin (``_bin_keys``: the float64 ratio's
 bit pattern, 2^bin_bits bins per octave, monotone in q/p). The unit rows get the construction
 above; a token y of unit u gets ``r(y) = q(y) r_u / q_u``, its exact selection probability
 (given the drafts' units, the race is independent of which token of a unit was drafted, and
 that token is q-distributed inside its unit). The output law is p for any head and bins; the
 acceptance loses at most ``w/(1+w)`` of ``min(p_u, r_u)`` per tail unit (ratios within 1 + w),
-reported as ``LumpedFit.shortfall_bound``. No sort of V; O(V) work: topk, the keys, two
+reported as ``LumpedFit.shortfall_bound``. No sort of V; O(V) work: the head, the keys, two
 scatter-adds, and on a rejection the residual.
+
+Routes (issue 27, round 2): on CPU, batches of at most ``NP_PLAN_ROWS`` rows of at most
+``NP_PLAN_MAX`` entries (the unit rows, every small-V row) are planned in numpy one row and one
+layer at a time (``_optimal_np``), and the unit rows, the head, the level race and the accept coin
+run in numpy too: the same rule, without the dispatch of thousands of small torch operations
+(~4.5 -> ~1.7 ms a node at V = 151,936). GPU rows, long rows and large batches take the batched
+torch route (``NUMPY_ON_CPU = False`` forces it). The two routes round differently (and may stop a
+fit at another point within its tolerance); each computes the exact r of its own placement.
 
 Corners: K = 1 puts every token alone (r = q): single-draft SD. Tokens with q = 0 are never
 drafted and get r = 0. Tokens with p = 0 < q come first (ratio inf), each its own layer.
@@ -62,10 +70,13 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy as np
 import torch
 
 from .._scan import cummin, ipow, rev_cummin, segment_search
 from ..limits.dual import prefix_order
+from ._optimal_np import NP_PLAN_MAX, NP_PLAN_ROWS
+from ._optimal_np import plan_rows as _np_plan_rows
 from ._residual import accept, accept_prob, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
 from .registry import register
@@ -81,6 +92,7 @@ DEFAULT_HEAD = 64  # tokens of largest p + q planned one by one (the rest lumped
 DEFAULT_BIN_BITS = 6  # 2^6 q/p bins per octave for the lumped tail (ratios within a factor 1 + 1/64)
 DEFAULT_EXACT_BELOW = 4096  # rows of at most this many tokens are planned token by token
 DEFAULT_WARN_LUMP = 1e-4  # warn when the lumping bound on the acceptance gap exceeds this
+NUMPY_ON_CPU = True  # CPU rows: small plans, the unit rows and the race in numpy (False: torch everywhere; the tests compare both)
 
 
 def chord(lo: torch.Tensor, hi: torch.Tensor, K: int) -> torch.Tensor:
@@ -171,9 +183,15 @@ class _Plan:
         return torch.searchsorted(self.bnd_flat, (rows + pos).reshape(-1), right=True).reshape(pos.shape)
 
 
-def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, tol: float) -> _Plan:
-    """p, q float64 [R, V] (normalised). Returns the plan with the fitted level race."""
+def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, tol: float, route: str = "auto") -> _Plan:
+    """p, q float64 [R, V] (normalised). Returns the plan with the fitted level race.
+
+    ``route``: "numpy" (``_optimal_np``, one row at a time: under "auto", CPU batches of at most
+    ``NP_PLAN_ROWS`` rows of at most ``NP_PLAN_MAX`` entries), "torch" (batched torch: GPU rows,
+    long rows, large batches)."""
     R, V = p.shape
+    if route == "numpy" or (route == "auto" and NUMPY_ON_CPU and p.device.type == "cpu" and V <= NP_PLAN_MAX and R <= NP_PLAN_ROWS):
+        return _plan_numpy(p, q, K, levels, max_iter, tol)
     dev = p.device
     dt = torch.float64
     order = prefix_order(p, q)  # [R, V]
@@ -248,6 +266,20 @@ def _plan(p: torch.Tensor, q: torch.Tensor, K: int, levels: int, max_iter: int, 
     return plan
 
 
+def _plan_numpy(p, q, K, levels, max_iter, tol) -> _Plan:
+    """``_plan`` by the numpy route (same rule; see ``_optimal_np``)."""
+    d = _np_plan_rows(p, q, K, levels, max_iter, tol, FLOOR_TOL_FACTOR)
+    R = p.shape[0]
+    plan = _Plan()
+    for name in ("order", "rank", "bnd_flat", "lo", "frac", "r_sorted"):
+        setattr(plan, name, d[name])
+    plan.fit = OptimalFit(
+        batch=(R,), order=d["order"], r_sorted=d["r_sorted"], qsel_sorted=d["qsel_sorted"],
+        alpha_star=d["alpha_star"], acceptance=d["acceptance"], n_layers=d["n_layers"], n_fitted=d["n_fitted"],
+        largest_layer=d["largest_layer"], iterations=d["iterations"], converged=d["converged"], levels=levels,
+    )
+    return plan
+
 
 class _Lumped:
     """A plan on a reduced alphabet of units (head tokens alone, tail tokens lumped by q/p bin),
@@ -270,13 +302,13 @@ class _Lumped:
 
 
 def _bin_keys(p: torch.Tensor, q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Bin of q/p per token, int32 [R, V], monotone in q/p: the float32 ratio's bit pattern
-    shifted right by 23 - bits (exponent and the first ``bits`` mantissa bits), clamped to
-    [0, 255 << bits] (0: q = 0 or a ratio below float32's normal range; 255 << bits: p = 0 or a
-    ratio above it). A bin of a normal key holds ratios within a factor 1 + 2^-bits (+ the
-    float32 rounding)."""
-    ratio = (q / p).float()
-    key = ratio.view(torch.int32).bitwise_right_shift_(23 - bits)
+    """Bin of q/p per token, int64 [R, V], monotone in q/p: the float64 ratio's bit pattern
+    shifted right by 52 - bits (exponent and the first ``bits`` mantissa bits), offset so that
+    float32's normal range [2^-126, 2^128) maps to [1 << bits, 255 << bits), clamped to
+    [0, 255 << bits] (below: q = 0 or a ratio under 2^-126; 255 << bits: p = 0 or a ratio of
+    2^128 or more). A bin of a normal key holds ratios within a factor 1 + 2^-bits. The ratio's
+    own buffer becomes the keys (one O(V) temporary: fresh multi-MB buffers cost page faults)."""
+    key = torch.div(q, p).view(torch.int64).bitwise_right_shift_(52 - bits).sub_(896 << bits)
     return key.clamp_(0, 255 << bits)
 
 
@@ -287,21 +319,76 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     R, V = p.shape
     dev = p.device
     h = min(head, V)
-    hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices  # [R, h]
+    if NUMPY_ON_CPU and dev.type == "cpu":
+        hidx = _head_numpy(p, q, h)  # [R, h]
+    else:
+        hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices  # [R, h]
     key = _bin_keys(p, q, bits)  # [R, V]
     nb = (255 << bits) + 2
     key.scatter_(-1, hidx, nb - 1)  # head tokens: a dummy bin, dropped
-    Pb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, key.long(), p)
-    Qb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, key.long(), q)
+    kl = key.long()
+    Pb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, kl, p)
+    Qb = torch.zeros(R, nb, dtype=p.dtype, device=dev).scatter_add_(-1, kl, q)
+    ph, qh = p.gather(-1, hidx), q.gather(-1, hidx)  # [R, h]
+    w = 2.0 ** -bits + 2.0 ** -22  # the bins' ratio spread (2^-22: a margin for the rounding of q/p, far above it)
+    if NUMPY_ON_CPU and dev.type == "cpu":  # the unit rows are small: numpy (the same values as the torch lines below)
+        red, lut, c, lump = _units_numpy(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol)
+    else:
+        red, lut, c, lump = _units_torch(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol)
+    lp = _Lumped()
+    lp.red, lp.hidx, lp.key, lp.lut, lp.c, lp.q64 = red, hidx, key, lut, c, q
+    lp.fit = LumpedFit(p=p, q=q, K=K, lumped=lp, red_fit=red.fit, lump_bound=lump, head=h, bits=bits)
+    return lp
+
+
+HEAD_THRESHOLDS = (2.0 ** -17, 2.0 ** -24)  # candidate cut-offs tried for the head (numpy route); the first keeps >= 64 tokens on LM rows
+
+
+def _head_numpy(p, q, h):
+    """The ``h`` tokens of largest p + q per row, ids ascending, ties at the h-th value broken
+    by the lowest ids (a function of the row). p, q float64 CPU ``[R, V]``; returns int64 ``[R, h]``.
+
+    Without a sort or a [V] temporary of p + q: the candidates are the tokens with p + q at
+    or above the first cut-off of ``HEAD_THRESHOLDS`` that keeps at least h of them (every token
+    when none does); the h-th largest value v is found among the candidates (``np.partition``),
+    and since v is at or above the cut-off every token of value v is a candidate."""
+    pn, qn = p.numpy(), q.numpy()
+    R, V = pn.shape
+    out = np.empty((R, h), dtype=np.int64)
+    for i in range(R):
+        for t in HEAD_THRESHOLDS:
+            cand = np.flatnonzero((pn[i] >= 0.5 * t) | (qn[i] >= 0.5 * t))  # p + q >= t needs one of them >= t / 2
+            sc = pn[i][cand] + qn[i][cand]
+            keep = sc >= t
+            if int(keep.sum()) >= h:
+                cand, sc = cand[keep], sc[keep]
+                break
+        else:
+            cand = np.arange(V)
+            sc = pn[i] + qn[i]
+        if cand.size > h:
+            v = np.partition(sc, cand.size - h)[cand.size - h]  # the h-th largest value
+            above = cand[sc > v]
+            cand = np.sort(np.concatenate([above, cand[sc == v][: h - above.size]]))
+        out[i] = cand
+    return torch.as_tensor(out, device=p.device)
+
+
+def _units_torch(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol):
+    """The unit rows (head tokens ph, qh ``[R, h]`` first, then the occupied bins of Pb, Qb
+    ``[R, nb]`` in bin order, zero-padded to the batch's largest count), their plan, the bin ->
+    unit table ``lut [R, nb]``, ``c = r_u / q_u [R, U]`` and the lumping bound ``[R]``."""
+    R, nb = Pb.shape
+    dev = Pb.device
     occ = (Pb > 0) | (Qb > 0)
     occ[:, -1] = False
     lut = torch.cumsum(occ, -1).sub_(1).add_(h)  # [R, nb] bin -> unit (where occupied)
     nt = int(occ.sum(-1).max())
     U = h + nt
-    pr = torch.zeros(R, U, dtype=p.dtype, device=dev)
-    qr = torch.zeros(R, U, dtype=p.dtype, device=dev)
-    pr[:, :h] = p.gather(-1, hidx)
-    qr[:, :h] = q.gather(-1, hidx)
+    pr = torch.zeros(R, U, dtype=Pb.dtype, device=dev)
+    qr = torch.zeros(R, U, dtype=Pb.dtype, device=dev)
+    pr[:, :h] = ph
+    qr[:, :h] = qh
     rr, cc = occ.nonzero(as_tuple=True)
     uu = lut[rr, cc]
     pr[rr, uu] = Pb[rr, cc]
@@ -309,12 +396,9 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     red = _plan(pr, qr, K, levels, max_iter, tol)
     r_u = torch.empty_like(pr).scatter_(-1, red.order, red.r_sorted)  # [R, U] unit order
     c = torch.where(qr > 0, r_u / torch.where(qr > 0, qr, torch.ones_like(qr)), torch.zeros_like(qr))
-    lp = _Lumped()
-    lp.red, lp.hidx, lp.key, lp.lut, lp.c, lp.q64 = red, hidx, key, lut, c, q
     # bound on the gap to the true alpha* (which is <= the units' alpha*, min over fewer sets):
     # the units' own gap, plus per tail unit min(p_u, r_u) w/(1+w) (ratios within 1 + w) or
     # min(p_u, r_u) for the clamped bins; see docs/guide/optimal_verifier.md
-    w = 2.0 ** -bits + 2.0 ** -22
     mn = torch.minimum(pr, r_u)
     wide = torch.zeros(R, nb, dtype=torch.bool, device=dev)
     wide[:, : 1 << bits] = True
@@ -323,8 +407,37 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     wide_u[rr, uu] = wide[rr, cc]
     tail = torch.arange(U, device=dev) >= h
     lump = torch.where(wide_u, mn, mn * (w / (1 + w))).mul_(tail).sum(-1)
-    lp.fit = LumpedFit(p=p, q=q, K=K, lumped=lp, red_fit=red.fit, lump_bound=lump, head=h, bits=bits)
-    return lp
+    return red, lut, c, lump
+
+
+def _units_numpy(Pb, Qb, ph, qh, K, h, bits, w, levels, max_iter, tol):
+    """``_units_torch`` on CPU in numpy: the same unit rows, plan (numpy route), lut, c and bound."""
+    Pn, Qn = Pb.numpy(), Qb.numpy()
+    R, nb = Pn.shape
+    occ = (Pn + Qn) > 0  # p, q >= 0
+    occ[:, -1] = False
+    lut = np.cumsum(occ, -1) - 1 + h  # [R, nb] int64
+    U = h + int(occ.sum(-1).max())
+    pr = np.zeros((R, U))
+    qr = np.zeros((R, U))
+    pr[:, :h] = ph.numpy()
+    qr[:, :h] = qh.numpy()
+    rr, cc = occ.nonzero()
+    uu = lut[rr, cc]
+    pr[rr, uu] = Pn[rr, cc]
+    qr[rr, uu] = Qn[rr, cc]
+    dev = Pb.device
+    red = _plan(torch.as_tensor(pr, device=dev), torch.as_tensor(qr, device=dev), K, levels, max_iter, tol)
+    r_u = np.empty_like(pr)
+    np.put_along_axis(r_u, red.order.numpy(), red.r_sorted.numpy(), -1)
+    pos = qr > 0
+    c = np.where(pos, r_u / np.where(pos, qr, 1.0), 0.0)
+    mn = np.minimum(pr, r_u)
+    wide_u = np.zeros((R, U), dtype=bool)
+    wide_u[rr, uu] = (cc < (1 << bits)) | (cc == (255 << bits))
+    lump = np.where(wide_u, mn, mn * (w / (1 + w)))
+    lump[:, :h] = 0.0
+    return red, torch.as_tensor(lut, device=dev), torch.as_tensor(c, device=dev), torch.as_tensor(lump.sum(-1), device=dev)
 
 
 def _tile_lumped(plan: _Lumped, c: int) -> _Lumped:
@@ -746,11 +859,14 @@ class Optimal(Verifier):
         rep = p.dim() >= 3 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
         return (rep, p[0], q[0]) if rep else (rep, p, q)
 
-    def _make_plan(self, p, q, K):
+    def _make_plan(self, p, q, K, normalised=False):
+        """(p64, q64, plan) of rows p, q; ``normalised``: the rows come from the prologue (float64,
+        normalised: ``rows64`` would return them unchanged, so its O(V) check is skipped)."""
         q = _shared_q(p, q, K)
         V = p.shape[-1]
         rep, pu, qu = self._distinct(p, q)
-        p64, q64, plan = self._fit_rows(_norm64(pu).reshape(-1, V), _norm64(qu).reshape(-1, V), K, pu.shape[:-1])
+        norm = (lambda x: x) if normalised else _norm64
+        p64, q64, plan = self._fit_rows(norm(pu).reshape(-1, V), norm(qu).reshape(-1, V), K, pu.shape[:-1])
         if rep:
             plan = _tile_any(plan, p.shape[0])
             p64 = p64.repeat(p.shape[0], 1)
@@ -803,33 +919,75 @@ class Optimal(Verifier):
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
         if K == 1:
             return self._verify_single(p, q, drafts, g)
-        return self._verify_plan(p, q, drafts, g)
+        return self._verify_plan(p, q, drafts, g, normalised=True)
 
-    def _verify_plan(self, p, q, drafts, g):
+    def _verify_plan(self, p, q, drafts, g, normalised=False):
         """The sampling path through the fitted plan (any K)."""
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
-        p64, q64, plan = self._make_plan(p, q, K)
+        p64, q64, plan = self._make_plan(p, q, K, normalised)
         D = drafts.reshape(-1, K)
         R = D.shape[0]
-        _, lid, lo, f, rk = self._draft_info(plan, D)
-        u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
-        u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
-        u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p.device)
-        level = lo + (u_lev < f).to(lo.dtype)
-        top = lid.amax(-1, keepdim=True)
-        cand = lid == top
-        lev = torch.where(cand, level, torch.full_like(level, -1))
-        cand = cand & (lev == lev.amax(-1, keepdim=True))
-        win = torch.where(cand, u_tie, torch.full_like(u_tie, -1.0)).argmax(-1, keepdim=True)  # [R, 1]
-        Z = D.gather(-1, win).squeeze(-1)
-        rZ = rk.gather(-1, win).squeeze(-1)
-        pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
-        token = Z.clone()
-        rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
+        if NUMPY_ON_CPU and p.device.type == "cpu":  # the race on [R, K] in numpy: the same operations, no torch dispatch
+            token, rej = self._race_numpy(p64, plan, D, g)
+        else:
+            _, lid, lo, f, rk = self._draft_info(plan, D)
+            u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
+            u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
+            u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p.device)
+            level = lo + (u_lev < f).to(lo.dtype)
+            top = lid.amax(-1, keepdim=True)
+            cand = lid == top
+            lev = torch.where(cand, level, torch.full_like(level, -1))
+            cand = cand & (lev == lev.amax(-1, keepdim=True))
+            win = torch.where(cand, u_tie, torch.full_like(u_tie, -1.0)).argmax(-1, keepdim=True)  # [R, 1]
+            Z = D.gather(-1, win).squeeze(-1)
+            rZ = rk.gather(-1, win).squeeze(-1)
+            pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
+            token = Z.clone()
+            rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
         if rej.numel():
             res = self._residual_rows(p64, plan, rej)
             token[rej] = sample_rows(lambda rows: res[rows], torch.arange(rej.numel(), device=p.device), g)
         return token.reshape(batch)
+
+    @staticmethod
+    def _draft_info_numpy(plan, D):
+        """``_draft_info`` in numpy (CPU plans): (layer id, lo, f, r of the drafted token), each [R, K]."""
+        rows = np.arange(D.shape[0])[:, None]  # x[rows, idx]: x.gather(-1, idx)
+        if isinstance(plan, _Lumped):
+            hidx, lut = plan.hidx.numpy(), plan.lut.numpy()
+            eq = D[:, :, None] == hidx[:, None, :]  # [R, K, h]
+            kb = np.minimum(plan.key.numpy()[rows, D].astype(np.int64), lut.shape[-1] - 1)
+            u = np.where(eq.any(-1), eq.argmax(-1), lut[rows, kb])
+            lid, lo, f, _ = Optimal._draft_info_numpy(plan.red, u)
+            return lid, lo, f, plan.q64.numpy()[rows, D] * plan.c.numpy()[rows, u]
+        R, V = plan.order.shape
+        pos = plan.rank.numpy()[rows, D]  # [R, K]
+        lid = np.searchsorted(plan.bnd_flat.numpy(), rows * (V + 1) + pos, side="right")
+        return lid, plan.lo.numpy()[rows, pos], plan.frac.numpy()[rows, pos], plan.r_sorted.numpy()[rows, pos]
+
+    @staticmethod
+    def _race_numpy(p64, plan, D, g):
+        """The level race and the accept coin of ``_verify_plan`` on CPU, in numpy (the same uniforms,
+        read in the same order, and the same float64 operations): (token [R] torch, rejected rows)."""
+        R, K = D.shape
+        dev = p64.device  # the CPU
+        u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=dev).numpy()
+        u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=dev).numpy()
+        u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=dev).numpy()
+        Dn = D.numpy()
+        lid, lo, f, rk = Optimal._draft_info_numpy(plan, Dn)
+        level = lo + (u_lev < f)
+        cand = lid == lid.max(-1, keepdims=True)
+        lev = np.where(cand, level, -1)
+        cand &= lev == lev.max(-1, keepdims=True)
+        win = np.where(cand, u_tie, -1.0).argmax(-1)  # [R]
+        rows = np.arange(R)
+        Z = Dn[rows, win]
+        rZ = rk[rows, win]
+        pZ = p64.numpy()[rows, Z]
+        ok = (pZ > 0) & (u_acc * rZ <= pZ)  # _residual.accept
+        return torch.as_tensor(Z, device=dev), torch.as_tensor(np.flatnonzero(~ok), device=dev)
 
     def _verify_single(self, p, q, drafts, g):
         """K = 1 without the plan: every token is its own layer, so r = q exactly (the plan's
@@ -870,7 +1028,7 @@ class Optimal(Verifier):
     # exact path -----------------------------------------------------------------------
     def _output_distribution(self, p, q, drafts, law):
         batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
-        p64, q64, plan = self._make_plan(p, q, K)
+        p64, q64, plan = self._make_plan(p, q, K, normalised=True)
         return self._output_from_plan(p64, plan, drafts.reshape(-1, K)).reshape(*batch, V)
 
     def _output_from_plan(self, p64, plan, D):
