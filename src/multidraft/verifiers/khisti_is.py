@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._scan import cdf_search, top_desc_stable
-from ._residual import NORMALISED, accept, accept_prob, chunk_rows, residual_law, residual_or, rows64, sample_rows
+from ._residual import NORMALISED, accept, accept_prob, chunk_rows, residual_law, residual_or, row_scale, rows64, sample_rows
 from .base import Verifier
 from .registry import register
 
@@ -503,10 +503,11 @@ def _stages_np(p, t, to, solver):
 
 
 def _row_scales(x: torch.Tensor) -> torch.Tensor:
-    """``row_scale(x)`` of one row ``[V]`` or of a few ``[K, V]`` (the same float64 values, in
-    fewer calls): each row's float64 sum, 1.0 where it is within ``NORMALISED`` of 1."""
-    s = x.sum(-1, keepdim=True) if x.dtype == torch.float64 else x.sum(-1, keepdim=True, dtype=torch.float64)
-    return torch.where(((s - 1.0).abs() > NORMALISED) & (s > 0), s, torch.ones_like(s))
+    """``row_scale(x)`` of one row ``[V]`` or of a few ``[K, V]``: each row's float64 sum, 1.0
+    where it is within ``NORMALISED`` of 1. It IS ``row_scale`` (the same call): a sum over
+    [K, V] at once splits its work between threads differently from row_scale's chunks, and the
+    last bit then depends on the thread count."""
+    return row_scale(x)
 
 
 class _Row:
