@@ -431,7 +431,7 @@ class _Decoder:
     # drafting ---------------------------------------------------------------------------
     def _draft_tree(self, tree: DraftTree) -> None:
         """Draft ``tree`` with this decoder's own draft runner (``_draft_calls`` served at once)."""
-        drive(self._draft_calls(tree), self.t, self.d)
+        drive(self._draft_calls(tree), None, self.d)  # drafting asks the draft model only
 
     def _draft_calls(self, tree: DraftTree):
         # level 0: the pending tokens and the root, a plain causal chain
