@@ -87,8 +87,10 @@ def rev_cummin(x: torch.Tensor) -> torch.Tensor:
     return torch.flip(torch.cummin(torch.flip(x, [-1]), -1).values, [-1])
 
 
-def ipow(x: torch.Tensor, k: int) -> torch.Tensor:
-    """x ** k for an integer k >= 0 by repeated squaring (elementwise multiplications only).
+def ipow(x, k: int):
+    """x ** k for an integer k >= 0 by repeated squaring (elementwise multiplications only); x a
+    torch tensor or a numpy array (the numpy plan of ``verifiers._optimal_np`` multiplies in the
+    same order, so both give the same bits).
 
     For k = 1 the result is x itself (not a copy)."""
     if k < 0:
@@ -101,7 +103,9 @@ def ipow(x: torch.Tensor, k: int) -> torch.Tensor:
         k >>= 1
         if k:
             base = base * base
-    return torch.ones_like(x) if out is None else out
+    if out is None:
+        return torch.ones_like(x) if isinstance(x, torch.Tensor) else np.ones_like(x)
+    return out
 
 
 def segment_search(c: torch.Tensor, first: torch.Tensor, end: torch.Tensor, w: torch.Tensor, nbits: int | None = None) -> torch.Tensor:

@@ -2,10 +2,8 @@
 benchmark: method names, rows in the schema, the seed rule, the headline's three-way comparison."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +14,8 @@ import tiny_models as tm  # noqa: E402
 import multidraft as md  # noqa: E402
 from multidraft.experiments import decode_runs as dr  # noqa: E402
 from multidraft.experiments.records import derived_seed, row_problem  # noqa: E402
+from bench_loader import benchmark_module
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [("p0", torch.tensor([[3, 1, 4, 1, 5]])), ("p1", torch.tensor([[2, 7, 1, 8, 2, 8, 1]]))]
 
 
@@ -76,14 +74,8 @@ def test_rule_rows_carry_the_schema_and_the_seed_rule(pair):
 
 @pytest.fixture(scope="module")
 def ds():
-    spec = importlib.util.spec_from_file_location("decode_speed_rules", ROOT / "benchmarks/decode_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
+    with benchmark_module("decode_speed", "decode_speed_rules") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_seq_rule_methods_parse_and_check(ds):

@@ -2,7 +2,6 @@
 rounds pooled per prompt, paired ratios, the headline, the JSONL summary."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -11,20 +10,15 @@ from pathlib import Path
 import pytest
 
 from multidraft.experiments import decode_runs as dr
+from bench_loader import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def ds():
-    spec = importlib.util.spec_from_file_location("decode_speed", ROOT / "benchmarks/decode_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
+    with benchmark_module("decode_speed") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _row(method, kind, prompt, tokens, seconds, calls, rnd=None, acc=0.5, tree=None):

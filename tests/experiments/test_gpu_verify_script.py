@@ -3,21 +3,17 @@ row for every verifier it times and a softmax reference; without CUDA the defaul
 refuses with a message and status 2. The GPU run itself is never part of the tests."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from bench_loader import benchmark_module
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("gpu_verify", ROOT / "benchmarks" / "gpu_verify.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    with benchmark_module("gpu_verify") as mod:
+        return mod
 
 
 def test_gpu_verify_runs_tiny_on_cpu(tmp_path, capsys):

@@ -1,7 +1,6 @@
 """benchmarks/tree_ceiling.py on a synthetic study: chains against trees, rebuilt from its JSONL."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,16 +8,14 @@ import numpy as np
 import pytest
 
 from multidraft.decoding.treeopt import CostProfile
+from bench_loader import benchmark_module
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tc():
-    spec = importlib.util.spec_from_file_location("tree_ceiling", ROOT / "benchmarks/tree_ceiling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    with benchmark_module("tree_ceiling") as mod:
+        yield mod
 
 
 def _study(path: Path, a1, a2):

@@ -4,28 +4,20 @@ the tiny pair's live server (tests/serve/live_server.py)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 from live_server import MODEL
+from bench_loader import benchmark_module
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def sl():
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks/serve_load.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
+    with benchmark_module("serve_load") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 # --- arguments and command lines -------------------------------------------------------------

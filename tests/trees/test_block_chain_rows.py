@@ -3,15 +3,13 @@ row are the float64 rows' entries bit for bit, the weights need no row converted
 that keeps the leaf converts the leaf's target row only; ``benchmarks/block_chain.py`` runs."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import torch
 
 from multidraft.trees import block
 from multidraft.trees._check import row64
+from bench_loader import benchmark_module
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(n, V, seed, dtype=torch.float32):
@@ -51,12 +49,10 @@ def test_the_scan_converts_only_the_rows_it_reads():
 
 
 def test_the_benchmark_runs(capsys):
-    spec = importlib.util.spec_from_file_location("block_chain", ROOT / "benchmarks/block_chain.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     n = torch.get_num_threads()
     try:
-        assert mod.main(["--depths", "2", "--trees", "1", "--repeats", "1", "--vocab", "64"]) == 0
+        with benchmark_module("block_chain") as mod:
+            assert mod.main(["--depths", "2", "--trees", "1", "--repeats", "1", "--vocab", "64"]) == 0
     finally:
         torch.set_num_threads(n)
     out = capsys.readouterr().out

@@ -38,6 +38,8 @@ import functools
 import numpy as np
 import torch
 
+from .._scan import ipow
+
 NP_PLAN_MAX = 16384  # CPU rows of at most this many entries are planned here ...
 NP_PLAN_ROWS = 512  # ... in batches of at most this many rows (one Python pass per row: a batch of
 # 40,000 small rows, as the chi-square tests draw, is faster on the batched torch route)
@@ -46,19 +48,6 @@ NP_PLAN_ROWS = 512  # ... in batches of at most this many rows (one Python pass 
 @functools.lru_cache(maxsize=64)
 def _grid(M: int) -> np.ndarray:
     return torch.linspace(0.0, 1.0, M + 1, dtype=torch.float64, device="cpu").numpy()  # the torch route's grid, bit for bit
-
-
-def _ipow(x: np.ndarray, k: int) -> np.ndarray:
-    """x ** k by repeated squaring (``_scan.ipow``'s order of multiplications)."""
-    out = None
-    base = x
-    while k:
-        if k & 1:
-            out = base if out is None else out * base
-        k >>= 1
-        if k:
-            base = base * base
-    return np.ones_like(x) if out is None else out
 
 
 def _chord(lo: np.ndarray, hi: np.ndarray, K: int) -> np.ndarray:
@@ -122,7 +111,7 @@ def _row(p, q, K, M, max_iter, tol, floor, ar, order, rank, lo_out, frac_out, r_
     psi = np.empty(V + 1)
     psi[0] = 0.0
     np.cumsum(ps, out=psi[1:])
-    psi -= _ipow(Qc, K)
+    psi -= ipow(Qc, K)
     psi[0] = 0.0
     psi[V] = 0.0
     js = int(psi.argmin())
