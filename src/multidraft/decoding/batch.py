@@ -53,10 +53,10 @@ import time
 import torch
 
 from .._validate import ArgumentError, as_generator
-from .engine import Call, GenerationResult, _check_models, _Decoder
+from .engine import GenerationResult, _check_models, _Decoder
 from .kv import fresh_prefill, keep, new_cache
 from .runners import _is_llama, hf_forward
-from .settings import Settings
+from .settings import Settings, settings_or_kwargs
 
 __all__ = ["BatchDecoder", "LaneError", "generate_batch", "HFBatchRunner", "LlamaBatchRunner", "DEFAULT_MAX_LANES"]
 
@@ -449,12 +449,7 @@ class BatchDecoder:
         keyword settings, ``generator`` a torch.Generator or a seed, ``eos_token_id``,
         ``on_step``); returns the lane id. The lane's prompt is prefilled here (alone)."""
         g = as_generator(generator)
-        if settings is None:
-            settings = Settings.from_args(**kwargs)
-        elif not isinstance(settings, Settings):
-            raise ArgumentError("settings", f"must be a multidraft.decoding.Settings or None, got {type(settings).__name__}")
-        elif kwargs:
-            raise ArgumentError("settings", f": give a Settings or keyword settings, not both (got {', '.join(sorted(kwargs))})")
+        settings = settings_or_kwargs(settings, kwargs, "a multidraft.decoding.Settings")
         if not settings.target_alone and self.draft is None:
             raise ArgumentError("draft", "is None but these settings draft; give the BatchDecoder a draft model "
                                          "(or verifier=None for the target alone)")
@@ -584,13 +579,7 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
                 raise ArgumentError("settings", f": entry {i} must be a multidraft.decoding.Settings, got {type(s).__name__}")
         plans = list(settings)
     else:
-        if settings is None:
-            settings = Settings.from_args(**kwargs)
-        elif not isinstance(settings, Settings):
-            raise ArgumentError("settings", f"must be a Settings, a list of them or None, got {type(settings).__name__}")
-        elif kwargs:
-            raise ArgumentError("settings", f": give a Settings or keyword settings, not both (got {', '.join(sorted(kwargs))})")
-        plans = [settings] * n
+        plans = [settings_or_kwargs(settings, kwargs, "a Settings, a list of them")] * n
     if generator is None:
         raise ArgumentError("generator", "is required: a list of torch.Generator objects or seeds (one per prompt), "
                                          "or one integer seed s (prompt i gets s + i)")

@@ -60,7 +60,7 @@ from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TokenWalk, TreeShape, TreeVerdict, allocate
 from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
-from .settings import WALK, Settings, node_ks
+from .settings import WALK, Settings, node_ks, settings_or_kwargs
 
 __all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "score_tree", "score_call", "Call", "drive", "node_ks"]
 
@@ -259,13 +259,7 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     (verifier, law, K) names the laws that would work.
     """
     g = as_generator(generator)
-    if settings is None:
-        settings = Settings.from_args(**kwargs)
-    elif not isinstance(settings, Settings):
-        raise ArgumentError("settings", f"must be a multidraft.decoding.Settings (Settings.from_args(...)) or None, "
-                                        f"got {type(settings).__name__}")
-    elif kwargs:
-        raise ArgumentError("settings", f": give a Settings or keyword settings, not both (got {', '.join(sorted(kwargs))})")
+    settings = settings_or_kwargs(settings, kwargs)
     eos = _check_models(target, draft, input_ids, settings, eos_token_id)
     if progress is not None and not callable(progress):
         raise ArgumentError("progress", "must be None or a callable progress(done, total)")

@@ -21,7 +21,8 @@ from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
 from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
 
-__all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law"]
+__all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law",
+           "settings_or_kwargs"]
 
 WALK = "token_walk"  # the default tree rule: the root-first walk of the token-level ``verifier``
 # Registered tree rules the decoder refuses, with why and what would work instead.
@@ -362,3 +363,15 @@ class Settings:
             args.pop("verifier", None)
         return Settings.from_args(**{**args, **changes})
 
+
+def settings_or_kwargs(settings, kwargs: dict, what: str = "a multidraft.decoding.Settings (Settings.from_args(...))"):
+    """The ``Settings`` of a decoding call given either a ``Settings`` or keyword settings (never
+    both): ``Settings.from_args(**kwargs)`` when ``settings`` is None. ``what`` names what
+    ``settings`` may be in the error."""
+    if settings is None:
+        return Settings.from_args(**kwargs)
+    if not isinstance(settings, Settings):
+        raise ArgumentError("settings", f"must be {what} or None, got {type(settings).__name__}")
+    if kwargs:
+        raise ArgumentError("settings", f": give a Settings or keyword settings, not both (got {', '.join(sorted(kwargs))})")
+    return settings
