@@ -9,13 +9,22 @@ reference is measured in the same run: a shared machine's load hits both alike).
 
 Engines (``--engine``): ``transformers`` (a random Qwen2 of ``--hidden`` width and 4 layers,
 draft 2 layers, float32 on the CPU, or ``--device cuda``) and ``llama.cpp`` (``multidraft.
-testing.tiny_gguf`` files, float32 weights, f16 KV cells, ``--threads``).
+testing.tiny_gguf`` files, float32 weights, f16 KV cells, ``--threads``). ``--pair default``:
+the project's default pair instead (llama.cpp: the BF16 target and the Q4_0 draft where built,
+as ``multidraft serve`` loads them; transformers: bfloat16) and the first HumanEval prompts
+through the chat template. ``--out FILE`` also writes the rows as JSONL (meta row: seed,
+versions, config, CPU, load average).
 
     PYTHONPATH=src python benchmarks/batch_decode.py --engine llama.cpp --max-new-tokens 48
+    PYTHONPATH=src python benchmarks/batch_decode.py --engine llama.cpp --pair default --threads 2 \
+        --lanes 1,2,4 --max-new-tokens 32 --reps 1
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import tempfile
 import time
@@ -52,6 +61,33 @@ def _llama_pair(threads: int, cache_type: str, flash=None):
             LlamaCppModel(tiny_gguf(d / "d.gguf", seed=2, n_layer=2), **kw)]
 
 
+def _default_pair(engine: str, threads: int, n: int):
+    """The default pair and ``n`` HumanEval prompts through the chat template."""
+    from multidraft.datasets import encode_prompt, instruction_for, load_prompts
+    from multidraft.decoding.pair import load_pair
+    from multidraft.models import default_gguf
+
+    if engine == "llama.cpp":
+        t, d, tok = load_pair("llama.cpp", bf16_target=default_gguf("target", "bf16").is_file(),
+                              draft_ftype="q4_0" if default_gguf("draft", "q4_0").is_file() else None,
+                              n_threads=threads, n_ctx=8192)
+    else:
+        t, d, tok = load_pair("transformers", dtype=torch.bfloat16)
+    prompts = [encode_prompt(tok, text, instruction=instruction_for("humaneval"))
+               for _, text in load_prompts("humaneval", n)]
+    return t, d, prompts
+
+
+def _cpu() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("transformers", "llama.cpp"), default="transformers")
@@ -63,14 +99,27 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-type", choices=("f16", "f32"), default="f16", help="llama.cpp KV cells")
     ap.add_argument("--flash-attn", type=int, choices=(0, 1), default=None, help="llama.cpp flash attention (default: its choice)")
+    ap.add_argument("--pair", choices=("tiny", "default"), default="tiny",
+                    help="tiny random models (default) or the project's default pair on HumanEval prompts")
+    ap.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSONL")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    t, d = _hf_pair(args.hidden, args.device) if args.engine == "transformers" else _llama_pair(args.threads, args.cache_type, args.flash_attn)
-    s = Settings.from_args(verifier="specinfer", k=2, depth=3, temperature=1.0, max_new_tokens=args.max_new_tokens)
-    g = torch.Generator().manual_seed(0)
     lanes = [int(x) for x in args.lanes.split(",")]
-    prompts = [torch.randint(1, 200, (1, 8 + 3 * i), generator=g) for i in range(max(lanes))]
-    print(f"engine {args.engine}, {args.max_new_tokens} new tokens per lane, medians of {args.reps}")
+    if args.pair == "default":
+        t, d, prompts = _default_pair(args.engine, args.threads, max(lanes))
+    else:
+        t, d = _hf_pair(args.hidden, args.device) if args.engine == "transformers" else _llama_pair(args.threads, args.cache_type, args.flash_attn)
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(1, 200, (1, 8 + 3 * i), generator=g) for i in range(max(lanes))]
+    s = Settings.from_args(verifier="specinfer", k=2, depth=3, temperature=1.0, max_new_tokens=args.max_new_tokens)
+    out = open(args.out, "w", encoding="utf-8") if args.out else None
+    if out is not None:
+        from multidraft.experiments.records import versions
+
+        out.write(json.dumps({"type": "meta", "seed": "lane i: seed i", "config": vars(args), "versions": versions(),
+                              "cpu": _cpu(), "cores": os.cpu_count(), "load_average": os.getloadavg(),
+                              "settings": "specinfer, K = 2, depth 3, full tree, T = 1"}) + "\n")
+    print(f"engine {args.engine} ({args.pair} pair), {args.max_new_tokens} new tokens per lane, medians of {args.reps}")
     print(f"{'lanes':>5} {'batched s':>10} {'sequential s':>13} {'speedup':>8} {'tokens':>7}")
     for B in lanes:
         tb, ts = [], []
@@ -85,7 +134,13 @@ def main(argv=None) -> None:
         mb, ms = statistics.median(tb), statistics.median(ts)
         n = sum(r.new_tokens for r in got)
         print(f"{B:>5} {mb:>10.3f} {ms:>13.3f} {ms / mb:>7.2f}x {n:>7}"
-              + (f"  ({differ} of {B} lanes' tokens differ from generate's)" if differ else ""))
+              + (f"  ({differ} of {B} lanes' tokens differ from generate's)" if differ else ""), flush=True)
+        if out is not None:
+            out.write(json.dumps({"type": "row", "lanes": B, "batched_s": tb, "sequential_s": ts, "speedup": ms / mb,
+                                  "tokens": n, "lanes_differ": differ, "load_average": os.getloadavg()}) + "\n")
+            out.flush()
+    if out is not None:
+        out.close()
 
 
 if __name__ == "__main__":
