@@ -209,3 +209,23 @@ def test_row_scales_are_row_scale():
                 qs = torch.stack([r, r.roll(1), r * 0.5])
                 assert torch.equal(KI._row_scales(qs), row_scale(qs)), (V, dtype)
                 assert torch.equal(KI._row_scales(r.unsqueeze(0).expand(3, V)), row_scale(r.unsqueeze(0).expand(3, V)))
+
+
+def test_workspace_survives_inference_mode_then_normal_mode():
+    """The one-row path's workspace made under ``torch.inference_mode`` (as the decoder verifies)
+    is still writable by a call outside it (a RuntimeError before: inference tensors reused)."""
+    from multidraft.verifiers import khisti_is as ki
+
+    ki._WS.__dict__.pop("bufs", None)  # this thread's workspace starts empty
+    g = torch.Generator().manual_seed(3)
+    V = 1 << 17
+    p = torch.rand(V, generator=g) ** 8
+    q = torch.rand(V, generator=g) ** 8
+    p, q = p / p.sum(), q / q.sum()
+    v = md.verifiers.get("khisti_is")
+    drafts = torch.multinomial(q, 4, replacement=True, generator=g)
+    with torch.inference_mode():
+        a = v.verify(p, q, drafts, generator=torch.Generator().manual_seed(0), law="iid")
+    assert ki._WS.__dict__.get("bufs"), "the call did not use the workspace: the test would prove nothing"
+    b = v.verify(p, q, drafts, generator=torch.Generator().manual_seed(0), law="iid")
+    assert int(a.token) == int(b.token)

@@ -633,13 +633,16 @@ def _scratch(name: str, shape, dtype, device) -> torch.Tensor:
     """A workspace tensor of this thread, reused from call to call (contents undefined): the
     one-row passes over V write their float64 temporaries here instead of allocating fresh
     multi-MB tensors, which glibc hands back to the OS and page-faults in again at every call
-    (about 1 ms per MB on a shared VM). Never returned to a caller."""
+    (about 1 ms per MB on a shared VM). Never returned to a caller. Made outside inference mode
+    (a tensor made inside it could not be written by a later call outside it, e.g. the
+    decoder's verify under ``torch.inference_mode`` and then a user's)."""
     bufs = _WS.__dict__.setdefault("bufs", {})
     n = math.prod(shape)
     key = (name, dtype, str(device))
     t = bufs.get(key)
     if t is None or t.numel() < n:
-        t = bufs[key] = torch.empty(n, dtype=dtype, device=device)
+        with torch.inference_mode(False):  # a normal tensor: writable inside and outside inference mode
+            t = bufs[key] = torch.empty(n, dtype=dtype, device=device)
     return t[:n].view(shape)
 
 
