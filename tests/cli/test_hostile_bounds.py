@@ -420,7 +420,16 @@ def test_quiet_silences_loading_bars(monkeypatch):
 def test_interrupt_inside_a_c_extension_import_is_an_interrupt(monkeypatch, capsys):
     """numpy turns a KeyboardInterrupt inside its C extension's import into an ImportError
     ("bad install"); main() recognises it down the chain: the one line, 130."""
+    # Python's own SIGINT handler, as in a foreground run (a shell without job control starts a
+    # background job with SIGINT ignored, and then no interrupt can reach the process at all)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_inside_import(monkeypatch, capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
+
+def _interrupt_inside_import(monkeypatch, capsys):
     def interrupted_import():
         try:
             raise KeyboardInterrupt
