@@ -8,6 +8,8 @@ never compete for the cores):
 ``ours``          ``multidraft serve`` with ``--serve-args`` (default: the llama.cpp engine, the
                   default pair as ``serve`` picks it: the BF16 target and the Q4_0 draft where
                   built; specinfer K = 2, depth 4)
+``ours-batched``  the same server with ``--max-lanes`` = the most clients of the run: concurrent
+                  requests share the forward passes (continuous batching)
 ``ours-nospec``   the same server with ``--verifier none`` (the target alone)
 ``llama-server``  llama.cpp's server on the same two GGUF files with its own draft-model
                   speculation (``--spec-type draft-simple``: at this commit ``-md`` alone loads
@@ -37,7 +39,8 @@ seed echoed in every chunk. Across cells (``summarize``, from the JSONL only): r
 request shows another prompt's length: ``mixed``), and its text is compared with the first
 cell's text for k (``differs``): 0 is required of ``ours`` and ``ours-nospec`` at every
 temperature (a seed fixes the tokens; requests are decoded one at a time), and reported for
-llama-server (its batched slots change the floating-point reduction order).
+``ours-batched`` and llama-server (batched forwards change the floating-point reduction order,
+so a seed's text may change beside other requests; its law does not).
 
 Output: ``--out FILE.jsonl``: a ``meta`` row (commands, llama.cpp commit, CPU model and flags,
 load average, versions, seeds, git commit), one ``server`` row per server (its command line,
@@ -76,8 +79,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_CACHE = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp"))
 LLAMA_SERVER = LLAMA_CACHE / "build-0.3.36/bin/llama-server"
-SERVERS = ("ours", "ours-nospec", "llama-server")
-OURS = ("ours", "ours-nospec")  # deterministic per seed: a differing text is an error
+SERVERS = ("ours", "ours-batched", "ours-nospec", "llama-server")
+OURS = ("ours", "ours-batched", "ours-nospec")  # our server: the request's seed is echoed in every chunk
+SAME_TEXT = ("ours", "ours-nospec")  # one lane, deterministic per seed: a differing text is an error
 CONTEXT = 4096  # multidraft's llama.cpp engine context (decoding.pair.load_pair's n_ctx)
 SEED_STRIDE = 100_003
 FINISH = ("stop", "length")
@@ -386,6 +390,8 @@ def ours_cmd(name: str, args, port: int) -> list[str]:
     extra = shlex.split(args.serve_args)
     if name == "ours-nospec":
         extra = without_spec(extra)
+    if name == "ours-batched":  # every concurrent client in its own lane, sharing the forward passes
+        extra = [*extra, "--max-lanes", str(max(args.client_list))]
     return [sys.executable, "-m", "multidraft", "serve", *extra, "--threads", str(args.threads), "--port", str(port),
             "--queue-size", str(max(args.client_list) * 2), "--log-level", "warning"]
 
@@ -644,7 +650,7 @@ def failures(cells: list[dict]) -> list[str]:
             bad.append(f"{where}: {c['sent'] - c['ok']} of {c['sent']} requests failed ({'; '.join(c['problems'])})")
         if c["mixed"]:
             bad.append(f"{where}: {c['mixed']} responses with another request's prompt length")
-        if c["server"] in OURS and c["differs"]:
+        if c["server"] in SAME_TEXT and c["differs"]:
             bad.append(f"{where}: {c['differs']} texts differ from the same request's (same seed) in the first cell")
         if c["server"] == "llama-server" and c["ok"] and not (isinstance(c["spec"], dict) and c["spec"]["drafted"]):
             bad.append(f"{where}: llama-server drafted no token (its speculation was off: without --spec-type "
@@ -701,12 +707,12 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
     by = {(c["server"], c["temperature"], c["clients"]): c for c in cells}
     ratios = []
     for (s, t, n), c in by.items():
-        if s != "ours":
+        if s not in ("ours", "ours-batched"):
             continue
         for other in ("llama-server", "ours-nospec"):
             o = by.get((other, t, n))
             if o and o["tokens_per_s"] > 0:
-                ratios.append(f"- T={t:g}, {n} clients: ours / {other} aggregate tokens/s = "
+                ratios.append(f"- T={t:g}, {n} clients: {s} / {other} aggregate tokens/s = "
                               f"{c['tokens_per_s'] / o['tokens_per_s']:.2f}x")
     if ratios:
         out += [""] + ratios

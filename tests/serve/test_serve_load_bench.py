@@ -23,7 +23,7 @@ def sl():
 # --- arguments and command lines -------------------------------------------------------------
 def test_arguments_defaults_and_the_one_client_reference_first(sl):
     a = sl.parse_args([])
-    assert a.server_list == ["ours", "ours-nospec", "llama-server"]
+    assert a.server_list == ["ours", "ours-batched", "ours-nospec", "llama-server"]
     assert a.client_list == [1, 4, 8] and a.temperature_list == [0.0, 1.0]
     assert a.requests == 20 and a.max_tokens == 128 and a.threads == 2
     assert sl.parse_args(["--clients", "8,4"]).client_list == [1, 4, 8]
@@ -46,6 +46,9 @@ def test_command_lines(sl):
     ours = sl.ours_cmd("ours", a, 1234)
     assert ours[1:4] == ["-m", "multidraft", "serve"] and "--verifier" in ours and "specinfer" in ours
     assert ours[ours.index("--threads") + 1] == "3" and ours[ours.index("--queue-size") + 1] == "8"
+    assert "--max-lanes" not in ours
+    batched = sl.ours_cmd("ours-batched", a, 1234)
+    assert batched[batched.index("--max-lanes") + 1] == "4" and "specinfer" in batched
     nospec = sl.ours_cmd("ours-nospec", a, 1234)
     assert nospec[nospec.index("--verifier") + 1] == "none" and "specinfer" not in nospec and "--k" not in nospec
     assert sl.without_spec(["--engine", "llama.cpp", "--k=3", "--depth", "4", "--force-tree", "--x"]) == \
