@@ -17,6 +17,7 @@ so acceptance rates are neither 0 nor 1. Everything is seeded; no global RNG is 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -137,3 +138,25 @@ def greedy_reference(model, input_ids: torch.Tensor, n: int, eos_token_id=None) 
             if eos_token_id is not None and t == eos_token_id:
                 break
     return torch.tensor(out, dtype=torch.long)
+
+
+@contextlib.contextmanager
+def tiny_llama_pair(directory, n_ctx: int):
+    """Two tiny GGUF models (``multidraft.testing.tiny_gguf``, seeds 1 and 2) in llama.cpp contexts
+    of ``n_ctx`` cells, float32 KV cells and no flash attention (tree passes then agree with plain
+    decodes to float32 rounding), one thread (two spinning threads on a loaded 2-core machine
+    stall); closed on exit. Skips the test where llama-cpp-python is not installed."""
+    import pytest
+
+    pytest.importorskip("llama_cpp")
+    from multidraft.decoding.llamacpp import LlamaCppModel
+    from multidraft.testing import tiny_gguf
+
+    kw = dict(n_ctx=n_ctx, cache_type="f32", flash_attn=False, n_threads=1)
+    ms = [LlamaCppModel(tiny_gguf(directory / "t.gguf", seed=1), **kw),
+          LlamaCppModel(tiny_gguf(directory / "d.gguf", seed=2), **kw)]
+    try:
+        yield ms
+    finally:
+        for m in ms:
+            m.close()

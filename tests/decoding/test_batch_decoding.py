@@ -23,16 +23,17 @@ of lanes decoded in batches of 8 is the target's (chi-square), on both engines.
 from __future__ import annotations
 
 import pytest
-import torch
-
 import tiny_models as tm
+import torch
+from test_decoding import _chi2_pvalue
+from tiny_models import tiny_llama_pair
 
 import multidraft as md
 from multidraft import sampling
-from multidraft.decoding import Settings, batch as B, runners as R
+from multidraft.decoding import Settings
+from multidraft.decoding import batch as B
+from multidraft.decoding import runners as R
 from multidraft.decoding.batch import BatchDecoder, generate_batch
-
-from test_decoding import _chi2_pvalue
 
 # PROMPTS[2] = [9]: an empty committed prefix (the root is the whole prompt)
 PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1, 8], [9], [5, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9],
@@ -60,17 +61,8 @@ def hf_pair():
 
 @pytest.fixture(scope="module")
 def llama_pair(tmp_path_factory):
-    pytest.importorskip("llama_cpp")
-    from multidraft.decoding.llamacpp import LlamaCppModel
-    from multidraft.testing import tiny_gguf
-
-    d = tmp_path_factory.mktemp("gguf_batch")
-    # float32 KV cells (module notes); one thread: two spinning threads on a loaded 2-core machine stall
-    kw = dict(n_ctx=2048, cache_type="f32", flash_attn=False, n_threads=1)
-    ms = [LlamaCppModel(tiny_gguf(d / "t.gguf", seed=1), **kw), LlamaCppModel(tiny_gguf(d / "o.gguf", seed=2), **kw)]
-    yield ms
-    for m in ms:
-        m.close()
+    with tiny_llama_pair(tmp_path_factory.mktemp("gguf_batch"), 2048) as ms:  # float32 KV cells (module notes)
+        yield ms
 
 
 def _pair(request, engine):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from tiny_models import tiny_llama_pair
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
@@ -64,16 +65,8 @@ def test_continuation_stops_after_eos_and_checks_its_arguments():
 
 @pytest.fixture(scope="module")
 def gguf_models(tmp_path_factory):
-    pytest.importorskip("llama_cpp")
-    from multidraft.decoding.llamacpp import LlamaCppModel
-    from multidraft.testing import tiny_gguf
-
-    d = tmp_path_factory.mktemp("gguf")
-    kw = dict(n_ctx=256, cache_type="f32", flash_attn=False, n_threads=1)
-    ms = [LlamaCppModel(tiny_gguf(d / "t.gguf", seed=1), **kw), LlamaCppModel(tiny_gguf(d / "d.gguf", seed=2), **kw)]
-    yield ms
-    for m in ms:
-        m.close()
+    with tiny_llama_pair(tmp_path_factory.mktemp("gguf"), 256) as ms:
+        yield ms
 
 
 def _plain(model, seq):
