@@ -196,21 +196,6 @@ def test_off_coef_on_used_buckets_equals_the_full_recursion():
             assert float(used[..., ~mask].abs().max()) == 0.0
 
 
-def test_row_scales_are_row_scale():
-    from multidraft.verifiers._residual import row_scale
-
-    g = torch.Generator().manual_seed(8)
-    for V in (5, 151_936):
-        for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
-            x = torch.rand(V, generator=g, dtype=torch.float64) ** 4
-            for row in (x / x.sum(), x / (x.sum() * 1.001)):  # normalised, and a row summing to 1/1.001
-                r = row.to(dtype)
-                assert torch.equal(KI._row_scales(r), row_scale(r)), (V, dtype)
-                qs = torch.stack([r, r.roll(1), r * 0.5])
-                assert torch.equal(KI._row_scales(qs), row_scale(qs)), (V, dtype)
-                assert torch.equal(KI._row_scales(r.unsqueeze(0).expand(3, V)), row_scale(r.unsqueeze(0).expand(3, V)))
-
-
 def test_workspace_survives_inference_mode_then_normal_mode():
     """The one-row path's workspace made under ``torch.inference_mode`` (as the decoder verifies)
     is still writable by a call outside it (a RuntimeError before: inference tensors reused)."""

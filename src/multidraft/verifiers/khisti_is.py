@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._scan import cdf_search, top_desc_stable
-from ._residual import NORMALISED, accept, accept_prob, chunk_rows, residual_law, residual_or, row_scale, rows64, sample_rows
+from ._residual import accept, accept_prob, chunk_rows, residual_law, residual_or, row_scale, rows64, sample_rows
 from .base import Verifier
 from .registry import register
 
@@ -240,7 +240,6 @@ def _lex_decomp_row(p, M, fixed, a, b, rt=None):
     decomposition's to 1e-13 (else the caller solves the row by BVLS). With rt = (r, t,
     r_out, t_out), the laws behind fixed and M, the chain is first read off a hull of prefixes
     (``_lex_chain_hull``) and certified; the enumeration below runs when that fails."""
-    n = p.shape[0]
     w = np.maximum(p, _P_FLOOR)
     chain = None if rt is None else _lex_chain_hull(w, *rt)
     if chain is not None:
@@ -502,14 +501,6 @@ def _stages_np(p, t, to, solver):
     return ws, r
 
 
-def _row_scales(x: torch.Tensor) -> torch.Tensor:
-    """``row_scale(x)`` of one row ``[V]`` or of a few ``[K, V]``: each row's float64 sum, 1.0
-    where it is within ``NORMALISED`` of 1. It IS ``row_scale`` (the same call): a sum over
-    [K, V] at once splits its work between threads differently from row_scale's chunks, and the
-    last bit then depends on the thread count."""
-    return row_scale(x)
-
-
 class _Row:
     """One row as ``KhistiIS._verify`` receives it (raw_rows): p ``[V]``, q ``[V]`` (shared) or
     ``[K, V]`` (per draft), any float dtype. Every float64 value read is the value ``rows64``
@@ -522,8 +513,8 @@ class _Row:
         self.p, self.q = p, q
         self.V = p.shape[-1]
         self.serial = next(_Row._serials)  # names this row's chunks in the workspace
-        self.sp = _row_scales(p)  # [1]
-        self.sq = _row_scales(q)  # [1] or [K, 1]
+        self.sp = row_scale(p)  # [1]
+        self.sq = row_scale(q)  # [1] or [K, 1]
         self._p64 = self._q64 = self._qbar = None
 
     def p_at(self, idx):  # [m] float64
