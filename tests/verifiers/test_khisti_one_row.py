@@ -214,3 +214,39 @@ def test_workspace_survives_inference_mode_then_normal_mode():
     assert ki._WS.__dict__.get("bufs"), "the call did not use the workspace: the test would prove nothing"
     b = v.verify(p, q, drafts, generator=torch.Generator().manual_seed(0), law="iid")
     assert int(a.token) == int(b.token)
+
+
+def _sorted_top(p, q, n):
+    qb = rows64(q) if q.ndim == 1 else rows64(q).mean(0)
+    return KI._top_set((rows64(p) - qb * qb).unsqueeze(0), n)[0]
+
+
+def test_draft_free_bound_declines_where_the_drafts_reorder_the_top_and_the_full_bound_certifies():
+    """The top set is tried first from u = p a (no pass over the draft rows). Where the drafts'
+    mass reverses the order of the likeliest tokens (qbar grows along them faster than p) that
+    bound cannot certify and the bound with qbar^2 does; both, when they answer, give the sort's
+    set, on shared and on per-draft q."""
+    V, n = 151_936, 10
+    i = torch.arange(20, dtype=torch.float64)
+    p = torch.full((V,), 1e-9, dtype=torch.float64)
+    p[:20] = 0.04 * (1 + 1e-3 * i)
+    p[20:40] = 0.0099
+    p = (p / p.sum()).float()
+    q = torch.full((V,), 1e-9, dtype=torch.float64)
+    q[:20] = 0.05 + 0.002 * i
+    q = (q / q.sum()).float()
+    for qq, K in ((q, 2), (torch.stack([q, q.roll(0), q]), 3)):
+        R = KI._Row(p, qq)
+        assert KI._certified_top_from(R, n, K, q_free=True) is None
+        want = _sorted_top(p, qq, n)
+        assert torch.equal(KI._certified_top_from(R, n, K, q_free=False), want)
+        assert torch.equal(KI._certified_top(R, n, K), want)
+    g = torch.Generator().manual_seed(11)
+    for trial in range(4):  # random LM-like rows: each bound declines or is right
+        z = torch.randn(V, generator=g) * (1.0 + trial)
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(3, V, generator=g), -1)
+        R = KI._Row(p, q)
+        for free in (True, False):
+            S = KI._certified_top_from(R, n, 3, q_free=free)
+            assert S is None or torch.equal(S, _sorted_top(p, q, n)), (trial, free)

@@ -576,29 +576,41 @@ def _certified_top(R, n, K):
     topk inside the m best blocks); uout bounds u off them (the (m+1)-th block maximum and the (m+1)-th value inside
     the chosen blocks). Their exact float64 scores are computed as the plan computes them, and
     the n best in the stable order are the answer when the n-th best exceeds uout: every other
-    token's score is then below its u <= uout."""
+    token's score is then below its u <= uout. The bound without the draft term (u = p a) is
+    tried first: it reads p alone, and certifies on most rows of a language model."""
+    S = _certified_top_from(R, n, K, q_free=True)  # most rows: the draft rows need not be read
+    return S if S is not None else _certified_top_from(R, n, K, q_free=False)
+
+
+def _certified_top_from(R, n, K, q_free):
+    """``_certified_top`` from one bound: u as below, or (``q_free``) u = p a, which bounds the
+    score as well (qbar^2 >= 0) and needs no pass over the K draft rows; it certifies unless
+    the drafts' mass moves the order of the top tokens past the (m+1)-th largest p."""
     p, q, V = R.p, R.q, R.V
     sp = float(R.sp.reshape(-1)[0])
     sq = R.sq.reshape(-1)
     if not (sp > 0 and bool((sq > 0).all())):
         return None
-    eq = float((1.0 / sq.double() - 1.0).abs().max()) + 2.0 ** -52
-    if q.ndim == 2:
-        qb = q.mean(0)
-        eq += (K + 2) * 2.0 ** -24
-    else:
-        qb = q
     a = 1.0 + abs(1.0 / sp - 1.0) + 2.0 ** -50 + 2.0 ** -20
-    b = 1.0 - 2 * eq - eq * eq - 2.0 ** -50 - 2.0 ** -20
-    if not b > 0:
-        return None
+    if not q_free:
+        eq = float((1.0 / sq.double() - 1.0).abs().max()) + 2.0 ** -52
+        if q.ndim == 2:
+            qb = q.mean(0)
+            eq += (K + 2) * 2.0 ** -24
+        else:
+            qb = q
+        b = 1.0 - 2 * eq - eq * eq - 2.0 ** -50 - 2.0 ** -20
+        if not b > 0:
+            return None
     m = n + CAND_EXTRA
     B = min(CAND_BLOCK, max(2, V // (4 * m)))  # at least 4m blocks
     nb = (V + B - 1) // B
     if nb <= m + 1:
         return None
-    ub = torch.empty(nb * B, dtype=torch.float32, device=p.device)  # u, padded with -inf to whole blocks
-    torch.mul(p, a, out=ub[:V]).addcmul_(qb, qb, value=-b)  # u [V] float32, >= the float64 score
+    ub = _scratch("u", (nb * B,), torch.float32, p.device)  # u, padded with -inf to whole blocks
+    torch.mul(p, a, out=ub[:V])  # u [V] float32, >= the float64 score
+    if not q_free:
+        ub[:V].addcmul_(qb, qb, value=-b)
     ub[V:] = -float("inf")
     blocks = ub.view(nb, B)
     top = torch.topk(blocks.amax(-1), m + 1)
