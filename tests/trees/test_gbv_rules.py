@@ -233,3 +233,47 @@ def test_bad_trees_are_one_value_error(name):
             rule.output_distribution(dyn)
     with pytest.raises(ValueError, match="^tree: must be a DraftTree"):
         rule.verify("not a tree", g)
+
+
+def test_ratio_classes_by_histogram_are_unique_s_classes():
+    """GBV's ratio classes come from a histogram of the integer ratio keys (no sort): the same
+    selection law, bit for bit, as classes from ``torch.unique``, with p = 0 (key -inf), q = 0,
+    ties, and a key range too wide for the histogram (subnormal p: the unique fallback)."""
+    from multidraft.trees.gbv import _ratio, _ratio_classes, greedy_selection_law
+
+    def by_unique(p, q, k):
+        r = _ratio(p, q)
+        q = q / q.sum()
+        _, inv = torch.unique(r, sorted=True, return_inverse=True)
+        mass = torch.zeros(int(inv.max()) + 1, dtype=q.dtype).scatter_add_(0, inv, q)
+        le = torch.cumsum(mass, 0)
+        lt = torch.cat([le.new_zeros(1), le[:-1]])
+        per = torch.where(mass > 0, (le.pow(k) - lt.pow(k)) / torch.where(mass > 0, mass, torch.ones_like(mass)),
+                          torch.zeros_like(mass))
+        return torch.where(q > 0, q * per[inv], torch.zeros_like(q))
+
+    g = torch.Generator().manual_seed(2)
+    wide = 0
+    for trial in range(16):
+        V = [7, 300, 20000][trial % 3]
+        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial % 5)
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * 0.7, -1)
+        if trial % 4 == 1:
+            p[torch.rand(V, generator=g) < 0.3] = 0.0
+        if trial % 4 == 2:
+            q[torch.rand(V, generator=g) < 0.3] = 0.0
+        if trial % 4 == 3:
+            q = p.clone()
+        if trial % 5 == 4:
+            p[1] = 1e-300  # a key far below the rest
+        p, q = p / p.sum(), q / q.sum()
+        C, inv = _ratio_classes(_ratio(p, q))
+        if trial % 5 == 4:  # the range is too wide: torch.unique's classes, no empty ones
+            assert C == int(torch.unique(_ratio(p, q)).numel())
+            wide += 1
+        else:
+            assert C >= int(torch.unique(_ratio(p, q)).numel())
+        for k in (1, 2, 3):
+            assert torch.equal(greedy_selection_law(p, q, k)[0], by_unique(p, q, k)), (trial, k)
+    assert wide >= 1  # the fallback ran

@@ -45,3 +45,53 @@ def test_same_bits_as_the_grid_formula(V, k):
         assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]), (V, k, trial)
         # and the law is a distribution that the coins and the drafts' law define
         assert abs(float(got[0].sum()) - 1.0) <= 1e-12
+
+
+@pytest.mark.parametrize("V", [3, 64, 5000])
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_screened_grid_gives_the_same_bits(V, k, monkeypatch):
+    """Above ``SCREEN_V`` the rhos are screened by cumulative sums over the tokens sorted by p / q
+    and only those near the best are evaluated: the same rho and bits as the whole grid, on ties
+    (p = q), zeros of p and of q, and peaked rows (the screen forced on at every V here)."""
+    from multidraft.trees import spectr_gbv
+
+    monkeypatch.setattr(spectr_gbv, "SCREEN_V", 0)
+    g = torch.Generator().manual_seed(V * 7 + k)
+    for trial in range(10):
+        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial % 4)
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * [0.2, 1.0, 3.0][trial % 3], -1)
+        if trial % 5 == 1:
+            q = p.clone()
+        if trial % 5 == 2:
+            p[torch.rand(V, generator=g) < 0.3] = 0.0
+            p[0] += 0.1
+        if trial % 5 == 3:
+            q[torch.rand(V, generator=g) < 0.3] = 0.0
+            q[-1] += 0.1
+        p, q = p / p.sum(), q / q.sum()
+        want, got = grid_formula(p, q, k), kseq_selection_law(p, q, k)
+        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]), (V, k, trial)
+
+
+def test_screen_is_the_acceptance_of_every_rho():
+    """The screen itself: within 1e-12 of ``sum min(p, s_rho)`` evaluated directly at every rho."""
+    from multidraft.trees.spectr_gbv import _acceptance_screen
+
+    g = torch.Generator().manual_seed(5)
+    V = 4000
+    for k in (2, 4):
+        z = torch.randn(V, generator=g, dtype=torch.float64) * 2
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64), -1)
+        q[:50] = 0.0
+        q = q / q.sum()
+        sup = q > 0
+        half = math.log(4 * k)
+        rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64))
+        qs = torch.where(sup, q, torch.ones_like(q))
+        beta = torch.where(sup, (p / (rho[:, None] * qs)).clamp(max=1.0), torch.zeros_like(q))
+        miss = 1.0 - (q * beta).sum(-1, keepdim=True)
+        s = q * beta * sum(miss.pow(j) for j in range(k - 1)) + miss.pow(k - 1) * q
+        want = torch.minimum(s, p).sum(-1)
+        assert (abs(_acceptance_screen(p, q, sup, rho, k) - want) <= 1e-12).all()

@@ -57,9 +57,9 @@ class ChainRows:
 
     __slots__ = ("_raw", "_rows", "_sums")
 
-    def __init__(self, raw: list):
+    def __init__(self, raw: list, known: dict | None = None):
         self._raw = list(raw)  # [V] each, any float dtype
-        self._rows: dict = {}
+        self._rows: dict = dict(known or {})  # {i: row64(raw[i])} already converted by the caller
         self._sums: dict = {}
 
     def __len__(self) -> int:

@@ -77,7 +77,7 @@ import torch
 
 from .._validate import as_generator
 from ._check import check_tree, is_chain_law, row64
-from .block import add_scan_law, chain_keeps, chain_weights, scan_tokens, scan_verify
+from .block import ChainRows, add_scan_law, chain_keeps, chain_weights, scan_tokens, scan_verify
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -98,13 +98,36 @@ def _ratio(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(sup, key, torch.full_like(q, float("-inf")))
 
 
+HIST_SLACK = 4  # ratio classes by a histogram of the integer keys while their range is at most this many x V
+
+
+def _ratio_classes(r: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """``(C, inv)``: the ratio classes in ascending order and each token's class ``[V]``. The keys are
+    integers (or -inf), so the classes are the bins of the key's range (-inf first), empty bins
+    included: O(V + range), no sort; a range beyond ``HIST_SLACK`` x V (subnormal rows) falls
+    back to ``torch.unique``. Empty classes carry no mass and change no sum below (x + 0 = x), so
+    both give the same bits."""
+    V = r.shape[0]
+    fin = torch.isfinite(r)
+    if bool(fin.any()):
+        rf = torch.where(fin, r, torch.full_like(r, float("inf")))
+        lo = float(rf.min())
+        hi = float(torch.where(fin, r, torch.full_like(r, float("-inf"))).max())
+        if hi - lo <= HIST_SLACK * V:
+            return int(hi - lo) + 2, torch.where(fin, r - (lo - 1.0), torch.zeros_like(r)).long()
+    elif r.numel():
+        return 1, torch.zeros(V, dtype=torch.long, device=r.device)
+    vals, inv = torch.unique(r, sorted=True, return_inverse=True)
+    return vals.shape[0], inv
+
+
 def greedy_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Law ``[V]`` of the draft of largest ratio p/q among k i.i.d. draws from q (ties: the
     first drawn), and the ratio ``[V]`` it ranks by. p, q: ``[V]`` float64."""
     r = _ratio(p, q)
     q = q / q.sum()
-    vals, inv = torch.unique(r, sorted=True, return_inverse=True)  # classes, ascending ratio
-    mass = torch.zeros(vals.shape[0], dtype=q.dtype, device=q.device).scatter_add_(0, inv, q)  # [C] q-mass per class
+    C, inv = _ratio_classes(r)  # classes, ascending ratio
+    mass = torch.zeros(C, dtype=q.dtype, device=q.device).scatter_add_(0, inv, q)  # [C] q-mass per class
     le = torch.cumsum(mass, 0)  # [C] mass of ratios <= the class
     lt = torch.cat([le.new_zeros(1), le[:-1]])  # [C] mass of ratios below it
     top = le.pow(k) - lt.pow(k)  # [C] P(the largest drafted ratio is in the class)
@@ -133,6 +156,14 @@ class SelectThenBlock(TreeRule):
     def _pick(self, key: torch.Tensor, drafts: list, g: torch.Generator) -> int:  # pragma: no cover
         """The picked slot, reading ``g``."""
         raise NotImplementedError
+
+    def _node(self, p_row, nd) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(s, key)`` at node nd whose target row is ``p_row()`` (float64, asked for only when
+        needed): with one draft the selection is that draft, ``s = q(. | nd)`` as drafted (its raw
+        row, read as ``row64`` where it is read: no pass over V) and no key; else ``_law``."""
+        if len(nd.drafts) == 1:
+            return nd.q, None
+        return self._law(p_row(), row64(nd.q), len(nd.drafts))
 
     # laws and checks ------------------------------------------------------------------------
     def refusal(self, tree_law):
@@ -165,9 +196,9 @@ class SelectThenBlock(TreeRule):
             if not nd.drafts:
                 out.append((w, ids, xs, ps, ss))
                 return
-            s, key = self._law(ps[-1], row64(nd.q), len(nd.drafts))
+            s, key = self._node(lambda: ps[-1], nd)
             agg: dict = {}
-            for t, pt in zip(nd.drafts, self._slot_probs(key, nd.drafts)):
+            for t, pt in zip(nd.drafts, [1.0] if key is None else self._slot_probs(key, nd.drafts)):
                 agg[t] = agg.get(t, 0.0) + pt
             for t, pt in agg.items():
                 if pt > 0:
@@ -194,19 +225,30 @@ class SelectThenBlock(TreeRule):
         return total
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
+        """The walk, then the backward scan lazily (``scan_verify`` on ``ChainRows``): a node with
+        one draft costs no pass over V, a row is converted to float64 where a selection law or
+        the scan's stop needs it; the same numbers as ``output_distribution``."""
         self._check(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-        i, ids, xs, ps, ss = 0, [0], [], [row64(tree.p(0))], []
+        i, ids, xs, ps, ss, known = 0, [0], [], [tree.p(0)], [], {}
+
+        def p_row():  # float64 target row at the current node, converted once
+            j = len(ps) - 1
+            if j not in known:
+                known[j] = row64(ps[j])
+            return known[j]
+
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
-            s, key = self._law(ps[-1], row64(nd.q), len(nd.drafts))
-            t = nd.drafts[self._pick(key, nd.drafts, g)]
+            s, key = self._node(p_row, nd)
+            t = nd.drafts[0 if key is None else self._pick(key, nd.drafts, g)]
             i = nd.child[t]
             ids.append(i)
             xs.append(t)
-            ps.append(row64(tree.p(i)))
+            ps.append(tree.p(i))
             ss.append(s)
-        tau, y = scan_verify(chain_keeps(ps, ss, xs), ps, ss, g)  # block verification's n uniforms, then the token's
+        prow, srow = ChainRows(ps, known), ChainRows(ss)
+        tau, y = scan_verify(chain_keeps(prow, srow, xs), prow, srow, g)  # block verification's n uniforms, then the token's
         return TreeVerdict(tuple(ids[1 : tau + 1]), y)
 
 

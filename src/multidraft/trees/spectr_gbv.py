@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .gbv import SelectThenBlock
@@ -89,13 +90,69 @@ def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.
         geo = sum(miss.pow(j) for j in range(k - 1))  # [1, 1]: sum_(j<k-1) (1 - bbar)^j
         return qb.mul_(geo).add_(miss.pow(k - 1) * q)
 
-    acc = torch.empty(RHO_POINTS, dtype=torch.float64, device=q.device)  # [G]: acceptance at each rho
-    for j in range(RHO_POINTS):
+    screen = _acceptance_screen(p, q, sup, rho[:, 0], k) if q.shape[0] > SCREEN_V else None
+    cand = range(RHO_POINTS) if screen is None else torch.nonzero(screen >= screen.max() - SCREEN_TOL).flatten().tolist()
+    acc = torch.full((RHO_POINTS,), float("-inf"), dtype=torch.float64, device=q.device)  # [G]: acceptance at each rho
+    for j in cand:
         beta, qb, miss = coins(rho[j:j + 1])
         acc[j] = torch.minimum(law(qb, miss), p, out=beta).sum(-1)[0]
     best = int(torch.argmax(acc))  # first of the largest
     beta, qb, miss = coins(rho[best:best + 1])
     return law(qb, miss)[0], beta[0]
+
+
+SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_screen``) before the exact evaluation
+SCREEN_TOL = 1e-9  # rhos whose screened acceptance is within this of the best are evaluated exactly
+
+
+def _acceptance_screen(p, q, sup, rho, k):
+    """The one-step acceptance ``sum_x min(p, s_rho)`` at every rho ``[G]`` from cumulative sums
+    over the tokens sorted by t = p / q (one sort, no ``[G, V]`` work): ``beta = min(1, t / rho)``,
+    so ``bbar = Q(t >= rho) + P(t < rho) / rho`` and, with G_rho = sum_(j<k-1) (1 - bbar)^j,
+    M_rho = (1 - bbar)^(k-1), u = G + M, c = M / (1 - G / rho) (G < rho):
+    ``min(p, s) = min(p, q u)`` for t >= rho (p below t = u, q u above) and
+    ``min(p, p G / rho + q M)`` for t < rho (p below t = c, the sum above); each region's sum is
+    a difference of F_p(x) = P(t < x), F_q(x) = Q(t < x) at <= 3 thresholds. Off q's support
+    p and q weigh 0 here (s = 0 there).
+
+    It is only a screen: the rounding of these sums differs from the direct evaluation's by far
+    less than ``SCREEN_TOL`` (both are sums of V terms of a distribution, error ~V 2^-53, and a
+    token on a region's boundary contributes the same on either side), so the direct
+    evaluation's first best rho is among the rhos screened within ``SCREEN_TOL`` of the best,
+    and ``kseq_selection_law`` evaluates exactly those, in grid order: the same rho, the same
+    bits as evaluating every rho. p, q, sup: ``[V]``; rho: ``[G]`` ascending."""
+    full = bool(sup.all())
+    pw = p if full else torch.where(sup, p, torch.zeros_like(p))
+    t = pw / (q if full else torch.where(sup, q, torch.ones_like(q)))  # [V]
+    if t.device.type == "cpu":  # numpy's sort is several times torch's on the CPU
+        tn, pn, qn = t.numpy(), pw.numpy(), q.numpy()
+        o = np.argsort(tn)
+        ts = torch.from_numpy(np.take(tn, o))
+        cp = torch.from_numpy(np.concatenate([[0.0], np.cumsum(np.take(pn, o))]))
+        cq = torch.from_numpy(np.concatenate([[0.0], np.cumsum(np.take(qn, o))]))
+    else:
+        ts, o = torch.sort(t)
+        z = t.new_zeros(1)
+        cp, cq = torch.cat([z, pw[o].cumsum(0)]), torch.cat([z, q[o].cumsum(0)])
+    cp, cq, rho_c = cp.to(rho.device), cq.to(rho.device), rho.to(ts.device)
+
+    def F(x):  # (P(t < x), Q(t < x)) at thresholds x [T]
+        i = torch.searchsorted(ts, x.to(ts.device)).to(rho.device)
+        return cp[i], cq[i]
+
+    Fp_r, Fq_r = F(rho_c)
+    Qtot = cq[-1]
+    miss = 1.0 - ((Qtot - Fq_r) + Fp_r / rho)  # [G]
+    geo = sum(miss.pow(j) for j in range(k - 1))  # [G]
+    M = miss.pow(k - 1)
+    u = geo + M
+    low = geo < rho
+    c = torch.where(low, M / torch.where(low, 1.0 - geo / rho, torch.ones_like(rho)), rho)
+    Fp_a, Fq_a = F(torch.maximum(u, rho))
+    Fp_b, Fq_b = F(torch.minimum(c, rho))
+    region_a = (Fp_a - Fp_r) + u * (Qtot - Fq_a)
+    region_b = Fp_b + (geo / rho) * (Fp_r - Fp_b) + M * (Fq_r - Fq_b)
+    return region_a + region_b
 
 
 class SpecTrGBV(SelectThenBlock):
