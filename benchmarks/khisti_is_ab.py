@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
@@ -85,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the decoder does (multidraft._alloc; MULTIDRAFT_MALLOC=default: glibc's defaults)
     if args.synthetic or not args.store.is_file():
         TL, DL, src = synthetic_rows(args.rows, 151_936, args.seed)
     else:
@@ -93,7 +95,7 @@ def main(argv=None):
     meta = {"kind": "meta", "benchmark": "khisti_is_ab", "old": str(args.old), "rows": args.rows, "draws": args.draws,
             "repeats": args.repeats, "threads": torch.get_num_threads(), "distributions": src,
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "allocator": allocator_state(),
             "load_average_before": list(os.getloadavg())}
     lines = [meta]
     print(f"V = {TL.shape[-1]}, {args.rows} rows ({src['source']}) x {args.draws} draws, {args.repeats} repeats, "

@@ -59,9 +59,10 @@ before timing) and times ``rule.verify(tree, g)`` per tree (median over ``--repe
 summed time / trees); a rule that does not support a law prints its refusal.
 
 Allocator note: glibc hands freed multi-MB temporaries back to the OS and the next call pays
-page faults for them (about 1 ms per MB on the 2-core VM), which shows as noise of a few ms on
-the verifiers with many full-V float64 temporaries. Running with ``MALLOC_TRIM_THRESHOLD_`` and
-``MALLOC_MMAP_THRESHOLD_`` set high (e.g. 4000000000) removes it; the JSONL meta records them.
+page faults for them (about 1 ms per MB on the 2-core VM). The decoder keeps them in the process
+(``multidraft._alloc.keep_freed_memory``, called when a decoder is built) and so does this script
+before it times; ``MULTIDRAFT_MALLOC=default`` (or glibc's own ``MALLOC_*`` variables) leaves
+glibc's defaults, to measure the difference. The JSONL meta records which (``allocator``).
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import multidraft  # noqa: E402
+from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
@@ -340,6 +342,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the decoder does (multidraft._alloc; MULTIDRAFT_MALLOC=default: glibc's defaults)
     global _clock
     _clock = CLOCKS[args.clock]
     if args.synthetic or not args.store.is_file():
@@ -360,7 +363,7 @@ def main(argv=None):
         "repeats": args.repeats, "statistic": "median over repeats of the summed phase times / (rows x draws)", "clock": args.clock,
         "torch_threads": torch.get_num_threads(), "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "independent_temperatures": list(IND_TEMPS),
-        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "allocator": allocator_state(),
         "ks": ks, "budget": args.budget, "references": refs, "distributions": src,
         "skipped": SKIP, "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                       "multidraft": getattr(multidraft, "__version__", "?")},

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.verifiers import optimal as _optimal  # noqa: E402
@@ -66,6 +67,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the decoder does (multidraft._alloc; MULTIDRAFT_MALLOC=default: glibc's defaults)
     if args.store.is_file():
         TL, DL, src = store_rows(args.store, args.rows, args.seed)
     else:
@@ -78,7 +80,8 @@ def main(argv=None):
         methods["optimal_torch"] = _TorchRoute()
     clock = CLOCKS[args.clock]
     meta = {"kind": "meta", "benchmark": "optimal_ab", "rows": args.rows, "draws": args.draws, "repeats": args.repeats,
-            "threads": args.threads, "clock": args.clock, "distributions": src, "load_average_before": list(os.getloadavg())}
+            "threads": args.threads, "clock": args.clock, "distributions": src, "load_average_before": list(os.getloadavg()),
+            "allocator": allocator_state()}
     lines = [meta]
     print(f"V = {P.shape[-1]}, {args.rows} rows x {args.draws} draws, {args.repeats} repeats, {args.threads} thread(s), "
           f"{args.clock} clock; load {meta['load_average_before']}")

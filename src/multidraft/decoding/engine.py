@@ -55,6 +55,7 @@ import torch
 from .. import drafts as _drafts
 from .. import trees as _trees
 from .. import verifiers as _verifiers
+from .._alloc import keep_freed_memory
 from .._validate import ArgumentError, as_generator
 from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TokenWalk, TreeShape, TreeVerdict, allocate
@@ -285,6 +286,7 @@ class _Decoder:
 
     def __init__(self, target, draft, settings: Settings, g: torch.Generator, progress, prompt_cache=None,
                  node_log=None, *, eos: frozenset = frozenset(), runners=None):
+        keep_freed_memory()  # the verifiers' full-V temporaries stay in the process (_alloc)
         if runners is None:
             self.t = runner_for(target, prompt_cache)
             self.d = runner_for(draft, prompt_cache) if draft is not None else None

@@ -73,6 +73,8 @@ then one uniform for the emitted token.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._validate import as_generator
@@ -93,9 +95,10 @@ def _ratio(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The ranking key of p / q on q's support: ``round(log(p / q) / RATIO_STEP)`` (-inf where
     p = 0), -inf off q's support too (those tokens are never drafted). p, q: ``[V]``."""
     sup = q > 0
-    r = p / torch.where(sup, q, torch.ones_like(q))
-    key = torch.round(torch.log(r) / RATIO_STEP)  # log 0 = -inf stays -inf
-    return torch.where(sup, key, torch.full_like(q, float("-inf")))
+    full = bool(sup.all())
+    key = p / (q if full else torch.where(sup, q, torch.ones_like(q)))
+    key.log_().div_(RATIO_STEP).round_()  # log 0 = -inf stays -inf; in place: the same bits, fewer [V] temporaries
+    return key if full else key.masked_fill_(~sup, float("-inf"))
 
 
 HIST_SLACK = 4  # ratio classes by a histogram of the integer keys while their range is at most this many x V
@@ -108,6 +111,14 @@ def _ratio_classes(r: torch.Tensor) -> tuple[int, torch.Tensor]:
     back to ``torch.unique``. Empty classes carry no mass and change no sum below (x + 0 = x), so
     both give the same bits."""
     V = r.shape[0]
+    if not V:
+        return 0, torch.zeros(0, dtype=torch.long, device=r.device)
+    lo, hi = float(r.min()), float(r.max())
+    if math.isfinite(lo) and math.isfinite(hi):  # every key finite (p, q > 0 everywhere): no masks
+        if hi - lo <= HIST_SLACK * V:
+            return int(hi - lo) + 1, r.sub(lo).long()
+        vals, inv = torch.unique(r, sorted=True, return_inverse=True)
+        return vals.shape[0], inv
     fin = torch.isfinite(r)
     if bool(fin.any()):
         rf = torch.where(fin, r, torch.full_like(r, float("inf")))
@@ -115,7 +126,7 @@ def _ratio_classes(r: torch.Tensor) -> tuple[int, torch.Tensor]:
         hi = float(torch.where(fin, r, torch.full_like(r, float("-inf"))).max())
         if hi - lo <= HIST_SLACK * V:
             return int(hi - lo) + 2, torch.where(fin, r - (lo - 1.0), torch.zeros_like(r)).long()
-    elif r.numel():
+    else:
         return 1, torch.zeros(V, dtype=torch.long, device=r.device)
     vals, inv = torch.unique(r, sorted=True, return_inverse=True)
     return vals.shape[0], inv
@@ -132,7 +143,7 @@ def greedy_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torc
     lt = torch.cat([le.new_zeros(1), le[:-1]])  # [C] mass of ratios below it
     top = le.pow(k) - lt.pow(k)  # [C] P(the largest drafted ratio is in the class)
     per = torch.where(mass > 0, top / torch.where(mass > 0, mass, torch.ones_like(mass)), torch.zeros_like(mass))
-    s = torch.where(q > 0, q * per[inv], torch.zeros_like(q))
+    s = per[inv].mul_(q)  # q * per[inv]; 0 where q = 0 (per is finite)
     return s, r
 
 
