@@ -130,6 +130,7 @@ import numpy as np
 from .. import drafts as _drafts
 from .._validate import as_generator, as_int
 from ._check import check_tree, is_chain_law, row64
+from .block import ChainRows
 from ._postorder import first_kept
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
@@ -400,10 +401,43 @@ class UniVer(TreeRule):
         self._exact(tree, self.allocate(tree), add)
         return total
 
+    def _chain_decisions(self, tree: DraftTree):
+        """Phase 2's decisions on a chain (one draft a node, plan='residual'), lazily: the weights
+        ``w_i = min(a P(t) / Q(t), 1)`` from the values at the drafted tokens (``ChainRows.at``: the
+        numbers of ``row64``), a node's keep weight and row (``_next_state``, one pass over V) only
+        when the decisions reach it. The same numbers as ``allocate``: a step whose leaf is kept
+        converts one row and computes no residual."""
+        ids, xs, praw, qraw = [0], [], [tree.p(0)], []
+        i = 0
+        while tree.nodes[i].drafts:
+            nd = tree.nodes[i]
+            xs.append(nd.drafts[0])
+            qraw.append(nd.q)
+            i = nd.child[nd.drafts[0]]
+            ids.append(i)
+            praw.append(tree.p(i))
+        ps, qs = ChainRows(praw), ChainRows(qraw)
+        w = [1.0]  # w[d]: the weight of the node at depth d
+        for d, t in enumerate(xs):
+            qt = qs.at(d, t)
+            if not qt > 0:
+                raise ValueError(f"tree: draft {t} at node {ids[d]} (slot 0) has probability 0 under the law of that "
+                                 "slot given the earlier drafts (the drafts do not match the tree's law)")
+            w.append(min(w[d] * ps.at(d, t) / qt, 1.0))
+        L = len(xs)
+        yield tuple(ids[1:]), w[L], ps[L], True
+        for d in range(L - 1, -1, -1):
+            a, row = _next_state(w[d], ps[d], qs[d])
+            yield tuple(ids[1 : d + 1]), (1.0 if d == 0 else a), row, False
+
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
-        plan = self.allocate(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-        return first_kept(self._decisions(plan), g)
+        if self.plan == "residual" and isinstance(tree, DraftTree) and all(len(nd.drafts) <= 1 for nd in tree.nodes):
+            check_tree(tree, self._kinds, "univer", chain=True)
+            if tree.shape.mode == "dynamic":
+                raise ValueError("tree: a dynamic tree; univer verifies fixed shapes (kary, explicit, sequences, chains)")
+            return first_kept(self._chain_decisions(tree), g)
+        return first_kept(self._decisions(self.allocate(tree)), g)
 
 
 register("univer", UniVer)
