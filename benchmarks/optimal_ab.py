@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch

@@ -136,7 +136,6 @@ def test_per_draft_rows_that_differ_under_a_single_q_law(name):
 @pytest.mark.parametrize("name", ["greedy_optimal", "spechub", "nss", "lp_optimal"])
 def test_greedy_drafts_must_carry_the_top_of_q(name):
     v = md.verifiers.get(name)
-    k = 2
     p, q = P.expand(B, V), Q.expand(B, V)
     bad = torch.tensor([[1, 3]] * B)  # top of Q is token 0
     _expect(r"drafts: under the greedy law drafts\[..., :K-1\] are the top K-1 = 1 tokens .* has \[1\], expected \[0\]", v, "greedy", p, q, bad)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import multidraft as md
-from multidraft import trees
 from multidraft.decoding import engine
 from multidraft.experiments import realtrees
 

@@ -5,7 +5,6 @@ tests/decoding/test_batch_decoding.py for the law test that covers what equality
 import threading
 
 import pytest
-import torch
 
 from live_server import MODEL, start, tiny_served
 

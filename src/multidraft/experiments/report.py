@@ -205,7 +205,7 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
             lines.append("| verifier | " + " | ".join(f"K={k}" for k in ks) + " |")
             lines.append("|---|" + "---|" * len(ks))
             a_cells = [_alpha_cell(by[(law, k, ALPHA)]) if (law, k, ALPHA) in by else "" for k in ks]
-            lines.append(f"| **alpha*** | " + " | ".join(a_cells) + " |")
+            lines.append("| **alpha*** | " + " | ".join(a_cells) + " |")
             for n in names:
                 cells = []
                 for k in ks:

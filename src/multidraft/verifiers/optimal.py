@@ -288,7 +288,6 @@ class _Lumped:
     __slots__ = ("red", "hidx", "key", "lut", "c", "q64", "fit")
 
     def units(self, tok: torch.Tensor) -> torch.Tensor:  # tok [R, n] token ids -> unit ids [R, n]
-        h = self.hidx.shape[-1]
         eq = tok.unsqueeze(-1) == self.hidx.unsqueeze(-2)  # [R, n, h]
         inh = eq.any(-1)
         u_t = self.lut.gather(-1, self.key.gather(-1, tok).long().clamp(max=self.lut.shape[-1] - 1))
@@ -916,14 +915,13 @@ class Optimal(Verifier):
 
     # sampling path ---------------------------------------------------------------------
     def _verify(self, p, q, drafts, g, law):
-        batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
-        if K == 1:
+        if drafts.shape[-1] == 1:
             return self._verify_single(p, q, drafts, g)
         return self._verify_plan(p, q, drafts, g, normalised=True)
 
     def _verify_plan(self, p, q, drafts, g, normalised=False):
         """The sampling path through the fitted plan (any K)."""
-        batch, V, K = p.shape[:-1], p.shape[-1], drafts.shape[-1]
+        batch, K = p.shape[:-1], drafts.shape[-1]
         p64, q64, plan = self._make_plan(p, q, K, normalised)
         D = drafts.reshape(-1, K)
         R = D.shape[0]
