@@ -127,9 +127,9 @@ def _acceptance_screen(p, q, sup, rho, k):
     if t.device.type == "cpu":  # numpy's sort is several times torch's on the CPU
         tn, pn, qn = t.numpy(), pw.numpy(), q.numpy()
         o = np.argsort(tn)
-        ts = torch.from_numpy(np.take(tn, o))
-        cp = torch.from_numpy(np.concatenate([[0.0], np.cumsum(np.take(pn, o))]))
-        cq = torch.from_numpy(np.concatenate([[0.0], np.cumsum(np.take(qn, o))]))
+        ts = torch.as_tensor(np.take(tn, o), device=t.device)
+        cp = torch.as_tensor(np.concatenate([[0.0], np.cumsum(np.take(pn, o))]), device=t.device)
+        cq = torch.as_tensor(np.concatenate([[0.0], np.cumsum(np.take(qn, o))]), device=t.device)
     else:
         ts, o = torch.sort(t)
         z = t.new_zeros(1)
