@@ -6,8 +6,8 @@ glibc serves a request above its mmap threshold with a fresh mapping and trims t
 heap once more than the trim threshold lies free there; both thresholds start at 128 KiB and the
 dynamic rule raises them only to the size of the largest chunk freed so far, so a verify that
 frees several such rows at once still trims. The page faults cost about 1 ms per MB on this
-project's 2-core VM (``benchmarks/node_cost.py`` README): ``row64`` of one float32 row 0.94 ms
-against 0.08 ms with the thresholds below, ``specinfer``'s verify 0.70 against 0.33 ms a node.
+project's 2-core VM when other jobs share it (``benchmarks/node_cost.py``'s allocator note; the
+measurements: ``docs/results/node_cost/README.md``, issue 27 round 3).
 
 :func:`keep_freed_memory` sets the mmap threshold to 32 MiB (glibc's largest) and the trim
 threshold to 1 GiB, once per process. The decoder calls it when it is built (``generate``,
