@@ -267,9 +267,11 @@ def test_ratio_classes_by_histogram_are_unique_s_classes():
             q = p.clone()
         if trial % 5 == 4:
             p[1], q[1] = 1e-300, 0.01  # a key far below the rest
+        if trial % 8 == 7:
+            p[2], q[2] = 0.05, 5e-324  # p / q overflows: a key of +inf, the highest class
         p, q = p / p.sum(), q / q.sum()
         C, inv = _ratio_classes(_ratio(p, q))
-        if trial % 5 == 4:  # the range is too wide: torch.unique's classes, no empty ones
+        if trial % 5 == 4 or trial % 8 == 7:  # too wide a range or a +inf key: torch.unique's classes
             assert C == int(torch.unique(_ratio(p, q)).numel())
             wide += 1
         else:

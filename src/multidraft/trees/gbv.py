@@ -106,28 +106,21 @@ HIST_SLACK = 4  # ratio classes by a histogram of the integer keys while their r
 
 def _ratio_classes(r: torch.Tensor) -> tuple[int, torch.Tensor]:
     """``(C, inv)``: the ratio classes in ascending order and each token's class ``[V]``. The keys are
-    integers (or -inf), so the classes are the bins of the key's range (-inf first), empty bins
-    included: O(V + range), no sort; a range beyond ``HIST_SLACK`` x V (subnormal rows) falls
-    back to ``torch.unique``. Empty classes carry no mass and change no sum below (x + 0 = x), so
-    both give the same bits."""
+    integers or -inf (p = 0, or off q's support), so the classes are the bins of the finite keys'
+    range, after one bin for -inf when there is one, empty bins included: O(V + range), no sort.
+    A range beyond ``HIST_SLACK`` x V (subnormal rows) or a key of +inf (p / q overflowing on a
+    subnormal q) falls back to ``torch.unique``. Empty classes carry no mass and change no sum
+    below (x + 0 = x), so both give the same bits."""
     V = r.shape[0]
-    if not V:
-        return 0, torch.zeros(0, dtype=torch.long, device=r.device)
-    lo, hi = float(r.min()), float(r.max())
-    if math.isfinite(lo) and math.isfinite(hi):  # every key finite (p, q > 0 everywhere): no masks
+    hi = float(r.max()) if V else float("nan")
+    if math.isfinite(hi) or hi == float("-inf"):
+        lo = float(r.min())
+        if lo == float("-inf"):  # the -inf keys are bin 0, the finite ones from bin 1
+            if hi == float("-inf"):
+                return 1, torch.zeros(V, dtype=torch.long, device=r.device)
+            lo = float(r.masked_fill(r == float("-inf"), float("inf")).min()) - 1.0
         if hi - lo <= HIST_SLACK * V:
-            return int(hi - lo) + 1, r.sub(lo).long()
-        vals, inv = torch.unique(r, sorted=True, return_inverse=True)
-        return vals.shape[0], inv
-    fin = torch.isfinite(r)
-    if bool(fin.any()):
-        rf = torch.where(fin, r, torch.full_like(r, float("inf")))
-        lo = float(rf.min())
-        hi = float(torch.where(fin, r, torch.full_like(r, float("-inf"))).max())
-        if hi - lo <= HIST_SLACK * V:
-            return int(hi - lo) + 2, torch.where(fin, r - (lo - 1.0), torch.zeros_like(r)).long()
-    else:
-        return 1, torch.zeros(V, dtype=torch.long, device=r.device)
+            return int(hi - lo) + 1, r.sub(lo).clamp_(min=0.0).long()
     vals, inv = torch.unique(r, sorted=True, return_inverse=True)
     return vals.shape[0], inv
 
