@@ -44,7 +44,7 @@ from ._check import check_tree, is_chain_law, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
-__all__ = ["BlockVerification", "ChainRows", "block_tokens", "chain_weights", "chain_keeps", "chain_stop", "scan_stops",
+__all__ = ["BlockVerification", "ChainRows", "chain_path", "block_tokens", "chain_weights", "chain_keeps", "chain_stop", "scan_stops",
            "add_scan_law", "scan_tokens", "scan_verify"]
 
 
@@ -193,6 +193,23 @@ def block_tokens(tree_law, model) -> float:
     return total
 
 
+def chain_path(tree: DraftTree):
+    """``(ids, xs, ps, qs)`` of a chain (one draft a node, checked by the caller): node ids from the
+    root, drafted tokens, and the target and draft rows of the prefixes as ``ChainRows``
+    (converted to float64 where they are read)."""
+    ids, xs, ps, qs = [0], [], [tree.p(0)], []
+    i = 0
+    while tree.nodes[i].drafts:
+        nd = tree.nodes[i]
+        t = nd.drafts[0]
+        qs.append(nd.q)
+        xs.append(t)
+        i = nd.child[t]
+        ids.append(i)
+        ps.append(tree.p(i))
+    return ids, xs, ChainRows(ps), ChainRows(qs)
+
+
 class BlockVerification(TreeRule):
     """Block verification of one draft chain (see the module notes); no options."""
 
@@ -208,20 +225,8 @@ class BlockVerification(TreeRule):
         return self.refusal(tree_law) is None
 
     def _chain(self, tree: DraftTree):
-        """``(ids, xs, ps, qs)``: node ids from the root, drafted tokens, and the target and draft
-        rows of the prefixes as ``ChainRows`` (converted to float64 where they are read)."""
         check_tree(tree, ("iid", "wor", "greedy"), "block", chain=True)
-        ids, xs, ps, qs = [0], [], [tree.p(0)], []
-        i = 0
-        while tree.nodes[i].drafts:
-            nd = tree.nodes[i]
-            t = nd.drafts[0]
-            qs.append(nd.q)
-            xs.append(t)
-            i = nd.child[t]
-            ids.append(i)
-            ps.append(tree.p(i))
-        return ids, xs, ChainRows(ps), ChainRows(qs)
+        return chain_path(tree)
 
     def output_distribution(self, tree: DraftTree) -> dict:
         _, xs, ps, qs = self._chain(tree)

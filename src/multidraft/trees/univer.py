@@ -130,7 +130,7 @@ import numpy as np
 from .. import drafts as _drafts
 from .._validate import as_generator, as_int
 from ._check import check_tree, is_chain_law, row64
-from .block import ChainRows
+from .block import chain_path
 from ._postorder import first_kept
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
@@ -253,12 +253,17 @@ class UniVer(TreeRule):
         return self.refusal(tree_law) is None
 
     # phase 1 --------------------------------------------------------------------------------
-    def allocate(self, tree: DraftTree) -> _Plan:
-        """Phase 1: every node's weight, every slot's weight, every node's final (h, rho)."""
-        chainlike = all(len(nd.drafts) <= 1 for nd in tree.nodes)
+    def _check(self, tree: DraftTree) -> bool:
+        """The tree's checks (one ``ValueError`` naming what would work); True for a chain."""
+        chainlike = isinstance(tree, DraftTree) and all(len(nd.drafts) <= 1 for nd in tree.nodes)
         check_tree(tree, self._kinds, "univer", chain=chainlike)
         if tree.shape.mode == "dynamic":
             raise ValueError("tree: a dynamic tree; univer verifies fixed shapes (kary, explicit, sequences, chains)")
+        return chainlike
+
+    def allocate(self, tree: DraftTree) -> _Plan:
+        """Phase 1: every node's weight, every slot's weight, every node's final (h, rho)."""
+        self._check(tree)
         law = tree.law
         plan = _Plan(len(tree.nodes))
         plan.weight[0] = 1.0
@@ -407,16 +412,7 @@ class UniVer(TreeRule):
         numbers of ``row64``), a node's keep weight and row (``_next_state``, one pass over V) only
         when the decisions reach it. The same numbers as ``allocate``: a step whose leaf is kept
         converts one row and computes no residual."""
-        ids, xs, praw, qraw = [0], [], [tree.p(0)], []
-        i = 0
-        while tree.nodes[i].drafts:
-            nd = tree.nodes[i]
-            xs.append(nd.drafts[0])
-            qraw.append(nd.q)
-            i = nd.child[nd.drafts[0]]
-            ids.append(i)
-            praw.append(tree.p(i))
-        ps, qs = ChainRows(praw), ChainRows(qraw)
+        ids, xs, ps, qs = chain_path(tree)
         w = [1.0]  # w[d]: the weight of the node at depth d
         for d, t in enumerate(xs):
             qt = qs.at(d, t)
@@ -432,10 +428,7 @@ class UniVer(TreeRule):
 
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
-        if self.plan == "residual" and isinstance(tree, DraftTree) and all(len(nd.drafts) <= 1 for nd in tree.nodes):
-            check_tree(tree, self._kinds, "univer", chain=True)
-            if tree.shape.mode == "dynamic":
-                raise ValueError("tree: a dynamic tree; univer verifies fixed shapes (kary, explicit, sequences, chains)")
+        if self.plan == "residual" and self._check(tree):
             return first_kept(self._chain_decisions(tree), g)
         return first_kept(self._decisions(self.allocate(tree)), g)
 
