@@ -94,4 +94,4 @@ def test_screen_is_the_acceptance_of_every_rho():
         miss = 1.0 - (q * beta).sum(-1, keepdim=True)
         s = q * beta * sum(miss.pow(j) for j in range(k - 1)) + miss.pow(k - 1) * q
         want = torch.minimum(s, p).sum(-1)
-        assert (abs(_acceptance_screen(p, q, sup, rho, k) - want) <= 1e-12).all()
+        assert (abs(_acceptance_screen(p, q, sup, bool(sup.all()), qs, rho, k) - want) <= 1e-12).all()

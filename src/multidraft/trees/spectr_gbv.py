@@ -90,7 +90,7 @@ def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.
         geo = sum(miss.pow(j) for j in range(k - 1))  # [1, 1]: sum_(j<k-1) (1 - bbar)^j
         return qb.mul_(geo).add_(miss.pow(k - 1) * q)
 
-    screen = _acceptance_screen(p, q, sup, rho[:, 0], k) if q.shape[0] > SCREEN_V else None
+    screen = _acceptance_screen(p, q, sup, full, qs, rho[:, 0], k) if q.shape[0] > SCREEN_V else None
     cand = range(RHO_POINTS) if screen is None else torch.nonzero(screen >= screen.max() - SCREEN_TOL).flatten().tolist()
     acc = torch.full((RHO_POINTS,), float("-inf"), dtype=torch.float64, device=q.device)  # [G]: acceptance at each rho
     for j in cand:
@@ -105,7 +105,7 @@ SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_screen``) be
 SCREEN_TOL = 1e-9  # rhos whose screened acceptance is within this of the best are evaluated exactly
 
 
-def _acceptance_screen(p, q, sup, rho, k):
+def _acceptance_screen(p, q, sup, full, qs, rho, k):
     """The one-step acceptance ``sum_x min(p, s_rho)`` at every rho ``[G]`` from cumulative sums
     over the tokens sorted by t = p / q (one sort, no ``[G, V]`` work): ``beta = min(1, t / rho)``,
     so ``bbar = Q(t >= rho) + P(t < rho) / rho`` and, with G_rho = sum_(j<k-1) (1 - bbar)^j,
@@ -120,10 +120,10 @@ def _acceptance_screen(p, q, sup, rho, k):
     token on a region's boundary contributes the same on either side), so the direct
     evaluation's first best rho is among the rhos screened within ``SCREEN_TOL`` of the best,
     and ``kseq_selection_law`` evaluates exactly those, in grid order: the same rho, the same
-    bits as evaluating every rho. p, q, sup: ``[V]``; rho: ``[G]`` ascending."""
-    full = bool(sup.all())
+    bits as evaluating every rho. p, q, sup: ``[V]``; full: sup everywhere; qs: q with 1 off sup;
+    rho: ``[G]`` ascending."""
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
-    t = pw / (q if full else torch.where(sup, q, torch.ones_like(q)))  # [V]
+    t = pw / qs  # [V]
     if t.device.type == "cpu":  # numpy's sort is several times torch's on the CPU
         tn, pn, qn = t.numpy(), pw.numpy(), q.numpy()
         o = np.argsort(tn)
