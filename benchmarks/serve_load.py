@@ -25,7 +25,9 @@ never compete for the cores):
                   and the cells repeat prompts).
 
 Workload: ``--clients`` concurrent clients (default 1,4,8), each sending ``--requests``
-requests one after the other, streamed, to ``/v1/chat/completions``, the same body for every
+requests one after the other (with ``--per-cell``: ``--requests`` requests in each cell, k = 0 ..
+R - 1, the clients taking the next one from one queue as they finish, so every cell sends the
+same requests), streamed, to ``/v1/chat/completions``, the same body for every
 server: request k (client c sends k = c * R + j, j < R) carries prompt k (HumanEval and MT-bench
 alternating, ``multidraft.datasets``), seed ``--seed`` * 100003 + k, ``max_tokens``
 ``--max-tokens``, at each temperature of ``--temperatures`` (default 0,1).
@@ -103,7 +105,13 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
     ap.add_argument("--clients", default="1,4,8", help="concurrent clients per cell (1 is always run first)")
-    ap.add_argument("--requests", type=int, default=20, help="requests per client per cell")
+    ap.add_argument("--requests", type=int, default=20,
+                    help="requests per client per cell (with --per-cell: requests per cell, taken by the clients "
+                         "from one queue)")
+    ap.add_argument("--per-cell", action="store_true",
+                    help="--requests counts the requests of a cell, not of a client: every cell sends requests "
+                         "0 .. R-1, each client taking the next one when its last is answered (the same requests "
+                         "at every concurrency)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0, help="request k's seed is SEED * 100003 + k")
@@ -322,20 +330,28 @@ async def one_request(client, ep: Endpoint, k: int, work: list[dict], seed: int,
     return {**row, **check_stream(lines, kind=ep.name, seed=seed, max_tokens=max_tokens, model=ep.model)}
 
 
+def cell_size(clients: int, requests: int, per_cell: bool) -> int:
+    """How many requests a cell sends: ``requests`` in all (``per_cell``) or per client."""
+    return requests if per_cell else clients * requests
+
+
 async def run_cell(ep: Endpoint, work: list[dict], clients: int, requests: int, *, base_seed: int, max_tokens: int,
-                   temperature: float, timeout: float) -> tuple[list[dict], float]:
-    """``clients`` concurrent clients, each sending ``requests`` requests in turn; returns the
+                   temperature: float, timeout: float, per_cell: bool = False) -> tuple[list[dict], float]:
+    """``clients`` concurrent clients, each sending ``requests`` requests in turn (client c sends
+    k = c * requests + j), or, with ``per_cell``, ``requests`` requests in all (k = 0 .. requests - 1),
+    each client taking the next k from one queue when its last one is answered; returns the
     request rows (ordered by k) and the cell's wall time."""
     import httpx
 
-    n = clients * requests
+    n = cell_size(clients, requests, per_cell)
     if n > len(work):
         raise ValueError(f"the cell needs {n} prompts, the work list has {len(work)}")
     rows: list = [None] * n
+    queue = iter(range(n))  # per_cell: one queue; asyncio runs one client at a time between awaits
 
     async def client_loop(c, client):
-        for j in range(requests):
-            k = c * requests + j
+        ks = queue if per_cell else range(c * requests, c * requests + requests)
+        for k in ks:
             rows[k] = await one_request(client, ep, k, work, request_seed(base_seed, k), max_tokens, temperature)
             rows[k]["client"] = c
 
@@ -519,7 +535,7 @@ class Log:
 def run(args) -> int:
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    n_work = max(args.client_list) * args.requests
+    n_work = max(cell_size(c, args.requests, args.per_cell) for c in args.client_list)
     work = prompts(n_work)
     target, draft = gguf_pair()
     log = Log(args.out)
@@ -565,11 +581,12 @@ def run(args) -> int:
                     for c in args.client_list:
                         rows, wall = asyncio.run(run_cell(ep, work, c, args.requests, base_seed=args.seed,
                                                           max_tokens=args.max_tokens, temperature=temp,
-                                                          timeout=args.timeout))
+                                                          timeout=args.timeout, per_cell=args.per_cell))
                         for r in rows:
                             log.write({"kind": "request", "server": name, "temperature": temp, "clients": c, **r})
                         log.write({"kind": "cell", "server": name, "temperature": temp, "clients": c,
-                                   "requests_per_client": args.requests, "sent": len(rows), "wall_s": wall,
+                                   "requests_per_client": None if args.per_cell else args.requests,
+                                   "requests_per_cell": len(rows), "sent": len(rows), "wall_s": wall,
                                    "loadavg": os.getloadavg()})
                         row = summarize_cells(log.rows)[-1]
                         print(_line(row), file=sys.stderr, flush=True)
@@ -682,7 +699,8 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
     cells = summarize_cells(rows)
     cpu = meta.get("cpu", {})
     la0, la1 = meta.get("loadavg_start"), end.get("loadavg_end")
-    out = [(f"serve_load: {a.get('requests')} requests per client, max_tokens {a.get('max_tokens')}, "
+    per = "cell" if a.get("per_cell") else "client"
+    out = [(f"serve_load: {a.get('requests')} requests per {per}, max_tokens {a.get('max_tokens')}, "
             f"{a.get('threads')} threads, seed {meta.get('seed')}; llama.cpp {meta.get('llama_cpp_commit')}; "
             f"CPU {cpu.get('Model name')} ({cpu.get('nproc')} cores); load average "
             f"{la0[0] if la0 else float('nan'):.2f} at the start, {la1[0] if la1 else float('nan'):.2f} at the end; "

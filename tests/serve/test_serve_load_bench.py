@@ -244,3 +244,19 @@ def test_client_against_the_live_tiny_server(sl, live):
     rows.sort(key=lambda r: (r["clients"], r["kind"] == "cell"))
     cells = sl.summarize_cells(rows)
     assert cells[1]["compared"] == 2 and sl.failures(cells) == []
+
+
+def test_per_cell_sends_the_same_requests_at_every_concurrency(sl, live):
+    ep = sl.Endpoint("ours", live.url, MODEL)
+    work = [{"text": t} for t in ("in the beginning", "and the earth", "god said")]
+    one, _ = asyncio.run(sl.run_cell(ep, work, 1, 3, base_seed=5, max_tokens=4, temperature=1.0, timeout=60,
+                                     per_cell=True))
+    two, _ = asyncio.run(sl.run_cell(ep, work, 2, 3, base_seed=5, max_tokens=4, temperature=1.0, timeout=60,
+                                     per_cell=True))
+    assert [r["k"] for r in one] == [r["k"] for r in two] == [0, 1, 2]
+    assert {r["client"] for r in two} == {0, 1} and all(r["problems"] == [] for r in one + two)
+    assert [r["text"] for r in two] == [r["text"] for r in one]  # one lane: a seed fixes the tokens
+    assert sl.cell_size(8, 20, True) == 20 and sl.cell_size(8, 20, False) == 160
+    with pytest.raises(ValueError, match="needs 4 prompts"):
+        asyncio.run(sl.run_cell(ep, work, 2, 4, base_seed=5, max_tokens=4, temperature=1.0, timeout=60,
+                                per_cell=True))
