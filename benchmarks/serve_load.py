@@ -653,8 +653,18 @@ def summarize_cells(rows: list[dict]) -> list[dict]:
                     "p50_ttft_s": pct([r["ttft_s"] for r in good], 50), "p99_ttft_s": pct([r["ttft_s"] for r in good], 99),
                     "tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall if wall > 0 else float("nan"),
                     "mean_latency_s": sum(r["latency_s"] for r in good) / len(good) if good else float("nan"),
+                    "p50_stream_tps": pct([stream_rate(r) for r in good], 50),
                     "spec": calls})
     return out
+
+
+def stream_rate(r: dict) -> float | None:
+    """A response's decoding speed as its client sees it stream: the tokens after the first over the
+    time after the first (prompt prefill and queueing excluded); None below 2 tokens."""
+    n, ttft = r.get("completion_tokens"), r.get("ttft_s")
+    if not n or n < 2 or ttft is None or r["latency_s"] <= ttft:
+        return None
+    return (n - 1) / (r["latency_s"] - ttft)
 
 
 def failures(cells: list[dict]) -> list[str]:
@@ -673,6 +683,31 @@ def failures(cells: list[dict]) -> list[str]:
             bad.append(f"{where}: llama-server drafted no token (its speculation was off: without --spec-type "
                        f"draft-simple, -md only loads the draft model)")
     return bad
+
+
+def dataset_table(rows: list[dict], meta: dict) -> list[str]:
+    """Markdown lines: the one-client cells split by the prompts' data set (from the meta row's
+    prompt list): requests, mean completion tokens, mean time to first token, tokens/s over the
+    requests' whole time and decoding tok/s after the first token (sums over the requests)."""
+    ds = {p["k"]: p["dataset"] for p in meta.get("prompts", [])}
+    groups: dict = {}
+    for r in rows:
+        if r.get("kind") == "request" and r["clients"] == 1 and not r["problems"] and r["k"] in ds:
+            groups.setdefault((r["server"], r["temperature"], ds[r["k"]]), []).append(r)
+    if not groups:
+        return []
+    out = ["", "One client, by data set (sums over the requests: tokens/s = tokens / time; decoding = tokens after "
+               "the first / time after the first):", "",
+           "| server | T | data set | requests | mean tokens | mean TTFT s | tokens/s | decoding tok/s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for (srv, t, d), rs in groups.items():
+        n, lat = sum(r["completion_tokens"] for r in rs), sum(r["latency_s"] for r in rs)
+        timed = [r for r in rs if r["ttft_s"] is not None]
+        after = sum(r["latency_s"] - r["ttft_s"] for r in timed)
+        dec = sum(r["completion_tokens"] - 1 for r in timed) / after if after > 0 else float("nan")
+        ttft = sum(r["ttft_s"] for r in timed) / len(timed) if timed else float("nan")
+        out.append(f"| {srv} | {t:g} | {d} | {len(rs)} | {n / len(rs):.1f} | {ttft:.2f} | {n / lat:.2f} | {dec:.2f} |")
+    return out
 
 
 def _spec_cell(s) -> str:
@@ -716,12 +751,13 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
                 "top_n_sigma", "samplers", "speculative.types")
         out.append(f"- `{srv['server']}` /props: " + ", ".join(f"{k} {g.get(k)}" for k in keys if k in g))
     out += ["", ("| server | T | clients | ok/sent | mixed | differ/compared | p50 latency s | p99 latency s | "
-                 "p50 TTFT s | p99 TTFT s | tokens/s | speculation |"),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "p50 TTFT s | p99 TTFT s | tokens/s | p50 stream tok/s | speculation |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         out.append(f"| {c['server']} | {c['temperature']:g} | {c['clients']} | {c['ok']}/{c['sent']} | {c['mixed']} | "
                    f"{c['differs']}/{c['compared']} | {c['p50_latency_s']:.2f} | {c['p99_latency_s']:.2f} | "
-                   f"{c['p50_ttft_s']:.2f} | {c['p99_ttft_s']:.2f} | {c['tokens_per_s']:.2f} | {_spec_cell(c['spec'])} |")
+                   f"{c['p50_ttft_s']:.2f} | {c['p99_ttft_s']:.2f} | {c['tokens_per_s']:.2f} | {c['p50_stream_tps']:.2f} | "
+                   f"{_spec_cell(c['spec'])} |")
     by = {(c["server"], c["temperature"], c["clients"]): c for c in cells}
     ratios = []
     for (s, t, n), c in by.items():
@@ -731,15 +767,19 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
             o = by.get((other, t, n))
             if o and o["tokens_per_s"] > 0:
                 ratios.append(f"- T={t:g}, {n} clients: {s} / {other} aggregate tokens/s = "
-                              f"{c['tokens_per_s'] / o['tokens_per_s']:.2f}x")
+                              f"{c['tokens_per_s'] / o['tokens_per_s']:.2f}x, p50 stream tok/s = "
+                              f"{c['p50_stream_tps'] / o['p50_stream_tps']:.2f}x")
     if ratios:
         out += [""] + ratios
+    out += dataset_table(rows, meta)
     bad = failures(cells)
     out += ["", ("Every response checked (status, events, one finish_reason, [DONE], usage, no truncation; ours: the "
                  "request's seed echoed). mixed: prompt_tokens differ from the first cell's for the same request; "
                  "differ: texts differ from the first cell's for the same request and seed (required 0 for ours and "
-                 "ours-nospec). speculation: ours, completion tokens per target forward; llama-server, its accepted / "
-                 "drafted tokens.")]
+                 "ours-nospec). tokens/s: the cell's completion tokens over its wall time (prefill and queueing "
+                 "included); stream tok/s: a response's tokens after the first over its time after the first (what its "
+                 "client sees stream). speculation: ours, completion tokens per target forward; llama-server, its "
+                 "accepted / drafted tokens.")]
     out += [f"- note: {n}" for n in meta.get("notes", [])]
     out += [f"- FAILED: {b}" for b in bad] or ["- every request answered and checked: no failure"]
     return "\n".join(out), bad

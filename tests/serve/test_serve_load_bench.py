@@ -147,6 +147,7 @@ def _cell(server, T, clients, sent, wall):
 
 def fixture_rows(bad: bool):
     meta = {"kind": "meta", "argv": ["benchmarks/serve_load.py", "--requests", "2"], "args": {"requests": 2, "max_tokens": 4, "threads": 2}, "seed": 0,
+            "prompts": [{"k": k, "dataset": ("humaneval", "mtbench")[k % 2], "id": str(k)} for k in range(8)],
             "llama_cpp_commit": "0c1e57098", "cpu": {"Model name": "Test CPU", "nproc": 2}, "loadavg_start": [0.5, 0, 0],
             "commands": {"ours": "python -m multidraft serve", "llama-server": "llama-server -m t"}, "notes": [],
             "time_utc": "2026-12-06T00:00:00Z"}
@@ -177,6 +178,10 @@ def test_summary_of_a_clean_run(sl, tmp_path):
     assert c1["ok"] == 2 and c1["tokens"] == 8 and c1["tokens_per_s"] == pytest.approx(2.0)
     assert c1["p50_latency_s"] == 1.0 and c1["p99_latency_s"] == 2.0 and c1["spec"] == pytest.approx(2.0)
     assert c4["compared"] == 2 and c4["differs"] == 0 and c4["mixed"] == 0 and c4["p50_ttft_s"] == 0.5
+    # stream tok/s: 3 tokens after the first over the time after the first
+    assert c1["p50_stream_tps"] == pytest.approx(3 / 1.8) and c4["p50_stream_tps"] == pytest.approx(2.0)
+    assert sl.stream_rate({"completion_tokens": 1, "ttft_s": 0.1, "latency_s": 1.0}) is None
+    assert sl.stream_rate({"completion_tokens": 5, "ttft_s": None, "latency_s": 1.0}) is None
     assert l4["differs"] == 1 and l4["spec"] == {"drafted": 32, "draft_acceptance": 0.5}  # reported, not failed
     assert sl.failures(cells) == []
     path = tmp_path / "run.jsonl"
@@ -186,6 +191,10 @@ def test_summary_of_a_clean_run(sl, tmp_path):
     text = md.read_text()
     assert "| ours | 1 | 4 | 8/8 | 0 | 0/2 |" in text and "| llama-server | 1 | 4 | 8/8 | 0 | 1/2 |" in text
     assert "ours / llama-server aggregate tokens/s = 2.00x" in text    # 32/8 against 32/16
+    assert "| 4.00 | 2.00 | 2.00 tok/call |" in text  # ours at 4 clients: tokens/s, p50 stream tok/s, speculation
+    # one client by data set: k = 0 HumanEval (4 tokens in 1 s, ttft 0.2), k = 1 MT-bench (4 tokens in 2 s)
+    assert "| ours | 1 | humaneval | 1 | 4.0 | 0.20 | 4.00 | 3.75 |" in text
+    assert "| ours | 1 | mtbench | 1 | 4.0 | 0.20 | 2.00 | 1.67 |" in text
     assert "Test CPU" in text and "0c1e57098" in text and "no failure" in text
     assert "command: `python benchmarks/serve_load.py --requests 2`" in text
     assert "/props: top_k 0, top_p 1.0, min_p 0.0, samplers ['top_k', 'temperature']" in text
