@@ -9,6 +9,8 @@ sweep covers V <= 4, L <= 3, K <= 3 where the enumeration is small.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -279,3 +281,38 @@ def test_ratio_classes_by_histogram_are_unique_s_classes():
         for k in (1, 2, 3):
             assert torch.equal(greedy_selection_law(p, q, k)[0], by_unique(p, q, k)), (trial, k)
     assert wide >= 1  # the fallback ran
+
+
+def test_lazy_greedy_selection_entries_are_the_laws_entries():
+    """``verify`` reads GBV's selection law lazily (``GreedySelection``): an entry from two masked
+    sums over V, the whole law only where the scan stops. Every entry at a token q drafts is the
+    full law's entry to rounding (1e-15 absolute: both subtract Q_<^k from Q_<=^k), with ties, p = 0, q = 0 and a +inf key; the
+    whole row is the full law bit for bit; the key is the one the pick reads."""
+    from multidraft.trees.gbv import GreedySelection, _ratio, greedy_selection_law
+
+    g = torch.Generator().manual_seed(11)
+    for trial in range(12):
+        V = [5, 300, 20000][trial % 3]
+        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial % 4)
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * 0.7, -1)
+        if trial % 4 == 1:
+            p[torch.rand(V, generator=g) < 0.3] = 0.0
+        if trial % 4 == 2:
+            q[torch.rand(V, generator=g) < 0.3] = 0.0
+            q[0] = max(float(q[0]), 1e-3)
+        if trial % 4 == 3:
+            q = p.clone()  # every ratio ties
+        if trial % 6 == 5:
+            p[2], q[2] = 0.05, 5e-324  # p / q overflows: a key of +inf
+        p, q = p / p.sum(), q / q.sum()
+        for k in (2, 3, 8):
+            want, key = greedy_selection_law(p, q, k)
+            lazy = GreedySelection(_ratio(p, q), q, k)
+            assert torch.equal(lazy.key, key)
+            xs = torch.nonzero(q > 0).flatten()[:40].tolist() + [2]
+            for x in xs:
+                if q[x] > 0:
+                    assert math.isclose(lazy.at(x), float(want[x]), rel_tol=1e-12, abs_tol=1e-15), (trial, k, x)
+            assert torch.equal(lazy.row(), want)
+            assert lazy.at(xs[0]) == float(want[xs[0]])  # once whole, entries are read from the row

@@ -49,7 +49,8 @@ __all__ = ["BlockVerification", "ChainRows", "chain_path", "block_tokens", "chai
 
 
 class ChainRows:
-    """The rows ``[V]`` of a chain's prefixes, read as float64 distributions (``_check.row64``) only
+    """The rows ``[V]`` of a chain's prefixes (tensors, or laws with ``at(x)`` and ``row()`` such as
+    ``trees.gbv.Selection``), read as float64 distributions (``_check.row64``) only
     where needed: ``rows[i]`` converts row i on first use (then keeps it), ``rows.at(i, x)`` reads
     one entry without converting the row (a float32 row: its entry over the row's float64 sum, the
     very numbers of ``row64``). Block verification's scan needs every ``p(X_i | X^(i-1))`` and
@@ -68,11 +69,14 @@ class ChainRows:
     def __getitem__(self, i: int) -> torch.Tensor:
         row = self._rows.get(i)
         if row is None:
-            row = self._rows[i] = row64(self._raw[i])
+            raw = self._raw[i]
+            row = self._rows[i] = raw.row() if hasattr(raw, "row") else row64(raw)
         return row
 
     def at(self, i: int, x: int) -> float:
         raw = self._raw[i]
+        if hasattr(raw, "at"):  # a lazily computed law (trees.gbv.Selection)
+            return raw.at(x)
         if i in self._rows or raw.dtype == torch.float64:
             return float(self[i][x])
         total = self._sums.get(i)

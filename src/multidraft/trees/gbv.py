@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .._validate import as_generator
@@ -83,7 +84,7 @@ from .block import ChainRows, add_scan_law, chain_keeps, chain_weights, scan_tok
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
-__all__ = ["GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law"]
+__all__ = ["GreedyBlockVerification", "GreedySelection", "SelectThenBlock", "Selection", "greedy_selection_law"]
 
 
 RATIO_STEP = 1e-3  # ratios whose logs round to one multiple of this tie: p = q must tie in model rows too
@@ -97,8 +98,20 @@ def _ratio(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     sup = q > 0
     full = bool(sup.all())
     key = p / (q if full else torch.where(sup, q, torch.ones_like(q)))
-    key.log_().div_(RATIO_STEP).round_()  # log 0 = -inf stays -inf; in place: the same bits, fewer [V] temporaries
+    _log_(key)
+    key.div_(RATIO_STEP).round_()  # log 0 = -inf stays -inf; in place: fewer [V] temporaries
     return key if full else key.masked_fill_(~sup, float("-inf"))
+
+
+def _log_(x: torch.Tensor) -> torch.Tensor:
+    """``x.log_()`` (log 0 = -inf), by numpy's vectorised log on the CPU (a quarter of torch's time
+    at V = 151,936 here; the two may differ in the last bit, and every reader of a key computes it
+    here, so the pick and the law agree)."""
+    if x.device.type == "cpu" and x.dtype == torch.float64:
+        with np.errstate(divide="ignore"):
+            np.log(x.numpy(), out=x.numpy())
+        return x
+    return x.log_()
 
 
 HIST_SLACK = 4  # ratio classes by a histogram of the integer keys while their range is at most this many x V
@@ -129,6 +142,11 @@ def greedy_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torc
     """Law ``[V]`` of the draft of largest ratio p/q among k i.i.d. draws from q (ties: the
     first drawn), and the ratio ``[V]`` it ranks by. p, q: ``[V]`` float64."""
     r = _ratio(p, q)
+    return _greedy_law(r, q, k), r
+
+
+def _greedy_law(r: torch.Tensor, q: torch.Tensor, k: int) -> torch.Tensor:
+    """``greedy_selection_law``'s law ``[V]`` from its ranking key r ``[V]`` (``_ratio``) and q ``[V]``."""
     q = q / q.sum()
     C, inv = _ratio_classes(r)  # classes, ascending ratio
     mass = torch.zeros(C, dtype=q.dtype, device=q.device).scatter_add_(0, inv, q)  # [C] q-mass per class
@@ -136,8 +154,55 @@ def greedy_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torc
     lt = torch.cat([le.new_zeros(1), le[:-1]])  # [C] mass of ratios below it
     top = le.pow(k) - lt.pow(k)  # [C] P(the largest drafted ratio is in the class)
     per = torch.where(mass > 0, top / torch.where(mass > 0, mass, torch.ones_like(mass)), torch.zeros_like(mass))
-    s = per[inv].mul_(q)  # q * per[inv]; 0 where q = 0 (per is finite)
-    return s, r
+    return per[inv].mul_(q)  # q * per[inv]; 0 where q = 0 (per is finite)
+
+
+class Selection:
+    """A node's selection law ``s(. | v)`` as ``verify`` reads it: ``key`` ``[V]`` (what the pick
+    reads), ``at(x)`` (one entry: block verification's weight at the picked token) and ``row()``
+    (the whole law ``[V]``: the residual where the backward scan stops). This base holds the
+    law computed in full; ``trees.block.ChainRows`` reads either."""
+
+    __slots__ = ("key", "_row")
+
+    def __init__(self, s: torch.Tensor, key: torch.Tensor):
+        self._row, self.key = s, key  # [V] each
+
+    def at(self, x: int) -> float:
+        return float(self.row()[x])
+
+    def row(self) -> torch.Tensor:
+        return self._row
+
+
+class GreedySelection(Selection):
+    """GBV's selection law, lazily: the key (one pass over V) for the pick, one entry from the
+    q-masses of the ratios below and equal to its own (two masked sums over V), and the whole law
+    (``_greedy_law``: the ratio classes' histogram) only when ``row()`` is read, which the backward
+    scan does only where it stops. One entry,
+    ``s(x) = q(x) / q(T_x) (Q_<=(T_x)^k - Q_<(T_x)^k)`` with ``Q_<=`` = ``Q_<`` + ``q(T_x)``, is the
+    number ``_greedy_law`` gives at x up to the order of its float64 sums (rounding: ~1e-16 absolute,
+    as both subtract ``Q_<^k`` from ``Q_<=^k``)."""
+
+    __slots__ = ("_q", "_k")
+
+    def __init__(self, key: torch.Tensor, q: torch.Tensor, k: int):
+        super().__init__(None, key)
+        self._q, self._k = q, k  # [V] float64, the node's q row
+
+    def at(self, x: int) -> float:
+        if self._row is not None:
+            return float(self._row[x])
+        key, q, kx = self.key, self._q, self.key[x]
+        total = q.sum()
+        below = q.mul(key < kx).sum() / total  # Q_<(T_x)
+        mass = q.mul(key == kx).sum() / total  # q(T_x) > 0: x was drafted
+        return float(q[x] / total / mass * ((below + mass).pow(self._k) - below.pow(self._k)))
+
+    def row(self) -> torch.Tensor:
+        if self._row is None:
+            self._row = _greedy_law(self.key, self._q, self._k)
+        return self._row
 
 
 class SelectThenBlock(TreeRule):
@@ -160,6 +225,11 @@ class SelectThenBlock(TreeRule):
     def _pick(self, key: torch.Tensor, drafts: list, g: torch.Generator) -> int:  # pragma: no cover
         """The picked slot, reading ``g``."""
         raise NotImplementedError
+
+    def _selection(self, p: torch.Tensor, q: torch.Tensor, k: int) -> Selection:
+        """The selection law at a node with k > 1 drafts as ``verify`` reads it (``Selection``);
+        p, q: ``[V]`` float64. Here the law in full (``_law``); a subclass may compute it lazily."""
+        return Selection(*self._law(p, q, k))
 
     def _node(self, p_row, nd) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(s, key)`` at node nd whose target row is ``p_row()`` (float64, asked for only when
@@ -231,7 +301,9 @@ class SelectThenBlock(TreeRule):
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
         """The walk, then the backward scan lazily (``scan_verify`` on ``ChainRows``): a node with
         one draft costs no pass over V, a row is converted to float64 where a selection law or
-        the scan's stop needs it; the same numbers as ``output_distribution``."""
+        the scan's stop needs it, and a selection law is read whole (``Selection.row``) only
+        where the scan stops; the same numbers as ``output_distribution`` (to the rounding of a
+        lazy law's entries: ``GreedySelection``)."""
         self._check(tree)
         g = generator if isinstance(generator, torch.Generator) else as_generator(generator, tree.p(0).device, purpose="verify")
         i, ids, xs, ps, ss, known = 0, [0], [], [tree.p(0)], [], {}
@@ -244,8 +316,11 @@ class SelectThenBlock(TreeRule):
 
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
-            s, key = self._node(p_row, nd)
-            t = nd.drafts[0 if key is None else self._pick(key, nd.drafts, g)]
+            if len(nd.drafts) == 1:  # the selection is the draft: s = q as drafted, no pass over V
+                s, t = nd.q, nd.drafts[0]
+            else:
+                s = self._selection(p_row(), row64(nd.q), len(nd.drafts))
+                t = nd.drafts[self._pick(s.key, nd.drafts, g)]
             i = nd.child[t]
             ids.append(i)
             xs.append(t)
@@ -264,6 +339,9 @@ class GreedyBlockVerification(SelectThenBlock):
 
     def _law(self, p, q, k):
         return greedy_selection_law(p, q, k)
+
+    def _selection(self, p, q, k):
+        return GreedySelection(_ratio(p, q), q, k)
 
     def _slot_probs(self, key, drafts):
         j = self._first_best(key, drafts)

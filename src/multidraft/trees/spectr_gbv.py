@@ -48,10 +48,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from .gbv import SelectThenBlock
+from .gbv import SelectThenBlock, _log_
 from .rules import register
 
 __all__ = ["RHO_POINTS", "SpecTrGBV", "kseq_selection_law"]
@@ -67,7 +66,9 @@ def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.
     ``1 - bbar = 1 - sum q beta``, ``s = q beta sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1) q``
     and its acceptance ``sum min(s, p)``; the first rho of the largest acceptance wins. One
     rho at a time over ``[V]`` rows (the same elementwise operations and row sums as on the
-    whole ``[G, V]`` grid, so the same bits, without its ``[G, V]`` temporaries)."""
+    whole ``[G, V]`` grid, so the same bits, without its ``[G, V]`` temporaries). Above ``SCREEN_V``
+    only the rhos whose acceptance may be the best (``_acceptance_bounds``, one histogram of p / q)
+    are evaluated, in grid order; the law of the best is kept, not recomputed."""
     q = q / q.sum()
     sup = q > 0
     if k == 1:
@@ -90,69 +91,102 @@ def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.
         geo = sum(miss.pow(j) for j in range(k - 1))  # [1, 1]: sum_(j<k-1) (1 - bbar)^j
         return qb.mul_(geo).add_(miss.pow(k - 1) * q)
 
-    screen = _acceptance_screen(p, q, sup, full, qs, rho[:, 0], k) if q.shape[0] > SCREEN_V else None
-    cand = range(RHO_POINTS) if screen is None else torch.nonzero(screen >= screen.max() - SCREEN_TOL).flatten().tolist()
-    acc = torch.full((RHO_POINTS,), float("-inf"), dtype=torch.float64, device=q.device)  # [G]: acceptance at each rho
+    if q.shape[0] > SCREEN_V:
+        lo, hi = _acceptance_bounds(p, q, sup, full, qs, rho[:, 0], k)
+        cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten().tolist()
+    else:
+        cand = range(RHO_POINTS)
+    best, kept = None, None  # the first rho of the largest acceptance, in grid order, and its (s, beta)
     for j in cand:
         beta, qb, miss = coins(rho[j:j + 1])
-        acc[j] = torch.minimum(law(qb, miss), p, out=beta).sum(-1)[0]
-    best = int(torch.argmax(acc))  # first of the largest
-    beta, qb, miss = coins(rho[best:best + 1])
-    return law(qb, miss)[0], beta[0]
+        s = law(qb, miss)
+        if len(cand) == 1:  # the screen left one rho: it is the best, its acceptance is not needed
+            return s[0], beta[0]
+        acc = float(torch.minimum(s, p).sum(-1)[0])
+        if best is None or acc > best:
+            best, kept = acc, (s[0], beta[0])
+    return kept
 
 
-SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_screen``) before the exact evaluation
-SCREEN_TOL = 1e-9  # rhos whose screened acceptance is within this of the best are evaluated exactly
+SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_bounds``) before the exact evaluation
+SCREEN_TOL = 1e-9  # rhos whose upper bound is within this of the best lower bound are evaluated exactly
+SCREEN_BINS = 32  # histogram bins of log(p / q) per step of the rho grid
+SCREEN_FLOOR = 30.0  # the histogram starts e^-30 below the smallest rho; below it one underflow bin
 
 
-def _acceptance_screen(p, q, sup, full, qs, rho, k):
-    """The one-step acceptance ``sum_x min(p, s_rho)`` at every rho ``[G]`` from cumulative sums
-    over the tokens sorted by t = p / q (one sort, no ``[G, V]`` work): ``beta = min(1, t / rho)``,
-    so ``bbar = Q(t >= rho) + P(t < rho) / rho`` and, with G_rho = sum_(j<k-1) (1 - bbar)^j,
-    M_rho = (1 - bbar)^(k-1), u = G + M, c = M / (1 - G / rho) (G < rho):
-    ``min(p, s) = min(p, q u)`` for t >= rho (p below t = u, q u above) and
-    ``min(p, p G / rho + q M)`` for t < rho (p below t = c, the sum above); each region's sum is
-    a difference of F_p(x) = P(t < x), F_q(x) = Q(t < x) at <= 3 thresholds. Off q's support
-    p and q weigh 0 here (s = 0 there).
+def _acceptance_bounds(p, q, sup, full, qs, rho, k):
+    """Bounds ``(lo, hi)`` ``[G]`` on the one-step acceptance ``A(rho) = sum_x min(p, s_rho)`` at every
+    rho of the grid, from one histogram of t = p / q (no sort, no ``[G, V]`` work).
 
-    It is only a screen: the rounding of these sums differs from the direct evaluation's by far
-    less than ``SCREEN_TOL`` (both are sums of V terms of a distribution, error ~V 2^-53, and a
-    token on a region's boundary contributes the same on either side), so the direct
-    evaluation's first best rho is among the rhos screened within ``SCREEN_TOL`` of the best,
-    and ``kseq_selection_law`` evaluates exactly those, in grid order: the same rho, the same
-    bits as evaluating every rho. p, q, sup: ``[V]``; full: sup everywhere; qs: q with 1 off sup;
-    rho: ``[G]`` ascending."""
+    With ``beta = min(1, t / rho)``, ``bbar = Q(t >= rho) + P(t < rho) / rho``, G_rho =
+    sum_(j<k-1) (1 - bbar)^j, M_rho = (1 - bbar)^(k-1), u = G + M and c = M / (1 - G / rho) (G < rho),
+    every token contributes ``q phi(t)`` with ``phi`` nondecreasing and linear between the
+    breakpoints: ``phi = min(t, u)`` for t >= rho, ``min(t, t G / rho + M)`` for t < rho (t below
+    c, the second term above). The histogram's bins (``SCREEN_BINS`` per grid step of log t, the
+    grid's rhos on bin edges, an underflow bin from 0 and an overflow bin above every breakpoint)
+    carry ``P_b = sum p`` and ``Q_b = sum q``: bbar is exact from their prefix sums (rho is an
+    edge), a bin inside one linear piece contributes exactly ``P_b`` or ``G / rho P_b + M Q_b`` or
+    ``u Q_b``, and only the (at most two) bins holding u or c are bounded: by ``Q_b phi(lower
+    edge)`` below and ``min`` of the two pieces' sums above. Off q's support p and q weigh 0
+    (s = 0 there). Tokens within rounding of an edge may fall on either side; every phi is
+    continuous, so that moves a sum by rounding only, far below ``SCREEN_TOL``.
+
+    So the exact evaluation's first best rho (its computed acceptance within rounding of the
+    true one) has an upper bound within ``SCREEN_TOL`` of the best lower bound, and
+    ``kseq_selection_law`` evaluates exactly the rhos that do, in grid order: the same rho, the
+    same bits as evaluating every rho. p, q, sup: ``[V]``; full: sup everywhere; qs: q with 1 off
+    sup; rho: ``[G]``, the grid ``exp(linspace(-log 4k, log 4k, G))``."""
+    G = rho.shape[0]
+    half = math.log(4 * k)
+    w = 2 * half / (G - 1) / SCREEN_BINS  # bin width in log t
+    below = math.ceil(SCREEN_FLOOR / w)  # regular bins under the smallest rho
+    L0 = -half - below * w  # log of the first regular edge
+    top = max(half, math.log(k)) + 2 * half / (G - 1)  # above e^top: t >= every rho and every u (u <= k)
+    N = below + (G - 1) * SCREEN_BINS + math.ceil((top - half) / w)  # regular bins 1 .. N; 0 under, N + 1 over
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
-    t = pw / qs  # [V]
-    if t.device.type == "cpu":  # numpy's sort is several times torch's on the CPU
-        tn, pn, qn = t.numpy(), pw.numpy(), q.numpy()
-        o = np.argsort(tn)
-        ts = torch.as_tensor(np.take(tn, o), device=t.device)
-        cp = torch.as_tensor(np.concatenate([[0.0], np.cumsum(np.take(pn, o))]), device=t.device)
-        cq = torch.as_tensor(np.concatenate([[0.0], np.cumsum(np.take(qn, o))]), device=t.device)
-    else:
-        ts, o = torch.sort(t)
-        z = t.new_zeros(1)
-        cp, cq = torch.cat([z, pw[o].cumsum(0)]), torch.cat([z, q[o].cumsum(0)])
-    cp, cq, rho_c = cp.to(rho.device), cq.to(rho.device), rho.to(ts.device)
-
-    def F(x):  # (P(t < x), Q(t < x)) at thresholds x [T]
-        i = torch.searchsorted(ts, x.to(ts.device)).to(rho.device)
-        return cp[i], cq[i]
-
-    Fp_r, Fq_r = F(rho_c)
-    Qtot = cq[-1]
-    miss = 1.0 - ((Qtot - Fq_r) + Fp_r / rho)  # [G]
-    geo = sum(miss.pow(j) for j in range(k - 1))  # [G]
+    idx = _log_(torch.div(pw, qs)).sub_(L0).div_(w).floor_().clamp_(min=-1.0, max=float(N)).add_(1.0).long()  # [V]
+    Pb = torch.bincount(idx, weights=pw, minlength=N + 2)  # [N + 2]
+    Qb = torch.bincount(idx, weights=q, minlength=N + 2)
+    z = Pb.new_zeros(1)
+    CP, CQ = torch.cat([z, Pb.cumsum(0)]), torch.cat([z, Qb.cumsum(0)])  # sums over bins < i
+    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=p.dtype, device=p.device))  # [N + 1]
+    lo_edge = torch.cat([z, edges])  # [N + 2]: bin i covers [lo_edge[i], lo_edge[i + 1])
+    rho = rho.to(p.device)
+    r = below + SCREEN_BINS * torch.arange(G, device=p.device)  # [G]: rho_j = edges[r_j], bins 0 .. r_j below it
+    Ptot, Qtot = CP[-1], CQ[-1]
+    Pl, Ql = CP[r + 1], CQ[r + 1]  # [G]: P and Q of t < rho
+    miss = 1.0 - ((Qtot - Ql) + Pl / rho)
+    geo = sum(miss.pow(j) for j in range(k - 1))
     M = miss.pow(k - 1)
     u = geo + M
+
+    def bin_of(x):  # [G] -> the bin holding x (0 for x <= 0: M may round below 0)
+        return torch.log(x.clamp(min=0.0)).sub_(L0).div_(w).floor_().clamp_(min=-1.0, max=float(N)).add_(1.0).long()
+
+    def pieces(a, b, x, phi_lo, lin_lo, lin_hi):
+        """Bounds of sum over bins [a, b) (``[G]`` each) of q phi, phi = lin_lo below the breakpoint x
+        and lin_hi above (functions of (P, Q) sums), phi_lo(t) its value at t."""
+        i = torch.minimum(torch.maximum(bin_of(x), a), b)  # the bin holding x, clipped to the range
+        inside = i < b
+        j = torch.where(inside, i + 1, i)
+        exact = lin_lo(CP[i] - CP[a], CQ[i] - CQ[a]) + lin_hi(CP[b] - CP[j], CQ[b] - CQ[j])
+        ii = torch.where(inside, i, torch.zeros_like(i))
+        P1, Q1 = torch.where(inside, Pb[ii], z), torch.where(inside, Qb[ii], z)
+        low = Q1 * phi_lo(lo_edge[ii])
+        high = torch.minimum(lin_lo(P1, Q1), lin_hi(P1, Q1))
+        return exact + low, exact + high
+
+    start, end = r + 1, torch.full_like(r, N + 2)
+    # t >= rho: phi = min(t, u)
+    a_lo, a_hi = pieces(start, end, torch.maximum(u, rho), lambda e: torch.minimum(e, u),
+                        lambda P, Q: P, lambda P, Q: u * Q)
+    # t < rho: phi = min(t, t G / rho + M), the breakpoint c (rho when G >= rho: phi = t throughout)
     low = geo < rho
     c = torch.where(low, M / torch.where(low, 1.0 - geo / rho, torch.ones_like(rho)), rho)
-    Fp_a, Fq_a = F(torch.maximum(u, rho))
-    Fp_b, Fq_b = F(torch.minimum(c, rho))
-    region_a = (Fp_a - Fp_r) + u * (Qtot - Fq_a)
-    region_b = Fp_b + (geo / rho) * (Fp_r - Fp_b) + M * (Fq_r - Fq_b)
-    return region_a + region_b
+    slope = geo / rho
+    b_lo, b_hi = pieces(torch.zeros_like(r), start, torch.minimum(c, rho), lambda e: torch.minimum(e, e * slope + M),
+                        lambda P, Q: P, lambda P, Q: slope * P + M * Q)
+    return a_lo + b_lo, a_hi + b_hi
 
 
 class SpecTrGBV(SelectThenBlock):
