@@ -237,6 +237,29 @@ def test_bad_trees_are_one_value_error(name):
         rule.verify("not a tree", g)
 
 
+def _ratio_rows(seed: int, trials: int = 16):
+    """(p, q) float64 rows at V = 7, 300, 20000 for the ratio-key tests: p = 0 (key -inf), q = 0,
+    p = q (every ratio ties), a key far below the rest (the histogram's range too wide) and a
+    p / q that overflows (a key of +inf)."""
+    g = torch.Generator().manual_seed(seed)
+    for trial in range(trials):
+        V = [7, 300, 20000][trial % 3]
+        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial % 5)
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * 0.7, -1)
+        if trial % 4 == 1:
+            p[torch.rand(V, generator=g) < 0.3] = 0.0
+        if trial % 4 == 2:
+            q[torch.rand(V, generator=g) < 0.3] = 0.0
+        if trial % 4 == 3:
+            q = p.clone()
+        if trial % 5 == 4:
+            p[1], q[1] = 1e-300, 0.01  # a key far below the rest
+        if trial % 8 == 7:
+            p[2], q[2] = 0.05, 5e-324  # p / q overflows: a key of +inf, the highest class
+        yield p / p.sum(), q / q.sum()
+
+
 def test_ratio_classes_by_histogram_are_unique_s_classes():
     """GBV's ratio classes come from a histogram of the integer ratio keys (no sort): the same
     selection law, bit for bit, as classes from ``torch.unique``, with p = 0 (key -inf), q = 0,
@@ -254,24 +277,8 @@ def test_ratio_classes_by_histogram_are_unique_s_classes():
                           torch.zeros_like(mass))
         return torch.where(q > 0, q * per[inv], torch.zeros_like(q))
 
-    g = torch.Generator().manual_seed(2)
     wide = 0
-    for trial in range(16):
-        V = [7, 300, 20000][trial % 3]
-        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial % 5)
-        p = torch.softmax(z, -1)
-        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * 0.7, -1)
-        if trial % 4 == 1:
-            p[torch.rand(V, generator=g) < 0.3] = 0.0
-        if trial % 4 == 2:
-            q[torch.rand(V, generator=g) < 0.3] = 0.0
-        if trial % 4 == 3:
-            q = p.clone()
-        if trial % 5 == 4:
-            p[1], q[1] = 1e-300, 0.01  # a key far below the rest
-        if trial % 8 == 7:
-            p[2], q[2] = 0.05, 5e-324  # p / q overflows: a key of +inf, the highest class
-        p, q = p / p.sum(), q / q.sum()
+    for trial, (p, q) in enumerate(_ratio_rows(2)):
         C, inv = _ratio_classes(_ratio(p, q))
         if trial % 5 == 4 or trial % 8 == 7:  # too wide a range or a +inf key: torch.unique's classes
             assert C == int(torch.unique(_ratio(p, q)).numel())
@@ -290,22 +297,7 @@ def test_lazy_greedy_selection_entries_are_the_laws_entries():
     whole row is the full law bit for bit; the key is the one the pick reads."""
     from multidraft.trees.gbv import GreedySelection, _ratio, greedy_selection_law
 
-    g = torch.Generator().manual_seed(11)
-    for trial in range(12):
-        V = [5, 300, 20000][trial % 3]
-        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial % 4)
-        p = torch.softmax(z, -1)
-        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * 0.7, -1)
-        if trial % 4 == 1:
-            p[torch.rand(V, generator=g) < 0.3] = 0.0
-        if trial % 4 == 2:
-            q[torch.rand(V, generator=g) < 0.3] = 0.0
-            q[0] = max(float(q[0]), 1e-3)
-        if trial % 4 == 3:
-            q = p.clone()  # every ratio ties
-        if trial % 6 == 5:
-            p[2], q[2] = 0.05, 5e-324  # p / q overflows: a key of +inf
-        p, q = p / p.sum(), q / q.sum()
+    for trial, (p, q) in enumerate(_ratio_rows(11)):
         for k in (2, 3, 8):
             want, key = greedy_selection_law(p, q, k)
             lazy = GreedySelection(_ratio(p, q), q, k)
