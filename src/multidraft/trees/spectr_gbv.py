@@ -144,7 +144,10 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     top = max(half, math.log(k)) + 2 * half / (G - 1)  # above e^top: t >= every rho and every u (u <= k)
     N = below + (G - 1) * SCREEN_BINS + math.ceil((top - half) / w)  # regular bins 1 .. N; 0 under, N + 1 over
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
-    idx = _log_(torch.div(pw, qs)).sub_(L0).div_(w).floor_().clamp_(min=-1.0, max=float(N)).add_(1.0).long()  # [V]
+    def bin_of(t):  # t >= 0, a fresh tensor (its log is taken in place) -> its bins: 0 under, 1 .. N, N + 1 over
+        return _log_(t).sub_(L0).div_(w).floor_().clamp_(min=-1.0, max=float(N)).add_(1.0).long()
+
+    idx = bin_of(torch.div(pw, qs))  # [V]
     Pb = torch.bincount(idx, weights=pw, minlength=N + 2)  # [N + 2]
     Qb = torch.bincount(idx, weights=q, minlength=N + 2)
     z = Pb.new_zeros(1)
@@ -160,13 +163,10 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     M = miss.pow(k - 1)
     u = geo + M
 
-    def bin_of(x):  # [G] -> the bin holding x (0 for x <= 0: M may round below 0)
-        return torch.log(x.clamp(min=0.0)).sub_(L0).div_(w).floor_().clamp_(min=-1.0, max=float(N)).add_(1.0).long()
-
     def pieces(a, b, x, phi_lo, lin_lo, lin_hi):
         """Bounds of sum over bins [a, b) (``[G]`` each) of q phi, phi = lin_lo below the breakpoint x
         and lin_hi above (functions of (P, Q) sums), phi_lo(t) its value at t."""
-        i = torch.minimum(torch.maximum(bin_of(x), a), b)  # the bin holding x, clipped to the range
+        i = torch.minimum(torch.maximum(bin_of(x.clamp(min=0.0)), a), b)  # x's bin (M may round below 0), clipped to the range
         inside = i < b
         j = torch.where(inside, i + 1, i)
         exact = lin_lo(CP[i] - CP[a], CQ[i] - CQ[a]) + lin_hi(CP[b] - CP[j], CQ[b] - CQ[j])
