@@ -101,8 +101,42 @@ def test_screen_bounds_hold_the_acceptance_of_every_rho():
         miss = 1.0 - (q * beta).sum(-1, keepdim=True)
         s = q * beta * sum(miss.pow(j) for j in range(k - 1)) + miss.pow(k - 1) * q
         want = torch.minimum(s, p).sum(-1)
-        lo, hi = _acceptance_bounds(p, q, sup, bool(sup.all()), qs, rho, k)
+        lo, hi, hmiss = _acceptance_bounds(p, q, sup, bool(sup.all()), qs, rho, k)
         assert (lo <= want + 1e-12).all() and (want <= hi + 1e-12).all(), trial
+        assert torch.allclose(hmiss, miss[:, 0], rtol=0, atol=1e-14), trial  # 1 - bbar from the histogram
         assert (lo <= hi + 1e-15).all()
         widths.append(int((hi >= lo.max() - SCREEN_TOL).sum()))
     assert max(widths) < RHO_POINTS // 2, widths  # the screen excludes most of the grid
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_lazy_selection_reads_the_laws_entries(k):
+    """``kseq_selection`` (what ``verify`` reads) above ``SCREEN_V``: where the screen leaves one rho,
+    a ``KSeqSelection`` whose coins at any tokens are the bits of the whole law's, whose entries
+    equal the law's to rounding (its 1 - bbar comes from the screen's histogram), and whose
+    ``row()`` is the law itself; otherwise the law in full."""
+    from multidraft.trees.spectr_gbv import KSeqSelection, kseq_selection
+
+    g = torch.Generator().manual_seed(k)
+    V, lazy = 6000, 0
+    for trial in range(8):
+        z = torch.randn(V, generator=g, dtype=torch.float64) * (1 + trial)
+        p = torch.softmax(z, -1)
+        q = torch.softmax(z + torch.randn(V, generator=g, dtype=torch.float64) * 0.5, -1)
+        if trial % 2:
+            q[:40] = 0.0
+            p[40:60] = 0.0
+        p, q = p / p.sum(), q / q.sum()
+        want_s, want_beta = kseq_selection_law(p, q, k)
+        sel = kseq_selection(p, q, k)
+        xs = torch.topk(q, 5).indices.tolist() + [60, V - 1]
+        if isinstance(sel, KSeqSelection):
+            lazy += 1
+            idx = torch.as_tensor(xs)
+            assert torch.equal(sel.key[idx], want_beta[idx])
+            for x in xs:
+                assert sel.at(x) == pytest.approx(float(want_s[x]), rel=1e-13, abs=1e-17), (trial, x)
+            assert torch.equal(sel.row(), want_s) and torch.equal(sel.key, want_beta)
+        else:
+            assert torch.equal(sel.row(), want_s) and torch.equal(sel.key, want_beta)
+    assert lazy >= 4  # the screen leaves one rho on most such rows

@@ -50,12 +50,65 @@ import math
 
 import torch
 
-from .gbv import SelectThenBlock, _log_
+from .gbv import SelectThenBlock, Selection, _log_
 from .rules import register
 
-__all__ = ["RHO_POINTS", "SpecTrGBV", "kseq_selection_law"]
+__all__ = ["RHO_POINTS", "SpecTrGBV", "KSeqSelection", "kseq_selection", "kseq_selection_law"]
 
 RHO_POINTS = 33  # grid of SpecTr's rho per node (odd: rho = 1 is on it)
+
+
+class _Grid:
+    """A node's rho grid and the K-sequential plan's rows at one rho (``kseq_selection_law``'s
+    formula): p, q ``[V]`` float64 (q normalised here), k > 1 drafts."""
+
+    __slots__ = ("p", "q", "k", "sup", "full", "qs", "rho")
+
+    def __init__(self, p, q, k):
+        self.p, self.q, self.k = p, q / q.sum(), k
+        self.sup = self.q > 0
+        self.full = bool(self.sup.all())
+        self.qs = self.q if self.full else torch.where(self.sup, self.q, torch.ones_like(self.q))  # [V]
+        half = math.log(4 * k)
+        self.rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64,
+                                            device=self.q.device)).unsqueeze(1)  # [G, 1]
+
+    def coins(self, j):  # -> beta [1, V], q beta [1, V], 1 - bbar [1, 1] at rho_j
+        beta = self.rho[j:j + 1] * self.qs
+        torch.div(self.p, beta, out=beta)
+        beta.clamp_(max=1.0)
+        if not self.full:
+            beta.masked_fill_(~self.sup, 0.0)
+        qb = self.q * beta
+        return beta, qb, 1.0 - qb.sum(-1, keepdim=True)
+
+    def law(self, qb, miss):  # s [1, V], in place of q beta; miss: 1 - bbar
+        return qb.mul_(_geo(miss, self.k)).add_(miss.pow(self.k - 1) * self.q)
+
+    def screen(self):
+        """``(candidates, miss)``: the grid indices to evaluate exactly, in grid order, and ``1 -
+        bbar`` ``[G]`` from the screen's histogram (None when V <= ``SCREEN_V``: every rho)."""
+        if self.q.shape[0] <= SCREEN_V:
+            return list(range(RHO_POINTS)), None
+        lo, hi, miss = _acceptance_bounds(self.p, self.q, self.sup, self.full, self.qs, self.rho[:, 0], self.k)
+        return torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten().tolist(), miss
+
+    def best(self, cand):
+        """``(s [V], beta [V])`` at the first rho of ``cand`` with the largest acceptance."""
+        best, kept = None, None
+        for j in cand:
+            beta, qb, miss = self.coins(j)
+            s = self.law(qb, miss)
+            if len(cand) == 1:  # the screen left one rho: it is the best, its acceptance is not needed
+                return s[0], beta[0]
+            acc = float(torch.minimum(s, self.p).sum(-1)[0])
+            if best is None or acc > best:
+                best, kept = acc, (s[0], beta[0])
+        return kept
+
+
+def _geo(miss, k):  # sum_(j<k-1) (1 - bbar)^j: a tensor of any shape, or a float
+    return sum(miss ** j for j in range(k - 1))
 
 
 def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,43 +122,66 @@ def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.
     whole ``[G, V]`` grid, so the same bits, without its ``[G, V]`` temporaries). Above ``SCREEN_V``
     only the rhos whose acceptance may be the best (``_acceptance_bounds``, one histogram of p / q)
     are evaluated, in grid order; the law of the best is kept, not recomputed."""
-    q = q / q.sum()
-    sup = q > 0
     if k == 1:
-        return q, torch.ones_like(q)
-    half = math.log(4 * k)
-    rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64, device=q.device)).unsqueeze(1)  # [G, 1]
-    full = bool(sup.all())
-    qs = q if full else torch.where(sup, q, torch.ones_like(q))  # [V]
+        return q / q.sum(), torch.ones_like(q)
+    grid = _Grid(p, q, k)
+    return grid.best(grid.screen()[0])
 
-    def coins(r):  # r [1, 1] -> beta [1, V], q beta [1, V], 1 - bbar [1, 1]
-        beta = r * qs
-        torch.div(p, beta, out=beta)
-        beta.clamp_(max=1.0)
-        if not full:
-            beta.masked_fill_(~sup, 0.0)
-        qb = q * beta
-        return beta, qb, 1.0 - qb.sum(-1, keepdim=True)
 
-    def law(qb, miss):  # s [1, V], in place of q beta
-        geo = sum(miss.pow(j) for j in range(k - 1))  # [1, 1]: sum_(j<k-1) (1 - bbar)^j
-        return qb.mul_(geo).add_(miss.pow(k - 1) * q)
+class KSeqSelection(Selection):
+    """SpecTr-GBV's selection law at one node, lazily, where the screen left one rho (above
+    ``SCREEN_V``): the coins ``beta(x) = min(1, p(x) / (rho q(x)))`` at the drafts for the pick
+    (``key[idx]``, the bits of the whole row's entries), one entry
+    ``s(x) = q(x) (beta(x) sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1))`` from the screen's
+    ``1 - bbar`` (no pass over V), and the whole law (``kseq_selection_law``'s numbers) only when
+    ``row()`` is read, where the backward scan stops. The screen's ``bbar = Q(t >= rho) + P(t < rho)
+    / rho`` is the same sum in another order (rho lies on a bin edge), so an entry differs from
+    the row's by rounding only (~1e-15)."""
 
-    if q.shape[0] > SCREEN_V:
-        lo, hi = _acceptance_bounds(p, q, sup, full, qs, rho[:, 0], k)
-        cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten().tolist()
-    else:
-        cand = range(RHO_POINTS)
-    best, kept = None, None  # the first rho of the largest acceptance, in grid order, and its (s, beta)
-    for j in cand:
-        beta, qb, miss = coins(rho[j:j + 1])
-        s = law(qb, miss)
-        if len(cand) == 1:  # the screen left one rho: it is the best, its acceptance is not needed
-            return s[0], beta[0]
-        acc = float(torch.minimum(s, p).sum(-1)[0])
-        if best is None or acc > best:
-            best, kept = acc, (s[0], beta[0])
-    return kept
+    __slots__ = ("_grid", "_j", "_miss")
+
+    class _Coins:
+        __slots__ = ("_grid", "_j")
+
+        def __init__(self, grid, j):
+            self._grid, self._j = grid, j
+
+        @property
+        def device(self):
+            return self._grid.q.device
+
+        def __getitem__(self, idx):  # beta at the tokens idx, as the whole row computes them
+            g = self._grid
+            beta = g.p[idx] / (g.rho[self._j, 0] * g.qs[idx])
+            beta = beta.clamp(max=1.0)
+            return beta if g.full else beta.masked_fill(~g.sup[idx], 0.0)
+
+    def __init__(self, grid: _Grid, j: int, miss: float):
+        super().__init__(None, KSeqSelection._Coins(grid, j))
+        self._grid, self._j, self._miss = grid, j, miss
+
+    def at(self, x: int) -> float:
+        if self._row is not None:
+            return float(self._row[x])
+        g, m = self._grid, self._miss
+        qx = float(g.q[x])
+        return qx * float(self.key[x]) * _geo(m, g.k) + m ** (g.k - 1) * qx  # the row's order: (q beta) G + M q
+
+    def row(self) -> torch.Tensor:
+        if self._row is None:
+            self._row, beta = self._grid.best([self._j])
+            self.key = beta
+        return self._row
+
+
+def kseq_selection(p: torch.Tensor, q: torch.Tensor, k: int) -> Selection:
+    """The selection at a node with k > 1 i.i.d. drafts as ``verify`` reads it: lazily
+    (``KSeqSelection``) where the screen leaves one rho, else ``kseq_selection_law`` in full."""
+    grid = _Grid(p, q, k)
+    cand, miss = grid.screen()
+    if len(cand) == 1 and miss is not None:
+        return KSeqSelection(grid, cand[0], float(miss[cand[0]]))
+    return Selection(*grid.best(cand))
 
 
 SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_bounds``) before the exact evaluation
@@ -116,7 +192,8 @@ SCREEN_FLOOR = 30.0  # the histogram starts e^-30 below the smallest rho; below 
 
 def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     """Bounds ``(lo, hi)`` ``[G]`` on the one-step acceptance ``A(rho) = sum_x min(p, s_rho)`` at every
-    rho of the grid, from one histogram of t = p / q (no sort, no ``[G, V]`` work).
+    rho of the grid, from one histogram of t = p / q (no sort, no ``[G, V]`` work), and ``1 - bbar``
+    ``[G]`` (exact up to the order of its sums: every rho is a bin edge).
 
     With ``beta = min(1, t / rho)``, ``bbar = Q(t >= rho) + P(t < rho) / rho``, G_rho =
     sum_(j<k-1) (1 - bbar)^j, M_rho = (1 - bbar)^(k-1), u = G + M and c = M / (1 - G / rho) (G < rho),
@@ -159,7 +236,7 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     Ptot, Qtot = CP[-1], CQ[-1]
     Pl, Ql = CP[r + 1], CQ[r + 1]  # [G]: P and Q of t < rho
     miss = 1.0 - ((Qtot - Ql) + Pl / rho)
-    geo = sum(miss.pow(j) for j in range(k - 1))
+    geo = _geo(miss, k)
     M = miss.pow(k - 1)
     u = geo + M
 
@@ -186,7 +263,7 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     slope = geo / rho
     b_lo, b_hi = pieces(torch.zeros_like(r), start, torch.minimum(c, rho), lambda e: torch.minimum(e, e * slope + M),
                         lambda P, Q: P, lambda P, Q: slope * P + M * Q)
-    return a_lo + b_lo, a_hi + b_hi
+    return a_lo + b_lo, a_hi + b_hi, miss
 
 
 class SpecTrGBV(SelectThenBlock):
@@ -196,6 +273,9 @@ class SpecTrGBV(SelectThenBlock):
 
     def _law(self, p, q, k):
         return kseq_selection_law(p, q, k)
+
+    def _selection(self, p, q, k):
+        return kseq_selection(p, q, k)
 
     def _slot_probs(self, key, drafts):
         out, left = [], 1.0
