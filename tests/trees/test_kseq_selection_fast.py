@@ -140,3 +140,36 @@ def test_lazy_selection_reads_the_laws_entries(k):
         else:
             assert torch.equal(sel.row(), want_s) and torch.equal(sel.key, want_beta)
     assert lazy >= 4  # the screen leaves one rho on most such rows
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_heavy_token_in_a_straddled_bin_is_summed_exactly(k):
+    """One token carrying almost all of p and q (as on real code rows: p 0.997, q 0.990) sits in the
+    bin a breakpoint falls in at several rhos; its bin's bound alone left 2-4 rhos in the race.
+    Where more than one rho passes, the screen sums the straddled bins token by token: the
+    candidates' bounds close to their acceptance and one rho is left, the exact best."""
+    from multidraft.trees.spectr_gbv import SCREEN_TOL, _acceptance_bounds
+
+    g = torch.Generator().manual_seed(11 + k)
+    V, one = 6000, 0
+    for trial in range(6):
+        p = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 2, -1)
+        q = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * 2, -1)
+        head_p, head_q = 0.997 - 0.002 * trial, 0.990 - 0.01 * trial
+        p = torch.cat([torch.tensor([head_p], dtype=torch.float64), p[1:] / p[1:].sum() * (1 - head_p)])
+        q = torch.cat([torch.tensor([head_q], dtype=torch.float64), q[1:] / q[1:].sum() * (1 - head_q)])
+        half = math.log(4 * k)
+        rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64))
+        beta = (p / (rho[:, None] * q)).clamp(max=1.0)
+        miss = 1.0 - (q * beta).sum(-1, keepdim=True)
+        s = q * beta * sum(miss.pow(j) for j in range(k - 1)) + miss.pow(k - 1) * q
+        want = torch.minimum(s, p).sum(-1)
+        lo, hi, _ = _acceptance_bounds(p, q, q > 0, True, q, rho, k)
+        assert (lo <= want + 1e-12).all() and (want <= hi + 1e-12).all(), trial
+        cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()
+        assert int(torch.argmax(want)) in cand.tolist()
+        if cand.numel() == 1:
+            one += 1
+        else:  # a true near-tie: the candidates' bounds are their acceptance to rounding
+            assert torch.allclose(lo[cand], want[cand], atol=1e-13) and torch.allclose(hi[cand], want[cand], atol=1e-13)
+    assert one >= 4

@@ -46,6 +46,7 @@ uniforms, then one uniform for the emitted token.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -188,6 +189,26 @@ SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_bounds``) be
 SCREEN_TOL = 1e-9  # rhos whose upper bound is within this of the best lower bound are evaluated exactly
 SCREEN_BINS = 32  # histogram bins of log(p / q) per step of the rho grid
 SCREEN_FLOOR = 30.0  # the histogram starts e^-30 below the smallest rho; below it one underflow bin
+SCREEN_REFINE = 1 << 16  # the candidates' straddled bins are summed token by token up to this many (rho, token) pairs
+
+
+@functools.lru_cache(maxsize=32)
+def _screen_grid(k, G, device):
+    """The screen's static grid for k drafts and G rhos: bin width w in log t, the log L0 of the first
+    regular edge, the number N of regular bins, ``lo_edge [N + 2]`` (bin i covers ``[lo_edge[i],
+    lo_edge[i + 1])``: 0 first, then ``exp(L0 + w i)``) and ``r [G]`` (rho_j is ``lo_edge[r_j + 1]``:
+    bins 0 .. r_j lie below it). Regular bins start ``SCREEN_FLOOR`` (in log t) under the smallest rho
+    and end above every breakpoint (t >= every rho and every u <= k)."""
+    half = math.log(4 * k)
+    w = 2 * half / (G - 1) / SCREEN_BINS
+    below = math.ceil(SCREEN_FLOOR / w)  # regular bins under the smallest rho
+    L0 = -half - below * w
+    top = max(half, math.log(k)) + 2 * half / (G - 1)
+    N = below + (G - 1) * SCREEN_BINS + math.ceil((top - half) / w)  # regular bins 1 .. N; 0 under, N + 1 over
+    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=torch.float64, device=device))  # [N + 1]
+    lo_edge = torch.cat([edges.new_zeros(1), edges])  # [N + 2]
+    r = below + SCREEN_BINS * torch.arange(G, device=device)  # [G]
+    return w, L0, N, lo_edge, r
 
 
 def _acceptance_bounds(p, q, sup, full, qs, rho, k):
@@ -206,7 +227,11 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     ``u Q_b``, and only the (at most two) bins holding u or c are bounded: by ``Q_b phi(lower
     edge)`` below and ``min`` of the two pieces' sums above. Off q's support p and q weigh 0
     (s = 0 there). Tokens within rounding of an edge may fall on either side; every phi is
-    continuous, so that moves a sum by rounding only, far below ``SCREEN_TOL``.
+    continuous, so that moves a sum by rounding only, far below ``SCREEN_TOL``. Where more than one
+    rho passes the screen, the bins straddled at those rhos are summed token by token (their tokens
+    gathered once, up to ``SCREEN_REFINE`` (rho, token) pairs): their bounds become their acceptance
+    to rounding (a heavy token in a straddled bin otherwise leaves a gap of up to its own mass times
+    the bin's width, which kept 2-4 rhos in the race on real rows).
 
     So the exact evaluation's first best rho (its computed acceptance within rounding of the
     true one) has an upper bound within ``SCREEN_TOL`` of the best lower bound, and
@@ -214,25 +239,18 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     same bits as evaluating every rho. p, q, sup: ``[V]``; full: sup everywhere; qs: q with 1 off
     sup; rho: ``[G]``, the grid ``exp(linspace(-log 4k, log 4k, G))``."""
     G = rho.shape[0]
-    half = math.log(4 * k)
-    w = 2 * half / (G - 1) / SCREEN_BINS  # bin width in log t
-    below = math.ceil(SCREEN_FLOOR / w)  # regular bins under the smallest rho
-    L0 = -half - below * w  # log of the first regular edge
-    top = max(half, math.log(k)) + 2 * half / (G - 1)  # above e^top: t >= every rho and every u (u <= k)
-    N = below + (G - 1) * SCREEN_BINS + math.ceil((top - half) / w)  # regular bins 1 .. N; 0 under, N + 1 over
+    w, L0, N, lo_edge, r = _screen_grid(k, G, p.device)
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
+
     def bin_of(t):  # t >= 0, a fresh tensor (its log is taken in place) -> its bins: 0 under, 1 .. N, N + 1 over
-        return _log_(t).sub_(L0).div_(w).floor_().clamp_(min=-1.0, max=float(N)).add_(1.0).long()
+        return _log_(t).sub_(L0 - w).div_(w).floor_().clamp_(min=0.0, max=float(N + 1)).long()
 
     idx = bin_of(torch.div(pw, qs))  # [V]
-    Pb = torch.bincount(idx, weights=pw, minlength=N + 2)  # [N + 2]
-    Qb = torch.bincount(idx, weights=q, minlength=N + 2)
+    Pb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).index_add_(0, idx, pw)  # [N + 2]: sums of p per bin
+    Qb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).index_add_(0, idx, q)  # and of q
     z = Pb.new_zeros(1)
     CP, CQ = torch.cat([z, Pb.cumsum(0)]), torch.cat([z, Qb.cumsum(0)])  # sums over bins < i
-    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=p.dtype, device=p.device))  # [N + 1]
-    lo_edge = torch.cat([z, edges])  # [N + 2]: bin i covers [lo_edge[i], lo_edge[i + 1])
     rho = rho.to(p.device)
-    r = below + SCREEN_BINS * torch.arange(G, device=p.device)  # [G]: rho_j = edges[r_j], bins 0 .. r_j below it
     Ptot, Qtot = CP[-1], CQ[-1]
     Pl, Ql = CP[r + 1], CQ[r + 1]  # [G]: P and Q of t < rho
     miss = 1.0 - ((Qtot - Ql) + Pl / rho)
@@ -251,19 +269,33 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
         P1, Q1 = torch.where(inside, Pb[ii], z), torch.where(inside, Qb[ii], z)
         low = Q1 * phi_lo(lo_edge[ii])
         high = torch.minimum(lin_lo(P1, Q1), lin_hi(P1, Q1))
-        return exact + low, exact + high
+        return exact, low, high, ii, inside
 
     start, end = r + 1, torch.full_like(r, N + 2)
-    # t >= rho: phi = min(t, u)
-    a_lo, a_hi = pieces(start, end, torch.maximum(u, rho), lambda e: torch.minimum(e, u),
-                        lambda P, Q: P, lambda P, Q: u * Q)
-    # t < rho: phi = min(t, t G / rho + M), the breakpoint c (rho when G >= rho: phi = t throughout)
+    # t >= rho: q phi = min(p, u q)
+    ea, la, ha, ia, ina = pieces(start, end, torch.maximum(u, rho), lambda e: torch.minimum(e, u),
+                                 lambda P, Q: P, lambda P, Q: u * Q)
+    # t < rho: q phi = min(p, p G / rho + M q), the breakpoint c (rho when G >= rho: phi = t throughout)
     low = geo < rho
     c = torch.where(low, M / torch.where(low, 1.0 - geo / rho, torch.ones_like(rho)), rho)
     slope = geo / rho
-    b_lo, b_hi = pieces(torch.zeros_like(r), start, torch.minimum(c, rho), lambda e: torch.minimum(e, e * slope + M),
-                        lambda P, Q: P, lambda P, Q: slope * P + M * Q)
-    return a_lo + b_lo, a_hi + b_hi, miss
+    eb, lb, hb, ib, inb = pieces(torch.zeros_like(r), start, torch.minimum(c, rho),
+                                 lambda e: torch.minimum(e, e * slope + M), lambda P, Q: P, lambda P, Q: slope * P + M * Q)
+    lo, hi = ea + la + eb + lb, ea + ha + eb + hb
+    cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()  # [C]
+    if cand.numel() > 1:  # the candidates' straddled bins, token by token: their acceptance to rounding
+        bins = torch.cat([ia[cand][ina[cand]], ib[cand][inb[cand]]])
+        flag = torch.zeros(N + 2, dtype=torch.bool, device=idx.device)
+        flag[bins] = True
+        hit = torch.nonzero(flag[idx]).flatten()  # [n]: the tokens in those bins (one gather over V)
+        if 0 < hit.numel() * cand.numel() <= SCREEN_REFINE:
+            ph, qh, bh = pw[hit], q[hit], idx[hit]  # [n]: the tokens of those bins
+            in_a = (bh == ia[cand, None]) & ina[cand, None]  # [C, n]
+            in_b = (bh == ib[cand, None]) & inb[cand, None]
+            xa = torch.where(in_a, torch.minimum(ph, u[cand, None] * qh), z).sum(1)  # [C]
+            xb = torch.where(in_b, torch.minimum(ph, slope[cand, None] * ph + M[cand, None] * qh), z).sum(1)
+            lo[cand] = hi[cand] = ea[cand] + eb[cand] + xa + xb
+    return lo, hi, miss
 
 
 class SpecTrGBV(SelectThenBlock):
