@@ -231,12 +231,16 @@ class SelectThenBlock(TreeRule):
         p, q: ``[V]`` float64. Here the law in full (``_law``); a subclass may compute it lazily."""
         return Selection(*self._law(p, q, k))
 
-    def _node(self, p_row, nd) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _node(self, p_row, nd, lazy: bool = False) -> tuple:
         """``(s, key)`` at node nd whose target row is ``p_row()`` (float64, asked for only when
         needed): with one draft the selection is that draft, ``s = q(. | nd)`` as drafted (its raw
-        row, read as ``row64`` where it is read: no pass over V) and no key; else ``_law``."""
+        row, read as ``row64`` where it is read: no pass over V) and no key; else ``_law``, or with
+        ``lazy`` the ``Selection`` that ``verify`` reads (``_selection``) and its key."""
         if len(nd.drafts) == 1:
             return nd.q, None
+        if lazy:
+            sel = self._selection(p_row(), row64(nd.q), len(nd.drafts))
+            return sel, sel.key
         return self._law(p_row(), row64(nd.q), len(nd.drafts))
 
     # laws and checks ------------------------------------------------------------------------
@@ -316,11 +320,8 @@ class SelectThenBlock(TreeRule):
 
         while tree.nodes[i].drafts:
             nd = tree.nodes[i]
-            if len(nd.drafts) == 1:  # the selection is the draft: s = q as drafted, no pass over V
-                s, t = nd.q, nd.drafts[0]
-            else:
-                s = self._selection(p_row(), row64(nd.q), len(nd.drafts))
-                t = nd.drafts[self._pick(s.key, nd.drafts, g)]
+            s, key = self._node(p_row, nd, lazy=True)
+            t = nd.drafts[0] if key is None else nd.drafts[self._pick(key, nd.drafts, g)]
             i = nd.child[t]
             ids.append(i)
             xs.append(t)
