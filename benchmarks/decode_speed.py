@@ -52,7 +52,10 @@ t-interval), block efficiency (new tokens per target forward, with its 95% inter
 acceptance, the speed-up over the target alone (paired per prompt, 95% interval), and the
 headline ratios: best multi-draft against the best single-draft SD, against the peers, and
 against the target alone; with sequence-level rules, the best of them against the best
-token-level walk (multi-draft) and the best single-draft SD, paired per prompt. ``--out FILE`` writes JSONL (config, seed, versions, load average,
+token-level walk (multi-draft) and the best single-draft SD, paired per prompt; where several
+verifiers walk the same fixed tree (``specinfer:2x2,optimal:2x2``), the one with the highest block
+efficiency against the fastest of them, paired per prompt (``decode_runs.same_tree``). ``--minutes M``
+stops before a prompt that would overrun M minutes (whole prompts only; the header says so). ``--out FILE`` writes JSONL (config, seed, versions, load average,
 one row per (prompt, method, round), one summary row per method); ``--markdown FILE`` the table.
 
 ``--rounds R`` decodes every prompt R times with every method, with the same seed (the same
@@ -87,6 +90,7 @@ import torch
 from multidraft import verifiers as _verifiers
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
 from multidraft.decoding import full_tree, generate
+from multidraft.decoding.profiling import machine_info
 from multidraft.decoding.settings import AUTO_PROXY
 from multidraft.experiments import decode_runs as dr
 from multidraft.experiments.records import JsonlWriter
@@ -334,13 +338,15 @@ def report(rows: list[dict], methods, header: str, markdown: str | None) -> list
     return summary
 
 
-def run_header(engine, prompts, max_new_tokens, rounds, temperature, threads, seed, load_start, load_end) -> str:
+def run_header(engine, prompts, max_new_tokens, rounds, temperature, threads, seed, load_start, load_end,
+               cpu=None, cpu_flags=None) -> str:
     """The line above a run's table; a run and ``--summarize`` of its JSONL print the same one."""
     def num(x, fmt):
         return "?" if x is None else format(x, fmt)
+    where = f"; CPU {cpu} ({', '.join(cpu_flags) if cpu_flags else 'flags unknown'})" if cpu else ""
     return (f"engine {engine}, {prompts} prompts x {max_new_tokens} tokens"
             f"{f' x {rounds} rounds' if rounds and rounds > 1 else ''}, T={num(temperature, 'g')}, "
-            f"{threads} threads, seed {seed}, load average {num(load_start, '.2f')} -> {num(load_end, '.2f')}")
+            f"{threads} threads, seed {seed}, load average {num(load_start, '.2f')} -> {num(load_end, '.2f')}{where}")
 
 
 def summarize_file(path: Path, markdown: str | None) -> int:
@@ -367,7 +373,8 @@ def summarize_file(path: Path, markdown: str | None) -> int:
     cfg = (meta or {}).get("config", {})
     header = run_header(cfg.get("engine"), len({r["prompt"] for r in rows}), cfg.get("max_new_tokens"),
                         cfg.get("rounds", 1), cfg.get("temperature"), cfg.get("threads") or (meta or {}).get("threads", "?"), cfg.get("seed"),
-                        (meta or {}).get("load_average_start", [None])[0], (end or {}).get("load_average_end", [None])[0])
+                        (meta or {}).get("load_average_start", [None])[0], (end or {}).get("load_average_end", [None])[0],
+                        (meta or {}).get("cpu"), (meta or {}).get("cpu_flags"))
     print(header)
     report(rows, methods, header, markdown)
     return 0
@@ -514,6 +521,7 @@ def main(argv=None) -> int:
     encode = lambda text: encode_prompt(tok, text, instruction=instruction)  # noqa: E731
     encoded = [(tid, encode(text)) for tid, text in prompts]
     load0 = os.getloadavg()
+    where = machine_info()  # the CPU of this timing: model and the flags that price width
     print(f"decode_speed: engine {args.engine}, {len(encoded)} HumanEval prompts, {args.max_new_tokens} new tokens, "
           f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}", flush=True)
     if load0[0] > 0.7:
@@ -556,7 +564,8 @@ def main(argv=None) -> int:
     if args.out:
         cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown")} | {"methods": [m.label for m in methods]}
         writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", versions=_versions(),
-                             load_average_start=list(load0), threads=threads, machine=platform.platform())
+                             load_average_start=list(load0), threads=threads, machine=platform.platform(),
+                             cpu=where["cpu"], cpu_flags=where["cpu_flags"])
     t_all = time.perf_counter()
 
     def log_row(row, done, total):
@@ -578,7 +587,7 @@ def main(argv=None) -> int:
     rows = out.rows
     load1 = os.getloadavg()
     header = run_header(args.engine, out.prompts_done, args.max_new_tokens, args.rounds, args.temperature, threads,
-                        args.seed, load0[0], load1[0]) + (f"; {out.stopped}" if out.stopped else "")
+                        args.seed, load0[0], load1[0], where["cpu"], where["cpu_flags"]) + (f"; {out.stopped}" if out.stopped else "")
     print(header)
     summary = report(rows, methods, header, args.markdown)
     if writer:

@@ -267,6 +267,9 @@ def test_a_time_budget_keeps_whole_prompts_and_seq_rules_stand_in_a_list(ds, tmp
     text = capsys.readouterr().out
     assert "1 prompts x 4 tokens" in text and "time budget" in text and "same tree, kary K=2 depth 2" in text
     meta, rows = read_jsonl(out)
+    assert meta["cpu"] and f"CPU {meta['cpu']}" in text  # the CPU of every timing is named
+    assert meta["cpu_flags"] is None or set(meta["cpu_flags"]) <= {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+                                                                   "amx_tile", "amx_bf16", "amx_int8"}
     assert meta["config"]["methods"] == ["target-only", "SD depth 2", "block K=1 depth 2", "specinfer K=2 depth 2",
                                          "optimal K=2 depth 2"]
     assert {r["prompt"] for r in rows if r["kind"] == "run"} == {"HumanEval/0"}

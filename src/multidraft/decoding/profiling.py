@@ -34,6 +34,7 @@ from dataclasses import replace
 import torch
 
 from .. import _optional
+from .llama_build import cpu_flags
 from .runners import runner_for
 from .treeopt import CostProfile, fit_overhead
 
@@ -82,7 +83,13 @@ def _load():
         return None
 
 
+SPEED_FLAGS = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})  # what
+# decides how cheap width is on a CPU (wide bf16 matrix products): recorded beside every timing
+
+
 def machine_info() -> dict:
+    """The machine of a timing: CPU model, its ``SPEED_FLAGS`` (None where /proc/cpuinfo is not
+    readable), cores, threads, load average, platform and versions."""
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -94,7 +101,8 @@ def machine_info() -> dict:
         pass
     tv = importlib.import_module("transformers").__version__ if _optional.available("transformers") else None
     load = _load()
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average": load,
+    flags = cpu_flags()
+    return {"cpu": cpu, "cpu_flags": None if flags is None else sorted(flags & SPEED_FLAGS), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average": load,
             "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": tv}
 
