@@ -74,17 +74,18 @@ class _Grid:
         self.rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64,
                                             device=self.q.device)).unsqueeze(1)  # [G, 1]
 
-    def coins(self, j):  # -> beta [1, V], q beta [1, V], 1 - bbar [1, 1] at rho_j
-        beta = self.rho[j:j + 1] * self.qs
-        torch.div(self.p, beta, out=beta)
-        beta.clamp_(max=1.0)
-        if not self.full:
-            beta.masked_fill_(~self.sup, 0.0)
-        qb = self.q * beta
-        return beta, qb, 1.0 - qb.sum(-1, keepdim=True)
-
-    def law(self, qb, miss):  # s [1, V], in place of q beta; miss: 1 - bbar
+    def law(self, j):
+        """The selection law ``s [1, V]`` at rho_j: ``q beta = min(q, p / rho)`` (0 off q's support),
+        ``1 - bbar = 1 - sum q beta``, ``s = q beta G + M q``."""
+        qb = torch.minimum(self.q, torch.div(self.p, self.rho[j:j + 1]))
+        miss = 1.0 - qb.sum(-1, keepdim=True)
         return qb.mul_(_geo(miss, self.k)).add_(miss.pow(self.k - 1) * self.q)
+
+    def coins(self, j, idx=slice(None)):
+        """The coins ``beta = min(1, p / (rho_j q))`` (0 off q's support) at the tokens idx (all by default)."""
+        beta = self.p[idx] / (self.rho[j, 0] * self.qs[idx])
+        beta.clamp_(max=1.0)
+        return beta if self.full else beta.masked_fill_(~self.sup[idx], 0.0)
 
     def screen(self):
         """``(candidates, miss)``: the grid indices to evaluate exactly, in grid order, and ``1 -
@@ -95,16 +96,15 @@ class _Grid:
         return torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten().tolist(), miss
 
     def best(self, cand):
-        """``(s [V], beta [V])`` at the first rho of ``cand`` with the largest acceptance."""
+        """``(j, s [V])``: the first rho of ``cand`` with the largest acceptance ``sum min(s, p)``, and its law."""
         best, kept = None, None
         for j in cand:
-            beta, qb, miss = self.coins(j)
-            s = self.law(qb, miss)
+            s = self.law(j)
             if len(cand) == 1:  # the screen left one rho: it is the best, its acceptance is not needed
-                return s[0], beta[0]
+                return j, s[0]
             acc = float(torch.minimum(s, self.p).sum(-1)[0])
             if best is None or acc > best:
-                best, kept = acc, (s[0], beta[0])
+                best, kept = acc, (j, s[0])
         return kept
 
 
@@ -112,53 +112,62 @@ def _geo(miss, k):  # sum_(j<k-1) (1 - bbar)^j: a tensor of any shape, or a floa
     return sum(miss ** j for j in range(k - 1))
 
 
+class _Coins:
+    """The coins of one rho as a pick reads them, lazily: ``coins[idx]`` is ``beta`` at the tokens
+    idx, the bits of the whole row's entries (``_Grid.coins``)."""
+
+    __slots__ = ("_grid", "_j")
+
+    def __init__(self, grid: _Grid, j: int):
+        self._grid, self._j = grid, j
+
+    @property
+    def device(self):
+        return self._grid.q.device
+
+    def __getitem__(self, idx):
+        return self._grid.coins(self._j, idx)
+
+
+def _kseq(p, q, k):
+    """``(grid, j, s [V])``: the node's grid, its best rho's index and law (``kseq_selection_law``)."""
+    grid = _Grid(p, q, k)
+    j, s = grid.best(grid.screen()[0])
+    return grid, j, s
+
+
 def kseq_selection_law(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The K-sequential selection at a node with k i.i.d. drafts: its law ``[V]`` at the best rho
     of the grid, and the acceptance coins ``beta [V]`` at that rho. p, q: ``[V]`` float64.
 
     For every rho of the grid, ``beta = min(1, p / (rho q))`` (0 off q's support),
-    ``1 - bbar = 1 - sum q beta``, ``s = q beta sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1) q``
-    and its acceptance ``sum min(s, p)``; the first rho of the largest acceptance wins. One
-    rho at a time over ``[V]`` rows (the same elementwise operations and row sums as on the
-    whole ``[G, V]`` grid, so the same bits, without its ``[G, V]`` temporaries). Above ``SCREEN_V``
-    only the rhos whose acceptance may be the best (``_acceptance_bounds``, one histogram of p / q)
-    are evaluated, in grid order; the law of the best is kept, not recomputed."""
+    ``q beta = min(q, p / rho)``, ``1 - bbar = 1 - sum q beta``,
+    ``s = q beta sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1) q`` and its acceptance ``sum min(s, p)``;
+    the first rho of the largest acceptance wins. One rho at a time over ``[V]`` rows (the same
+    elementwise operations and row sums as on the whole ``[G, V]`` grid, so the same bits, without
+    its ``[G, V]`` temporaries). Above ``SCREEN_V`` only the rhos whose acceptance may be the best
+    (``_acceptance_bounds``, one histogram of p / q) are evaluated, in grid order; the law of the
+    best is kept, not recomputed. (The law takes ``q beta`` as ``min(q, p / rho)``, the coins as
+    ``min(1, p / (rho q))``: the same number to rounding, one pass over V fewer.)"""
     if k == 1:
         return q / q.sum(), torch.ones_like(q)
-    grid = _Grid(p, q, k)
-    return grid.best(grid.screen()[0])
+    grid, j, s = _kseq(p, q, k)
+    return s, grid.coins(j)
 
 
 class KSeqSelection(Selection):
     """SpecTr-GBV's selection law at one node, lazily, where the screen left one rho (above
-    ``SCREEN_V``): the coins ``beta(x) = min(1, p(x) / (rho q(x)))`` at the drafts for the pick
-    (``key[idx]``, the bits of the whole row's entries), one entry
-    ``s(x) = q(x) (beta(x) sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1))`` from the screen's
-    ``1 - bbar`` (no pass over V), and the whole law (``kseq_selection_law``'s numbers) only when
-    ``row()`` is read, where the backward scan stops. The screen's ``bbar = Q(t >= rho) + P(t < rho)
-    / rho`` is the same sum in another order (rho lies on a bin edge), so an entry differs from
-    the row's by rounding only (~1e-15)."""
+    ``SCREEN_V``): the coins at the drafts for the pick (``_Coins``), one entry
+    ``s(x) = min(q(x), p(x) / rho) sum_(j<k-1) (1 - bbar)^j + (1 - bbar)^(k-1) q(x)`` from the
+    screen's ``1 - bbar`` (no pass over V), and the whole law (``kseq_selection_law``'s numbers)
+    only when ``row()`` is read, where the backward scan stops. The screen's ``bbar = Q(t >= rho) +
+    P(t < rho) / rho`` is the same sum in another order (rho lies on a bin edge), so an entry
+    differs from the row's by rounding only (~1e-15)."""
 
     __slots__ = ("_grid", "_j", "_miss")
 
-    class _Coins:
-        __slots__ = ("_grid", "_j")
-
-        def __init__(self, grid, j):
-            self._grid, self._j = grid, j
-
-        @property
-        def device(self):
-            return self._grid.q.device
-
-        def __getitem__(self, idx):  # beta at the tokens idx, as the whole row computes them
-            g = self._grid
-            beta = g.p[idx] / (g.rho[self._j, 0] * g.qs[idx])
-            beta = beta.clamp(max=1.0)
-            return beta if g.full else beta.masked_fill(~g.sup[idx], 0.0)
-
     def __init__(self, grid: _Grid, j: int, miss: float):
-        super().__init__(None, KSeqSelection._Coins(grid, j))
+        super().__init__(None, _Coins(grid, j))
         self._grid, self._j, self._miss = grid, j, miss
 
     def at(self, x: int) -> float:
@@ -166,23 +175,24 @@ class KSeqSelection(Selection):
             return float(self._row[x])
         g, m = self._grid, self._miss
         qx = float(g.q[x])
-        return qx * float(self.key[x]) * _geo(m, g.k) + m ** (g.k - 1) * qx  # the row's order: (q beta) G + M q
+        qb = min(qx, float(g.p[x]) / float(g.rho[self._j, 0]))
+        return qb * _geo(m, g.k) + m ** (g.k - 1) * qx  # the row's order: (q beta) G + M q
 
     def row(self) -> torch.Tensor:
         if self._row is None:
-            self._row, beta = self._grid.best([self._j])
-            self.key = beta
+            self._row = self._grid.law(self._j)[0]
         return self._row
 
 
 def kseq_selection(p: torch.Tensor, q: torch.Tensor, k: int) -> Selection:
     """The selection at a node with k > 1 i.i.d. drafts as ``verify`` reads it: lazily
-    (``KSeqSelection``) where the screen leaves one rho, else ``kseq_selection_law`` in full."""
+    (``KSeqSelection``) where the screen leaves one rho, else the law in full with lazy coins."""
     grid = _Grid(p, q, k)
     cand, miss = grid.screen()
     if len(cand) == 1 and miss is not None:
         return KSeqSelection(grid, cand[0], float(miss[cand[0]]))
-    return Selection(*grid.best(cand))
+    j, s = grid.best(cand)
+    return Selection(s, _Coins(grid, j))
 
 
 SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_bounds``) before the exact evaluation
@@ -243,7 +253,7 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
 
     def bin_of(t):  # t >= 0, a fresh tensor (its log is taken in place) -> its bins: 0 under, 1 .. N, N + 1 over
-        return _log_(t).sub_(L0 - w).div_(w).floor_().clamp_(min=0.0, max=float(N + 1)).long()
+        return _log_(t).sub_(L0 - w).div_(w).clamp_(min=0.0, max=float(N + 1)).long()  # long() truncates: floor here
 
     idx = bin_of(torch.div(pw, qs))  # [V]
     Pb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).index_add_(0, idx, pw)  # [N + 2]: sums of p per bin
@@ -258,43 +268,35 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     M = miss.pow(k - 1)
     u = geo + M
 
-    def pieces(a, b, x, phi_lo, lin_lo, lin_hi):
-        """Bounds of sum over bins [a, b) (``[G]`` each) of q phi, phi = lin_lo below the breakpoint x
-        and lin_hi above (functions of (P, Q) sums), phi_lo(t) its value at t."""
-        i = torch.minimum(torch.maximum(bin_of(x.clamp(min=0.0)), a), b)  # x's bin (M may round below 0), clipped to the range
-        inside = i < b
-        j = torch.where(inside, i + 1, i)
-        exact = lin_lo(CP[i] - CP[a], CQ[i] - CQ[a]) + lin_hi(CP[b] - CP[j], CQ[b] - CQ[j])
-        ii = torch.where(inside, i, torch.zeros_like(i))
-        P1, Q1 = torch.where(inside, Pb[ii], z), torch.where(inside, Qb[ii], z)
-        low = Q1 * phi_lo(lo_edge[ii])
-        high = torch.minimum(lin_lo(P1, Q1), lin_hi(P1, Q1))
-        return exact, low, high, ii, inside
-
-    start, end = r + 1, torch.full_like(r, N + 2)
-    # t >= rho: q phi = min(p, u q)
-    ea, la, ha, ia, ina = pieces(start, end, torch.maximum(u, rho), lambda e: torch.minimum(e, u),
-                                 lambda P, Q: P, lambda P, Q: u * Q)
-    # t < rho: q phi = min(p, p G / rho + M q), the breakpoint c (rho when G >= rho: phi = t throughout)
-    low = geo < rho
-    c = torch.where(low, M / torch.where(low, 1.0 - geo / rho, torch.ones_like(rho)), rho)
-    slope = geo / rho
-    eb, lb, hb, ib, inb = pieces(torch.zeros_like(r), start, torch.minimum(c, rho),
-                                 lambda e: torch.minimum(e, e * slope + M), lambda P, Q: P, lambda P, Q: slope * P + M * Q)
-    lo, hi = ea + la + eb + lb, ea + ha + eb + hb
+    # Both sides of rho at once, rows [2, G]: every token contributes q phi = min(p, alpha p + beta q),
+    # t >= rho (bins r + 1 .. N + 1): alpha 0, beta u, breakpoint max(u, rho);
+    # t < rho (bins 0 .. r): alpha G / rho, beta M, breakpoint c (rho when G >= rho: phi = t throughout).
+    below_c = geo < rho
+    c = torch.where(below_c, M / torch.where(below_c, 1.0 - geo / rho, torch.ones_like(rho)), rho)
+    alpha = torch.stack([torch.zeros_like(rho), geo / rho])  # [2, G]
+    beta = torch.stack([u, M])
+    a = torch.stack([r + 1, torch.zeros_like(r)])  # [2, G]: the bins [a, b) of each side
+    b = torch.stack([torch.full_like(r, N + 2), r + 1])
+    x = torch.stack([torch.maximum(u, rho), torch.minimum(c, rho)])
+    i = torch.minimum(torch.maximum(bin_of(x.clamp(min=0.0)), a), b)  # x's bin (M may round below 0), clipped
+    inside = i < b  # a bin holds the breakpoint: only it is bounded, every other bin is exact
+    j = torch.where(inside, i + 1, i)
+    exact = (CP[i] - CP[a]) + alpha * (CP[b] - CP[j]) + beta * (CQ[b] - CQ[j])  # [2, G]
+    ii = torch.where(inside, i, torch.zeros_like(i))
+    P1, Q1 = torch.where(inside, Pb[ii], z), torch.where(inside, Qb[ii], z)
+    e = lo_edge[ii]
+    low, high = Q1 * torch.minimum(e, alpha * e + beta), torch.minimum(P1, alpha * P1 + beta * Q1)
+    lo, hi = (exact + low).sum(0), (exact + high).sum(0)  # [G]
     cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()  # [C]
     if cand.numel() > 1:  # the candidates' straddled bins, token by token: their acceptance to rounding
-        bins = torch.cat([ia[cand][ina[cand]], ib[cand][inb[cand]]])
         flag = torch.zeros(N + 2, dtype=torch.bool, device=idx.device)
-        flag[bins] = True
+        flag[ii[:, cand][inside[:, cand]]] = True
         hit = torch.nonzero(flag[idx]).flatten()  # [n]: the tokens in those bins (one gather over V)
         if 0 < hit.numel() * cand.numel() <= SCREEN_REFINE:
-            ph, qh, bh = pw[hit], q[hit], idx[hit]  # [n]: the tokens of those bins
-            in_a = (bh == ia[cand, None]) & ina[cand, None]  # [C, n]
-            in_b = (bh == ib[cand, None]) & inb[cand, None]
-            xa = torch.where(in_a, torch.minimum(ph, u[cand, None] * qh), z).sum(1)  # [C]
-            xb = torch.where(in_b, torch.minimum(ph, slope[cand, None] * ph + M[cand, None] * qh), z).sum(1)
-            lo[cand] = hi[cand] = ea[cand] + eb[cand] + xa + xb
+            ph, qh, bh = pw[hit], q[hit], idx[hit]  # [n]
+            mine = (bh == ii[:, cand, None]) & inside[:, cand, None]  # [2, C, n]
+            val = torch.minimum(ph, alpha[:, cand, None] * ph + beta[:, cand, None] * qh)
+            lo[cand] = hi[cand] = exact[:, cand].sum(0) + torch.where(mine, val, z).sum((0, 2))
     return lo, hi, miss
 
 
@@ -303,8 +305,11 @@ class SpecTrGBV(SelectThenBlock):
 
     name = "spectr_gbv"
 
-    def _law(self, p, q, k):
-        return kseq_selection_law(p, q, k)
+    def _law(self, p, q, k):  # the law in full, the coins lazily (the pick and the slot probabilities read the drafts')
+        if k == 1:
+            return kseq_selection_law(p, q, k)
+        grid, j, s = _kseq(p, q, k)
+        return s, _Coins(grid, j)
 
     def _selection(self, p, q, k):
         return kseq_selection(p, q, k)
