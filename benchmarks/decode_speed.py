@@ -313,6 +313,10 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
                        f"prompts), " + {"within": "within the interval of the fastest",
                                          "slower": "slower than the fastest beyond the interval",
                                          "undetermined": "no interval from one prompt"}[g["verdict"]])
+    for g in dr.rules_against_walks(rows):
+        out.append(f"same tree, {g['tree']}: {g['rule']} against the fastest walk {g['walk']}: tokens/s per prompt "
+                   f"{g['ratio']:.3f}x ± {g['ci95']:.3f}, block efficiency {g['block_ratio']:.3f}x ± {g['block_ci95']:.3f} "
+                   f"(95%, {g['prompts']} prompts)")
     for p in peers:
         if best is None and sd is None:
             out.append(f"peer {p['method']}: {p['tokens_per_s']:.2f} tok/s")

@@ -242,6 +242,12 @@ def test_same_tree_names_the_highest_block_efficiency_against_the_fastest(ds):
     # a slower best: every prompt at half the speed
     slow = [dict(r, seconds=r["seconds"] * 3) if r["method"].startswith("optimal") else r for r in rows]
     assert dr.same_tree(slow)[0]["verdict"] == "slower"
+    # the rule on that tree against its fastest walk (specinfer), paired: tokens/s and block efficiency
+    (r,) = dr.rules_against_walks(rows)
+    assert (r["tree"], r["rule"], r["walk"]) == ("kary K=2 depth 2 (iid)", "traversal K=2 depth 2", "specinfer K=2 depth 2")
+    assert r["ratio"] == pytest.approx((4.0 + 5.0 + 4.0) / 3) and r["block_ratio"] == pytest.approx(4.0)
+    assert any(x.startswith("same tree, kary K=2 depth 2 (iid): traversal K=2 depth 2 against the fastest walk")
+               for x in ds.headline(dr.summarize(rows), rows))
     # one prompt: no interval, no verdict either way; equal block efficiency: the faster one is named
     assert dr.same_tree([r for r in slow if r["prompt"] == "p1"])[0]["verdict"] == "undetermined"
     tie = [dict(r, target_calls=40) if r["method"].startswith("optimal") else r for r in rows]

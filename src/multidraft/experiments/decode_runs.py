@@ -64,7 +64,7 @@ from .records import derived_seed
 
 __all__ = [
     "MethodSpec", "target_alone", "tree_method", "parse_method", "method_settings", "check_methods", "run_seed", "run", "RunOutcome",
-    "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "same_tree", "round_spread", "summarize", "format_table",
+    "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "same_tree", "rules_against_walks", "round_spread", "summarize", "format_table",
     "AUTOREGRESSIVE",
 ]
 
@@ -436,13 +436,14 @@ def merge_rounds(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def paired_ratio(rows: Sequence[dict], a: str, b: str) -> tuple[float, float, int]:
-    """Per prompt, tokens/s of method ``a`` over method ``b`` (rounds pooled): mean, 95% half-width, prompts."""
+def paired_ratio(rows: Sequence[dict], a: str, b: str, per: str = "seconds") -> tuple[float, float, int]:
+    """Per prompt, tokens/s of method ``a`` over method ``b`` (rounds pooled): mean, 95% half-width,
+    prompts. ``per="target_calls"``: block efficiency (tokens per target pass) instead."""
     rows = merge_rounds(rows)
     ra = {r["prompt"]: r for r in rows if r["method"] == a}
     rb = {r["prompt"]: r for r in rows if r["method"] == b}
-    xs = [(ra[p]["new_tokens"] / ra[p]["seconds"]) / (rb[p]["new_tokens"] / rb[p]["seconds"])
-          for p in ra if p in rb and ra[p]["seconds"] > 0 and rb[p]["seconds"] > 0 and rb[p]["new_tokens"] > 0]
+    xs = [(ra[p]["new_tokens"] / ra[p][per]) / (rb[p]["new_tokens"] / rb[p][per])
+          for p in ra if p in rb and ra[p][per] > 0 and rb[p][per] > 0 and rb[p]["new_tokens"] > 0]
     m, ci = mean_ci(xs)
     return m, ci, len(xs)
 
@@ -457,31 +458,68 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
     and ``verdict``: ``"fastest"``, ``"within"`` (the interval reaches 1), ``"slower"`` or
     ``"undetermined"`` (one prompt: no interval). Ties in block efficiency go to the faster verifier."""
     rows = merge_rounds([r for r in rows if r.get("kind", "run") == "run"])
-    groups: dict[tuple, dict[str, list[dict]]] = {}
-    for r in rows:
-        if _kind(r) != "tree" or r.get("rule") not in (None, WALK) or isinstance(r.get("tree"), dict) \
-                or r.get("tree") == "dynamic" or r.get("verifier") in (None, "-", AUTOREGRESSIVE):
-            continue
-        key = (r.get("law"), r.get("K"), r.get("depth"), str(r.get("tree") or "kary"))
-        groups.setdefault(key, {}).setdefault(r["method"], []).append(r)
     out = []
-    for (law, k, depth, shape), by in groups.items():
+    for tree, by in _fixed_trees(rows).items():
+        by = {lab: rs for lab, rs in by.items() if _walk(rs[0])}
         if len(by) < 2:
             continue
-        pooled = {}
-        for lab, rs in by.items():
-            tok, calls, secs = (sum(r[f] for r in rs) for f in ("new_tokens", "target_calls", "seconds"))
-            pooled[lab] = (tok / calls if calls else float("nan"), tok / secs if secs > 0 else float("nan"))
+        pooled = {lab: _pooled(rs) for lab, rs in by.items()}
         top = max(b for b, _ in pooled.values())
         best = max((lab for lab in pooled if pooled[lab][0] == top), key=lambda lab: pooled[lab][1])  # ties: the faster
         fastest = max(pooled, key=lambda lab: pooled[lab][1])
         m, ci, n = (1.0, float("nan"), len(by[best])) if best == fastest else paired_ratio(rows, best, fastest)
         verdict = "fastest" if best == fastest else ("undetermined" if not _finite(ci) else
                                                      "within" if m + ci >= 1.0 else "slower")
-        out.append({"tree": f"{shape} K={k} depth {depth} ({law})", "methods": list(by), "best_block": best,
+        out.append({"tree": tree, "methods": list(by), "best_block": best,
                     "block_efficiency": pooled[best][0], "fastest": fastest, "tokens_per_s": pooled[fastest][1],
                     "best_block_tokens_per_s": pooled[best][1], "ratio": m, "ci95": ci, "prompts": n,
                     "verdict": verdict})
+    return out
+
+
+def _fixed_trees(rows: Sequence[dict]) -> dict[str, dict[str, list[dict]]]:
+    """Runs on fixed trees (no dynamic or chosen ones), by tree (``"<shape> K=<K> depth <D> (<law>)"``)
+    and method; rounds merged by the caller."""
+    groups: dict[str, dict[str, list[dict]]] = {}
+    for r in rows:
+        if _kind(r) != "tree" or isinstance(r.get("tree"), dict) or r.get("tree") == "dynamic":
+            continue
+        shape = r.get("tree") or ("chain" if r.get("K") == 1 else "kary")
+        tree = f"{shape} K={r.get('K')} depth {r.get('depth')} ({r.get('law')})"
+        groups.setdefault(tree, {}).setdefault(r["method"], []).append(r)
+    return groups
+
+
+def _walk(r: dict) -> bool:
+    """A run whose tree a token-level verifier walked (not a sequence-level rule)."""
+    return r.get("rule") in (None, WALK) and r.get("verifier") not in (None, "-", AUTOREGRESSIVE)
+
+
+def _pooled(rs: Sequence[dict]) -> tuple[float, float]:
+    """(block efficiency, tokens/s) pooled over runs."""
+    tok, calls, secs = (sum(r[f] for r in rs) for f in ("new_tokens", "target_calls", "seconds"))
+    return tok / calls if calls else float("nan"), tok / secs if secs > 0 else float("nan")
+
+
+def rules_against_walks(rows: Sequence[dict]) -> list[dict]:
+    """Every sequence-level rule run on a fixed tree against the fastest token-level walk of the same
+    tree (law, K, depth and shape; its own draws) in one run (issue 26): per prompt, paired, tokens/s
+    (``ratio``, ``ci95``) and block efficiency (``block_ratio``, ``block_ci95``) of the rule over the
+    walk. One dict per rule with ``tree``, ``rule`` (label), ``walk`` (label), ``prompts``."""
+    rows = merge_rounds([r for r in rows if r.get("kind", "run") == "run"])
+    out = []
+    for tree, by in _fixed_trees(rows).items():
+        walks = {lab: _pooled(rs)[1] for lab, rs in by.items() if _walk(rs[0])}
+        if not walks:
+            continue
+        walk = max(walks, key=walks.get)
+        for lab, rs in by.items():
+            if _walk(rs[0]) or rs[0].get("rule") in (None, WALK):
+                continue
+            m, ci, n = paired_ratio(rows, lab, walk)
+            bm, bci, _ = paired_ratio(rows, lab, walk, per="target_calls")
+            out.append({"tree": tree, "rule": lab, "walk": walk, "ratio": m, "ci95": ci, "prompts": n,
+                        "block_ratio": bm, "block_ci95": bci})
     return out
 
 
