@@ -68,9 +68,9 @@ between about 70 and 95 ms a token within minutes while a 5-token verify pass ba
     .venv/bin/python benchmarks/decode_speed.py --engine llama.cpp --bf16-target --prompts 20
     .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --methods target,sd:3,specinfer:2x3
 
-The sequence-level comparison of issue 26 (llama.cpp, 20 HumanEval prompts x 128 tokens x 2
-rounds, T = 1; ``docs/results/decode_speed/README.md``): ``--methods`` = ``SEQ_RULE_METHODS``
-(``--methods seq-rules``).
+The sequence-level comparison of issue 26 and the verifiers of one tree of issue 27 (llama.cpp, 20
+HumanEval prompts x 128 tokens x 2 rounds, T = 1; ``docs/results/decode_speed/README.md``):
+``--methods`` = ``SEQ_RULE_METHODS`` (``--methods seq-rules``).
 """
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ DEFAULT_METHODS = {
     "llama.cpp": ("llama-target,target,llama-spec:4,llama-spec:6,llama-spec:6:2,sd:4,sd:6,sd:8,"
                   "specinfer:2x4,specinfer:seq2x6,specinfer:dyn:4:16:8,specinfer:dyn:4:24:8"),
 }
-# sequence-level rules against the token walks and single-draft SD on the same trees: block on the
-# SD rows' chains (depth 4 and 5: the fastest SD depths on this engine, docs/results/decode_speed),
-# traversal on the walks' trees (K = 2 sequences, the binary tree of depth 2, dynamic trees of 8 nodes)
-SEQ_RULE_METHODS = ("target,sd:4,sd:5,block:1x4,block:1x5,specinfer:seq2x4,specinfer:2x2,specinfer:dyn:4:8:5,"
-                    "traversal:seq2x4,traversal:2x2,traversal:dyn:4:8:5")
+# the run of issues 26 and 27 (docs/results/decode_speed/README.md): block verification against SD on
+# the same chain (depth 4, the fastest SD depth on this engine), traversal and gbv against the specinfer
+# walk on two sequences of 4, and the four token-level verifiers with traversal on the binary tree of depth 2
+SEQ_RULE_METHODS = ("target,sd:4,block:1x4,specinfer:seq2x4,traversal:seq2x4,gbv:seq2x4,"
+                    "specinfer:2x2,spectr:2x2,khisti_is:2x2,optimal:2x2,traversal:2x2")
 LLAMA_BIN = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp")) / "build-0.3.36/bin"
 
 
