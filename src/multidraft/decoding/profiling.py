@@ -90,18 +90,19 @@ SPEED_FLAGS = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_t
 def machine_info() -> dict:
     """The machine of a timing: CPU model, its ``SPEED_FLAGS`` (None where /proc/cpuinfo is not
     readable), cores, threads, load average, platform and versions."""
-    cpu = platform.processor() or ""
+    cpu, info = platform.processor() or "", None
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            info = fh.read()
     except OSError:
         pass
+    for line in (info or "").splitlines():
+        if line.lower().startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
     tv = importlib.import_module("transformers").__version__ if _optional.available("transformers") else None
     load = _load()
-    flags = cpu_flags()
+    flags = None if info is None else cpu_flags(info)
     return {"cpu": cpu, "cpu_flags": None if flags is None else sorted(flags & SPEED_FLAGS), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average": load,
             "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": tv}

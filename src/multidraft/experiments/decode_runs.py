@@ -514,7 +514,7 @@ def rules_against_walks(rows: Sequence[dict]) -> list[dict]:
             continue
         walk = max(walks, key=walks.get)
         for lab, rs in by.items():
-            if _walk(rs[0]) or rs[0].get("rule") in (None, WALK):
+            if rs[0].get("rule") in (None, WALK):  # a walk, not a rule
                 continue
             m, ci, n = paired_ratio(rows, lab, walk)
             bm, bci, _ = paired_ratio(rows, lab, walk, per="target_calls")

@@ -70,9 +70,7 @@ class _Grid:
         self.sup = self.q > 0
         self.full = bool(self.sup.all())
         self.qs = self.q if self.full else torch.where(self.sup, self.q, torch.ones_like(self.q))  # [V]
-        half = math.log(4 * k)
-        self.rho = torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64,
-                                            device=self.q.device)).unsqueeze(1)  # [G, 1]
+        self.rho = _rho_grid(k, self.q.device)  # [G, 1]
 
     def law(self, j):
         """The selection law ``s [1, V]`` at rho_j: ``q beta = min(q, p / rho)`` (0 off q's support),
@@ -93,7 +91,7 @@ class _Grid:
         if self.q.shape[0] <= SCREEN_V:
             return list(range(RHO_POINTS)), None
         lo, hi, miss = _acceptance_bounds(self.p, self.q, self.sup, self.full, self.qs, self.rho[:, 0], self.k)
-        return torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten().tolist(), miss
+        return _contenders(lo, hi).tolist(), miss
 
     def best(self, cand):
         """``(j, s [V])``: the first rho of ``cand`` with the largest acceptance ``sum min(s, p)``, and its law."""
@@ -106,6 +104,19 @@ class _Grid:
             if best is None or acc > best:
                 best, kept = acc, (j, s[0])
         return kept
+
+
+@functools.lru_cache(maxsize=32)
+def _rho_grid(k, device):
+    """SpecTr's rho grid for k drafts, ``exp(linspace(-log 4k, log 4k, RHO_POINTS))`` ``[G, 1]`` (shared: never
+    written)."""
+    half = math.log(4 * k)
+    return torch.exp(torch.linspace(-half, half, RHO_POINTS, dtype=torch.float64, device=device)).unsqueeze(1)
+
+
+def _contenders(lo, hi):
+    """The grid indices ``[C]`` whose upper bound reaches the best lower bound, within ``SCREEN_TOL``."""
+    return torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()
 
 
 def _geo(miss, k):  # sum_(j<k-1) (1 - bbar)^j: a tensor of any shape, or a float
@@ -287,7 +298,7 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     e = lo_edge[ii]
     low, high = Q1 * torch.minimum(e, alpha * e + beta), torch.minimum(P1, alpha * P1 + beta * Q1)
     lo, hi = (exact + low).sum(0), (exact + high).sum(0)  # [G]
-    cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()  # [C]
+    cand = _contenders(lo, hi)  # [C]
     if cand.numel() > 1:  # the candidates' straddled bins, token by token: their acceptance to rounding
         flag = torch.zeros(N + 2, dtype=torch.bool, device=idx.device)
         flag[ii[:, cand][inside[:, cand]]] = True
