@@ -313,6 +313,10 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
                        f"prompts), " + {"within": "within the interval of the fastest",
                                          "slower": "slower than the fastest beyond the interval",
                                          "undetermined": "no interval from one prompt"}[g["verdict"]])
+        if g["others"]:
+            out.append(f"  against the fastest {g['fastest']}, per prompt (95%): " + "; ".join(
+                f"{o['method']} tokens/s {o['ratio']:.3f}x ± {o['ci95']:.3f}, block efficiency {o['block_ratio']:.3f}x "
+                f"± {o['block_ci95']:.3f}" for o in g["others"]))
     for g in dr.rules_against_walks(rows):
         out.append(f"same tree, {g['tree']}: {g['rule']} against the fastest walk {g['walk']}: tokens/s per prompt "
                    f"{g['ratio']:.3f}x ± {g['ci95']:.3f}, block efficiency {g['block_ratio']:.3f}x ± {g['block_ci95']:.3f} "

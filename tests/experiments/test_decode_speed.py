@@ -235,6 +235,12 @@ def test_same_tree_names_the_highest_block_efficiency_against_the_fastest(ds):
     assert g["verdict"] == ("within" if g["ratio"] + g["ci95"] >= 1 else "slower")
     line = next(x for x in ds.headline(dr.summarize(rows), rows) if x.startswith("same tree"))
     assert "optimal K=2 depth 2" in line and f"{g['ratio']:.3f}x" in line
+    # every other verifier against the fastest, paired: tokens/s and block efficiency (100/36 over 100/40)
+    (o,) = g["others"]
+    assert o["method"] == "optimal K=2 depth 2" and o["ratio"] == pytest.approx(g["ratio"])
+    assert o["block_ratio"] == pytest.approx(40 / 36) and o["block_efficiency"] == pytest.approx(100 / 36)
+    assert any(x.strip().startswith("against the fastest specinfer K=2 depth 2") and f"{40 / 36:.3f}x" in x
+               for x in ds.headline(dr.summarize(rows), rows))
     # the fast verifier with the most tokens a call is named as both
     fast = [dict(r, seconds=r["seconds"] / 2) if r["method"].startswith("optimal") else r for r in rows]
     g = dr.same_tree(fast)[0]

@@ -456,7 +456,10 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
     ``tree``, ``methods`` (labels), ``best_block``, ``fastest``, ``ratio`` / ``ci95`` / ``prompts``
     (per-prompt tokens/s of ``best_block`` over ``fastest``; 1.0, NaN when they are the same method)
     and ``verdict``: ``"fastest"``, ``"within"`` (the interval reaches 1), ``"slower"`` or
-    ``"undetermined"`` (one prompt: no interval). Ties in block efficiency go to the faster verifier."""
+    ``"undetermined"`` (one prompt: no interval). Ties in block efficiency go to the faster verifier.
+    ``others``: every other verifier of the tree against the fastest, per prompt, in ``methods``
+    order: ``method``, ``block_efficiency`` (pooled), tokens/s ``ratio`` / ``ci95`` and block
+    efficiency ``block_ratio`` / ``block_ci95`` (so a near-tie at the top reads as one)."""
     rows = merge_rounds([r for r in rows if r.get("kind", "run") == "run"])
     out = []
     for tree, by in _fixed_trees(rows).items():
@@ -470,10 +473,17 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
         m, ci, n = (1.0, float("nan"), len(by[best])) if best == fastest else paired_ratio(rows, best, fastest)
         verdict = "fastest" if best == fastest else ("undetermined" if not _finite(ci) else
                                                      "within" if m + ci >= 1.0 else "slower")
+        others = []
+        for lab in by:
+            if lab != fastest:
+                om, oci, _ = paired_ratio(rows, lab, fastest)
+                bm, bci, _ = paired_ratio(rows, lab, fastest, per="target_calls")
+                others.append({"method": lab, "block_efficiency": pooled[lab][0], "ratio": om, "ci95": oci,
+                               "block_ratio": bm, "block_ci95": bci})
         out.append({"tree": tree, "methods": list(by), "best_block": best,
                     "block_efficiency": pooled[best][0], "fastest": fastest, "tokens_per_s": pooled[fastest][1],
                     "best_block_tokens_per_s": pooled[best][1], "ratio": m, "ci95": ci, "prompts": n,
-                    "verdict": verdict})
+                    "verdict": verdict, "others": others})
     return out
 
 
