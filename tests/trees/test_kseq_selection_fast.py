@@ -102,7 +102,7 @@ def test_screen_bounds_hold_the_acceptance_of_every_rho():
         miss = 1.0 - (q * beta).sum(-1, keepdim=True)
         s = q * beta * sum(miss.pow(j) for j in range(k - 1)) + miss.pow(k - 1) * q
         want = torch.minimum(s, p).sum(-1)
-        lo, hi, hmiss = _acceptance_bounds(p, q, sup, bool(sup.all()), qs, rho, k)
+        lo, hi, hmiss = map(torch.from_numpy, _acceptance_bounds(p, q, sup, bool(sup.all()), qs, rho, k))  # host arrays
         assert (lo <= want + 1e-12).all() and (want <= hi + 1e-12).all(), trial
         assert torch.allclose(hmiss, miss[:, 0], rtol=0, atol=1e-14), trial  # 1 - bbar from the histogram
         assert (lo <= hi + 1e-15).all()
@@ -163,7 +163,7 @@ def test_a_heavy_token_in_a_straddled_bin_is_summed_exactly(k):
         miss = 1.0 - (q * beta).sum(-1, keepdim=True)
         s = q * beta * sum(miss.pow(j) for j in range(k - 1)) + miss.pow(k - 1) * q
         want = torch.minimum(s, p).sum(-1)
-        lo, hi, _ = _acceptance_bounds(p, q, q > 0, True, q, rho, k)
+        lo, hi, _ = map(torch.from_numpy, _acceptance_bounds(p, q, q > 0, True, q, rho, k))
         assert (lo <= want + 1e-12).all() and (want <= hi + 1e-12).all(), trial
         cand = torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()
         assert int(torch.argmax(want)) in cand.tolist()

@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 from .gbv import SelectThenBlock, Selection, _log_
@@ -67,8 +68,8 @@ class _Grid:
 
     def __init__(self, p, q, k):
         self.p, self.q, self.k = p, q / q.sum(), k
-        self.sup = self.q > 0
-        self.full = bool(self.sup.all())
+        self.full = bool(self.q.min() > 0)  # one reduction; the support mask only where q has zeros
+        self.sup = None if self.full else self.q > 0  # [V]
         self.qs = self.q if self.full else torch.where(self.sup, self.q, torch.ones_like(self.q))  # [V]
         self.rho = _rho_grid(k, self.q.device)  # [G, 1]
 
@@ -115,8 +116,17 @@ def _rho_grid(k, device):
 
 
 def _contenders(lo, hi):
-    """The grid indices ``[C]`` whose upper bound reaches the best lower bound, within ``SCREEN_TOL``."""
-    return torch.nonzero(hi >= lo.max() - SCREEN_TOL).flatten()
+    """The grid indices ``[C]`` (host) whose upper bound ``hi [G]`` reaches the best lower bound ``lo [G]``, within
+    ``SCREEN_TOL``."""
+    return np.flatnonzero(hi >= lo.max() - SCREEN_TOL)
+
+
+def _nonzero(x):
+    """The indices ``[n]`` of the true entries of a 1-D bool tensor x, on x's device: by numpy's on the CPU (a
+    fifth of ``torch.nonzero``'s time at V = 151,936 here; the same indices)."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(x.numpy()))
+    return torch.nonzero(x).flatten()
 
 
 def _geo(miss, k):  # sum_(j<k-1) (1 - bbar)^j: a tensor of any shape, or a float
@@ -210,32 +220,34 @@ SCREEN_V = 4096  # above this V the grid is screened (``_acceptance_bounds``) be
 SCREEN_TOL = 1e-9  # rhos whose upper bound is within this of the best lower bound are evaluated exactly
 SCREEN_BINS = 32  # histogram bins of log(p / q) per step of the rho grid
 SCREEN_FLOOR = 30.0  # the histogram starts e^-30 below the smallest rho; below it one underflow bin
-SCREEN_REFINE = 1 << 16  # the candidates' straddled bins are summed token by token up to this many (rho, token) pairs
+SCREEN_REFINE = 1 << 16  # the candidates' straddled bins are summed token by token up to this many tokens and (rho, token) terms
 
 
 @functools.lru_cache(maxsize=32)
-def _screen_grid(k, G, device):
+def _screen_grid(k, G):
     """The screen's static grid for k drafts and G rhos: bin width w in log t, the log L0 of the first
     regular edge, the number N of regular bins, ``lo_edge [N + 2]`` (bin i covers ``[lo_edge[i],
     lo_edge[i + 1])``: 0 first, then ``exp(L0 + w i)``) and ``r [G]`` (rho_j is ``lo_edge[r_j + 1]``:
-    bins 0 .. r_j lie below it). Regular bins start ``SCREEN_FLOOR`` (in log t) under the smallest rho
-    and end above every breakpoint (t >= every rho and every u <= k)."""
+    bins 0 .. r_j lie below it), host arrays (never written). Regular bins start ``SCREEN_FLOOR`` (in
+    log t) under the smallest rho and end above every breakpoint (t >= every rho and every u <= k)."""
     half = math.log(4 * k)
     w = 2 * half / (G - 1) / SCREEN_BINS
     below = math.ceil(SCREEN_FLOOR / w)  # regular bins under the smallest rho
     L0 = -half - below * w
     top = max(half, math.log(k)) + 2 * half / (G - 1)
     N = below + (G - 1) * SCREEN_BINS + math.ceil((top - half) / w)  # regular bins 1 .. N; 0 under, N + 1 over
-    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=torch.float64, device=device))  # [N + 1]
-    lo_edge = torch.cat([edges.new_zeros(1), edges])  # [N + 2]
-    r = below + SCREEN_BINS * torch.arange(G, device=device)  # [G]
+    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=torch.float64))  # [N + 1]
+    lo_edge = torch.cat([edges.new_zeros(1), edges]).numpy()  # [N + 2]
+    r = below + SCREEN_BINS * np.arange(G)  # [G]
+    for a in (lo_edge, r):
+        a.flags.writeable = False
     return w, L0, N, lo_edge, r
 
 
 def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     """Bounds ``(lo, hi)`` ``[G]`` on the one-step acceptance ``A(rho) = sum_x min(p, s_rho)`` at every
     rho of the grid, from one histogram of t = p / q (no sort, no ``[G, V]`` work), and ``1 - bbar``
-    ``[G]`` (exact up to the order of its sums: every rho is a bin edge).
+    ``[G]`` (exact up to the order of its sums: every rho is a bin edge); host float64 arrays.
 
     With ``beta = min(1, t / rho)``, ``bbar = Q(t >= rho) + P(t < rho) / rho``, G_rho =
     sum_(j<k-1) (1 - bbar)^j, M_rho = (1 - bbar)^(k-1), u = G + M and c = M / (1 - G / rho) (G < rho),
@@ -250,7 +262,8 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     (s = 0 there). Tokens within rounding of an edge may fall on either side; every phi is
     continuous, so that moves a sum by rounding only, far below ``SCREEN_TOL``. Where more than one
     rho passes the screen, the bins straddled at those rhos are summed token by token (their tokens
-    gathered once, up to ``SCREEN_REFINE`` (rho, token) pairs): their bounds become their acceptance
+    gathered once and grouped by bin, each (side, rho) summing its own bin's tokens, up to
+    ``SCREEN_REFINE`` tokens and (rho, token) terms): their bounds become their acceptance
     to rounding (a heavy token in a straddled bin otherwise leaves a gap of up to its own mass times
     the bin's width, which kept 2-4 rhos in the race on real rows).
 
@@ -258,56 +271,71 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     true one) has an upper bound within ``SCREEN_TOL`` of the best lower bound, and
     ``kseq_selection_law`` evaluates exactly the rhos that do, in grid order: the same rho, the
     same bits as evaluating every rho. p, q, sup: ``[V]``; full: sup everywhere; qs: q with 1 off
-    sup; rho: ``[G]``, the grid ``exp(linspace(-log 4k, log 4k, G))``."""
+    sup; rho: ``[G]``, the grid ``exp(linspace(-log 4k, log 4k, G))``.
+
+    Where it runs: the passes over V (the tokens' bins and the two histograms) on p's device; the
+    bounds over the ``N + 2`` bins and G rhos on the host in numpy (some 60 operations on arrays of
+    33 and 8,500 entries, where torch's per-operation overhead cost more than the arithmetic)."""
     G = rho.shape[0]
-    w, L0, N, lo_edge, r = _screen_grid(k, G, p.device)
+    w, L0, N, lo_edge, r = _screen_grid(k, G)
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
 
     def bin_of(t):  # t >= 0, a fresh tensor (its log is taken in place) -> its bins: 0 under, 1 .. N, N + 1 over
         return _log_(t).sub_(L0 - w).div_(w).clamp_(min=0.0, max=float(N + 1)).long()  # long() truncates: floor here
 
     idx = bin_of(torch.div(pw, qs))  # [V]
-    Pb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).index_add_(0, idx, pw)  # [N + 2]: sums of p per bin
-    Qb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).index_add_(0, idx, q)  # and of q
-    z = Pb.new_zeros(1)
-    CP, CQ = torch.cat([z, Pb.cumsum(0)]), torch.cat([z, Qb.cumsum(0)])  # sums over bins < i
-    rho = rho.to(p.device)
-    Ptot, Qtot = CP[-1], CQ[-1]
+    Pb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).scatter_add_(0, idx, pw).cpu().numpy()  # [N + 2]: sums of p per bin
+    Qb = torch.zeros(N + 2, dtype=p.dtype, device=p.device).scatter_add_(0, idx, q).cpu().numpy()  # and of q
+    CP, CQ = np.zeros(N + 3), np.zeros(N + 3)  # sums over bins < i
+    np.cumsum(Pb, out=CP[1:])
+    np.cumsum(Qb, out=CQ[1:])
+    rho = rho.cpu().numpy()
     Pl, Ql = CP[r + 1], CQ[r + 1]  # [G]: P and Q of t < rho
-    miss = 1.0 - ((Qtot - Ql) + Pl / rho)
+    miss = 1.0 - ((CQ[-1] - Ql) + Pl / rho)
     geo = _geo(miss, k)
-    M = miss.pow(k - 1)
+    M = miss ** (k - 1)
     u = geo + M
 
     # Both sides of rho at once, rows [2, G]: every token contributes q phi = min(p, alpha p + beta q),
     # t >= rho (bins r + 1 .. N + 1): alpha 0, beta u, breakpoint max(u, rho);
     # t < rho (bins 0 .. r): alpha G / rho, beta M, breakpoint c (rho when G >= rho: phi = t throughout).
     below_c = geo < rho
-    c = torch.where(below_c, M / torch.where(below_c, 1.0 - geo / rho, torch.ones_like(rho)), rho)
-    alpha = torch.stack([torch.zeros_like(rho), geo / rho])  # [2, G]
-    beta = torch.stack([u, M])
-    a = torch.stack([r + 1, torch.zeros_like(r)])  # [2, G]: the bins [a, b) of each side
-    b = torch.stack([torch.full_like(r, N + 2), r + 1])
-    x = torch.stack([torch.maximum(u, rho), torch.minimum(c, rho)])
-    i = torch.minimum(torch.maximum(bin_of(x.clamp(min=0.0)), a), b)  # x's bin (M may round below 0), clipped
+    c = np.where(below_c, M / np.where(below_c, 1.0 - geo / rho, 1.0), rho)
+    alpha = np.stack([np.zeros(G), geo / rho])  # [2, G]
+    beta = np.stack([u, M])
+    a = np.stack([r + 1, np.zeros_like(r)])  # [2, G]: the bins [a, b) of each side
+    b = np.stack([np.full_like(r, N + 2), r + 1])
+    x = np.stack([np.maximum(u, rho), np.minimum(c, rho)]).clip(min=0.0)  # (M may round below 0)
+    i = np.minimum(np.maximum(bin_of(torch.from_numpy(x)).numpy(), a), b)  # x's bin, clipped to its side
     inside = i < b  # a bin holds the breakpoint: only it is bounded, every other bin is exact
-    j = torch.where(inside, i + 1, i)
+    j = np.where(inside, i + 1, i)
     exact = (CP[i] - CP[a]) + alpha * (CP[b] - CP[j]) + beta * (CQ[b] - CQ[j])  # [2, G]
-    ii = torch.where(inside, i, torch.zeros_like(i))
-    P1, Q1 = torch.where(inside, Pb[ii], z), torch.where(inside, Qb[ii], z)
+    ii = np.where(inside, i, 0)
+    P1, Q1 = np.where(inside, Pb[ii], 0.0), np.where(inside, Qb[ii], 0.0)
     e = lo_edge[ii]
-    low, high = Q1 * torch.minimum(e, alpha * e + beta), torch.minimum(P1, alpha * P1 + beta * Q1)
+    low, high = Q1 * np.minimum(e, alpha * e + beta), np.minimum(P1, alpha * P1 + beta * Q1)
     lo, hi = (exact + low).sum(0), (exact + high).sum(0)  # [G]
     cand = _contenders(lo, hi)  # [C]
-    if cand.numel() > 1:  # the candidates' straddled bins, token by token: their acceptance to rounding
+    if cand.size > 1:  # the candidates' straddled bins, token by token: their acceptance to rounding
+        sides, which = np.nonzero(inside[:, cand])  # [m]: the (side, candidate) pairs whose breakpoint's bin is bounded
+        bins = ii[sides, cand[which]]  # [m]
         flag = torch.zeros(N + 2, dtype=torch.bool, device=idx.device)
-        flag[ii[:, cand][inside[:, cand]]] = True
-        hit = torch.nonzero(flag[idx]).flatten()  # [n]: the tokens in those bins (one gather over V)
-        if 0 < hit.numel() * cand.numel() <= SCREEN_REFINE:
-            ph, qh, bh = pw[hit], q[hit], idx[hit]  # [n]
-            mine = (bh == ii[:, cand, None]) & inside[:, cand, None]  # [2, C, n]
-            val = torch.minimum(ph, alpha[:, cand, None] * ph + beta[:, cand, None] * qh)
-            lo[cand] = hi[cand] = exact[:, cand].sum(0) + torch.where(mine, val, z).sum((0, 2))
+        flag[torch.from_numpy(bins).to(idx.device)] = True
+        hit = _nonzero(flag.index_select(0, idx))  # [n]: the tokens in those bins (one gather over V)
+        if 0 < hit.numel() <= SCREEN_REFINE:
+            bh, ph, qh = (v[hit].cpu().numpy() for v in (idx, pw, q))  # [n]
+            order = np.argsort(bh, kind="stable")
+            bh, ph, qh = bh[order], ph[order], qh[order]
+            start = np.searchsorted(bh, bins, "left")  # [m]: each pair's tokens, a run of the sorted ones
+            count = np.searchsorted(bh, bins, "right") - start
+            total = int(count.sum())
+            if 0 < total <= SCREEN_REFINE:  # (pair, token) terms
+                pair = np.repeat(np.arange(bins.size), count)  # [total]
+                at = np.arange(total) - np.repeat(np.cumsum(count) - count, count) + np.repeat(start, count)
+                ph, qh = ph[at], qh[at]
+                al, be = alpha[sides, cand[which]][pair], beta[sides, cand[which]][pair]
+                per_pair = np.bincount(pair, weights=np.minimum(ph, al * ph + be * qh), minlength=bins.size)  # [m]
+                lo[cand] = hi[cand] = exact[:, cand].sum(0) + np.bincount(which, weights=per_pair, minlength=cand.size)
     return lo, hi, miss
 
 
