@@ -23,7 +23,6 @@ is never run by the tests at full size.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _bench import write_jsonl  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 
@@ -122,10 +123,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{name:<15}{kind:<12}{B:>4}{K:>3}{ms:10.3f}{ms / B:9.3f}{t_soft:9.3f}{ms / t_soft:9.2f}", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            for r in [meta] + rows:
-                f.write(json.dumps(r) + "\n")
-        print(f"wrote {args.out}")
+        write_jsonl(args.out, meta, rows)
     return 0
 
 

@@ -25,6 +25,9 @@ from scipy import stats
 
 import multidraft as md
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import timed  # noqa: E402
+
 
 def load_pair():
     try:
@@ -106,17 +109,6 @@ def node_cost(models, p, q, k, prefix, repeats, seed):
         out[f"verify_ms_k{kk}"] = rows[len(rows) // 2]
         out[f"ratio_k{kk}"] = rows[len(rows) // 2] / t_fwd
     return out
-
-
-def timed(fn, repeats):
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return 1e3 * ts[len(ts) // 2]
 
 
 def chi_square(p, tokens, top=10):

@@ -9,7 +9,7 @@ draft) row pair of a position store (``node_cost.store_rows``: the same rows as 
 * ``top p`` / ``top q``: the largest probability of each row (the flat rows are the hard ones);
 * ``rhos left``: the rhos the histogram's bounds leave, without and with the refinement of the bins
   straddled by a breakpoint (summed token by token), i.e. how many exact evaluations each saves;
-* ``screen ms``: the screen with and without that refinement (median of ``--repeats`` calls);
+* ``screen ms``: the screen with and without that refinement (the middle of ``--repeats`` calls);
 
 and, at the rows' V, the median ms of the primitives the screen could be written with:
 ``index_add_`` against ``scatter_add_`` (a histogram; the same sums in the same order on the CPU),
@@ -25,12 +25,9 @@ Timings are one thread, wall clock; run it on a quiet machine. Writes JSONL (met
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,17 +42,7 @@ from multidraft._alloc import keep_freed_memory  # noqa: E402
 from multidraft.decoding.profiling import machine_info  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
 from multidraft.trees import spectr_gbv  # noqa: E402
-
-
-def timed(fn, repeats: int) -> float:
-    """Median wall ms of ``fn()`` over ``repeats`` calls after one warm-up."""
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+from _bench import timed, write_jsonl  # noqa: E402
 
 
 def screen_row(p: torch.Tensor, q: torch.Tensor, k: int, repeats: int) -> dict:
@@ -137,10 +124,7 @@ def main(argv=None) -> int:
           f"{prim['advanced_index_ms']:.3f}, index_select {prim['index_select_ms']:.3f}; torch.nonzero "
           f"{prim['torch_nonzero_ms']:.3f}, numpy flatnonzero {prim['numpy_flatnonzero_ms']:.3f}")
     if args.out:
-        with open(args.out, "w") as f:
-            for r in [meta] + rows:
-                f.write(json.dumps(r) + "\n")
-        print(f"wrote {args.out}")
+        write_jsonl(args.out, meta, rows)
     return 0
 
 
