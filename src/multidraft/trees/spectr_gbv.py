@@ -125,7 +125,7 @@ def _nonzero(x):
     """The indices ``[n]`` of the true entries of a 1-D bool tensor x, on x's device: by numpy's on the CPU (a
     fifth of ``torch.nonzero``'s time at V = 151,936 here; the same indices)."""
     if x.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(x.numpy()))
+        return torch.as_tensor(np.flatnonzero(x.numpy()), device=x.device)
     return torch.nonzero(x).flatten()
 
 
@@ -236,7 +236,7 @@ def _screen_grid(k, G):
     L0 = -half - below * w
     top = max(half, math.log(k)) + 2 * half / (G - 1)
     N = below + (G - 1) * SCREEN_BINS + math.ceil((top - half) / w)  # regular bins 1 .. N; 0 under, N + 1 over
-    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=torch.float64))  # [N + 1]
+    edges = torch.exp(L0 + w * torch.arange(N + 1, dtype=torch.float64, device="cpu"))  # [N + 1], host
     lo_edge = torch.cat([edges.new_zeros(1), edges]).numpy()  # [N + 2]
     r = below + SCREEN_BINS * np.arange(G)  # [G]
     for a in (lo_edge, r):
@@ -306,7 +306,7 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     a = np.stack([r + 1, np.zeros_like(r)])  # [2, G]: the bins [a, b) of each side
     b = np.stack([np.full_like(r, N + 2), r + 1])
     x = np.stack([np.maximum(u, rho), np.minimum(c, rho)]).clip(min=0.0)  # (M may round below 0)
-    i = np.minimum(np.maximum(bin_of(torch.from_numpy(x)).numpy(), a), b)  # x's bin, clipped to its side
+    i = np.minimum(np.maximum(bin_of(torch.as_tensor(x, device="cpu")).numpy(), a), b)  # x's bin, clipped to its side
     inside = i < b  # a bin holds the breakpoint: only it is bounded, every other bin is exact
     j = np.where(inside, i + 1, i)
     exact = (CP[i] - CP[a]) + alpha * (CP[b] - CP[j]) + beta * (CQ[b] - CQ[j])  # [2, G]
@@ -320,7 +320,7 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
         sides, which = np.nonzero(inside[:, cand])  # [m]: the (side, candidate) pairs whose breakpoint's bin is bounded
         bins = ii[sides, cand[which]]  # [m]
         flag = torch.zeros(N + 2, dtype=torch.bool, device=idx.device)
-        flag[torch.from_numpy(bins).to(idx.device)] = True
+        flag[torch.as_tensor(bins, device=idx.device)] = True
         hit = _nonzero(flag.index_select(0, idx))  # [n]: the tokens in those bins (one gather over V)
         if 0 < hit.numel() <= SCREEN_REFINE:
             bh, ph, qh = (v[hit].cpu().numpy() for v in (idx, pw, q))  # [n]
