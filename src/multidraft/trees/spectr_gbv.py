@@ -274,8 +274,8 @@ def _acceptance_bounds(p, q, sup, full, qs, rho, k):
     sup; rho: ``[G]``, the grid ``exp(linspace(-log 4k, log 4k, G))``.
 
     Where it runs: the passes over V (the tokens' bins and the two histograms) on p's device; the
-    bounds over the ``N + 2`` bins and G rhos on the host in numpy (some 60 operations on arrays of
-    33 and 8,500 entries, where torch's per-operation overhead cost more than the arithmetic)."""
+    bounds over the ``N + 2`` bins and G rhos on the host in numpy (a few dozen operations on arrays
+    of G and N + 2 entries, where torch's per-operation overhead cost more than the arithmetic)."""
     G = rho.shape[0]
     w, L0, N, lo_edge, r = _screen_grid(k, G)
     pw = p if full else torch.where(sup, p, torch.zeros_like(p))
