@@ -470,16 +470,16 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
         top = max(b for b, _ in pooled.values())
         best = max((lab for lab in pooled if pooled[lab][0] == top), key=lambda lab: pooled[lab][1])  # ties: the faster
         fastest = max(pooled, key=lambda lab: pooled[lab][1])
-        m, ci, n = (1.0, float("nan"), len(by[best])) if best == fastest else paired_ratio(rows, best, fastest)
-        verdict = "fastest" if best == fastest else ("undetermined" if not _finite(ci) else
-                                                     "within" if m + ci >= 1.0 else "slower")
-        others = []
+        others, paired = [], {}
         for lab in by:
             if lab != fastest:
-                om, oci, _ = paired_ratio(rows, lab, fastest)
+                om, oci, on = paired[lab] = paired_ratio(rows, lab, fastest)
                 bm, bci, _ = paired_ratio(rows, lab, fastest, per="target_calls")
                 others.append({"method": lab, "block_efficiency": pooled[lab][0], "ratio": om, "ci95": oci,
                                "block_ratio": bm, "block_ci95": bci})
+        m, ci, n = (1.0, float("nan"), len(by[best])) if best == fastest else paired[best]
+        verdict = "fastest" if best == fastest else ("undetermined" if not _finite(ci) else
+                                                     "within" if m + ci >= 1.0 else "slower")
         out.append({"tree": tree, "methods": list(by), "best_block": best,
                     "block_efficiency": pooled[best][0], "fastest": fastest, "tokens_per_s": pooled[fastest][1],
                     "best_block_tokens_per_s": pooled[best][1], "ratio": m, "ci95": ci, "prompts": n,
