@@ -9,14 +9,18 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
+def timed(fn: Callable[[], object], repeats: int, sync: Callable[[], object] | None = None) -> float:
     """Wall ms of ``fn()``: the middle of ``repeats`` calls (the upper one of an even count) after
-    one warm-up call."""
+    one warm-up call; ``sync`` (a device's synchronise) runs before and after every call."""
+    wait = sync or (lambda: None)
     fn()
+    wait()
     ts = []
     for _ in range(repeats):
+        wait()
         t0 = time.perf_counter()
         fn()
+        wait()
         ts.append(time.perf_counter() - t0)
     ts.sort()
     return 1e3 * ts[len(ts) // 2]

@@ -5,7 +5,7 @@
 
 For every registered verifier (``lp_optimal`` skipped: an LP over all draft tuples, small V
 only), at B = 1 and 64 rows and K = 2..8 drafts (the verifier's implied law at that K; a
-(verifier, K) it does not take is skipped), V = 151,936: the median over ``--repeats`` of one
+(verifier, K) it does not take is skipped), V = 151,936: the median (upper middle) over ``--repeats`` of one
 ``verify(p, q, drafts, generator, law, validate=False)`` call on tensors that live on the
 device, timed with ``torch.cuda.synchronize()`` before and after (wall clock), printed as ms
 per batch and ms per node (per row), with ``torch.softmax`` over the same [B, V] logits timed
@@ -23,9 +23,7 @@ is never run by the tests at full size.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _bench import write_jsonl  # noqa: E402
+from _bench import timed, write_jsonl  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 
@@ -44,20 +42,6 @@ SKIP = {"lp_optimal": "a linear program over all draft tuples: small-V reference
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-
-
-def timed(fn, dev, repeats: int) -> float:
-    """Median ms of fn() over repeats, after one warm-up, synchronised around each call."""
-    fn()
-    sync(dev)
-    ts = []
-    for _ in range(repeats):
-        sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
 
 
 def make_rows(B: int, V: int, dev: torch.device, seed: int):
@@ -101,7 +85,7 @@ def main(argv=None) -> int:
     print(f"{'verifier':<15}{'law':<12}{'B':>4}{'K':>3}{'ms/batch':>10}{'ms/node':>9}{'softmax':>9}{'/softmax':>9}")
     for B in batches:
         logits, p, q = make_rows(B, V, dev, args.seed)
-        t_soft = timed(lambda: torch.softmax(logits, -1), dev, args.repeats)
+        t_soft = timed(lambda: torch.softmax(logits, -1), args.repeats, lambda: sync(dev))
         print(f"{'torch.softmax':<15}{'':<12}{B:>4}{'':>3}{t_soft:10.3f}{t_soft / B:9.3f}")
         for name in names:
             v = _verifiers.get(name)
@@ -117,7 +101,7 @@ def main(argv=None) -> int:
                 qk = q if kind != "independent" else q.unsqueeze(-2).expand(B, K, V)
                 dr = law.sample(g)
                 gv = torch.Generator(device=dev).manual_seed(args.seed + 2)
-                ms = timed(lambda: v.verify(p, qk, dr, generator=gv, law=kind, validate=False), dev, args.repeats)
+                ms = timed(lambda: v.verify(p, qk, dr, generator=gv, law=kind, validate=False), args.repeats, lambda: sync(dev))
                 row = {"kind": "verify", "verifier": name, "law": kind, "B": B, "K": K, "ms_per_batch": ms,
                        "ms_per_node": ms / B, "softmax_ms": t_soft, "ratio_to_softmax": ms / t_soft}
                 rows.append(row)
