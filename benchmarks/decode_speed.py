@@ -125,18 +125,18 @@ def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodS
     if s == "hf":
         if engine != "transformers":
             raise ValueError("method hf (assisted generation) needs --engine transformers")
-        return dr.MethodSpec("hf-assisted", temperature=t, kind="hf")
+        return dr.peer_method("hf-assisted", "hf", temperature=t)
     if s == "llama-target":
         if engine != "llama.cpp":
             raise ValueError("method llama-target needs --engine llama.cpp")
-        return dr.MethodSpec("llama.cpp target-only (llama-completion)", temperature=t, kind="llama-target")
+        return dr.peer_method("llama.cpp target-only (llama-completion)", "llama-target", temperature=t)
     m = re.fullmatch(r"llama-spec:(\d+)(?::(\d+))?", s)
     if m:
         if engine != "llama.cpp":
             raise ValueError("method llama-spec needs --engine llama.cpp")
         d, np_ = int(m.group(1)), int(m.group(2) or 1)
-        return dr.MethodSpec(f"llama-speculative D={d}" + (f" NP={np_}" if np_ > 1 else ""), k=np_, depth=d,
-                             temperature=t, kind="llama-spec")
+        return dr.peer_method(f"llama-speculative D={d}" + (f" NP={np_}" if np_ > 1 else ""), "llama-spec",
+                              temperature=t, k=np_, depth=d)
     try:
         return dr.parse_method(s, temperature=t)
     except ValueError:
@@ -252,10 +252,10 @@ def _sequence_level(s: dict) -> bool:
 
 def _chain(s: dict) -> bool:
     """A summary row of single-draft SD: verifier naive or K = 1 (or a chosen tree that is a chain)."""
-    t = s.get("tree")
+    t = s.get("auto")
     if isinstance(t, dict) and t.get("paths"):
         return all(p[-1] == 0 for p in t["paths"])
-    return s.get("verifier") == "naive" or s.get("K") == 1 or str(s["method"]).startswith("SD ")
+    return s.get("verifier") == "naive" or s.get("k") == 1 or str(s["method"]).startswith("SD ")
 
 
 def headline(summary: list[dict], rows: list[dict]) -> list[str]:
@@ -272,10 +272,10 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
     sd = max(single, key=lambda s: s["tokens_per_s"]) if single else None
     chosen = [s for s in summary if s["method_kind"] == "auto" and _chain(s)]
     for s in chosen:
-        out.append(f"{s['method']}: the cost model chose a chain (single-draft SD, {s['tree']['nodes'] - 1} drafts "
+        out.append(f"{s['method']}: the cost model chose a chain (single-draft SD, {s['auto']['nodes'] - 1} drafts "
                    "deep): no branching pays under this profile; counted with single-draft SD")
     for s in summary:
-        t = s.get("tree") or {}
+        t = s.get("auto") or {}
         if s["method_kind"] == "auto" and "predicted_seconds_per_step" in t:
             out.append(f"{s['method']}: predicted {t['predicted_tokens_per_step']:.2f} tokens and "
                        f"{1e3 * t['predicted_seconds_per_step']:.1f} ms a step ({t['predicted_speedup']:.2f}x the "
@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     for m in methods:      # V:auto:K: the cost profile and the study's acceptances, checked before any model loads
         if m.method_kind == "auto":
             try:
-                auto_in[m.label] = auto_inputs(args, m.verifier or m.rule, m.k)
+                auto_in[m.label] = auto_inputs(args, m.settings.describe()["verifier"] or m.settings.rule_name, m.settings.k)
             except (OSError, ValueError) as exc:
                 ap.error(f"{m.label}: {exc}")
     try:
@@ -546,13 +546,13 @@ def main(argv=None) -> int:
         from multidraft.decoding.treeopt import AcceptStats, choose_tree
 
         profile, ks, stats, along = auto_in[m.label]
-        v = _verifiers.get(m.verifier or AUTO_PROXY)  # a rule's tree is rated by the AUTO_PROXY walk
+        v = m.settings.verifier or _verifiers.get(AUTO_PROXY)  # a rule's tree is rated by the AUTO_PROXY walk
         if stats is None:
             records: list = []
-            generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.k, depth=2,
-                     tree=full_tree(m.k, 2), temperature=args.temperature, max_new_tokens=64,
+            generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.settings.k, depth=2,
+                     tree=full_tree(m.settings.k, 2), temperature=args.temperature, max_new_tokens=64,
                      generator=args.seed + 99, node_log=records)
-            stats, along = AcceptStats.from_records(records, max_k=m.k).restrict(ks), None
+            stats, along = AcceptStats.from_records(records, max_k=m.settings.k).restrict(ks), None
         choice = choose_tree(profile, stats, along=along)
         if choice.tree is None:
             raise SystemExit(f"{m.label}: the profile predicts no tree faster than the target alone")
@@ -564,7 +564,7 @@ def main(argv=None) -> int:
                 "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
                 "acceptance": stats.source or "warm-up decode", "acceptance_model": choice.model,
                 "profile_statistic": profile.statistic}
-        methods[i] = dataclasses.replace(m, tree=paths, depth=max(len(p) for p in paths), info=info)
+        methods[i] = m.chosen(paths, info)
         print(f"{m.label}: tree of {choice.tree.nodes} nodes, depth {choice.tree.depth}, predicted "
               f"{choice.speedup:.2f}x target-only", flush=True)
 
@@ -632,7 +632,7 @@ def bind_peer(m: dr.MethodSpec, args, target, draft, tok, eos, files: dict, bin_
     elif kind == "llama-spec":
         peer = lambda pid, ids, seed: llama_speculative(  # noqa: E731
             bin_dir, target.path, draft.path, files[pid], max_new_tokens=n, temperature=temp, seed=seed % 0xFFFFFFFF,
-            threads=threads, draft_max=m.depth, n_parallel=m.k, eos=use_eos)
+            threads=threads, draft_max=dict(m.facts)["depth"], n_parallel=dict(m.facts)["k"], eos=use_eos)
     else:
         peer = lambda pid, ids, seed: llama_completion(  # noqa: E731
             bin_dir, target.path, files[pid], max_new_tokens=n, temperature=temp, seed=seed % 0xFFFFFFFF,

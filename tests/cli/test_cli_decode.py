@@ -74,7 +74,7 @@ def test_verifier_implies_its_law_in_the_cli(monkeypatch, capsys, tmp_path):
     assert main(argv) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert obj == json.loads(out.read_text())
-    assert obj["settings"]["law"] == "wor" and obj["settings"]["K"] == 3 and obj["settings"]["verifier"] == "rrs_wor"
+    assert obj["settings"]["law"] == "wor" and obj["settings"]["k"] == 3 and obj["settings"]["verifier"] == "rrs_wor"
     # the result fields come from GenerationResult.to_dict
     for key in ("tokens", "new_tokens", "target_calls", "draft_calls", "block_efficiency", "acceptance_rate",
                 "accepted_lengths", "draft_depths", "stop_reason", "seconds", "tokens_per_s"):
@@ -133,11 +133,12 @@ def _auto_run(monkeypatch, capsys, tmp_path, prof, extra=()):
 def test_tree_auto_decodes_with_a_tree_when_verify_is_cheap(monkeypatch, capsys, tmp_path):
     prof = _profile_file(tmp_path, lambda n: 0.1 + 1e-4 * n)
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof)
-    auto = obj["settings"]["auto"]
+    auto = obj["auto"]
     assert auto["pays"] and auto["decoded_with"] == "tree" and not auto["forced"]
     paths = auto["tree"]["paths"]
     assert 1 <= len(paths) <= 15 and max(len(p) for p in paths) <= 4
-    assert obj["settings"]["depth"] == max(len(p) for p in paths) and obj["settings"]["K"] <= 3
+    assert obj["settings"]["depth"] == max(len(p) for p in paths) and obj["settings"]["k"] <= 3
+    assert obj["settings"]["tree"] in (paths, None) and obj["settings"]["rule"] == "token_walk"
     assert auto["accept_stats"]["source"].startswith("warm-up decode")
     assert "tree auto: best tree" in err
     assert max(obj["draft_depths"]) >= 1
@@ -146,15 +147,15 @@ def test_tree_auto_decodes_with_a_tree_when_verify_is_cheap(monkeypatch, capsys,
 def test_tree_auto_falls_back_to_target_only_and_force_tree(monkeypatch, capsys, tmp_path):
     prof = _profile_file(tmp_path, lambda n: 0.1 * n)      # every node costs a full forward
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof)
-    auto = obj["settings"]["auto"]
+    auto = obj["auto"]
     assert not auto["pays"] and auto["decoded_with"] == "target-only"
-    assert obj["settings"]["verifier"] == "none" and obj["target_calls"] == obj["new_tokens"]
+    assert obj["settings"]["verifier"] is None and obj["settings"]["rule"] is None and obj["target_calls"] == obj["new_tokens"]
     assert "no tree beats the target alone" in err
     # the same statistics from a file (no warm-up), forced onto the best tree
     stats = tmp_path / "stats.json"
     stats.write_text(json.dumps(auto["accept_stats"]))
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof, ["--accept-stats", str(stats), "--force-tree"])
-    auto2 = obj["settings"]["auto"]
+    auto2 = obj["auto"]
     assert auto2["decoded_with"] == "tree" and auto2["forced"]
     assert auto2["accept_stats"]["accept"] == auto["accept_stats"]["accept"]
     assert auto2["tree"]["paths"] == auto["tree"]["paths"]
@@ -183,7 +184,7 @@ def test_tree_auto_from_the_study_rates_trees_along_the_text(monkeypatch, capsys
     prof = _profile_file(tmp_path, lambda n: 0.1 + 1e-4 * n)
     study = _study_file(tmp_path)
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, prof, ["--accept-stats", str(study)])
-    auto = obj["settings"]["auto"]
+    auto = obj["auto"]
     assert auto["acceptance_model"] == "along" and auto["decoded_with"] == "tree"
     assert auto["accept_stats"]["source"].startswith("study acceptance.jsonl: toy, specinfer (iid), K = 1,2,3")
     assert auto["accept_stats"]["alpha"]["1"] == pytest.approx(0.72)
@@ -204,14 +205,14 @@ def test_tree_auto_profile_statistic_recomputes_points_from_samples(monkeypatch,
     path.write_text(pr.to_json())
     study = _study_file(tmp_path)
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, path, ["--accept-stats", str(study)])
-    auto = obj["settings"]["auto"]
+    auto = obj["auto"]
     assert auto["profile_statistic"] == "median" and auto["target_seconds_1"] == pytest.approx(0.3)
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, path, ["--accept-stats", str(study),
                                                                "--profile-statistic", "stored"])
-    assert obj["settings"]["auto"]["target_seconds_1"] == pytest.approx(0.1001)
+    assert obj["auto"]["target_seconds_1"] == pytest.approx(0.1001)
     obj, err = _auto_run(monkeypatch, capsys, tmp_path, path, ["--accept-stats", str(study),
                                                                "--profile-statistic", "mean"])
-    assert obj["settings"]["auto"]["target_seconds_1"] == pytest.approx((0.1001 + 0.61) / 3)
+    assert obj["auto"]["target_seconds_1"] == pytest.approx((0.1001 + 0.61) / 3)
 
 
 @pytest.mark.parametrize("extra,words", [

@@ -197,7 +197,7 @@ def test_cli_decode_tree_dynamic(saved_pair, capsys):
     for key in ("text", "new_tokens", "target_calls", "block_efficiency", "acceptance_rate", "settings"):
         assert key in obj
     assert obj["new_tokens"] == 8 and obj["settings"]["tree"] == "dynamic"
-    assert obj["settings"]["K"] == 3 and obj["settings"]["depth"] == 3 and obj["settings"]["max_nodes"] == 8
+    assert obj["settings"]["k"] == 3 and obj["settings"]["depth"] == 3 and obj["settings"]["max_nodes"] == 8
     ids = tok("hellothere", return_tensors="pt")["input_ids"]
     assert obj["text"] == tok.decode(tm.greedy_reference(t, ids, 8).tolist(), skip_special_tokens=True)
     assert main(base + ["--verifier", "rrs_wor", "--min-gain", "0.2", "--json", "--temperature", "0"]) == 0

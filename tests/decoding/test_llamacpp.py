@@ -195,7 +195,7 @@ def test_cli_decode_on_llama_cpp(files, capsys):
             "--threads", "1", "--json", "--quiet"]
     assert main(argv) == 0
     obj = json.loads(capsys.readouterr().out)
-    assert obj["new_tokens"] == 12 and obj["settings"]["engine"] == "llama.cpp" and obj["settings"]["threads"] == 1
+    assert obj["new_tokens"] == 12 and obj["run"]["engine"] == "llama.cpp" and obj["run"]["threads"] == 1
     assert obj["block_efficiency"] > 1.5  # the draft is the target's weights: greedy drafts are accepted
     m = LlamaCppModel(files[0], n_ctx=256)
     want = _llama_greedy(files[0], m.tokenize("hello", chat=True), 12)

@@ -6,6 +6,8 @@ same object, so both decode the same tokens, and each argument is validated once
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -134,13 +136,67 @@ def test_settings_are_frozen_and_resolved():
 
 
 @pytest.mark.parametrize("kw", CONFIGS)
-def test_as_args_gives_the_same_settings_again(kw):
-    kw = {k: v for k, v in kw.items()}
+def test_a_description_gives_the_same_settings_again(kw):
     s = Settings.from_args(**kw)
-    again = Settings.from_args(**s.as_args())
-    fields = lambda x: {f: getattr(x, f) for f in x.__dataclass_fields__ if f != "verifier"}  # noqa: E731
-    assert fields(again) == fields(s)
+    again = Settings.from_args(**Settings.args_of(s.describe()))
+    assert again == s and again.describe() == s.describe()
+    assert (again.rule_name, again.law, again.shape, again.k, again.depth, again.draft_temps, again.sources) == \
+        (s.rule_name, s.law, s.shape, s.k, s.depth, s.draft_temps, s.sources)
     assert getattr(again.verifier, "name", None) == getattr(s.verifier, "name", None)
+    assert json.loads(json.dumps(s.describe())) == s.describe()  # a JSON object as it is
+
+
+def test_describe_spells_each_thing_once():
+    alone = Settings.from_args(verifier=None, temperature=0.5).describe()
+    assert (alone["rule"], alone["verifier"], alone["law"], alone["k"], alone["depth"], alone["tree"],
+            alone["draft_temperature"], alone["sources"]) == (None, None, None, 0, 0, None, None, [])
+    walk = Settings.from_args(verifier="specinfer", k=2, depth=3).describe()
+    assert (walk["rule"], walk["verifier"], walk["law"], walk["k"], walk["tree"], walk["sources"]) == \
+        ("token_walk", "specinfer", "iid", 2, None, ["model"])
+    seq = Settings.from_args(rule="traversal", k=2, depth=3, tree="sequences").describe()
+    assert (seq["rule"], seq["verifier"], seq["tree"]) == ("traversal", None, "sequences")
+    paths = Settings.from_args(verifier="specinfer", k=2, depth=2, tree=[[0], [1], [0, 0]]).describe()
+    assert paths["tree"] == [[0], [1], [0, 0]]
+    dyn = Settings.from_args(verifier="specinfer", k=3, depth=4, tree="dynamic", max_nodes=9).describe()
+    assert (dyn["tree"], dyn["max_nodes"], dyn["min_gain"]) == ("dynamic", 9, 0.0)
+    assert set(alone) == set(walk) == set(dyn)
+
+
+def test_the_rule_is_the_object_that_verifies():
+    from multidraft import trees
+    s = Settings.from_args(verifier="rrs_wor", k=2, depth=2)
+    assert isinstance(s.rule, trees.TokenWalk) and s.rule.verifier is s.verifier and s.rule.law == "wor"
+    r = Settings.from_args(rule="traversal", k=2, depth=2)
+    assert isinstance(r.rule, trees.TreeRule) and r.rule.name == r.rule_name == "traversal" and r.verifier is None
+    assert Settings.from_args(verifier=None).rule is None
+
+
+def test_a_sampling_change_is_applied_to_the_resolved_object(monkeypatch):
+    s = Settings.from_args(verifier="rrs_wor", k=3, depth=2, temperature=0.7)
+    calls = []
+    real = Settings.from_args.__func__
+    monkeypatch.setattr(Settings, "from_args", classmethod(lambda cls, **kw: calls.append(kw) or real(cls, **kw)))
+    t = s.derive(temperature=0.2, top_p=0.9, max_new_tokens=7, draft_temperature=0.3)
+    assert calls == []  # no new settings call: only the changed fields are checked
+    assert t.rule is s.rule and (t.temperature, t.top_p, t.max_new_tokens, t.draft_temps) == (0.2, 0.9, 7, (0.3,))
+    assert t == real(Settings, verifier="rrs_wor", k=3, depth=2, temperature=0.2, top_p=0.9, max_new_tokens=7,
+                     draft_temperature=0.3)
+    assert s.derive(temperature=0.2).draft_temps == (0.7,)  # the draft temperature does not follow unless given
+    with pytest.raises(ArgumentError) as info:
+        s.derive(top_p=1.5)
+    assert info.value.arg == "top_p"
+    with pytest.raises(TypeError):
+        s.derive(kk=2)
+
+
+def test_sources_name_the_draft_model():
+    s = Settings.from_args(verifier="specinfer", k=2, depth=2, sources="model")
+    assert [src.name for src in s.sources] == ["model"] and s.describe()["sources"] == ["model"]
+    assert s == Settings.from_args(verifier="specinfer", k=2, depth=2)
+    for bad in ("lookup", [], ["model", "model"], 3):
+        with pytest.raises(ArgumentError) as info:
+            Settings.from_args(verifier="specinfer", sources=bad)
+        assert info.value.arg == "sources"
 
 
 def test_derive_checks_the_new_call():

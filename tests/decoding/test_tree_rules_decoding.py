@@ -66,19 +66,19 @@ def test_the_cases_cover_block_and_traversal():
 
 def test_settings_resolve_the_rule_and_its_tree_law():
     s = Settings.from_args(rule="traversal", k=2, depth=3, tree="sequences")
-    assert (s.rule, s.verifier, s.law, s.target_alone) == ("traversal", None, "iid", False)
+    assert (s.rule_name, s.rule.name, s.verifier, s.law, s.target_alone) == ("traversal", "traversal", None, "iid", False)
     assert s.tree_law.name == "sequences(K=2, L=3)"
     assert Settings.from_args(rule="block", k=1, depth=4).tree_law.name == "chain(L=4, iid)"
     walk = Settings.from_args(verifier="specinfer", k=2, depth=3)
-    assert walk.rule == WALK and walk.verifier.name == "specinfer"
+    assert walk.rule_name == WALK and walk.verifier.name == "specinfer" and walk.rule.verifier is walk.verifier
     same = Settings.from_args(rule="token_walk", k=2, depth=3)
-    assert (same.rule, same.verifier.name, same.law, same.shape) == (WALK, "specinfer", walk.law, walk.shape)
+    assert (same.rule_name, same.verifier.name, same.law, same.shape) == (WALK, "specinfer", walk.law, walk.shape)
     # derive keeps the rule; verifier=None gives the target alone, a verifier the walk
-    assert s.derive(max_new_tokens=5).rule == "traversal"
+    assert s.derive(max_new_tokens=5).rule_name == "traversal"
     assert s.derive(verifier=None).target_alone
-    assert s.derive(verifier="nss").rule == WALK
-    assert walk.derive(rule="traversal").rule == "traversal"
-    assert Settings.from_args(**s.as_args()) == s
+    assert s.derive(verifier="nss").rule_name == WALK
+    assert walk.derive(rule="traversal").rule_name == "traversal"
+    assert Settings.from_args(**Settings.args_of(s.describe())) == s
 
 
 # --- temperature 0: target greedy, transformers ---------------------------------------------------
@@ -231,7 +231,7 @@ def test_cli_tree_auto_with_a_rule(saved_pair, capsys, tmp_path, rule, k_max):
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     ids = tok("hellothere", return_tensors="pt")["input_ids"]
     assert obj["tokens"] == tm.greedy_reference(t, ids, 8).tolist()
-    auto = obj["settings"]["auto"]
+    auto = obj["auto"]
     assert auto["decoded_with"] == "tree" and obj["settings"]["rule"] == rule
     paths = auto["tree"]["paths"]
     if rule == "block":  # block takes one chain: the choice is among chains only

@@ -36,16 +36,19 @@ def test_seed_rule_is_the_blocks_rule_and_rows_carry_the_schema(pair):
     assert out.stopped is None and len(out.rows) == len(PROMPTS) * len(methods)
     assert [(r["prompt"], r["method"]) for r in out.rows] == [(p, m.label) for p, _ in PROMPTS for m in methods]
     for r in out.rows:
-        name = r["verifier"]
-        assert r["seed"] == derived_seed(5, f"{r['prompt']}|{name}|{r['law']}|{r['K']}|{r['depth']}")
-        assert {"kind", "method", "method_kind", "verifier", "law", "K", "depth", "tree", "temperature",
-                "draft_temperature", "prompt", "prompt_tokens", "round", "seed", "new_tokens", "target_calls",
+        key = f"{r['verifier']}|{r['law']}|{r['k']}|{r['depth']}" if r["rule"] else "autoregressive|-|0|0"
+        assert r["seed"] == derived_seed(5, f"{r['prompt']}|{key}")  # the blocks stage's seeds, unchanged
+        assert {"kind", "method", "method_kind", "rule", "verifier", "law", "k", "depth", "tree", "temperature",
+                "draft_temperature", "sources", "prompt", "prompt_tokens", "round", "seed", "new_tokens", "target_calls",
                 "draft_calls", "tree_tokens", "block_efficiency", "acceptance_rate", "seconds", "tokens_per_s",
                 "prefill_seconds", "stop_reason", "tokens"} <= set(r)
+        m = next(m for m in methods if m.label == r["method"])
+        assert {f: r[f] for f in m.settings.describe()} == m.settings.derive(max_new_tokens=7).describe()
         assert len(r["tokens"]) == r["new_tokens"] == 7
     base = out.rows[0]
-    assert (base["verifier"], base["law"], base["K"], base["depth"], base["acceptance_rate"]) == ("autoregressive", "-", 0, 0, None)
-    assert [r["law"] for r in out.rows[:5]] == ["-", "iid", "iid", "iid", "wor"]
+    assert (base["rule"], base["verifier"], base["law"], base["k"], base["depth"], base["acceptance_rate"]) == \
+        (None, None, None, 0, 0, None)
+    assert [r["law"] for r in out.rows[:5]] == [None, "iid", "iid", "iid", "wor"]
     assert out.rows[3]["tree"] == "sequences" and out.rows[2]["tree"] is None
     # each run is generate() with its own seed: the same tokens alone, in another order or with others skipped
     g = md.generate(t, d, PROMPTS[1][1], verifier="specinfer", k=2, depth=2, draft_law="iid", max_new_tokens=7,
@@ -108,9 +111,10 @@ def test_methods_are_checked_before_any_model(pair):
         dr.check_methods([dr.target_alone()], max_new_tokens=0)
     with pytest.raises(ValueError, match="unknown verifier"):
         dr.parse_method("nosuch:2x2")
-    m = dr.parse_method("specinfer:dyn:4:12:6:0.1")
-    assert (m.verifier, m.k, m.depth, m.tree, m.max_nodes, m.min_gain, m.row_law) == ("specinfer", 4, 6, "dynamic", 12, 0.1, "iid")
-    assert dr.parse_method("rrs_wor:seq2x3").row_law == "wor" and dr.parse_method("sd:4").chain
+    d = dr.parse_method("specinfer:dyn:4:12:6:0.1").settings.describe()
+    assert (d["verifier"], d["k"], d["depth"], d["tree"], d["max_nodes"], d["min_gain"], d["law"]) == \
+        ("specinfer", 4, 6, "dynamic", 12, 0.1, "iid")
+    assert dr.parse_method("rrs_wor:seq2x3").settings.law == "wor" and dr.parse_method("sd:4").settings.chain
     assert dr.parse_method("spectr:auto:2").method_kind == "auto"
     with pytest.raises(ValueError, match="cannot read"):
         dr.parse_method("what")
@@ -125,12 +129,12 @@ def test_a_peer_runs_in_the_interleaving_with_its_own_seed(pair):
         return {"new_tokens": 6, "target_calls": 3, "draft_calls": -1, "seconds": 0.5, "block_efficiency": 2.0,
                 "acceptance_rate": float("nan")}
 
-    methods = [dr.target_alone(), dr.MethodSpec("peer D=4 NP=2", k=2, depth=4, kind="llama-spec", peer=peer)]
+    methods = [dr.target_alone(), dr.peer_method("peer D=4 NP=2", "llama-spec", peer, k=2, depth=4)]
     out = dr.run(t, d, PROMPTS, methods, seed=2, max_new_tokens=6)
     assert calls == [(pid, int(ids.shape[1]), derived_seed(2, f"{pid}|llama-spec|-|0|0")) for pid, ids in PROMPTS]
     row = out.rows[1]
-    assert (row["method_kind"], row["verifier"], row["law"], row["K"], row["depth"], row["tokens"]) == \
-        ("llama-spec", None, "-", 2, 4, None)
+    assert (row["method_kind"], row["verifier"], row["rule"], row["law"], row["k"], row["depth"], row["tokens"]) == \
+        ("llama-spec", None, None, None, 2, 4, None)
     assert row["tokens_per_s"] == 12.0 and row["block_efficiency"] == 2.0
     s = dr.summarize(out.rows)[1]
     assert s["method_kind"] == "llama-spec" and s["tokens_per_s"] == 12.0 and s["acceptance_rate"] != s["acceptance_rate"]

@@ -27,17 +27,18 @@ def pair():
 
 def test_parse_method_names_the_rule():
     m = dr.parse_method("traversal:seq2x6")
-    assert (m.label, m.rule, m.verifier, m.row_law, m.tree, m.method_kind) == \
+    d = m.describe()
+    assert (d["method"], d["rule"], d["verifier"], d["law"], d["tree"], d["method_kind"]) == \
         ("traversal seq K=2 depth 6", "traversal", None, "iid", "sequences", "tree")
-    assert m.rule_name == "traversal" and not m.target_alone
+    assert m.settings.rule_name == "traversal" and not m.target_alone
     assert dr.parse_method("block:1x4").label == "block K=1 depth 4"
     assert dr.parse_method("traversal:dyn:4:16:8").label == "traversal dynamic K<=4 16 nodes depth<=8"
     a = dr.parse_method("traversal:auto:3")
-    assert (a.method_kind, a.rule, a.verifier) == ("auto", "traversal", None)
-    walk = dr.parse_method("specinfer:2x4")
-    assert (walk.rule, walk.rule_name, walk.verifier) == (None, "token_walk", "specinfer")
-    assert dr.target_alone().rule_name is None
-    assert dr.method_settings(m, 8).rule == "traversal"
+    assert (a.method_kind, a.settings.rule_name, a.settings.verifier) == ("auto", "traversal", None)
+    walk = dr.parse_method("specinfer:2x4").describe()
+    assert (walk["rule"], walk["verifier"]) == ("token_walk", "specinfer")
+    assert dr.target_alone().settings.rule_name is None and dr.target_alone().describe()["verifier"] is None
+    assert m.settings.derive(max_new_tokens=8).rule is m.settings.rule
     for bad, words in (("tree_lp:2x2", "unknown verifier or tree rule 'tree_lp'"), ("nosuch:2x2", "unknown verifier")):
         with pytest.raises(ValueError, match=words):
             dr.parse_method(bad)
@@ -57,10 +58,11 @@ def test_rule_rows_carry_the_schema_and_the_seed_rule(pair):
     for r in out.rows:
         assert row_problem(r, "blocks") is None, r
         name = r["rule"] if r["rule"] not in (None, "token_walk") else r["verifier"]
-        assert r["seed"] == derived_seed(5, f"{r['prompt']}|{name}|{r['law']}|{r['K']}|{r['depth']}")
+        seed_key = (f"{name}|{r['law']}|{r['k']}|{r['depth']}" if r["rule"] is not None else "autoregressive|-|0|0")
+        assert r["seed"] == derived_seed(5, f"{r['prompt']}|{seed_key}")
         assert len(r["tokens"]) == r["new_tokens"] == 7
     tr = by[("p0", "traversal K=2 depth 2")]
-    assert (tr["verifier"], tr["rule"], tr["law"], tr["K"], tr["depth"]) == ("-", "traversal", "iid", 2, 2)
+    assert (tr["verifier"], tr["rule"], tr["law"], tr["k"], tr["depth"]) == (None, "traversal", "iid", 2, 2)
     assert by[("p0", "specinfer K=2 depth 2")]["rule"] == "token_walk"
     assert by[("p0", "target-only")]["rule"] is None
     # a run is generate() with its own seed
@@ -81,8 +83,8 @@ def ds():
 def test_seq_rule_methods_parse_and_check(ds):
     methods = [ds.parse_method(s, "llama.cpp") for s in ds.SEQ_RULE_METHODS.split(",")]
     dr.check_methods(methods, max_new_tokens=128)
-    rules = {m.rule for m in methods}
-    assert {"block", "traversal"} <= rules and any(m.verifier == "naive" for m in methods)
+    rules = {m.settings.rule_name for m in methods}
+    assert {"block", "traversal"} <= rules and any(m.describe()["verifier"] == "naive" for m in methods)
 
 
 def test_the_decode_speed_headline_compares_rule_walk_and_sd(ds, tmp_path, monkeypatch, capsys):
@@ -112,10 +114,10 @@ def test_demo_plans_rule_rows():
 
     methods, skipped = plan_rule_methods((2, 3), ("block", "traversal"), depth=3)
     assert [m.label for m in methods] == ["block K=1", "traversal K=2", "traversal K=3"]
-    assert [m.rule for m in methods] == ["block", "traversal", "traversal"]
+    assert [m.settings.rule_name for m in methods] == ["block", "traversal", "traversal"]
     assert any(s.startswith("block K=2") for s in skipped)
     assert plan_rule_methods((2,), None) == ([], [])
-    assert {m.rule for m in plan_rule_methods((2,), ("all",))[0]} >= {"block", "traversal"}
+    assert {m.settings.rule_name for m in plan_rule_methods((2,), ("all",))[0]} >= {"block", "traversal"}
     for bad in (("tree_lp",), ("specinfer",), ("nope",)):
         with pytest.raises(ArgumentError) as exc:
             plan_rule_methods((2,), bad)

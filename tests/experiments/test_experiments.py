@@ -359,8 +359,8 @@ def test_cli_blocks_tiny_models_resume(tiny, tmp_path, monkeypatch, capsys):
             "--depths", "1,2", "--verifiers", "naive,specinfer", "--laws", "iid", "--no-progress"]
     assert main(argv) == 0
     _, rows = read_jsonl(tmp_path / "blocks.jsonl")
-    cells = {(r["verifier"], r["K"], r["depth"]) for r in rows}
-    want = {("autoregressive", 0, 0)} | {
+    cells = {(r["verifier"], r["k"], r["depth"]) for r in rows}
+    want = {(None, 0, 0)} | {
         (n, k, d) for n in ("naive", "specinfer") for k in (1, 2) for d in (1, 2) if md.verifiers.get(n).supports("iid", k)
     }
     assert cells == want and ("specinfer", 2, 2) in want and ("naive", 2, 1) not in want
@@ -386,7 +386,7 @@ def test_cli_blocks_equal_budget(tiny, tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     meta, rows = read_jsonl(tmp_path / "cli" / "blocks.jsonl")
     assert meta["config"]["budget"] == 4 and meta["config"]["tree"] == "sequences" and meta["config"]["depths"] is None
-    assert {(r["verifier"], r["K"], r["depth"]) for r in rows} == {("autoregressive", 0, 0), ("naive", 1, 4),
+    assert {(r["verifier"], r["k"], r["depth"]) for r in rows} == {(None, 0, 0), ("naive", 1, 4),
                                                                   ("specinfer", 1, 4), ("specinfer", 2, 2)}
     path = blocks.run(tmp_path / "api", models=lambda: tiny, model_names={"target": "t", "draft": "d"},
                       verifiers=["naive", "specinfer"], laws=["iid"], ks=[1, 2], depths=[1], budget=4, n_prompts=1,
@@ -597,7 +597,7 @@ def test_blocks_run_takes_the_config_validated_once(tiny, tmp_path, monkeypatch)
 
     cfg = blocks.BlocksConfig(verifiers=("specinfer",), laws=("iid",), ks=(2,), depths=(1, 2), n_prompts=1,
                               max_new_tokens=4, max_prompt_tokens=40)
-    assert [m.label for m in cfg.methods] == ["autoregressive", "specinfer iid K=2 depth 1", "specinfer iid K=2 depth 2"]
+    assert [m.label for m in cfg.methods] == ["target-only", "specinfer iid K=2 depth 1", "specinfer iid K=2 depth 2"]
 
     def again(*a, **k):
         raise AssertionError("validated again")
@@ -607,7 +607,7 @@ def test_blocks_run_takes_the_config_validated_once(tiny, tmp_path, monkeypatch)
     path = blocks.run(tmp_path / "cfg", cfg, models=lambda: tiny, model_names=names)
     meta, rows = read_jsonl(path)
     assert meta["config"] == cfg.binding(names) and meta["config"]["depths"] == [1, 2]
-    assert {(r["verifier"], r["K"], r["depth"]) for r in rows} == {("autoregressive", 0, 0), ("specinfer", 2, 1),
+    assert {(r["verifier"], r["k"], r["depth"]) for r in rows} == {(None, 0, 0), ("specinfer", 2, 1),
                                                                   ("specinfer", 2, 2)}
     monkeypatch.undo()
     old = blocks.run(tmp_path / "kw", models=lambda: tiny, model_names=names, verifiers=["specinfer"], laws=["iid"],

@@ -45,9 +45,9 @@ def test_paper_runs_every_stage_and_a_rerun_writes_nothing(tiny, cfg, tmp_path):
     assert min(r["n_positions"] for r in acc) >= cfg.min_positions
     assert {(r["t_target"], r["t_draft"]) for r in rows["temperature.jsonl"]} >= {(0.5, 1.0), (1.0, 0.5)}
     blocks = rows["blocks.jsonl"]
-    assert {r["K"] for r in blocks if r["verifier"] != "autoregressive"} == set(cfg.block_ks)
-    assert {r["verifier"] for r in blocks if r["K"] == 1} == {"naive"}  # K = 1 is SD, run once
-    assert all(r["depth"] == cfg.block_budget // r["K"] for r in blocks if r["verifier"] != "autoregressive")
+    assert {r["k"] for r in blocks if r["rule"] is not None} == set(cfg.block_ks)
+    assert {r["verifier"] for r in blocks if r["k"] == 1} == {"naive"}  # K = 1 is SD, run once
+    assert all(r["depth"] == cfg.block_budget // r["k"] for r in blocks if r["rule"] is not None)
 
     def boom():
         raise AssertionError("a finished run must not load the models again")

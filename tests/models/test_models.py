@@ -317,7 +317,7 @@ def test_demo_plan_covers_registered_multidraft_verifiers():
     from multidraft.experiments.demo import DEFAULT_VERIFIERS, EXCLUDED, plan_methods
 
     default, _ = plan_methods((2,))
-    assert [m.verifier for m in default[2:]] == [n for n in md.verifiers.names() if n in DEFAULT_VERIFIERS]
+    assert [m.settings.verifier.name for m in default[2:]] == [n for n in md.verifiers.names() if n in DEFAULT_VERIFIERS]
     assert len(default) == 2 + len(DEFAULT_VERIFIERS)
     methods, skipped = plan_methods((2, 4), ("all",))
     labels = [m.label for m in methods]
@@ -333,8 +333,9 @@ def test_demo_plan_covers_registered_multidraft_verifiers():
             else:
                 assert any(s.startswith(f"{name} K={k}") for s in skipped)
     for m in methods[2:]:
-        assert md.verifiers.get(m.verifier).supports(m.law, m.k)
-        assert m.law == md.verifiers.get(m.verifier).implied_law(m.k)
+        s = m.settings
+        assert s.verifier.supports(s.law, s.k)
+        assert s.law == s.verifier.implied_law(s.k)
     with pytest.raises(ValueError, match="unknown verifier"):
         plan_methods((2,), ("no_such_verifier",))
 

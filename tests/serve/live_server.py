@@ -24,7 +24,7 @@ def tiny_served(verifier="specinfer", k=2, depth=3, default_max_tokens=24, **kw)
     spec = settings.verifier is not None
     return ServedModel(name=MODEL, engine="transformers", target=t, draft=d if spec else None,
                        codec=TextCodec("transformers", t, tok, d if spec else None), settings=settings,
-                       tree="full" if spec else None, default_max_tokens=default_max_tokens, **kw)
+                       default_max_tokens=default_max_tokens, **kw)
 
 
 class LiveServer:

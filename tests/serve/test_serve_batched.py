@@ -20,7 +20,7 @@ def _jobs(model, collect):
     ids = model.codec.encode(PROMPT)
     jobs = []
     for i, (seed, temp, n, stop) in enumerate(REQUESTS):
-        s = model.request_settings(temp, None, None, n)
+        s = model.request_settings(dict(temperature=temp, top_p=None, top_k=None), n)
         jobs.append(Job(list(ids), s, seed, stop, emit=lambda ev, i=i: collect(i, ev)))
     return jobs
 
@@ -130,7 +130,7 @@ def test_shutdown_answers_every_lane_and_every_queued_request(model):
 
     w = Worker(model, queue_size=16, max_lanes=4)
     for i in range(8):
-        s = model.request_settings(1.0, None, None, 200)
+        s = model.request_settings(dict(temperature=1.0, top_p=None, top_k=None), 200)
         w.submit(Job(list(ids), s, 100 + i, (), emit=lambda ev, i=i: collect(i, ev)))
     w.start()
     assert started.wait(60)

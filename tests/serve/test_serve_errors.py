@@ -55,6 +55,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ("/v1/completions", {**GOOD, "top_p": 0}, 400, "top_p", None),
     ("/v1/completions", {**GOOD, "top_k": -5}, 400, "top_k", None),
     ("/v1/completions", {**GOOD, "foo": 1}, 400, "foo", "unknown_parameter"),
+    ("/v1/completions", {**GOOD, "sources": ["lookup"]}, 400, "sources", None),  # a decode extension, checked by Settings
+    ("/v1/completions", {**GOOD, "sources": 3}, 400, "sources", None),
     ("/v1/chat/completions", {**CHAT, "bar": None}, 400, "bar", "unknown_parameter"),
     ("/v1/completions", {**GOOD, "n": 2}, 400, "n", None),
     ("/v1/completions", {**GOOD, "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
@@ -73,6 +75,12 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 def test_bad_request_is_a_4xx_with_an_openai_error(live, path, body, status, param, code):
     r = httpx.post(live.url + path, json=body, timeout=60)
     openai_error(r, status, param, code if code is not None else "__any__")
+
+
+def test_a_request_names_its_draft_sources(live):
+    r = httpx.post(live.url + "/v1/completions", json={**GOOD, "sources": ["model"], "seed": 3}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["speculative"]["sources"] == ["model"]
 
 
 def test_malformed_bodies_and_routes(live):

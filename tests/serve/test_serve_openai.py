@@ -35,7 +35,11 @@ def test_completion_temperature_zero_is_the_targets_greedy_text(client, live):
     assert r.usage.total_tokens == len(ids) + n
     assert r.choices[0].finish_reason == ("stop" if n < 30 else "length")
     spec = r.model_extra["speculative"]
-    assert spec["verifier"] == "specinfer" and spec["k"] == 2 and spec["depth"] == 3 and spec["tree"] == "full"
+    assert spec["verifier"] == "specinfer" and spec["k"] == 2 and spec["depth"] == 3 and spec["tree"] is None
+    assert spec["rule"] == "token_walk" and spec["sources"] == ["model"] and spec["temperature"] == 0.0
+    assert {k: v for k, v in spec.items() if k in live.app.state.model.settings.describe()} == \
+        live.app.state.model.settings.derive(temperature=0.0, draft_temperature=0.0, top_p=None,
+                                             max_new_tokens=30).describe()  # the request's settings, one schema
     assert spec["target_calls"] >= 1 and spec["block_efficiency"] == pytest.approx(n / spec["target_calls"])
     if n == 30:  # no eos: each step gave its accepted drafts plus one token
         assert spec["accepted_tokens"] + spec["target_calls"] == n
@@ -116,6 +120,7 @@ def test_target_alone_server_matches_greedy_too():
         want, n = greedy_text(srv, srv.app.state.model.codec.encode(PROMPT), 20)
         assert r.choices[0].text == want
         spec = r.model_extra["speculative"]
-        assert spec["verifier"] == "none" and spec["target_calls"] == n and spec["accepted_tokens"] == 0
+        assert spec["rule"] is None and spec["verifier"] is None and spec["sources"] == []
+        assert spec["target_calls"] == n and spec["accepted_tokens"] == 0
     finally:
         srv.close()

@@ -117,6 +117,8 @@ def add_settings_flags(p, engine: str = "transformers") -> None:
     p.add_argument("--draft-law", default=None, metavar="LAW",
                    help=f"joint law of the drafts at a node: {', '.join(LAW_KINDS)} "
                         "(default: the law the verifier implies; 'iid' for most)")
+    p.add_argument("--sources", default=None, metavar="NAMES",
+                   help="draft sources of each step's tree, a comma list (default: model, the draft model)")
     p.add_argument("--temperature", type=float, default=1.0, help="target temperature (0 = greedy)")
     p.add_argument("--draft-temperature", default=None, metavar="T2",
                    help="draft temperature (default: --temperature); a comma list t1,...,tK means the independent law")
@@ -257,7 +259,7 @@ def check_settings(args):
     settings = Settings.from_args(
         **who, rule=args.rule, **sizes, draft_law=args.draft_law, tree=placeholder if tree == "auto" else tree,
         temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
-        top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        top_p=args.top_p, max_new_tokens=args.max_new_tokens, sources=args.sources,
     )
     if args.engine == "llama.cpp" and settings.shape is not None:
         from ..trees import LLAMA_CPP_TREE_NODES
@@ -433,7 +435,6 @@ def run(args) -> int:
     if auto is not None:  # the chosen tree, or the target alone when no tree pays
         tree, auto_info = _auto_tree(args, settings, auto, target, draft, input_ids, eos, log)
         settings = settings.derive(tree=tree) if tree is not None else settings.derive(verifier=None)
-    verifier = settings.verifier.name if settings.verifier is not None else None
     drafting = not settings.target_alone
     cb, close = _progress(not args.quiet)
     try:
@@ -447,37 +448,22 @@ def run(args) -> int:
             "text": text,
             **res.to_dict(),
             "seed": args.seed,
-            "settings": {
+            "settings": settings.describe(),  # the one description (result rows, the server's speculative object)
+            "run": {
                 "target": args.target or "default",
                 "draft": (args.draft or "default") if drafting else None,
-                "verifier": verifier or ("none" if not drafting else None),
-                "rule": settings.rule,
-                "law": settings.law if drafting else None,
-                "K": settings.k if drafting else None,
-                "depth": settings.depth if drafting else None,
-                "tree": args.tree,
-                "max_nodes": settings.shape.budget if tree == "dynamic" else None,
-                "min_gain": settings.shape.min_gain if tree == "dynamic" else None,
-                "temperature": args.temperature,
-                "draft_temperature": draft_temperature,
-                "top_k": args.top_k,
-                "top_p": args.top_p,
-                "max_new_tokens": args.max_new_tokens,
-                "chat": args.chat,
                 "engine": args.engine,
                 "dtype": args.dtype if args.engine == "transformers" else None,
                 "bf16_target": bool(args.bf16_target),
                 "draft_ftype": args.draft_ftype,
                 "threads": target.n_threads if args.engine == "llama.cpp" else None,
+                "chat": args.chat,
                 "prompt": args.prompt,
                 "prompt_tokens": int(input_ids.shape[1]),
             },
         }
         if auto_info is not None:
-            obj["settings"]["auto"] = auto_info
-            if tree is not None:
-                obj["settings"]["K"] = max(p[-1] for p in tree) + 1
-                obj["settings"]["depth"] = max(len(p) for p in tree)
+            obj["auto"] = auto_info
         line = json.dumps(obj)
         if out is not None:
             try:

@@ -100,7 +100,6 @@ def run(args) -> int:
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
         draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say)
     codec = TextCodec(args.engine, target, tok, draft if spec else None)
-    tree_desc = args.tree
     if auto is not None:
         text = args.warmup_prompt or WARMUP_PROMPT
         ids = codec.encode(text)
@@ -109,13 +108,13 @@ def run(args) -> int:
         chosen, _ = _auto_tree(args, settings, auto, target, draft, torch.tensor([ids], dtype=torch.long),
                                None if args.ignore_eos else codec.eos, say)
         if chosen is not None:
-            settings, tree_desc = settings.derive(tree=chosen), chosen
+            settings = settings.derive(tree=chosen)
         else:
-            settings, tree_desc = settings.derive(verifier=None), None
+            settings = settings.derive(verifier=None)
             draft = None
     name = args.model_name or _model_name(args)
     model = ServedModel(name=name, engine=args.engine, target=target, draft=None if settings.target_alone else draft,
-                        codec=codec, settings=settings, draft_temperature=draft_temperature, tree=tree_desc,
+                        codec=codec, settings=settings, draft_temperature=draft_temperature,
                         default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes)

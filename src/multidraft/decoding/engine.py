@@ -270,8 +270,8 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
     if on_step is not None and not callable(on_step):
         raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
-    if node_log is not None and settings.rule not in (None, WALK):
-        raise ArgumentError("node_log", f": per-node records belong to the token walk; rule {settings.rule!r} decides "
+    if node_log is not None and settings.rule_name not in (None, WALK):
+        raise ArgumentError("node_log", f": per-node records belong to the token walk; rule {settings.rule_name!r} decides "
                                         "whole paths (its accepted length per step is GenerationResult.accepted_lengths)")
     with torch.inference_mode():
         dec = _Decoder(target, None if settings.target_alone else draft, settings, g, progress,
@@ -302,12 +302,11 @@ class _Decoder:
 
     # the tree rule: the walk of the token-level verifier (fallbacks in trees.TokenWalk), or a
     # sequence-level rule from the registry --------------------------------------------------------
-    @functools.cached_property
+    @property
     def rule(self) -> _trees.TreeRule:
-        s = self.settings
-        if s.rule in (None, WALK):
-            return TokenWalk(s.verifier or "naive", s.law)
-        return _trees.get(s.rule)
+        """The settings' tree rule (the target alone has none: a step without drafts is one token
+        from p at the root, whatever the rule)."""
+        return self.settings.rule
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
         """The whole decode of ``input_ids`` ``[1, T]``, each forward run by this decoder's runners."""
@@ -381,7 +380,7 @@ class _Decoder:
     def _step(self, root: int, cap: int):
         plan = self.settings
         shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
-        tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)), plan.law)
+        tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)), plan.law or "iid")
         drafted = cap > 0
         if drafted:
             yield from self._draft_calls(tree)
@@ -390,7 +389,10 @@ class _Decoder:
         self.target_calls += 1
         self.tree_tokens += len(tree.nodes)
         rule = self.rule
-        if isinstance(rule, TokenWalk):
+        if rule is None:  # the target alone: one token from p at the root
+            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
+            verdict = TreeVerdict((), int(sample_token(tree.p(0), self.g)))
+        elif isinstance(rule, TokenWalk):
             # walk: p rows processed on demand, only at the nodes the walk visits
             tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
             verdict = rule.verify(tree, self.g)

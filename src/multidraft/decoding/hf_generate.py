@@ -8,7 +8,7 @@ transformers user keeps their call and gains exact multi-draft speculative decod
                           custom_generate=md.custom_generate, verifier="optimal", k=2, depth=4,
                           do_sample=True, temperature=1.0, max_new_tokens=64, seed=0)
 
-The speculative settings (``verifier``, ``rule``, ``k``, ``depth``, ``tree``, ``draft_law``,
+The speculative settings (``verifier``, ``rule``, ``k``, ``depth``, ``tree``, ``draft_law``, ``sources``,
 ``draft_temperature``, ``max_nodes``, ``min_gain``) are ``decoding.Settings``'; the sampling
 settings come from the generation config: ``do_sample=False`` is temperature 0 (the target's
 greedy decoding, token for token), otherwise ``temperature``, ``top_k`` and ``top_p`` as
@@ -172,7 +172,7 @@ def __getattr__(name):
 def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
                     synced_gpus=False, streamer=None, *, draft_model=None, verifier=_UNSET, k=_UNSET, depth=_UNSET,
                     tree=_UNSET, rule=_UNSET, draft_law=_UNSET, draft_temperature=_UNSET, max_nodes=_UNSET, min_gain=_UNSET,
-                    seed=None, generator=None, **model_kwargs):
+                    sources=_UNSET, seed=None, generator=None, **model_kwargs):
     """Multi-draft speculative decoding as transformers' ``custom_generate`` (see the module notes).
 
     model          the target (transformers passes the model ``generate`` was called on).
@@ -191,7 +191,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         raise ArgumentError("streamer", f"streams one sequence (as in transformers); got a batch of {input_ids.shape[0]}")
     spec = {name: value for name, value in dict(verifier=verifier, k=k, depth=depth, tree=tree, rule=rule, draft_law=draft_law,
                                                 draft_temperature=draft_temperature, max_nodes=max_nodes,
-                                                min_gain=min_gain).items() if value is not _UNSET}
+                                                min_gain=min_gain, sources=sources).items() if value is not _UNSET}
     draft = draft_model if draft_model is not None else outer.get("assistant_model")
     B, T = input_ids.shape
     n_new = int(generation_config.max_length) - T

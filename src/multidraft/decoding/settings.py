@@ -11,6 +11,7 @@ object from the keywords (the same call), so both forms decode the same tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
 from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
+from .sources import DraftModel, parse_sources
 
 __all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law",
            "settings_or_kwargs"]
@@ -182,37 +184,59 @@ def _verifier(verifier):
         raise ArgumentError("verifier", f": {exc}, none") from None
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The model-free part of a ``generate`` call, checked and resolved; make it with
-    :meth:`from_args` (the fields are resolved values, not arguments).
+_SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens")  # fields a change checks alone
 
-    ``verifier`` the token-level Verifier of the walk (None for the target alone and for a
-    sequence-level rule, which reads no token-level verifier); ``law`` the draft law's kind
-    (``drafts.LAW_KINDS``); ``shape`` the tree shape (None for the target alone); ``k`` and
-    ``depth`` as given (0 for the target alone); ``draft_temps`` one temperature per draft
-    column (one entry unless the law is 'independent'; empty for the target alone);
-    ``rule`` the registered tree rule (``trees.names()``) that verifies each step's tree:
-    'token_walk' (the walk of ``verifier``), a sequence-level rule ('block', 'traversal', ...),
-    or None for the target alone (no tree). ``target_alone`` says which.
+
+@dataclass(frozen=True, eq=False)
+class Settings:
+    """The one decode configuration: every model-free argument of a decode, checked and resolved
+    once. Make it with :meth:`from_args` (the one constructor: ``generate``'s keyword settings, the
+    CLI flags, the benchmarks' method grammar, a server request and ``custom_generate`` all go
+    through it); change it with :meth:`derive`; read it with :meth:`describe` (the one schema of
+    ``decode --json``, every result row and the server's ``speculative`` object).
+
+    ``rule`` the tree rule object (``trees.TreeRule``) that verifies each step's tree: a
+    ``trees.TokenWalk`` (the walk of a token-level verifier) or a sequence-level rule ('block',
+    'traversal', ...); None for the target alone (no tree). ``law`` the draft law's kind
+    (``drafts.LAW_KINDS``; None for the target alone); ``shape`` the tree shape (None for the
+    target alone); ``k`` and ``depth`` the most drafts per node and the depth (for an explicit tree
+    its own, whatever was given; 0 for the target alone); ``sources`` the ordered
+    draft sources (``decoding.sources``; empty for the target alone; today the draft model,
+    whose ``temperatures`` are the draft temperatures, one per draft column).
     """
 
-    verifier: object
-    law: str
+    rule: object
+    law: str | None
     shape: TreeShape | None
     k: int
     depth: int
     temperature: float
-    draft_temps: tuple
     top_k: int | None
     top_p: float | None
     max_new_tokens: int
-    rule: str | None = WALK
+    sources: tuple = ()
 
+    # --- what the fields imply ----------------------------------------------------------------
     @property
     def target_alone(self) -> bool:
         """True when the target decodes alone (no draft, no tree)."""
         return self.rule is None
+
+    @property
+    def rule_name(self) -> str | None:
+        """The registered name of ``rule`` ('token_walk', 'block', ...; None for the target alone)."""
+        return None if self.rule is None else self.rule.name
+
+    @property
+    def verifier(self):
+        """The walk's token-level ``Verifier`` (None for the target alone and for a sequence-level
+        rule, which reads no token-level verifier)."""
+        return getattr(self.rule, "verifier", None) if self.rule_name == WALK else None
+
+    @property
+    def draft_temps(self) -> tuple:
+        """One draft temperature per draft column (empty for the target alone)."""
+        return self.sources[0].temperatures if self.sources else ()
 
     @property
     def tree_law(self):
@@ -221,10 +245,60 @@ class Settings:
             return None
         return tree_law(self.shape, self.law, len(self.draft_temps))
 
+    @property
+    def chain(self) -> bool:
+        """One draft per node (single-draft SD on a chain)."""
+        return self.shape is not None and self.shape.mode == "paths" and self.shape.k == 1
+
+    def tree_arg(self):
+        """The tree as ``from_args`` takes it and ``describe`` writes it: None for the full K-ary
+        tree of ``k`` and ``depth`` (and for the target alone), 'sequences', 'dynamic', or the
+        explicit paths (a list of lists)."""
+        s = self.shape
+        if s is None or s.mode in ("sequences", "dynamic"):
+            return None if s is None else s.mode
+        if s.k == self.k and s.depth == self.depth and s.children == _trees.parse_tree(_trees.full_tree(self.k,
+                                                                                                         self.depth)):
+            return None
+        return [list(p) for p in s.children if p]
+
+    def describe(self) -> dict:
+        """The one description of a decode configuration (``decode --json``, result rows, the
+        server's ``speculative`` object): ``rule`` (registered name; None: the target alone),
+        ``verifier`` (the walk's; None otherwise), ``law`` (None for the target alone), ``k``,
+        ``depth`` (0 for the target alone), ``tree`` (:meth:`tree_arg`), ``max_nodes`` and
+        ``min_gain`` (dynamic trees; else None), ``temperature``, ``draft_temperature`` (a number,
+        a list for the independent law, None for the target alone), ``top_k``, ``top_p``,
+        ``max_new_tokens`` and ``sources`` (the draft sources' names, in order)."""
+        dyn = self.shape is not None and self.shape.mode == "dynamic"
+        temps = self.draft_temps
+        return {
+            "rule": self.rule_name,
+            "verifier": self.verifier.name if self.verifier is not None else None,
+            "law": self.law, "k": self.k, "depth": self.depth, "tree": self.tree_arg(),
+            "max_nodes": self.shape.budget if dyn else None, "min_gain": self.shape.min_gain if dyn else None,
+            "temperature": self.temperature,
+            "draft_temperature": (None if not temps else list(temps) if self.law == "independent" else temps[0]),
+            "top_k": self.top_k, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
+            "sources": [src.describe() for src in self.sources],
+        }
+
+    def _key(self) -> tuple:
+        d = self.describe()
+        return tuple((k, tuple(map(tuple, v)) if k == "tree" and isinstance(v, list) else
+                      tuple(v) if isinstance(v, list) else v) for k, v in d.items())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Settings) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    # --- the one constructor --------------------------------------------------------------------
     @classmethod
     def from_args(cls, *, verifier=_UNSET, k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None,
-                  min_gain=None, rule=None) -> "Settings":
+                  min_gain=None, rule=None, sources=None) -> "Settings":
         """Check every argument of ``generate`` that needs no model, each once; ``ArgumentError``
         naming the first bad one.
 
@@ -241,7 +315,8 @@ class Settings:
         given with it; ``draft_law`` then defaults to 'iid', and the rule must be lossless for the
         decoder's tree law (``tree_law``: chain, sequences, kary / explicit paths or dynamic,
         decided by ``rule.supports``), else ``ArgumentError`` naming ``rule`` and what would work.
-        'tree_lp' (small V only) is refused.
+        'tree_lp' (small V only) is refused. ``sources`` the draft sources' names
+        (``decoding.sources.SOURCE_NAMES``; default: the draft model alone).
         """
         temperature = as_temperature(temperature, "temperature")
         top_k = as_top_k(top_k, "top_k")
@@ -256,7 +331,8 @@ class Settings:
         else:
             v = _verifier("specinfer" if verifier is _UNSET else verifier)
             if v is None:
-                return cls(None, "iid", None, 0, 0, temperature, (), top_k, top_p, max_new_tokens, None)
+                return cls(None, None, None, 0, 0, temperature, top_k, top_p, max_new_tokens)
+        names = parse_sources(sources)
         K = as_k(k, "k")
         L = as_int(depth, "depth", minimum=1)
         listed = isinstance(draft_temperature, (list, tuple))
@@ -322,46 +398,72 @@ class Settings:
             ks = {n for n in shape.children.values() if n > 0}
         if v is None:
             _check_rule(rule, shape, kind, len(temps))
+            obj = _trees.get(rule)
         else:
             allowed = node_ks(v, kind, max(ks, default=1))
             for n in sorted(ks):
                 if n not in allowed:
                     raise _unsupported(v, kind, n)
-        return cls(v, kind, shape, K, L, temperature, tuple(temps), top_k, top_p, max_new_tokens, rule)
+            obj = _trees.TokenWalk(v, kind)
+        srcs = tuple(DraftModel(tuple(temps)) for _ in names)  # today one source: the draft model
+        if shape.mode == "paths" and tree is not None:  # an explicit tree: its own sizes, not the arguments'
+            K, L = shape.k, shape.depth
+        return cls(obj, kind, shape, K, L, temperature, top_k, top_p, max_new_tokens, srcs)
 
-    def as_args(self) -> dict:
-        """Keyword arguments of :meth:`from_args` that give these settings again (the law and the
-        draft temperatures as resolved; the tree as its shape's argument)."""
-        if self.rule is None:
-            return dict(verifier=None, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                        max_new_tokens=self.max_new_tokens)
-        s = self.shape
-        if s.mode == "dynamic":
-            tree = dict(tree="dynamic", max_nodes=s.budget, min_gain=s.min_gain)
-        elif s.mode == "sequences":
-            tree = dict(tree="sequences")
-        else:
-            tree = dict(tree=[list(p) for p in s.children if p])
-        independent = self.law == "independent"
-        who = dict(verifier=self.verifier) if self.rule == WALK else dict(rule=self.rule)
-        return dict(**who, k=self.k, depth=self.depth, draft_law=self.law,
-                    draft_temperature=list(self.draft_temps) if independent else self.draft_temps[0],
-                    temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                    max_new_tokens=self.max_new_tokens, **tree)
+    @staticmethod
+    def args_of(description: dict) -> dict:
+        """The keyword arguments of :meth:`from_args` that a :meth:`describe` dict stands for (the
+        law and the draft temperatures as resolved), so ``from_args(**args_of(s.describe())) == s``."""
+        d = description
+        if d.get("rule") is None:
+            return dict(verifier=None, **{f: d[f] for f in _SAMPLING})
+        who = dict(verifier=d["verifier"]) if d["rule"] == WALK else dict(rule=d["rule"])
+        args = dict(**who, k=d["k"], depth=d["depth"], draft_law=d["law"], tree=d["tree"],
+                    draft_temperature=d["draft_temperature"], sources=d["sources"], **{f: d[f] for f in _SAMPLING})
+        if d["tree"] == "dynamic":
+            args.update(max_nodes=d["max_nodes"], min_gain=d["min_gain"])
+        return args
 
     def derive(self, **changes) -> "Settings":
-        """New settings: these with ``changes`` (keyword arguments of :meth:`from_args`), checked
-        as one new call. ``verifier=None`` gives the target alone at the same sampling settings
-        (whatever the rule); ``verifier=NAME`` the walk of that verifier."""
-        args = self.as_args()
+        """These settings with ``changes`` (keyword arguments of :meth:`from_args`).
+
+        Changes of the sampling fields alone (``temperature``, ``top_k``, ``top_p``,
+        ``max_new_tokens``, and a single ``draft_temperature`` under a law with one draft
+        temperature) are applied to this resolved object, each changed field checked alone (a
+        server request's temperature is one check, not a new settings call); the draft
+        temperatures do not follow ``temperature`` unless given. Any other change (the rule,
+        verifier, tree, sizes, law, sources) is checked as one new :meth:`from_args` call, since
+        it may change what the rest means. ``verifier=None`` gives the target alone at the same
+        sampling settings (whatever the rule); ``verifier=NAME`` the walk of that verifier."""
+        unknown = set(changes) - set(_FROM_ARGS)
+        if unknown:
+            raise TypeError(f"derive() got unknown settings {sorted(unknown)}")
+        sampling = set(changes) <= set(_SAMPLING) | {"draft_temperature"}
+        dt = changes.get("draft_temperature")
+        if sampling and (dt is None or (not isinstance(dt, (list, tuple)) and self.law != "independent")):
+            new = {}
+            for name in set(changes) & set(_SAMPLING):
+                new[name] = _CHECK[name](changes[name], name)
+            if dt is not None and self.sources:
+                t = as_temperature(dt, "draft_temperature")
+                new["sources"] = tuple(dataclasses.replace(src, temperatures=(t,) * len(src.temperatures))
+                                       for src in self.sources)
+            return dataclasses.replace(self, **new)
+        args = self.args_of(self.describe())
         if "verifier" in changes and "rule" not in changes:
             args.pop("rule", None)
             if changes["verifier"] is None:
                 return Settings.from_args(**{k: v for k, v in {**args, **changes}.items()
-                                             if k in ("verifier", "temperature", "top_k", "top_p", "max_new_tokens")})
+                                             if k in ("verifier",) + _SAMPLING})
         elif "rule" in changes and changes["rule"] not in (None, WALK):
             args.pop("verifier", None)
         return Settings.from_args(**{**args, **changes})
+
+
+_CHECK = {"temperature": as_temperature, "top_k": as_top_k, "top_p": as_top_p,
+          "max_new_tokens": lambda x, name: as_int(x, name, minimum=1)}
+_FROM_ARGS = ("verifier", "k", "depth", "draft_law", "tree", "temperature", "draft_temperature", "top_k", "top_p",
+              "max_new_tokens", "max_nodes", "min_gain", "rule", "sources")
 
 
 def settings_or_kwargs(settings, kwargs: dict, what: str = "a multidraft.decoding.Settings (Settings.from_args(...))"):

@@ -26,12 +26,12 @@ from ..datasets import check_dataset, load_prompts, prompt_ids
 from ..decoding.pair import ENGINES
 from ..drafts import parse_laws
 from . import decode_runs
-from .decode_runs import AUTOREGRESSIVE, MethodSpec
+from .decode_runs import MethodSpec
 from .records import JsonlWriter, lock_run_dir, resume, row_key
 
 __all__ = ["KEY", "ENGINES", "BlocksConfig", "run"]
 
-KEY = ("verifier", "law", "K", "depth", "temperature", "prompt")
+KEY = ("verifier", "law", "k", "depth", "temperature", "prompt")
 # config keys that only choose which rows exist (rows carry them in KEY): may grow on a resume
 KEYED = ("verifiers", "laws", "k", "depths", "temperature", "no_baseline")
 DEFAULT_DEPTHS = (1, 3)
@@ -123,7 +123,7 @@ class BlocksConfig:
                                         f": K = {k}, depth {d} has more than {cap} drafted nodes a step; "
                                         f"engine llama.cpp takes at most {cap} (one batch)")
         tree = "sequences" if self.budget is not None else None
-        methods = [decode_runs.target_alone(AUTOREGRESSIVE, temperature=self.temperature, top_k=self.top_k,
+        methods = [decode_runs.target_alone("target-only", temperature=self.temperature, top_k=self.top_k,
                                             top_p=self.top_p)] if self.baseline else []
         methods += [decode_runs.tree_method(f"{name} {law} K={k} depth {depth}", name, k, depth, law=law, tree=tree,
                                             temperature=self.temperature, draft_temperature=self.draft_temperature,
@@ -235,6 +235,6 @@ def run(
         return path
 
 
-def _key(pid: str, m) -> dict:
-    return {"verifier": m.verifier or AUTOREGRESSIVE, "law": m.row_law, "K": m.k, "depth": m.depth,
-            "temperature": float(m.temperature), "prompt": pid}
+def _key(pid: str, m: MethodSpec) -> dict:
+    """The row key of method ``m`` on prompt ``pid`` (``KEY``'s fields of its row)."""
+    return {**m.describe(), "prompt": pid}

@@ -33,7 +33,7 @@ from .records import SCHEMAS, read_jsonl, valid_rows
 __all__ = ["compare_files", "compare_blocks", "KEY", "BLOCKS_KEY", "BLOCKS_SAME"]
 
 KEY = ("dataset", "t_target", "t_draft", "law", "K", "verifier")
-BLOCKS_KEY = ("prompt", "verifier", "law", "K", "depth", "temperature")
+BLOCKS_KEY = ("prompt", "verifier", "law", "k", "depth", "temperature")
 assert set(KEY) <= set(SCHEMAS["acceptance"].key) and set(BLOCKS_KEY) <= set(SCHEMAS["blocks"].key)
 BLOCKS_SAME = ("new_tokens", "target_calls", "draft_calls", "block_efficiency")
 

@@ -1,11 +1,13 @@
 """The one decode runner behind every end-to-end table: the demo, the blocks stage and the
 decode-speed benchmark.
 
-A **method** (:class:`MethodSpec`) is what one decode run does: the target alone
-(``verifier=None``), a draft tree (law, K, depth, tree shape, temperatures) verified by the
-walk of a token-level verifier (``verifier``) or by a sequence-level tree rule (``rule``:
-'block', 'traversal', ... from ``decoding.decoder_rules()``), or a peer (a callable that decodes one prompt its own way, e.g. ``transformers``' assisted
-generation or llama.cpp's binaries; see ``benchmarks/decode_speed.py``).
+A **method** (:class:`MethodSpec`) is a label and the ``decoding.Settings`` one decode run
+decodes with (the target alone, or a draft tree verified by the walk of a token-level verifier
+or by a sequence-level tree rule), or a peer (a callable that decodes one prompt its own way,
+e.g. ``transformers``' assisted generation or llama.cpp's binaries; see
+``benchmarks/decode_speed.py``). Methods are made by :func:`target_alone`, :func:`tree_method`,
+:func:`peer_method` or the short grammar of :func:`parse_method`, each through
+``Settings.from_args``.
 
 :func:`run` decodes every prompt with every method, **interleaved** (for each prompt, every
 method in turn; with ``rounds`` > 1 each prompt is decoded ``rounds`` times, the method order
@@ -14,29 +16,29 @@ Each prompt gets one ``PromptCache``: its prefill runs once per model and is sha
 method (and left out of tokens/s).
 
 **One seed rule** (:func:`run_seed`): the run of method m on prompt ``pid`` draws everything
-from ``torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{verifier}|{law}|{K}|{depth}"))``
-(``verifier`` is ``autoregressive`` for the target alone, with law ``-`` and K = depth = 0, and
-the rule's name for a sequence-level rule: no rule shares a name with a verifier).
-It depends on that run's identity alone, never on the order or on the other methods, so a
-run can be resumed, reordered or rerun alone with the same tokens; every round of a run
-repeats its tokens (only the timing differs). Methods that differ only in the tree shape
-(a full tree and ``sequences`` of the same K and depth) share the seed: a paired comparison.
-This is the rule the blocks stage always used, so ``docs/paper/blocks.jsonl`` reproduces.
+from ``torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{name}|{law}|{K}|{depth}"))``
+(``name`` the walk's verifier or the sequence-level rule; for the target alone
+``SEED_TARGET_ALONE`` with law ``-`` and K = depth = 0). It depends on that run's identity alone,
+never on the order or on the other methods, so a run can be resumed, reordered or rerun alone
+with the same tokens; every round of a run repeats its tokens (only the timing differs).
+Methods that differ only in the tree shape (a full tree and ``sequences`` of the same K and
+depth) share the seed: a paired comparison. This is the rule the blocks stage always used, so
+``docs/results/paper/blocks.jsonl`` reproduces.
 
 **One row schema** (:func:`run_row`; every row through :class:`.records.JsonlWriter`, which
 adds the run id and the code version and whose meta row holds the config, seed and
 versions): ``kind="run"``, ``method`` (label), ``method_kind`` (``target``, ``tree``, ``auto``
-or a peer's kind), ``verifier`` (the walk's verifier; ``-`` under a sequence-level rule),
-``rule`` (the tree rule: ``token_walk``, ``block``, ``traversal``, ...; None for the target
-alone and peers), ``law``, ``K``, ``depth``, ``tree`` (None for the full
-K-ary tree, ``sequences``, ``dynamic``, or the explicit shape), ``temperature``,
-``draft_temperature``, ``top_k``, ``top_p``, ``prompt``, ``prompt_tokens``, ``round``,
-``seed``, ``new_tokens``, ``target_calls``, ``draft_calls``, ``tree_tokens``,
-``block_efficiency``, ``acceptance_rate`` (None for the target alone), ``seconds``,
-``tokens_per_s``, ``prefill_seconds``, ``stop_reason``, ``tokens`` (the generated ids; a
-peer's rows have none, and carry its own K and depth if it has them, e.g. llama-speculative's
-parallel drafts and draft length). The blocks key (``verifier, law, K, depth, temperature, prompt``) is
-a subset.
+or a peer's kind), then the settings' one description (``Settings.describe()``: ``rule``,
+``verifier``, ``law``, ``k``, ``depth``, ``tree``, ``max_nodes``, ``min_gain``,
+``temperature``, ``draft_temperature``, ``top_k``, ``top_p``, ``max_new_tokens``, ``sources``;
+the target alone is ``rule`` None), ``auto`` (the facts of an automatically chosen tree), then
+``prompt``, ``prompt_tokens``, ``round``, ``seed``, ``new_tokens``, ``target_calls``,
+``draft_calls``, ``tree_tokens``, ``block_efficiency``, ``acceptance_rate`` (None for the
+target alone), ``seconds``, ``tokens_per_s``, ``prefill_seconds``, ``stop_reason``, ``tokens``
+(the generated ids; a peer's rows have none, and carry its own ``k`` and ``depth``, e.g.
+llama-speculative's parallel drafts and draft length). Rows written before this schema
+(``K``, ``verifier: "autoregressive"``, ``law: "-"``) are read in it (``records.read_jsonl``).
+The blocks key (``verifier, rule, law, k, depth, temperature, prompt``) is a subset.
 
 **One summary** (:func:`summarize`, :func:`format_table`): per method, rounds pooled per
 prompt first (:func:`merge_rounds`), then pooled over prompts: block efficiency (new tokens /
@@ -46,8 +48,7 @@ pooled and paired per prompt with its 95% interval, tree tokens per pass and ms 
 """
 from __future__ import annotations
 
-import functools
-
+import dataclasses
 import math
 import re
 import time
@@ -63,125 +64,89 @@ from .findings import t95
 from .records import derived_seed
 
 __all__ = [
-    "MethodSpec", "target_alone", "tree_method", "parse_method", "method_settings", "check_methods", "run_seed", "run", "RunOutcome",
-    "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "same_tree", "rules_against_walks", "round_spread", "summarize", "format_table",
-    "AUTOREGRESSIVE",
+    "MethodSpec", "target_alone", "tree_method", "peer_method", "parse_method", "check_methods", "run_seed", "run",
+    "RunOutcome", "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "same_tree", "rules_against_walks",
+    "round_spread", "summarize", "format_table", "SEED_TARGET_ALONE",
 ]
 
-AUTOREGRESSIVE = "autoregressive"  # the verifier column of a target-alone row
+# The name a target-alone run's seed is derived with (``run_seed``): the spelling of the rows
+# before the one description (``Settings.describe``), kept in the seed key alone so that every
+# committed run reproduces; no row or table spells the target alone this way any more.
+SEED_TARGET_ALONE = "autoregressive"
+_MAX_NEW_TOKENS = 128  # a method's settings before the run gives its max_new_tokens (``run``)
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One decoding method. ``verifier=None``: the target alone (law ``-``, K = depth = 0).
+    """One decoding method: a label, the ``decoding.Settings`` it decodes with (the one decode
+    configuration, ``settings.describe()`` in every row), and what is not decoding.
 
-    ``law`` None means the law the verifier implies (``Verifier.implied_law``); ``tree`` None
-    is the full K-ary tree of depth ``depth``, ``"sequences"`` K draft sequences of length
-    ``depth``, ``"dynamic"`` a per-step tree (``max_nodes``, ``min_gain``), or an explicit
-    shape (a tuple of paths). ``draft_temperature`` None means ``temperature``.
-    ``peer``: a callable ``peer(prompt_id, input_ids, seed) -> dict`` of measurements
-    (``new_tokens``, ``target_calls``, ``draft_calls``, ``seconds``, ``block_efficiency``,
-    ``acceptance_rate``) for methods that are not this library's decoder; ``kind`` names it.
-    ``info``: extra facts written into every row's ``tree`` field (an automatically chosen tree).
-    ``rule``: a sequence-level tree rule ('block', 'traversal', ...) verifying the tree instead
-    of the walk of a verifier (``verifier`` is then None; the law defaults to 'iid').
+    ``kind``: None for the library's decoder (``method_kind`` 'target' or 'tree'), 'auto' for a
+    tree chosen later from a cost profile (``settings`` is then a placeholder of the verifier or
+    rule and K until :meth:`chosen` gives the tree), or a peer's kind. ``peer``: a callable
+    ``peer(prompt_id, input_ids, seed) -> dict`` of measurements (``new_tokens``,
+    ``target_calls``, ``draft_calls``, ``seconds``, ``block_efficiency``, ``acceptance_rate``)
+    for methods that are not this library's decoder; a peer's ``settings`` is the target alone
+    at its sampling settings, and ``facts`` its own sizes (``(("k", 2), ("depth", 4))``), which
+    its rows carry. ``info``: facts of an automatically chosen tree (the rows' ``auto``).
     """
 
     label: str
-    verifier: str | None = None
-    law: str | None = None
-    k: int = 0
-    depth: int = 0
-    tree: object = None
-    max_nodes: int | None = None
-    min_gain: float | None = None
-    temperature: float = 1.0
-    draft_temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
+    settings: Settings
     kind: str | None = None
     peer: Callable | None = field(default=None, compare=False, repr=False)
     info: dict | None = field(default=None, compare=False, repr=False)
-    rule: str | None = None
+    facts: tuple = ()
 
     @property
     def target_alone(self) -> bool:
-        """The target decodes alone (no draft): neither a verifier nor a rule, and not a peer."""
-        return self.verifier is None and self.rule is None
-
-    @property
-    def rule_name(self) -> str | None:
-        """The tree rule the rows carry: ``token_walk`` for a verifier's walk, None without a tree."""
-        if self.peer is not None or self.target_alone:
-            return None
-        return self.rule or WALK
+        """The target decodes alone (no draft, no tree), and not by a peer."""
+        return self.settings.target_alone and self.peer is None
 
     @property
     def method_kind(self) -> str:
         if self.kind is not None:
             return self.kind
-        return "target" if self.target_alone else "tree"
+        return "target" if self.settings.target_alone else "tree"
 
-    @property
-    def row_law(self) -> str:
-        """The draft law kind the rows carry (``-`` for the target alone and peers)."""
-        if self.target_alone:
-            return "-"
-        if self.law is not None:
-            return self.law
-        if self.rule is not None:
-            return "iid"
-        k = self.k
-        if isinstance(self.tree, (list, tuple)):
-            k = max(1, max((sum(1 for q in self.tree if len(q) == len(p) + 1 and tuple(q[:-1]) == tuple(p))
-                            for p in [()] + [tuple(x) for x in self.tree]), default=1))
-        return _verifiers.get(self.verifier).implied_law(k)
+    def chosen(self, paths, info: dict) -> "MethodSpec":
+        """An 'auto' method with its tree chosen: the explicit ``paths`` and the choice's facts."""
+        return dataclasses.replace(self, settings=self.settings.derive(tree=[list(p) for p in paths]), info=info)
 
-    @property
-    def chain(self) -> bool:
-        """One draft per node: single-draft SD (a chain)."""
-        if self.target_alone:
-            return False
-        if self.verifier == "naive" or self.k == 1:
-            return True
-        return isinstance(self.tree, (list, tuple)) and all(p[-1] == 0 for p in self.tree)
-
-    def generate_kwargs(self) -> dict:
-        """The keyword arguments of ``multidraft.generate`` this method decodes with."""
-        if self.target_alone:
-            return {"verifier": None, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-        who = {"rule": self.rule} if self.rule is not None else {"verifier": self.verifier}
-        kw = {**who, "k": self.k, "depth": self.depth, "draft_law": self.law,
-              "tree": [list(p) for p in self.tree] if isinstance(self.tree, tuple) else self.tree,
-              "temperature": self.temperature,
-              "draft_temperature": self.draft_temperature if self.draft_temperature is not None else self.temperature,
-              "top_k": self.top_k, "top_p": self.top_p}
-        if self.max_nodes is not None:
-            kw["max_nodes"] = self.max_nodes
-        if self.min_gain is not None:
-            kw["min_gain"] = self.min_gain
-        return kw
+    def describe(self) -> dict:
+        """The method's columns of a row: its label and kind, then ``Settings.describe()`` (a peer's
+        own ``facts`` over it; an automatically chosen tree's ``auto`` facts)."""
+        d = {"method": self.label, "method_kind": self.method_kind, **self.settings.describe(), **dict(self.facts)}
+        if self.info is not None:
+            d["auto"] = self.info
+        return d
 
 
 def target_alone(label: str = "target-only", *, temperature: float = 1.0, top_k=None, top_p=None) -> MethodSpec:
-    return MethodSpec(label, None, temperature=float(temperature), top_k=top_k, top_p=top_p)
+    return MethodSpec(label, Settings.from_args(verifier=None, temperature=temperature, top_k=top_k, top_p=top_p,
+                                                max_new_tokens=_MAX_NEW_TOKENS))
 
 
-def tree_method(label: str, verifier: str | None, k: int, depth: int, *, law: str | None = None, tree=None,
-                temperature: float = 1.0, draft_temperature: float | None = None, top_k=None, top_p=None,
-                max_nodes=None, min_gain=None, rule: str | None = None) -> MethodSpec:
-    """A draft tree verified by the walk of ``verifier`` or, with ``rule`` (and ``verifier`` None), by
-    a sequence-level tree rule; ``law`` None: the verifier's implied law at K ('iid' for a rule),
-    resolved here."""
-    if rule in (None, WALK):
-        rule = None
-    elif verifier is not None:
-        raise ValueError(f"verifier: rule {rule!r} reads no token-level verifier; give one of them")
-    if law is None and not isinstance(tree, (list, tuple)):
-        law = "iid" if rule is not None else _verifiers.get(verifier).implied_law(int(k))
-    return MethodSpec(label, verifier, law, int(k), int(depth), tuple(tuple(p) for p in tree)
-                      if isinstance(tree, (list, tuple)) else tree, max_nodes, min_gain, float(temperature),
-                      draft_temperature, top_k, top_p, rule=rule)
+def tree_method(label: str, verifier: str | None, k: int, depth: int, *, rule: str | None = None,
+                **settings) -> MethodSpec:
+    """A draft tree verified by the walk of ``verifier`` or, with ``rule`` (and ``verifier`` None),
+    by a sequence-level tree rule; ``settings`` the other keyword settings of
+    ``Settings.from_args`` (``law`` is its ``draft_law``), resolved here (ValueError naming the
+    first bad one)."""
+    if "law" in settings:
+        settings["draft_law"] = settings.pop("law")
+    who = {"rule": rule} if rule not in (None, WALK) else {}
+    if verifier is not None or not who:
+        who["verifier"] = verifier
+    settings.setdefault("max_new_tokens", _MAX_NEW_TOKENS)
+    return MethodSpec(label, Settings.from_args(**who, k=k, depth=depth, **settings))
+
+
+def peer_method(label: str, kind: str, peer: Callable | None = None, *, temperature: float = 1.0, k: int = 0,
+                depth: int = 0) -> MethodSpec:
+    """A method decoded by a peer (``peer``; None until bound), with its own sizes ``k`` and ``depth``."""
+    s = Settings.from_args(verifier=None, temperature=temperature, max_new_tokens=_MAX_NEW_TOKENS)
+    return MethodSpec(label, s, kind=kind, peer=peer, facts=(("k", int(k)), ("depth", int(depth))))
 
 
 def _who(name: str, spec: str) -> dict:
@@ -196,15 +161,15 @@ def _who(name: str, spec: str) -> dict:
 
 
 def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
-    """A method from its short form (``benchmarks/decode_speed.py --methods``):
-
+    """A method from its short form (``benchmarks/decode_speed.py --methods``), its settings made
+    by ``Settings.from_args`` (ValueError naming a bad one):
     ``target`` the target alone; ``sd:D`` single-draft SD on a chain of depth D; ``V:KxD``
     verifier V on the full K-ary tree of depth D; ``V:seqKxD`` on K draft sequences of length
     D; ``V:dyn:K:N:D[:G]`` on dynamic trees (at most K drafts a node, N nodes, depth D, gain G);
-    ``V:auto:K`` a tree chosen later from a cost profile (``kind="auto"``; the caller fills
-    ``tree``). V is a verifier (its walk) or a sequence-level tree rule such as ``block``
-    (``block:1xD``) or ``traversal`` (``traversal:seq2x6``); the label names it either way
-    (``traversal seq K=2 depth 6``). ValueError for anything else."""
+    ``V:auto:K`` a tree chosen later from a cost profile (``kind="auto"``; the caller gives the
+    tree by ``MethodSpec.chosen``). V is a verifier (its walk) or a sequence-level tree rule such
+    as ``block`` (``block:1xD``) or ``traversal`` (``traversal:seq2x6``); the label names it
+    either way (``traversal seq K=2 depth 6``). ValueError for anything else."""
     s = spec.strip()
     t = float(temperature)
     if s == "target":
@@ -212,57 +177,55 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     m = re.fullmatch(r"sd:(\d+)", s)
     if m:
         d = int(m.group(1))
-        return MethodSpec(f"SD depth {d}", "naive", None, 1, d, temperature=t)
+        return tree_method(f"SD depth {d}", "naive", 1, d, temperature=t)
     m = re.fullmatch(r"(\w+):(seq)?(\d+)x(\d+)", s)
     if m:
         v, seq, k, d = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
-        who = _who(v, s)
-        return MethodSpec(f"{v} {'seq ' if seq else ''}K={k} depth {d}", who.get("verifier"), None, k, d,
-                          "sequences" if seq else None, temperature=t, rule=who.get("rule"))
+        return MethodSpec(f"{v} {'seq ' if seq else ''}K={k} depth {d}",
+                          Settings.from_args(**_who(v, s), k=k, depth=d, tree="sequences" if seq else None,
+                                             temperature=t, max_new_tokens=_MAX_NEW_TOKENS))
     m = re.fullmatch(r"(\w+):dyn:(\d+):(\d+):(\d+)(?::([0-9.]+))?", s)
     if m:
         v, k, n, d = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
-        who = _who(v, s)
         gain = float(m.group(5)) if m.group(5) is not None else None
         label = f"{v} dynamic K<={k} {n} nodes depth<={d}" + (f" gain>={gain:g}" if gain is not None else "")
-        return MethodSpec(label, who.get("verifier"), None, k, d, "dynamic", n, gain, temperature=t,
-                          rule=who.get("rule"))
+        return MethodSpec(label, Settings.from_args(**_who(v, s), k=k, depth=d, tree="dynamic", max_nodes=n,
+                                                    min_gain=gain, temperature=t, max_new_tokens=_MAX_NEW_TOKENS))
     m = re.fullmatch(r"(\w+):auto:(\d+)", s)
     if m:
         v, k = m.group(1), int(m.group(2))
         who = _who(v, s)
-        return MethodSpec(f"{v} auto K<={k}", who.get("verifier"), None, k, 0, temperature=t, kind="auto",
-                          rule=who.get("rule"))
+        placeholder = [[0]] if "rule" in who else None  # until the tree is chosen (cli decode --tree auto too)
+        return MethodSpec(f"{v} auto K<={k}", Settings.from_args(**who, k=k, depth=1, tree=placeholder,
+                                                                 temperature=t, max_new_tokens=_MAX_NEW_TOKENS),
+                          kind="auto")
     raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K)")
 
 
-@functools.lru_cache(maxsize=256)
-def method_settings(method: MethodSpec, max_new_tokens: int) -> Settings:
-    """The method's decoding settings, validated once: :func:`check_methods` (before any model
-    loads) and every run of the method in :func:`run` share this one object."""
-    return Settings.from_args(max_new_tokens=max_new_tokens, **method.generate_kwargs())
-
-
 def check_methods(methods: Sequence[MethodSpec], *, max_new_tokens: int) -> None:
-    """Every model-free argument of every method checked (ValueError naming it), before any model loads."""
+    """The methods of one run, before any model loads: each label once, and ``max_new_tokens``
+    (each method's settings were checked when it was made). ValueError naming the problem."""
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
         raise ValueError(f"methods: a label is listed twice: {sorted(x for x in set(labels) if labels.count(x) > 1)}")
     for m in methods:
-        if m.peer is not None or m.method_kind == "auto" and m.tree is None:
-            continue
-        method_settings(m, max_new_tokens)
+        if not isinstance(m, MethodSpec):
+            raise ValueError(f"methods: expected MethodSpec objects, got {type(m).__name__}")
+    if methods:
+        methods[0].settings.derive(max_new_tokens=max_new_tokens)
 
 
 def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
-    """The seed of one run (see the module docstring): a function of (seed, prompt, verifier,
-    law, K, depth) alone."""
+    """The seed of one run (see the module docstring): a function of (seed, prompt, verifier or
+    rule, law, K, depth) alone."""
+    d = method.describe()
     if method.peer is not None:
         name, law, k, depth = method.method_kind, "-", 0, 0
-    elif method.target_alone:
-        name, law, k, depth = AUTOREGRESSIVE, "-", 0, 0
+    elif method.settings.target_alone:
+        name, law, k, depth = SEED_TARGET_ALONE, "-", 0, 0
     else:
-        name, law, k, depth = method.rule or method.verifier, method.row_law, method.k, method.depth
+        name = d["verifier"] if d["rule"] == WALK else d["rule"]
+        law, k, depth = d["law"], d["k"], d["depth"]
     return derived_seed(seed, f"{prompt}|{name}|{law}|{k}|{depth}")
 
 
@@ -277,23 +240,10 @@ def _num(x):
 
 
 def run_row(method: MethodSpec, prompt: str, ids: torch.Tensor, seed: int, res, *, round_: int = 0) -> dict:
-    """The row of one run: ``res`` a ``GenerationResult`` or a peer's dict of measurements."""
-    target = method.target_alone and method.peer is None
-    row = {
-        "kind": "run", "method": method.label, "method_kind": method.method_kind,
-        "verifier": AUTOREGRESSIVE if target else (method.verifier if method.rule is None else "-"),
-        "rule": method.rule_name,
-        "law": method.row_law if method.peer is None else "-",
-        "K": 0 if target else method.k,
-        "depth": 0 if target else method.depth,
-        "tree": method.info if method.info is not None else
-        ([list(p) for p in method.tree] if isinstance(method.tree, tuple) else method.tree),
-        "temperature": float(method.temperature),
-        "draft_temperature": None if target else (method.draft_temperature if method.draft_temperature is not None
-                                                  else float(method.temperature)),
-        "top_k": method.top_k, "top_p": method.top_p,
-        "prompt": prompt, "prompt_tokens": int(ids.shape[-1]), "round": int(round_), "seed": int(seed),
-    }
+    """The row of one run: ``res`` a ``GenerationResult`` or a peer's dict of measurements; the
+    method's columns are ``MethodSpec.describe()`` (the one description of its settings)."""
+    row = {"kind": "run", **method.describe(),
+           "prompt": prompt, "prompt_tokens": int(ids.shape[-1]), "round": int(round_), "seed": int(seed)}
     if isinstance(res, dict):
         meas = {k: _num(res.get(k)) for k in ("new_tokens", "target_calls", "draft_calls", "tree_tokens",
                                                "block_efficiency", "acceptance_rate", "seconds")}
@@ -304,7 +254,7 @@ def run_row(method: MethodSpec, prompt: str, ids: torch.Tensor, seed: int, res, 
         meas = {"new_tokens": int(res.new_tokens), "target_calls": int(res.target_calls),
                 "draft_calls": int(res.draft_calls), "tree_tokens": int(res.tree_tokens),
                 "block_efficiency": float(res.block_efficiency),
-                "acceptance_rate": None if target else float(res.acceptance_rate),
+                "acceptance_rate": None if method.target_alone else float(res.acceptance_rate),
                 "seconds": float(res.seconds), "prefill_seconds": float(res.prefill_seconds),
                 "stop_reason": res.stop_reason}
         tokens = res.tokens.tolist()
@@ -344,6 +294,9 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
             for m in (methods if rnd % 2 == 0 else list(methods)[::-1]):
                 if skip is None or not skip(pid, m):
                     jobs.append((pi, rnd, m))
+    # each method at this run's max_new_tokens (a change of one sampling field: checked alone)
+    sized = {m.label: dataclasses.replace(m, settings=m.settings.derive(max_new_tokens=max_new_tokens))
+             for m in methods}
     out = RunOutcome([])
     it = jobs if progress is None else progress(jobs, total=len(jobs), desc=desc)
     cache, cache_pi = None, None
@@ -362,11 +315,12 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
             cache, cache_pi = PromptCache(max_entries=2), pi  # target and draft prefill of this prompt
             out.prompts_done += 1
         s = run_seed(seed, pid, m)
+        m = sized[m.label]
         if m.peer is not None:
             res = m.peer(pid, ids, s)
         else:
-            res = generate(target, None if m.target_alone else draft, ids, method_settings(m, max_new_tokens),
-                           eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(s), prompt_cache=cache)
+            res = generate(target, None if m.target_alone else draft, ids, m.settings, eos_token_id=eos_token_id,
+                           generator=torch.Generator().manual_seed(s), prompt_cache=cache)
         row = run_row(m, pid, ids, s, res, round_=rnd)
         out.rows.append(row)
         if write is not None:
@@ -492,17 +446,17 @@ def _fixed_trees(rows: Sequence[dict]) -> dict[str, dict[str, list[dict]]]:
     and method; rounds merged by the caller."""
     groups: dict[str, dict[str, list[dict]]] = {}
     for r in rows:
-        if _kind(r) != "tree" or isinstance(r.get("tree"), dict) or r.get("tree") == "dynamic":
+        if _kind(r) != "tree" or r.get("auto") is not None or r.get("tree") == "dynamic":
             continue
-        shape = r.get("tree") or ("chain" if r.get("K") == 1 else "kary")
-        tree = f"{shape} K={r.get('K')} depth {r.get('depth')} ({r.get('law')})"
+        shape = r.get("tree") or ("chain" if r.get("k") == 1 else "kary")
+        tree = f"{shape} K={r.get('k')} depth {r.get('depth')} ({r.get('law')})"
         groups.setdefault(tree, {}).setdefault(r["method"], []).append(r)
     return groups
 
 
 def _walk(r: dict) -> bool:
     """A run whose tree a token-level verifier walked (not a sequence-level rule)."""
-    return r.get("rule") in (None, WALK) and r.get("verifier") not in (None, "-", AUTOREGRESSIVE)
+    return r.get("rule") == WALK
 
 
 def _pooled(rs: Sequence[dict]) -> tuple[float, float]:
@@ -552,7 +506,7 @@ def round_spread(rows: Sequence[dict]) -> dict[str, float]:
 def _kind(r: dict) -> str:
     if "method_kind" in r:
         return r["method_kind"]
-    return "target" if r.get("verifier") in (None, AUTOREGRESSIVE) else "tree"
+    return "target" if r.get("rule") is None else "tree"
 
 
 def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str] | None = None, *,
@@ -591,8 +545,7 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
         acc = [r["acceptance_rate"] for r in rs if kind != "target" and _finite(r.get("acceptance_rate"))]
         scored = [r.get("tree_tokens") for r in rs if r.get("tree_tokens")]
         s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "rule": r0.get("rule"),
-             "law": r0.get("law", "-"),
-             "K": r0.get("K", 0), "depth": r0.get("depth", 0),
+             "law": r0.get("law"), "k": r0.get("k", 0), "depth": r0.get("depth", 0),
              "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
              "draft_calls": sum(r.get("draft_calls") or 0 for r in rs), "seconds": secs,
              "block_efficiency": tokens / calls if calls else float("nan"),
@@ -610,8 +563,8 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
             s["speedup_mean"] = s["speedup_ci95"] = float("nan")
         if peer_reference is not None:
             s["vs_llama_mean"], s["vs_llama_ci95"], _ = paired_ratio(rows, label, peer_reference)
-        if isinstance(r0.get("tree"), dict):
-            s["tree"] = r0["tree"]
+        if r0.get("auto") is not None:
+            s["auto"] = r0["auto"]
         out.append(s)
     return out
 
@@ -630,7 +583,7 @@ def format_table(summary: Sequence[dict]) -> str:
     lines = [head, "|" + "---|" * (13 + llama)]
     for s in summary:
         lines.append(
-            f"| {s['method']} | {s.get('law', '-')} | {s.get('K') or '-'} | "
+            f"| {s['method']} | {s.get('law') or '-'} | {s.get('k') or '-'} | "
             f"{_f(s['block_efficiency'])} ± {_f(s['block_efficiency_ci95'])} | {_f(s['acceptance_rate'])} | "
             f"{_f(s['tokens_per_s'])} | {_f(s['tokens_per_s_mean'])} ± {_f(s['tokens_per_s_ci95'])} | "
             f"{_f(s['speedup'])}x | {_f(s['speedup_mean'])} ± {_f(s['speedup_ci95'])} | "

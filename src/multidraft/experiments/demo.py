@@ -222,7 +222,7 @@ def plot_summary(summary: Sequence[dict], path: str | Path, *, title: str) -> Pa
     y = list(range(len(labels)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.35 * len(labels) + 1.6), dpi=110, sharey=True)
     colors = ["0.55" if s["method_kind"] != "tree" else "tab:green" if s.get("rule") not in (None, "token_walk")
-              else ("tab:orange" if s["K"] == 1 else "tab:blue") for s in summary]
+              else ("tab:orange" if s["k"] == 1 else "tab:blue") for s in summary]
     for ax, key, xlabel in ((axes[0], "speedup", "speedup vs target-only (tokens/s)"),
                             (axes[1], "block_efficiency", "block efficiency (tokens / target call)")):
         vals = [s[key] if s[key] == s[key] else 0.0 for s in summary]

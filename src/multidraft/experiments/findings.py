@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from .records import target_alone_row
+
 __all__ = ["claims_table", "paired", "t95"]
 
 ALPHA = "alpha*"
@@ -143,8 +145,8 @@ def _block_claims(rows: list[dict]) -> list[str]:
     """The order optimal >= IS >= SpecTr >= SpecInfer in block efficiency, paired over prompts."""
     by = defaultdict(dict)
     for r in rows:
-        if r.get("verifier") != "autoregressive":
-            by[(r["verifier"], r["K"])][r["prompt"]] = r["block_efficiency"]
+        if not target_alone_row(r):
+            by[(r["verifier"], r["k"])][r["prompt"]] = r["block_efficiency"]
     out = []
     for k in sorted({k for _, k in by}):
         if k < 2:

@@ -51,7 +51,7 @@ from typing import Any
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
-    "read_jsonl", "done_keys", "row_key", "require_fields", "derived_seed",
+    "read_jsonl", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields", "derived_seed",
     "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir",
 ]
 
@@ -357,9 +357,37 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
             got = obj.get("run_id")
             raise ValueError(f"{path}:{i}: row from another run (run id {got!r}, the file's meta says {rid!r})"
                              if got is not None else f"{path}:{i}: row without the run id {rid!r} of this file")
-        rows.append(obj)
+        rows.append(decode_row_spelling(obj))
         nums.append(i)
     return (meta, rows, nums) if line_numbers else (meta, rows)
+
+
+_TARGET_ALONE_SPELLINGS = ("autoregressive", "none", "-")  # a decode row's verifier before Settings.describe
+
+
+def target_alone_row(row: dict) -> bool:
+    """Whether a decode row (as :func:`read_jsonl` gives it) is a run of the target alone: no rule,
+    no verifier, and not a peer's run."""
+    return row.get("method_kind", "target") == "target" and row.get("rule") is None and row.get("verifier") is None
+
+
+def decode_row_spelling(row: dict) -> dict:
+    """A decode row (one with ``block_efficiency``) in the one spelling of ``Settings.describe``:
+    rows written before it carry ``K`` for ``k``, ``verifier`` 'autoregressive' (the target alone)
+    or '-' (a sequence-level rule) for None, ``law`` '-' for None, and an automatically chosen
+    tree's facts in ``tree`` (now ``auto``, with ``tree`` its paths). Other rows pass unchanged."""
+    if "block_efficiency" not in row:
+        return row
+    if "K" in row and "k" not in row:
+        row["k"] = row.pop("K")
+    if row.get("verifier") in _TARGET_ALONE_SPELLINGS:
+        row["verifier"] = None
+    if row.get("law") == "-":
+        row["law"] = None
+    if isinstance(row.get("tree"), dict) and "auto" not in row:
+        row["auto"] = row["tree"]
+        row["tree"] = row["auto"].get("paths")
+    return row
 
 
 def done_keys(path: str | os.PathLike, key_fields: Iterable[str]) -> set[tuple]:
@@ -492,8 +520,8 @@ SCHEMAS: dict[str, Schema] = {
     "temperature": Schema(_CELL, ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")),
     # decode runs (:func:`.decode_runs.run_row`); the blocks table reads the required ones
     "blocks": Schema((
-        Field("verifier", "text", required=True), Field("law", "text", required=True),
-        Field("K", "integer", lo=0, required=True), Field("depth", "integer", lo=0, required=True),
+        Field("verifier", "text", null=True, required=True), Field("law", "text", null=True, required=True),
+        Field("k", "integer", lo=0, required=True), Field("depth", "integer", lo=0, required=True),
         Field("temperature", lo=0, required=True), Field("prompt", "text", required=True),
         Field("block_efficiency", lo=0, required=True), Field("tokens_per_s", lo=0, null=True, required=True),
         Field("acceptance_rate", lo=0, hi=1, tol=1e-9, null=True), Field("draft_temperature", lo=0, null=True),
@@ -503,7 +531,7 @@ SCHEMAS: dict[str, Schema] = {
         Field("prompt_tokens", "integer", lo=0), Field("round", "integer", lo=0), Field("seed", "integer"),
         Field("seconds", lo=0, null=True), Field("prefill_seconds", lo=0, null=True),
         Field("tokens", "integers", lo=0, null=True), Field("method", "text"), Field("rule", "text", null=True),
-    ), ("verifier", "rule", "law", "K", "depth", "temperature", "prompt", "round", "method", "tree", "draft_temperature",
+    ), ("verifier", "rule", "law", "k", "depth", "temperature", "prompt", "round", "method", "tree", "draft_temperature",
         "top_k", "top_p")),
     # ``experiment paper``'s stage timings (stages.jsonl)
     "stages": Schema((

@@ -22,7 +22,7 @@ from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, t95
 from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
-from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, valid_rows
+from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, target_alone_row, valid_rows
 
 __all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "values_note", "summary", "paired_difference",
            "tail_note"]
@@ -385,20 +385,20 @@ def _mean_ci(xs) -> tuple[float, float]:
 def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], reference: tuple[str, list[dict]] | None = None) -> None:
     """``reference``: (label, rows of another blocks file) whose target-only rows every row is
     also paired with, prompt by prompt (an extra speed-up column)."""
-    ar = [r for r in rows if r["verifier"] == "autoregressive" and r["tokens_per_s"] is not None]
+    ar = [r for r in rows if target_alone_row(r) and r["tokens_per_s"] is not None]
     ar_by = {r["prompt"]: r["tokens_per_s"] for r in ar}  # the baseline of each prompt
     ref_by = {}
     if reference is not None:
-        ref_ar = [r for r in reference[1] if r.get("verifier") == "autoregressive" and r.get("tokens_per_s") is not None]
+        ref_ar = [r for r in reference[1] if target_alone_row(r) and r.get("tokens_per_s") is not None]
         ref_by = {r["prompt"]: r["tokens_per_s"] for r in ref_ar}
         if not ref_by:
-            raise ValueError(f"blocks baseline {reference[0]}: no target-only (autoregressive) rows")
+            raise ValueError(f"blocks baseline {reference[0]}: no target-only rows")
         m, ci = _mean_ci([r["tokens_per_s"] for r in ref_ar])
         missing = sorted({r["prompt"] for r in rows} - set(ref_by))
         lines.append(f"Second baseline `{reference[0]}`: target-only {m:.2f} ± {ci:.2f} tokens/s on {len(ref_by)} prompt(s)"
                      + (f"; {len(missing)} prompt(s) of this run have none there and are left out of its column" if missing else "")
                      + ". The last column pairs every row with it, prompt by prompt.\n")
-    cells = _group([r for r in rows if r["verifier"] != "autoregressive"], ("verifier", "law", "K", "depth"))
+    cells = _group([r for r in rows if not target_alone_row(r)], ("verifier", "law", "k", "depth"))
     prompts = len({r["prompt"] for r in rows})
     temps = ", ".join(sorted({format(r["temperature"], "g") for r in rows}))
     ar_ci = _mean_ci([r["tokens_per_s"] for r in ar]) if ar else None

@@ -136,7 +136,7 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     async def _serve(request: Request, req: SamplingRequest):
         ids, max_tokens = _prepare(req)
         try:
-            settings = model.request_settings(req.temperature, req.top_p, req.top_k, max_tokens)
+            settings = model.request_settings(req.settings_changes(), max_tokens)
         except ValueError as exc:
             arg = getattr(exc, "arg", None)
             param = {"max_new_tokens": "max_tokens"}.get(arg, arg)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["APIError", "SamplingRequest", "parse_completion", "parse_chat", "error_body"]
 
@@ -46,6 +46,10 @@ def _bad(param: str, message: str, code: str | None = None) -> APIError:
 # fields both endpoints share, and OpenAI fields accepted only at their neutral value
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop", "seed",
            "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+# multidraft's own decode fields of a request (extensions, as ``top_k``): each is a keyword of
+# ``decoding.Settings.derive``, checked there (an error names it as the param)
+_DECODE = ("sources",)
+_COMMON |= set(_DECODE)
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
                    "parallel_tool_calls", "metadata", "store", "service_tier", "modalities", "reasoning_effort",
@@ -78,6 +82,11 @@ class SamplingRequest:
     stop: tuple
     seed: int
     seed_given: bool
+    decode: dict = field(default_factory=dict)  # the request's multidraft decode fields (_DECODE) as given
+
+    def settings_changes(self) -> dict:
+        """The request's changes of the server's decode settings (``Settings.derive`` keywords)."""
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, **self.decode)
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -168,7 +177,8 @@ def _common(body, allowed: set, endpoint: str) -> dict:
         raise _bad("user", f"user must be a string, got {user!r}", "invalid_type")
     return dict(endpoint=endpoint, model=model, max_tokens=max_tokens, temperature=temperature,
                 top_p=None if top_p >= 1.0 else top_p, top_k=top_k, stream=stream, include_usage=include_usage,
-                stop=stops, seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None)
+                stop=stops, seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None,
+                decode={k: body[k] for k in _DECODE if body.get(k) is not None})
 
 
 def parse_completion(body) -> SamplingRequest:

@@ -86,10 +86,10 @@ class ServedModel:
     """The served pair and the server's speculative configuration.
 
     ``settings`` the server's ``decoding.Settings`` (from the command line, checked once);
-    each request derives its own from it with the request's temperature, top_p, top_k and
-    max_tokens (the draft temperature follows the request's temperature unless the server fixed
-    it: ``draft_temperature``). ``tree`` names the tree as the command line gave it (the chosen
-    paths for ``auto``)."""
+    each request's settings are these with the request's changes (:meth:`request_settings`):
+    its temperature, top_p, top_k, max_tokens and decode extensions (``sources``), applied to
+    the resolved object (the draft temperature follows the request's temperature unless the
+    server fixed it: ``draft_temperature``)."""
 
     name: str
     engine: str
@@ -98,24 +98,21 @@ class ServedModel:
     codec: TextCodec
     settings: Settings
     draft_temperature: object = None
-    tree: object = "full"
     default_max_tokens: int = 128
     ignore_eos: bool = False
 
-    def request_settings(self, temperature: float, top_p, top_k, max_tokens: int) -> Settings:
-        dt = temperature if self.draft_temperature is None else self.draft_temperature
-        changes = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens)
-        if not self.settings.target_alone:
-            changes["draft_temperature"] = dt
+    def request_settings(self, changes: dict, max_tokens: int) -> Settings:
+        """The settings of one request: ``changes`` (keyword arguments of ``Settings.derive``, as
+        ``protocol.SamplingRequest.settings_changes`` gives them) and its ``max_tokens``."""
+        changes = dict(changes, max_new_tokens=max_tokens)
+        if not self.settings.target_alone and "temperature" in changes and self.draft_temperature is None:
+            changes.setdefault("draft_temperature", changes["temperature"])
         return self.settings.derive(**changes)
 
-    def describe(self) -> dict:
-        s = self.settings
-        if s.target_alone:
-            return {"engine": self.engine, "rule": None, "verifier": "none", "law": None, "k": None, "depth": None,
-                    "tree": None}
-        return {"engine": self.engine, "rule": s.rule, "verifier": s.verifier.name if s.verifier is not None else None,
-                "law": s.law, "k": s.k, "depth": s.depth, "tree": self.tree}
+    def describe(self, settings: Settings | None = None) -> dict:
+        """The ``speculative`` object: the engine and ``Settings.describe()`` of ``settings`` (a
+        request's) or of the server's."""
+        return {"engine": self.engine, **(settings or self.settings).describe()}
 
 
 class TextStream:
@@ -379,7 +376,7 @@ class Worker:
             finish = "length"
         with self._lock:
             self.counts["cancelled" if cancelled else "served"] += 1
-        spec = m.describe()
+        spec = m.describe(job.settings)
         spec.update(target_calls=res.target_calls, draft_calls=res.draft_calls,
                     accepted_tokens=int(sum(res.accepted_lengths)), block_efficiency=res.block_efficiency,
                     acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
