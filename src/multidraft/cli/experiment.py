@@ -1,4 +1,4 @@
-"""``multidraft experiment acceptance|temperature|blocks RUN_DIR``: experiments on real models.
+"""``multidraft experiment acceptance|temperature|blocks RUN_DIR`` (and ``realtrees``, ``seqrules``): experiments.
 
 ``acceptance`` and ``temperature`` collect (target, draft) next-token distributions once
 into ``RUN_DIR/positions/`` (the only step that runs the models) and evaluate alpha* and
@@ -8,6 +8,11 @@ its settings: rerunning with other settings is refused (naming them, with both v
 except for adding values of --k, --laws, --verifiers, --datasets or temperatures, which
 extends the run (a larger K collects the position stores again, for the wider draft support
 it needs; the rows already written are kept). One process at a time runs in a run directory.
+
+Two studies of the tree rules (issue 26) run here too, results where the user says:
+``realtrees run --out FILE`` (every tree rule on the decoder's own trees, ``experiments.realtrees``;
+``realtrees report FILE...`` the tables) and ``seqrules RUN_DIR`` (every tree rule against the
+tree-level ceiling on random small instances, ``experiments.seqrules``; ``--report`` the table).
 """
 from __future__ import annotations
 
