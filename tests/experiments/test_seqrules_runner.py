@@ -7,6 +7,7 @@ import json
 import pytest
 
 from multidraft import trees
+from multidraft.cli import main as cli_main
 from multidraft.experiments import records, seqrules
 from multidraft.trees import compare
 
@@ -103,7 +104,7 @@ def test_bad_cells_are_refused(tmp_path):
 
 def test_main_grid_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(seqrules, "GRID", (("chain", 1, 2, 2), ("kary", 2, 2, 2)))
-    assert seqrules.main(["--grid", "-n", "2", "--out-dir", str(tmp_path), "--report"]) == 0
+    assert cli_main(["experiment", "seqrules", str(tmp_path), "--grid", "-n", "2", "--report"]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["chain_k1_l2_v2.jsonl", "kary_k2_l2_v2.jsonl"]
     text = (tmp_path / "table.md").read_text()
     assert "| kary_k2_l2_v2 | 2 |" in text and "best token walk" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from multidraft import trees
+from multidraft.cli import main as cli_main
 from multidraft.experiments import records, seqrules
 from multidraft.trees import compare
 
@@ -28,7 +29,7 @@ def test_grid_with_one_rule_adds_only_its_rows(tmp_path, monkeypatch):
     path = seqrules.cell_path(tmp_path, "kary", 2, 2, 2)
     _, before = records.read_jsonl(path)
     assert "univer_ot" not in {r["rule"] for r in before}  # run_cell's default: the registered rules only
-    assert seqrules.main(["--grid", "-n", "2", "--rules", "univer_ot", "--out-dir", str(tmp_path), "--report"]) == 0
+    assert cli_main(["experiment", "seqrules", str(tmp_path), "--grid", "-n", "2", "--rules", "univer_ot", "--report"]) == 0
     _, after = records.read_jsonl(path)
     assert after[: len(before)] == before
     assert [(r["instance"], r["rule"]) for r in after[len(before):]] == [(0, "univer_ot"), (1, "univer_ot")]

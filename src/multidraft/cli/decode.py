@@ -17,7 +17,7 @@ positional model of ``treeopt`` describes token-level walks only).
 
 ``--tree auto --profile FILE`` picks the tree (node budget ``--max-nodes``, depth
 ``--max-depth``, at most ``--k`` drafts per node) that maximises the predicted tokens per
-second (``decoding.treeopt.choose_tree``) from the cost profile written by ``multidraft
+second (``decoding.auto``, with ``decoding.treeopt.choose_tree``) from the cost profile written by ``multidraft
 profile`` (its points recomputed from the kept samples by ``--profile-statistic``, default
 median) and acceptance statistics: ``--accept-stats FILE``, either a study's acceptance JSONL
 (``multidraft experiment paper|acceptance``; the verifier's per-position acceptances under its
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from .._errors import ArgumentError
 from ..drafts import LAW_KINDS
@@ -167,7 +166,7 @@ _AUTO_ONLY = ("profile", "accept_stats", "accept_dataset", "profile_statistic", 
 _DYNAMIC_ONLY = ("k_max", "min_gain")
 _AUTO_OR_DYNAMIC = ("max_nodes", "max_depth")
 _FIXED_ONLY = ("depth",)  # --tree auto / dynamic take --max-depth (and dynamic --k-max) instead
-_DEFAULTS = dict(k="2", depth=4, warmup_tokens=32, max_depth=8, k_max=4)
+_DEFAULTS = dict(k="2", depth=4, max_depth=8, k_max=4)  # --warmup-tokens: decoding.auto.WARMUP_TOKENS
 
 
 def _tree_flags(args) -> None:
@@ -271,116 +270,17 @@ def check_settings(args):
     return settings, draft_temperature, tree
 
 
-def check_auto(args, settings):
-    """--tree auto: ``(profile, stats, along, ks)``: the profile with its points by
-    --profile-statistic, the acceptances of --accept-stats (``stats`` and, from a study,
-    ``along``; both None without it: a warm-up decode measures them) and ``ks`` the numbers of
-    drafts per node the verifier takes with the resolved law (``decoding.node_ks``), all <= --k."""
-    from ..decoding import node_ks
-    from ..decoding.treeopt import MAX_DEPTH, MAX_NODES, CostProfile
+def auto_request(args):
+    """--tree auto: the ``decoding.auto.AutoRequest`` of the flags (checked by
+    ``decoding.auto.check_auto``, study files read by ``experiments.acceptance.tree_acceptance``);
+    ``decode`` and ``serve`` share it."""
+    from ..decoding.auto import AutoRequest
 
-    if args.profile is None:
-        raise ValueError("--tree auto needs --profile FILE (write one with `multidraft profile --out FILE`)")
-    if not 2 <= args.max_nodes <= MAX_NODES:
-        raise ValueError(f"--max-nodes must be in [2, {MAX_NODES}], got {args.max_nodes}")
-    if not 1 <= args.max_depth <= MAX_DEPTH:
-        raise ValueError(f"--max-depth must be in [1, {MAX_DEPTH}], got {args.max_depth}")
-    if args.warmup_tokens < 1:
-        raise ValueError(f"--warmup-tokens must be >= 1, got {args.warmup_tokens}")
-    if args.accept_dataset is not None and args.accept_stats is None:
-        raise ValueError("--accept-dataset needs --accept-stats FILE (a study's acceptance JSONL)")
-    try:
-        text = Path(args.profile).expanduser().read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"--profile: cannot read {args.profile}: {exc.strerror or exc}") from None
-    try:
-        profile = CostProfile.from_json(text)
-    except ValueError as exc:
-        raise ValueError(f"--profile: {args.profile}: {exc}") from None
-    statistic = args.profile_statistic or "median"
-    try:   # the default takes a profile without samples as stored
-        profile = profile.with_statistic(statistic, strict=args.profile_statistic is not None)
-    except ValueError as exc:
-        raise ValueError(f"--profile-statistic {statistic}: {args.profile}: {exc}") from None
-    v = settings.verifier
-    if v is None:  # a sequence-level rule: the node sizes it supports, rated by the specinfer walk (module notes)
-        from ..decoding.settings import AUTO_PROXY, rule_node_ks
-        from ..verifiers import get as get_verifier
-
-        if settings.law != "iid":
-            raise ArgumentError("rule", f": --tree auto rates trees with the {AUTO_PROXY} walk's i.i.d. acceptances; "
-                                        f"rule {settings.rule!r} with the {settings.law!r} law has none: use --draft-law iid")
-        ks = rule_node_ks(settings.rule, settings.law, settings.k)
-        if not ks:
-            raise ArgumentError("rule", f": {settings.rule!r} takes no K-ary tree with K <= {settings.k} "
-                                        "(--tree auto chooses among such trees); use a fixed --tree")
-        v = get_verifier(AUTO_PROXY)
-    else:
-        ks = node_ks(v, settings.law, settings.k)
-    stats = along = None
-    if args.accept_stats is not None:
-        from ..experiments.acceptance import tree_acceptance
-
-        td = settings.draft_temps   # per-draft temperatures: the study row's is the target's
-        td = td[0] if len(set(td)) == 1 else settings.temperature
-        try:
-            stats, along = tree_acceptance(args.accept_stats, verifier=v.name, law=settings.law, ks=ks,
-                                           t_target=settings.temperature, t_draft=td,
-                                           dataset=args.accept_dataset)
-        except ValueError as exc:
-            raise ValueError(f"--accept-stats: {exc}") from None
-    return profile, stats, along, ks
-
-
-def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
-    """Acceptance statistics (given or from a warm-up decode) and the tree choice: ``(tree or None, info)``."""
-    from .._validate import stream_seed
-    from ..decoding import full_tree, generate
-    from ..decoding.settings import AUTO_PROXY
-    from ..decoding.treeopt import AcceptStats, choose_tree
-
-    profile, stats, along, ks = auto
-    if stats is None:
-        records: list = []
-        warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=args.warmup_tokens,
-                                 **({} if settings.verifier is not None else {"verifier": AUTO_PROXY, "rule": None}))
-        generate(target, draft, input_ids, warmup, eos_token_id=eos,
-                 generator=stream_seed(args.seed, "tree-auto-warmup"), node_log=records)
-        if not records:
-            raise ValueError("--tree auto: the warm-up decode verified no tree node (it stopped at once); "
-                             "give --accept-stats FILE or a longer prompt")
-        stats = AcceptStats.from_records(records, max_k=settings.k, source=f"warm-up decode, {len(records)} nodes")
-    usable = [k for k in ks if k in stats.accept]
-    if not usable:
-        raise ValueError(f"--accept-stats: no statistics for any k the verifier takes here ({ks}); have {list(stats.ks)}")
-    stats = stats.restrict(usable)
-    choice = choose_tree(profile, stats, max_nodes=args.max_nodes, max_depth=args.max_depth, along=along)
-    use = choice.tree is not None and (choice.pays or args.force_tree)
-    info = {**choice.to_dict(), "accept_stats": stats.to_dict(), "profile": args.profile,
-            "profile_statistic": profile.statistic, "target_seconds_1": profile.target_seconds(1),
-            "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
-            "decoded_with": "tree" if use else "target-only", "forced": bool(args.force_tree and not choice.pays)}
-    if log is not None:
-        pe = profile.meta.get("engine", "transformers")
-        pm = profile.meta.get("dtype")
-        if pe != args.engine:
-            log(f"tree auto: note: the profile was measured on {pe}, decoding on {args.engine}")
-        elif pm and args.engine == "transformers" and pm != args.dtype:
-            log(f"tree auto: note: the profile was measured in {pm}, decoding in {args.dtype}")
-        log(f"tree auto: acceptance from {stats.source} ({choice.model} model); profile points: "
-            f"{profile.statistic or 'as stored'} (target forward {1e3 * profile.target_seconds(1):.1f} ms; decoder's own "
-            f"time {1e3 * profile.per_step_seconds:.1f} ms a step + {1e3 * profile.per_node_seconds:.2f} ms a node)")
-        base = choice.target_only_tokens_per_s
-        t = choice.tree
-        if t is not None:
-            log(f"tree auto: best tree {t.nodes} nodes, depth {t.depth}, E[tokens/step] {t.expected_tokens:.3f}, "
-                f"predicted {t.tokens_per_s:.2f} tok/s vs target-only {base:.2f} tok/s ({choice.speedup:.2f}x): "
-                f"{json.dumps(t.paths, separators=(',', ':'))}")
-        if not choice.pays:
-            log("tree auto: no tree beats the target alone under this profile; "
-                + ("decoding with the best tree anyway (--force-tree)" if use else
-                   "decoding target-only (--force-tree decodes with the best tree)"))
-    return (choice.tree.paths if use else None), info
+    return AutoRequest(
+        profile=args.profile, profile_statistic=args.profile_statistic, accept_stats=args.accept_stats,
+        accept_dataset=args.accept_dataset, warmup_tokens=args.warmup_tokens, max_nodes=args.max_nodes,
+        max_depth=args.max_depth, force_tree=bool(args.force_tree), seed=args.seed, engine=args.engine,
+        dtype=args.dtype)
 
 
 def _progress(enabled: bool):
@@ -401,7 +301,12 @@ def _progress(enabled: bool):
 
 def run(args) -> int:
     settings, draft_temperature, tree, out = check_args(args)
-    auto = check_auto(args, settings) if tree == "auto" else None
+    auto = None
+    if tree == "auto":  # checked before any model loads
+        from ..decoding.auto import check_auto
+        from ..experiments.acceptance import tree_acceptance
+
+        auto = check_auto(auto_request(args), settings, read_acceptance=tree_acceptance)
 
     import torch
 
@@ -433,7 +338,9 @@ def run(args) -> int:
         raise ValueError("--prompt encodes to no tokens")
     auto_info = None
     if auto is not None:  # the chosen tree, or the target alone when no tree pays
-        tree, auto_info = _auto_tree(args, settings, auto, target, draft, input_ids, eos, log)
+        from ..decoding.auto import choose
+
+        tree, auto_info = choose(target, draft, input_ids, settings, auto, eos, log)
         settings = settings.derive(tree=tree) if tree is not None else settings.derive(verifier=None)
     drafting = not settings.target_alone
     cb, close = _progress(not args.quiet)

@@ -1,4 +1,4 @@
-"""``multidraft experiment acceptance|temperature|blocks RUN_DIR``: experiments on real models.
+"""``multidraft experiment acceptance|temperature|blocks RUN_DIR`` (and ``realtrees``, ``seqrules``): experiments.
 
 ``acceptance`` and ``temperature`` collect (target, draft) next-token distributions once
 into ``RUN_DIR/positions/`` (the only step that runs the models) and evaluate alpha* and
@@ -8,10 +8,16 @@ its settings: rerunning with other settings is refused (naming them, with both v
 except for adding values of --k, --laws, --verifiers, --datasets or temperatures, which
 extends the run (a larger K collects the position stores again, for the wider draft support
 it needs; the rows already written are kept). One process at a time runs in a run directory.
+
+Two studies of the tree rules (issue 26) run here too, results where the user says:
+``realtrees run --out FILE`` (every tree rule on the decoder's own trees, ``experiments.realtrees``;
+``realtrees report FILE...`` the tables) and ``seqrules RUN_DIR`` (every tree rule against the
+tree-level ceiling on random small instances, ``experiments.seqrules``; ``--report`` the table).
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..datasets import DATASETS
 from ..experiments.collect import POSITIONS_FROM
@@ -106,9 +112,217 @@ def register(sub) -> None:
     b.add_argument("--no-baseline", action="store_true", help="skip the target-only autoregressive baseline")
     b.set_defaults(func=run_blocks)
 
+    _register_realtrees(es)
+    _register_seqrules(es)
+
     from .paper import register as register_paper
 
     register_paper(es)
+
+
+# the real-tree study (experiments.realtrees) ---------------------------------------------------
+_SHAPES = ("chain", "seq2", "seq4", "kary2")   # realtrees.SHAPES, spelled here so --help imports no torch
+_BUDGETS = (4, 8, 12)                         # realtrees.BUDGETS
+
+
+def _register_realtrees(es) -> None:
+    rt = es.add_parser("realtrees", help="every tree rule's exact tokens per call on the decoder's own draft trees "
+                                         "(run: build and score them, report: tables from the JSONL)",
+                       description="Every tree rule's exact tokens per call on the decoder's own draft trees, built "
+                                   "along the target's continuations (experiments.realtrees): run writes JSONL rows "
+                                   "to --out (resumable), report makes the tables from JSONL files alone.")
+    sub = rt.add_subparsers(dest="realtrees", metavar="STEP")
+    rt.set_defaults(func=lambda args: (rt.print_help(sys.stderr), 2)[1])
+    r = sub.add_parser("run", help="build the decoder's trees along target continuations and write JSONL rows")
+    r.add_argument("--dataset", required=True, help="humaneval, mtbench, kjv or file:PATH")
+    r.add_argument("-n", type=int, default=8, help="prompts (default 8)")
+    r.add_argument("--prompt-seed", type=int, default=None, help="sample the prompts with this seed (default: the first n)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--cont-tokens", type=int, default=128, help="target continuation length (T = 1; default 128)")
+    r.add_argument("--stride", type=int, default=8, help="positions every this many tokens of the continuation (default 8)")
+    r.add_argument("--shapes", default=",".join(_SHAPES), help=f"tree shapes (default {','.join(_SHAPES)})")
+    r.add_argument("--budgets", default=",".join(map(str, _BUDGETS)),
+                   help=f"node budgets, drafted nodes (default {','.join(map(str, _BUDGETS))})")
+    r.add_argument("--max-trees", type=int, default=None, help="stop after this many trees built (new or filled)")
+    r.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (resumable)")
+    r.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on a shared machine)")
+    r.add_argument("--out", required=True, metavar="FILE", help="JSONL file (created, or resumed)")
+    r.add_argument("--no-fill", action="store_true",
+                   help="do not rebuild trees written before some of today's rules existed (tree_fill rows)")
+    r.set_defaults(func=run_realtrees)
+    rp = sub.add_parser("report", help="markdown tables from JSONL files only")
+    rp.add_argument("files", nargs="+", metavar="FILE", help="JSONL files of `realtrees run`")
+    rp.add_argument("--markdown", metavar="FILE", default=None, help="also write the tables here")
+    rp.set_defaults(func=run_realtrees_report)
+
+
+def _check_realtrees(args) -> tuple[list[str], list[int]]:
+    """Every flag of ``realtrees run`` checked before any model loads: ``(shapes, budgets)``."""
+    from ..datasets import check_dataset
+    from ._args import check_out_dir
+
+    try:
+        check_dataset(args.dataset)
+    except ValueError as exc:
+        raise ValueError(f"--dataset: {exc}") from None
+    if args.dataset.startswith("file:") and not Path(args.dataset[5:]).expanduser().is_file():
+        raise ValueError(f"--dataset: {args.dataset}: no such file")
+    for flag, val in (("-n", args.n), ("--cont-tokens", args.cont_tokens), ("--stride", args.stride),
+                      ("--threads", args.threads), ("--max-trees", args.max_trees)):
+        if val is not None and val < 1:
+            raise ValueError(f"{flag} must be >= 1, got {val}")
+    if args.minutes is not None and not args.minutes > 0:
+        raise ValueError(f"--minutes must be a positive number of minutes, got {args.minutes}")
+    shapes = name_list(args.shapes, "shapes")
+    bad = [x for x in shapes if x not in _SHAPES]
+    if bad:
+        raise ValueError(f"--shapes: unknown shape {bad[0]!r}; choose from {', '.join(_SHAPES)}")
+    budgets = [int(b) for b in int_list(args.budgets, "budgets", lo=1)]
+    from .._errors import ArgumentError
+    from ..experiments.realtrees import shape_settings
+
+    for sh in shapes:
+        for b in budgets:
+            try:
+                shape_settings(sh, b)
+            except ValueError as exc:
+                raise ValueError(ArgumentError.of("budget", exc).restated("--budgets")) from None
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise ValueError(f"--out: {out} is a directory; give a file name")
+    check_out_dir(out.parent, "--out")  # created with its parents when missing, as the results file's writer does
+    check_common(args)  # --seed
+    return shapes, budgets
+
+
+def run_realtrees(args) -> int:
+    import time
+
+    shapes, budgets = _check_realtrees(args)
+    from .. import models
+    from ..decoding.pair import load_pair
+    from ..experiments.realtrees import run
+
+    target, draft, tok = load_pair("transformers", n_threads=args.threads)
+    names = {"target": getattr(models.DEFAULT_TARGET, "name", None), "draft": getattr(models.DEFAULT_DRAFT, "name", None),
+             "dtype": str(next(target.parameters()).dtype), "engine": "transformers"}
+    print(f"seed {args.seed}; continuations sampled at T = 1 from the target", file=sys.stderr)
+    deadline = time.time() + 60 * args.minutes if args.minutes else None
+    got = run(target, draft, tok, dataset=args.dataset, n=args.n, out=args.out, seed=args.seed,
+              prompt_seed=args.prompt_seed, cont_tokens=args.cont_tokens, stride=args.stride, shapes=shapes,
+              budgets=budgets, max_trees=args.max_trees, deadline=deadline,
+              log=lambda s: print(s, file=sys.stderr, flush=True), model_names=names, fill=not args.no_fill)
+    print(f"{got['trees']} new trees and {got['filled']} filled in {got['seconds']:.0f} s: {got['trees_per_min']:.1f} trees/min "
+          f"({got['stopped']}); filled trees' written values recomputed within {got['recheck_max']:.3g}")
+    c = got["cpu_seconds"]
+    print(f"CPU seconds: trees {c['trees']:.1f} ({60 * (got['trees'] + got['filled']) / max(c['trees'], 1e-9):.1f} trees per "
+          f"CPU-minute, positions' chunks included), prompt prefills {c['prefill']:.1f}, continuations {c['continuations']:.1f} "
+          f"({got['continuation_tokens']} tokens); model calls " + ", ".join(f"{k} {v}" for k, v in got["model_calls"].items()))
+    return 0
+
+
+def run_realtrees_report(args) -> int:
+    from ._args import check_out_file
+
+    for f in args.files:
+        if not Path(f).expanduser().is_file():
+            raise ValueError(f"{f}: no such file")
+    md = check_out_file(args.markdown, "--markdown")
+    from ..experiments.realtrees import report
+
+    text = report(args.files)
+    if md is not None:
+        md.write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+# sequence-level rules against the tree-level ceiling (experiments.seqrules) ------------------------
+_LAWS = ("sequences", "kary", "chain")  # seqrules.LAWS
+
+
+def _register_seqrules(es) -> None:
+    q = es.add_parser("seqrules", help="every tree rule against the tree-level ceiling on random small instances",
+                      description="Every tree rule against the tree-level ceiling on random small instances "
+                                  "(experiments.seqrules): one JSONL per cell in RUN_DIR (only missing rows are "
+                                  "computed), the table from the files alone with --report.")
+    q.add_argument("run_dir", metavar="RUN_DIR", help="the cell files' directory (created; rerun to add missing rows)")
+    q.add_argument("--grid", action="store_true", help="run every cell of seqrules.GRID (only the missing rows)")
+    q.add_argument("--report", action="store_true", help="write the markdown table from the cell files only")
+    q.add_argument("--root", action="store_true", help="item 5: trees.root_tradeoff on seqrules.ROOT_CELLS")
+    q.add_argument("--law", choices=_LAWS, help="one cell: its tree draft law (with --k, --depth, --vocab)")
+    q.add_argument("--k", type=int, default=None, help="one cell: drafts per node (default 2)")
+    q.add_argument("--depth", type=int, default=None, help="one cell: depth (default 2)")
+    q.add_argument("--vocab", type=int, default=None, help="one cell: vocabulary size (default 3)")
+    q.add_argument("-n", type=int, default=500, help="instances per cell (default 500)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--rules", nargs="*", help="sequence-level rules (default: every registered one and the variants "
+                                              "of trees.compare.VARIANTS)")
+    q.add_argument("--markdown", metavar="FILE", default=None, help="report file (default RUN_DIR/table.md)")
+    q.set_defaults(func=run_seqrules)
+
+
+def _check_seqrules(args) -> tuple[list, list, Path | None]:
+    """Every flag of ``seqrules`` checked before any file is written: ``(cells, rules, markdown)``."""
+    from .._errors import ArgumentError
+    from ._args import check_out_file
+
+    if not (args.grid or args.report or args.law or args.root):
+        raise ValueError("give --grid, --report, --root, or one cell (--law ...)")
+    given = [f for f, v in (("--k", args.k), ("--depth", args.depth), ("--vocab", args.vocab)) if v is not None]
+    if given and args.law is None:
+        raise ValueError(f"{given[0]} describes one cell: give --law too")
+    k, depth, vocab = (2 if args.k is None else args.k, 2 if args.depth is None else args.depth,
+                       3 if args.vocab is None else args.vocab)
+    for flag, val, lo in (("-n", args.n, 1), ("--k", k, 1), ("--depth", depth, 1), ("--vocab", vocab, 2)):
+        if val < lo:
+            raise ValueError(f"{flag} must be >= {lo}, got {val}")
+    check_common(args)  # --seed, RUN_DIR
+    md = check_out_file(args.markdown, "--markdown")
+    from ..experiments import seqrules
+    from ..trees import compare
+
+    cells = list(seqrules.GRID) if args.grid else ([(args.law, k, depth, vocab)] if args.law else [])
+    rules = args.rules if args.rules is not None else compare.sequence_rules() + list(compare.VARIANTS)
+    for law, ck, cd, _ in cells + (list(seqrules.ROOT_CELLS) if args.root else []):
+        try:
+            tl = seqrules.make_law(law, ck, cd)
+        except ValueError as exc:
+            raise ArgumentError.of("k", exc) from None
+        try:
+            compare.rule_names(tl, rules=rules)
+        except ValueError as exc:  # an unknown rule
+            raise ArgumentError.of("rules", exc) from None
+    if args.report and not (cells or args.root) and not Path(args.run_dir).expanduser().is_dir():
+        raise ValueError(f"RUN_DIR: {args.run_dir} does not exist (no cell files to report)")
+    return cells, rules, md
+
+
+def run_seqrules(args) -> int:
+    import time
+
+    cells, rules, md = _check_seqrules(args)
+    from ..experiments import seqrules
+
+    t0 = time.perf_counter()
+    for law, k, depth, V in cells:
+        got = seqrules.run_cell(law, k, depth, V, n=args.n, seed=args.seed, out_dir=args.run_dir, rules=rules)
+        print(f"{seqrules.cell_name(law, k, depth, V)}: {got['ceilings']} ceilings and {got['rules']} rule rows added in "
+              f"{got['seconds']:.1f} s", file=sys.stderr)
+    if cells:
+        print(f"all cells: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if args.root:
+        t1 = time.perf_counter()
+        for law, k, depth, V in seqrules.ROOT_CELLS:
+            seqrules.run_root(law, k, depth, V, n=seqrules.ROOT_N, seed=args.seed, out_dir=args.run_dir)
+        print(f"root trade-off: {time.perf_counter() - t1:.1f} s", file=sys.stderr)
+    if args.report:
+        paths = sorted(Path(args.run_dir).glob("*.jsonl"))
+        table = seqrules.report(paths)
+        dest = md if md is not None else Path(args.run_dir) / "table.md"
+        dest.write_text(table, encoding="utf-8")
+        print(f"wrote {dest} ({len(paths)} cells)", file=sys.stderr)
+    return 0
 
 
 def _collect_kw(args) -> dict:

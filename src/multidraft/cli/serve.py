@@ -17,7 +17,7 @@ import logging
 import sys
 
 from ._args import quiet_loading
-from .decode import _auto_tree, add_settings_flags, check_auto, check_settings
+from .decode import add_settings_flags, auto_request, check_settings
 
 WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
@@ -64,7 +64,12 @@ def _default_gguf(args) -> None:
 
 def run(args) -> int:
     settings, draft_temperature, tree = check_settings(args)
-    auto = check_auto(args, settings) if tree == "auto" else None
+    auto = None
+    if tree == "auto":  # checked before any model loads
+        from ..decoding.auto import check_auto
+        from ..experiments.acceptance import tree_acceptance
+
+        auto = check_auto(auto_request(args), settings, read_acceptance=tree_acceptance)
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.queue_size < 1:
@@ -105,8 +110,10 @@ def run(args) -> int:
         ids = codec.encode(text)
         if not ids:
             raise ValueError("--warmup-prompt encodes to no tokens")
-        chosen, _ = _auto_tree(args, settings, auto, target, draft, torch.tensor([ids], dtype=torch.long),
-                               None if args.ignore_eos else codec.eos, say)
+        from ..decoding.auto import choose
+
+        chosen, _ = choose(target, draft, torch.tensor([ids], dtype=torch.long), settings, auto,
+                           None if args.ignore_eos else codec.eos, say)
         if chosen is not None:
             settings = settings.derive(tree=chosen)
         else:

@@ -199,8 +199,8 @@ class Settings:
     ``trees.TokenWalk`` (the walk of a token-level verifier) or a sequence-level rule ('block',
     'traversal', ...); None for the target alone (no tree). ``law`` the draft law's kind
     (``drafts.LAW_KINDS``; None for the target alone); ``shape`` the tree shape (None for the
-    target alone); ``k`` and ``depth`` the most drafts per node and the depth (for an explicit tree
-    its own, whatever was given; 0 for the target alone); ``sources`` the ordered
+    target alone); ``k`` and ``depth`` as given (0 for the target alone; an explicit tree has its
+    own sizes, ``shape.k`` and ``shape.depth``, which :meth:`describe` gives); ``sources`` the ordered
     draft sources (``decoding.sources``; empty for the target alone; today the draft model,
     whose ``temperatures`` are the draft temperatures, one per draft column).
     """
@@ -272,10 +272,13 @@ class Settings:
         ``max_new_tokens`` and ``sources`` (the draft sources' names, in order)."""
         dyn = self.shape is not None and self.shape.mode == "dynamic"
         temps = self.draft_temps
+        tree = self.tree_arg()
+        explicit = tree if isinstance(tree, list) else None  # an explicit tree's sizes are its own
         return {
             "rule": self.rule_name,
             "verifier": self.verifier.name if self.verifier is not None else None,
-            "law": self.law, "k": self.k, "depth": self.depth, "tree": self.tree_arg(),
+            "law": self.law, "k": self.k if explicit is None else self.shape.k,
+            "depth": self.depth if explicit is None else self.shape.depth, "tree": tree,
             "max_nodes": self.shape.budget if dyn else None, "min_gain": self.shape.min_gain if dyn else None,
             "temperature": self.temperature,
             "draft_temperature": (None if not temps else list(temps) if self.law == "independent" else temps[0]),
@@ -406,8 +409,6 @@ class Settings:
                     raise _unsupported(v, kind, n)
             obj = _trees.TokenWalk(v, kind)
         srcs = tuple(DraftModel(tuple(temps)) for _ in names)  # today one source: the draft model
-        if shape.mode == "paths" and tree is not None:  # an explicit tree: its own sizes, not the arguments'
-            K, L = shape.k, shape.depth
         return cls(obj, kind, shape, K, L, temperature, top_k, top_p, max_new_tokens, srcs)
 
     @staticmethod

@@ -49,7 +49,7 @@ class BlocksConfig:
     ``engine`` is not bound (the same rows on either engine), but llama.cpp's one batch a
     step bounds the tree sizes. ``methods`` (not a field to give) are the runs of every cell,
     the target-only baseline first, each one's decoding settings built once
-    (``decode_runs.method_settings``).
+    (``decode_runs.MethodSpec.settings``).
     """
 
     verifiers: tuple | None = None

@@ -66,7 +66,7 @@ class DemoConfig:
     """The demo's settings, validated once when made: every field is checked in
     ``__post_init__`` (``ArgumentError`` naming it) and stored resolved (``ks`` sorted numbers of
     drafts >= 2). ``methods`` and ``skipped`` (not fields to give) are :func:`plan_methods`'s
-    plan, each method's decoding settings built once (``decode_runs.method_settings``).
+    plan, each method's decoding settings built once (``decode_runs.MethodSpec.settings``).
     A variant is ``dataclasses.replace(cfg, ...)`` (validated again, as a new config)."""
 
     target: str | None = None

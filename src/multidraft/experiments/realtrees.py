@@ -50,10 +50,8 @@ its target pass unless shared, and the rules. Trees are NOT
 scored in one pass over their union, nor batched: that changes the bf16 logits (a tree's nodes
 at other key positions moved logits by up to 0.22 on the default pair), hence the rows.
 
-    python -m multidraft.experiments.realtrees run --dataset humaneval -n 164 \
-        --out docs/results/real_trees/humaneval.jsonl
-    python -m multidraft.experiments.realtrees report docs/results/real_trees/*.jsonl \
-        --markdown docs/results/real_trees/README_table.md
+    multidraft experiment realtrees run --dataset humaneval -n 164 --out runs/real_trees/humaneval.jsonl
+    multidraft experiment realtrees report runs/real_trees/*.jsonl --markdown runs/real_trees/table.md
 
 ``report`` reads the JSONL files only: per (data set, shape, budget), and per MT-bench
 category, the mean tokens per call of every rule and its mean difference to the best token
@@ -62,9 +60,7 @@ standard error clustered by prompt (trees of one continuation are not independen
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -76,7 +72,7 @@ from ..trees import rules as _rules
 from .records import JsonlWriter, derived_seed, read_jsonl
 
 __all__ = ["SHAPES", "BUDGETS", "WALKS", "shape_settings", "bfs_tree", "tree_rules", "build_tree", "evaluate_tree",
-           "run", "report", "main"]
+           "run", "report"]
 
 SHAPES = ("chain", "seq2", "seq4", "kary2")
 BUDGETS = (4, 8, 12)
@@ -536,56 +532,3 @@ def report(paths) -> str:
     if notes:
         out += ["Notes (rows left out, trees rebuilt):", ""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m multidraft.experiments.realtrees", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="build the decoder's trees along target continuations and write JSONL rows")
-    r.add_argument("--dataset", required=True, help="humaneval, mtbench, kjv or file:PATH")
-    r.add_argument("-n", type=int, default=8, help="prompts")
-    r.add_argument("--prompt-seed", type=int, default=None, help="sample the prompts with this seed (default: the first n)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--cont-tokens", type=int, default=128, help="target continuation length (T = 1)")
-    r.add_argument("--stride", type=int, default=8, help="positions every this many tokens of the continuation")
-    r.add_argument("--shapes", default=",".join(SHAPES))
-    r.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    r.add_argument("--max-trees", type=int, default=None, help="stop after this many trees built (new or filled)")
-    r.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (resumable)")
-    r.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest on a shared machine)")
-    r.add_argument("--out", required=True, help="JSONL file (created, or resumed)")
-    r.add_argument("--no-fill", action="store_true",
-                   help="do not rebuild trees written before some of today's rules existed (tree_fill rows)")
-    p = sub.add_parser("report", help="markdown tables from JSONL files only")
-    p.add_argument("files", nargs="+")
-    p.add_argument("--markdown", help="write the tables here")
-    a = ap.parse_args(argv)
-    if a.cmd == "report":
-        text = report(a.files)
-        if a.markdown:
-            Path(a.markdown).write_text(text, encoding="utf-8")
-        print(text)
-        return 0
-    from ..decoding.pair import load_pair
-    from .. import models
-
-    target, draft, tok = load_pair("transformers", n_threads=a.threads)
-    names = {"target": getattr(models.DEFAULT_TARGET, "name", None), "draft": getattr(models.DEFAULT_DRAFT, "name", None),
-             "dtype": str(next(target.parameters()).dtype), "engine": "transformers"}
-    print(f"seed {a.seed}; continuations sampled at T = 1 from the target", file=sys.stderr)
-    deadline = time.time() + 60 * a.minutes if a.minutes else None
-    got = run(target, draft, tok, dataset=a.dataset, n=a.n, out=a.out, seed=a.seed, prompt_seed=a.prompt_seed,
-              cont_tokens=a.cont_tokens, stride=a.stride, shapes=a.shapes.split(","),
-              budgets=[int(x) for x in a.budgets.split(",")], max_trees=a.max_trees, deadline=deadline,
-              log=lambda s: print(s, file=sys.stderr, flush=True), model_names=names, fill=not a.no_fill)
-    print(f"{got['trees']} new trees and {got['filled']} filled in {got['seconds']:.0f} s: {got['trees_per_min']:.1f} trees/min "
-          f"({got['stopped']}); filled trees' written values recomputed within {got['recheck_max']:.3g}")
-    c = got["cpu_seconds"]
-    print(f"CPU seconds: trees {c['trees']:.1f} ({60 * (got['trees'] + got['filled']) / max(c['trees'], 1e-9):.1f} trees per "
-          f"CPU-minute, positions' chunks included), prompt prefills {c['prefill']:.1f}, continuations {c['continuations']:.1f} "
-          f"({got['continuation_tokens']} tokens); model calls " + ", ".join(f"{k} {v}" for k, v in got["model_calls"].items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
