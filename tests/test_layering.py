@@ -33,7 +33,8 @@ def test_every_contract_is_kept():
     assert "0 broken" in res.stdout and "BROKEN" not in res.stdout, res.stdout
     for name in ("imports point down the floors of DESIGN.md", "pure maths imports no model library",
                  "only decoding imports llama_cpp",
-                 "the --tree auto choice knows neither the study files nor the command line"):
+                 "the --tree auto choice knows neither the study files nor the command line",
+                 "the decode settings and the draft sources are model-free"):
         assert f"{name} KEPT" in res.stdout, res.stdout
 
 
@@ -47,6 +48,9 @@ def test_every_contract_is_kept():
     # llama.cpp outside decoding/
     ("models/gguf.py", "import llama_cpp as _engine", "only decoding imports llama_cpp",
      "multidraft.models.gguf -> llama_cpp"),
+    # the model-free settings reaching for a model runner
+    ("decoding/settings.py", "from multidraft.decoding import runners as _runners",
+     "the decode settings and the draft sources are model-free", "multidraft.decoding.settings -> multidraft.decoding.runners"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract, shown):
     copy = tmp_path / "src"

@@ -74,7 +74,9 @@ def _mask_from_prefix(order: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(inprefix).scatter(-1, order, inprefix)
 
 
-def _iid(p, q, K):
+def iid_scan(p, q, K):
+    """``(alpha*, H*)`` of K i.i.d. drafts from q against p ``[..., V]``: the sorted prefix scan
+    (DESIGN, "The optimal verifier at any V"), one sort and one cumulative sum over V."""
     order = prefix_order(p, q)
     cp = torch.cumsum(p.gather(-1, order), -1)
     cq = torch.cumsum(q.gather(-1, order), -1).clamp(max=1.0)
@@ -88,7 +90,7 @@ def _iid(p, q, K):
 def _greedy(p, law):
     K = law.k
     if K == 1:
-        return _iid(p, law._q64().expand_as(p), 1)
+        return iid_scan(p, law._q64().expand_as(p), 1)
     T = law.top_set().expand(*p.shape[:-1], K - 1)
     qr = law.rest_probs().expand_as(p)
     inT = torch.zeros_like(p, dtype=torch.bool).scatter(-1, T, True)
@@ -141,7 +143,7 @@ def _wor(p, law):
     K = law.k
     q = law._q64().expand_as(p)
     if K == 1:
-        return _iid(p, q, 1)
+        return iid_scan(p, q, 1)
     batch = p.shape[:-1]
     V = p.shape[-1]
     P = p.reshape(-1, V)
@@ -291,7 +293,7 @@ def _independent(p, law):
     K, V = qs.shape[-2], qs.shape[-1]
     batch = p.shape[:-1]
     if K == 1:
-        a, H = _iid(p, qs[..., 0, :].expand_as(p), 1)
+        a, H = iid_scan(p, qs[..., 0, :].expand_as(p), 1)
         return a, H, a, a, torch.ones_like(a, dtype=torch.bool)
     P = p.reshape(-1, V)
     Q = qs.expand(*batch, K, V).reshape(-1, K, V)
@@ -301,7 +303,7 @@ def _independent(p, law):
     for i in range(P.shape[0]):
         if bool(same[i]):
             # identical draft distributions: the law is iid, whose sorted-prefix rule is exact
-            v, m = _iid(P[i], Q[i, 0], K)
+            v, m = iid_scan(P[i], Q[i, 0], K)
             v = v - 1.0
         elif not bool(exact[i]) and V <= EXACT_INDEPENDENT_MAX_V:
             v, m = _indep_row(P[i], Q[i])
@@ -342,7 +344,7 @@ def optimal_acceptance(p, law: DraftLaw, *, return_set: bool = False, return_bou
     p, batch = _check(p, law)
     lower = upper = exact = None
     if law.kind == "iid":
-        alpha, H = _iid(p, law._q64().expand_as(p), law.k)
+        alpha, H = iid_scan(p, law._q64().expand_as(p), law.k)
     elif law.kind == "greedy":
         alpha, H = _greedy(p, law)
     elif law.kind == "wor":

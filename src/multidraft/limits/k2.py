@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .._validate import as_k, as_probs64
-from .dual import _iid
+from .dual import iid_scan
 
 __all__ = ["k2_optimal_acceptance", "unit_acceptance_possible", "UNIT_TOL"]
 
@@ -33,7 +33,7 @@ def _pq(p, q):
 def k2_optimal_acceptance(p, q):
     """alpha* for two i.i.d. drafts from q: ``min_S [1 + p(S) - q(S)^2]``. p, q ``[..., V]``."""
     p, q = _pq(p, q)
-    alpha, _ = _iid(p, q, 2)
+    alpha, _ = iid_scan(p, q, 2)
     return float(alpha) if alpha.ndim == 0 else alpha
 
 
@@ -42,6 +42,6 @@ def unit_acceptance_possible(p, q, k):
     ``p(S) >= q(S)^k`` for all S (checked to ``UNIT_TOL``). p, q ``[..., V]``; bool or bool tensor."""
     k = as_k(k)
     p, q = _pq(p, q)
-    alpha, _ = _iid(p, q, k)
+    alpha, _ = iid_scan(p, q, k)
     ok = alpha >= 1.0 - UNIT_TOL
     return bool(ok) if ok.ndim == 0 else ok

@@ -483,9 +483,9 @@ class LumpedFit:
 
     @functools.cached_property
     def alpha_star(self) -> torch.Tensor:  # [...] exact, by the sorted prefix scan over all V
-        from ..limits.dual import _iid
+        from ..limits.dual import iid_scan
 
-        return _iid(self._p, self._q, self._K)[0].clamp(0.0, 1.0).reshape(self._batch)
+        return iid_scan(self._p, self._q, self._K)[0].clamp(0.0, 1.0).reshape(self._batch)
 
     @functools.cached_property
     def acceptance(self) -> torch.Tensor:  # [...] sum_y min(p, r) of the rule used
