@@ -138,7 +138,8 @@ def test_tree_auto_decodes_with_a_tree_when_verify_is_cheap(monkeypatch, capsys,
     paths = auto["tree"]["paths"]
     assert 1 <= len(paths) <= 15 and max(len(p) for p in paths) <= 4
     assert obj["settings"]["depth"] == max(len(p) for p in paths) and obj["settings"]["k"] <= 3
-    assert obj["settings"]["tree"] in (paths, None) and obj["settings"]["rule"] == "token_walk"
+    assert obj["settings"]["tree"] is None or sorted(obj["settings"]["tree"]) == sorted(paths)
+    assert obj["settings"]["rule"] == "token_walk"
     assert auto["accept_stats"]["source"].startswith("warm-up decode")
     assert "tree auto: best tree" in err
     assert max(obj["draft_depths"]) >= 1

@@ -140,8 +140,8 @@ def test_a_description_gives_the_same_settings_again(kw):
     s = Settings.from_args(**kw)
     again = Settings.from_args(**Settings.args_of(s.describe()))
     assert again == s and again.describe() == s.describe()
-    assert (again.rule_name, again.law, again.shape, again.k, again.depth, again.draft_temps, again.sources) == \
-        (s.rule_name, s.law, s.shape, s.k, s.depth, s.draft_temps, s.sources)
+    assert (again.rule_name, again.law, again.shape, again.draft_temps, again.sources) == \
+        (s.rule_name, s.law, s.shape, s.draft_temps, s.sources)
     assert getattr(again.verifier, "name", None) == getattr(s.verifier, "name", None)
     assert json.loads(json.dumps(s.describe())) == s.describe()  # a JSON object as it is
 
