@@ -52,7 +52,7 @@ at other key positions moved logits by up to 0.22 on the default pair), hence th
 
     python -m multidraft.experiments.realtrees run --dataset humaneval -n 164 \
         --out docs/results/real_trees/humaneval.jsonl
-    python -m multidraft.experiments.realtrees report docs/results/real_trees/*.jsonl \
+    python -m multidraft.experiments.realtrees report docs/results/real_trees/*.jsonl.gz \
         --markdown docs/results/real_trees/README_table.md
 
 ``report`` reads the JSONL files only: per (data set, shape, budget), and per MT-bench

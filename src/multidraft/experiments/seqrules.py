@@ -491,7 +491,7 @@ def main(argv=None) -> int:
             run_root(law, k, depth, V, n=ROOT_N, seed=a.seed, out_dir=a.out_dir)
         print(f"root trade-off: {time.perf_counter() - t1:.1f} s", file=sys.stderr)
     if a.report:
-        paths = sorted(Path(a.out_dir).glob("*.jsonl"))
+        paths = sorted([*Path(a.out_dir).glob("*.jsonl"), *Path(a.out_dir).glob("*.jsonl.gz")])  # committed cells are .gz
         table = report(paths)
         dest = Path(a.markdown) if a.markdown else Path(a.out_dir) / "table.md"
         dest.write_text(table, encoding="utf-8")
