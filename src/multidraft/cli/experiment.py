@@ -63,7 +63,7 @@ def _common(p, *, positions: bool = True) -> None:
                        help="evaluate on at most N tokens per model and position (coarser lumping: a hidden truncation, "
                             "flagged in every row and as a WARNING line in the report; default: none)")
         p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                       help="evaluate on a Ray cluster: each cell's 64-position blocks run as Ray tasks, with the same "
+                       help="evaluate on a Ray cluster: each cell's 64-position shards run as Ray tasks, with the same "
                             "rows as a single-process run (same seeds). 'auto' connects to a running cluster (RAY_ADDRESS "
                             "or the latest on this machine) or starts a local one; ADDRESS is HOST:PORT or ray://HOST:PORT. "
                             "Collection still runs here. Needs: pip install 'multidraft[ray]' (default: one process)")
