@@ -567,7 +567,7 @@ def run_experiment(
     return ExperimentResult(path=path, rows=rows, stores=stores, written=written)
 
 
-# --- reading the per-position acceptances back (tree choice, tree ceiling) --------------------
+# --- reading the per-position acceptances back (tree choice, tree against chain) -------------
 def read_along(path, t_target: float, t_draft: float) -> dict:
     """``{(dataset, law, verifier): {K: per-position acceptances [T]}}`` of an acceptance JSONL
     at one (target, draft) temperature pair, rows without top-k / top-p only.

@@ -17,16 +17,16 @@ Two acceptance models (``decoding.treeopt``):
                 step starting at position t uses position t + j at depth j, so easy and hard
                 stretches stay together (``expected_tokens_along``). Candidate trees are the
                 dynamic program's best tree of every (node budget, depth cap) plus every chain;
-                the 95% interval is over 8 contiguous blocks of positions (batch means).
+                the 95% interval is over 8 contiguous segments of positions (batch means).
 
 ``--draft-scale`` repeats the search with the draft's times multiplied by each factor, and
 ``--free-verify`` with every tree forward costing one target token: how much cheaper drafting
 or verifying would have to be before branching pays (the issue asks for multi-draft >= 1.15x
 the best single-draft SD).
 
-    .venv/bin/python benchmarks/tree_ceiling.py                       # docs/results/paper x data/profiles
-    .venv/bin/python benchmarks/tree_ceiling.py --datasets humaneval --draft-scale 1,0.5,0.25,0.1 \\
-        --out docs/results/tree_ceiling/tree_ceiling.jsonl --markdown docs/results/tree_ceiling/tree_ceiling.md
+    .venv/bin/python benchmarks/tree_vs_chain.py                       # docs/results/paper x data/profiles
+    .venv/bin/python benchmarks/tree_vs_chain.py --datasets humaneval --draft-scale 1,0.5,0.25,0.1 \\
+        --out docs/results/tree_vs_chain/tree_vs_chain.jsonl --markdown docs/results/tree_vs_chain/tree_vs_chain.md
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ DEFAULT_PROFILES = ["transformers-bf16", "llama-bf16-q4", "llama-bf16-q4_0", "ll
 FAMILIES = [("iid", "specinfer"), ("iid", "spectr"), ("iid", "khisti_is"), ("iid", "optimal"), ("iid", "alpha*"),
             ("wor", "rrs_wor"), ("wor", "alpha*"), ("greedy", "greedy_optimal"), ("greedy", "alpha*"),
             ("independent", "khisti_is"), ("independent", "alpha*")]
-BLOCKS = 8
+SEGMENTS = 8
 
 
 def scaled(profile: CostProfile, draft_scale: float = 1.0, free_verify: bool = False) -> CostProfile:
@@ -67,7 +67,7 @@ def candidates(alphas: dict, max_nodes: int, max_depth: int) -> list:
 
 
 def best_tree(alphas: dict, profile: CostProfile, trees: list, model: str) -> dict:
-    """The fastest candidate under one acceptance model, with per-block rates for its interval."""
+    """The fastest candidate under one acceptance model, with per-segment rates for its interval."""
     if model == "positional":   # Sequoia's: the slots of the mean acceptances at every position
         means = slot_increments({k: [float(v.mean())] for k, v in alphas.items()})
         slots = {k: np.repeat(s, max(len(p) for p in trees) + 1, axis=0) for k, s in means.items()}
@@ -84,11 +84,11 @@ def best_tree(alphas: dict, profile: CostProfile, trees: list, model: str) -> di
     return best
 
 
-def block_rates(alphas: dict, profile: CostProfile, paths: list) -> np.ndarray:
-    """Tokens/s of one tree on each of BLOCKS contiguous blocks of positions (the along model)."""
+def segment_rates(alphas: dict, profile: CostProfile, paths: list) -> np.ndarray:
+    """Tokens/s of one tree on each of SEGMENTS contiguous segments of positions (the along model)."""
     slots = slot_increments(alphas)
     T = next(iter(slots.values())).shape[0]
-    edges = np.linspace(0, T, BLOCKS + 1).astype(int)
+    edges = np.linspace(0, T, SEGMENTS + 1).astype(int)
     sec = step_seconds(paths, profile)
     return np.array([expected_tokens_along(paths, {k: s[a:b] for k, s in slots.items()}) / sec
                      for a, b in zip(edges[:-1], edges[1:])])
@@ -107,12 +107,12 @@ def emit(text: str, path: str | None) -> None:
 
 def markdown(config: dict, records: list) -> str:
     """The report, from the records alone: the summary, then one table per profile variant."""
-    lines = ["# Tree ceiling: the best multi-draft tree against the best chain (cost model x study acceptances)", "",
+    lines = ["# Tree against chain: the best multi-draft tree against the best chain (cost model x study acceptances)", "",
              f"study `{config.get('acceptance')}` at T = {config.get('temperatures')} (target, draft); node budget "
              f"{config.get('max_nodes')}, depth <= {config.get('max_depth')}, K <= {config.get('max_k')}; profile points: "
              f"{config.get('profile_statistic', 'stored')} of the samples; rates as "
              f"ratios to the target alone; `x SD` = against the best chain with alpha*(K = 1) under the same "
-             f"model; ± = 95% over {BLOCKS} contiguous blocks of positions", ""]
+             f"model; ± = 95% over {SEGMENTS} contiguous segments of positions", ""]
     lines += summary(records)
     variants: dict = {}
     for r in records:
@@ -181,6 +181,9 @@ def main(argv=None) -> int:
         emit(markdown((meta or {}).get("config", {}), [r for r in rows if r.get("type") == "row"]), args.markdown)
         return 0
     config = {k: v for k, v in vars(args).items() if k not in ("out", "markdown", "summarize")}
+    acc = Path(args.acceptance).resolve()
+    if acc.is_relative_to(ROOT.resolve()):  # result files name repository paths from the root
+        config["acceptance"] = str(acc.relative_to(ROOT.resolve()))
 
     tt, td = (float(x) for x in args.temperatures.split(","))
     study = read_along(Path(args.acceptance), tt, td)
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
     writer = None
     if args.out:
         Path(args.out).unlink(missing_ok=True)   # an analysis, rebuilt whole each time (nothing to resume)
-        writer = JsonlWriter(Path(args.out), config, None, kind="tree_ceiling", versions=versions())
+        writer = JsonlWriter(Path(args.out), config, None, kind="tree_vs_chain", versions=versions())
     t0 = time.perf_counter()
     records: list = []
     for pname, base_profile in profiles.items():
@@ -212,8 +215,8 @@ def main(argv=None) -> int:
                 chains = candidates(sd_alphas, args.max_nodes, args.max_depth)
                 base_rate = profile.target_only_rate()
                 sd = {m: best_tree(sd_alphas, profile, chains, m) for m in ("positional", "along")}
-                sd_blocks = block_rates(sd_alphas, profile, sd["along"]["paths"])
-                rows = [("iid", "SD (alpha*, K=1)", sd, sd_blocks, [1])]
+                sd_segments = segment_rates(sd_alphas, profile, sd["along"]["paths"])
+                rows = [("iid", "SD (alpha*, K=1)", sd, sd_segments, [1])]
                 for law, ver in FAMILIES:
                     # K = 1 is single-draft SD under every law and verifier: its exact acceptance
                     if not any(1 < k <= args.max_k for k in study.get((ds, law, ver), {})):
@@ -221,8 +224,8 @@ def main(argv=None) -> int:
                     alphas = along_alphas(study, ds, law, ver, range(1, args.max_k + 1))
                     trees = candidates(alphas, args.max_nodes, args.max_depth)
                     res = {m: best_tree(alphas, profile, trees, m) for m in ("positional", "along")}
-                    rows.append((law, ver, res, block_rates(alphas, profile, res["along"]["paths"]), sorted(alphas)))
-                for law, ver, res, blocks, ks in rows:
+                    rows.append((law, ver, res, segment_rates(alphas, profile, res["along"]["paths"]), sorted(alphas)))
+                for law, ver, res, segments, ks in rows:
                     rec = {"profile": pname, "draft_scale": scale, "free_verify": free, "dataset": ds, "law": law,
                            "verifier": ver, "ks": ks, "target_only_tokens_per_s": base_rate,
                            "positional": res["positional"], "along": res["along"],
@@ -230,7 +233,7 @@ def main(argv=None) -> int:
                            "positional_x_sd": res["positional"]["tokens_per_s"] / sd["positional"]["tokens_per_s"],
                            "along_x_target": res["along"]["tokens_per_s"] / base_rate,
                            "along_x_sd": res["along"]["tokens_per_s"] / sd["along"]["tokens_per_s"],
-                           "along_x_sd_ci95": interval(blocks / sd_blocks)}
+                           "along_x_sd_ci95": interval(segments / sd_segments)}
                     records.append(rec)
                     if writer:
                         writer.write(**rec)

@@ -1,4 +1,4 @@
-"""benchmarks/tree_ceiling.py on a synthetic study: chains against trees, rebuilt from its JSONL."""
+"""benchmarks/tree_vs_chain.py on a synthetic study: chains against trees, rebuilt from its JSONL."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from bench_loader import benchmark_module
 
 @pytest.fixture(scope="module")
 def tc():
-    with benchmark_module("tree_ceiling") as mod:
+    with benchmark_module("tree_vs_chain") as mod:
         yield mod
 
 
