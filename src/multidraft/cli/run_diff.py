@@ -21,7 +21,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from ..experiments.compare_runs import compare_files
+    from ..experiments.run_diff import compare_files
 
     skipped: list[str] = []
     compare_files(args.first, args.second, skipped=skipped)

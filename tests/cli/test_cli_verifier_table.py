@@ -30,7 +30,7 @@ def test_compare_user_files_json_and_jsonl(tmp_path, capsys):
 
 
 def test_compare_monte_carlo_path(tmp_path, capsys, monkeypatch):
-    from multidraft.experiments import compare as C
+    from multidraft.experiments import verifier_table as C
 
     monkeypatch.setattr(C, "EXACT_MAX_TUPLES", 0)
     rows = C.run(C.builtin_cases(), C.CompareConfig(ks=(2,), laws=("iid",), verifiers=("nss",), samples=20_000), show_progress=False)
@@ -96,7 +96,7 @@ def test_compare_out_is_bound_to_its_settings(tmp_path, capsys):
 
 
 def test_compare_sizes_first(capsys):
-    from multidraft.experiments import compare as C
+    from multidraft.experiments import verifier_table as C
 
     cases = C.builtin_cases()
     pl = C.plan(cases, C.CompareConfig(ks=(8,), laws=("iid",)))

@@ -42,7 +42,7 @@ def _duration(seconds: float) -> str:
 
 
 def run(args) -> int:
-    from ..experiments import compare as C
+    from ..experiments import verifier_table as C
     from ..experiments.records import check_binding, ensure_dir
 
     check_common(args)  # --seed

@@ -1,11 +1,11 @@
-"""trees.compare is driven by the rule registry: a rule registered later joins every comparison,
+"""trees.rule_table is driven by the rule registry: a rule registered later joins every comparison,
 a rule that is not lossless is refused, token_walk and tree_lp are not compared as rules."""
 from __future__ import annotations
 
 import pytest
 
 from multidraft import trees
-from multidraft.trees import compare, rules
+from multidraft.trees import rule_table, rules
 from multidraft.trees.traversal import TraversalVerification
 
 
@@ -29,7 +29,7 @@ class _AlwaysZero(trees.TreeRule):
 
 
 def test_every_registered_rule_but_the_walk_and_the_lp():
-    got = compare.sequence_rules()
+    got = rule_table.sequence_rules()
     assert "token_walk" not in got and "tree_lp" not in got
     assert {"block", "traversal"} <= set(got)
     assert set(got) == set(trees.names()) - {"token_walk", "tree_lp"}
@@ -38,14 +38,14 @@ def test_every_registered_rule_but_the_walk_and_the_lp():
 def test_a_rule_registered_later_is_compared(monkeypatch):
     monkeypatch.setitem(rules._REGISTRY, "copy_of_traversal", _Copy)
     law, model = trees.sequences(2, 2), trees.TableModel.random(2, seed=3)
-    names = compare.rule_names(law)
+    names = rule_table.rule_names(law)
     assert names[:4] == ["walk:specinfer", "walk:spectr", "walk:khisti_is", "walk:optimal"]
     assert "copy_of_traversal" in names and "block" not in names  # block: one chain only
-    got = compare.expected_tokens(law, model)
+    got = rule_table.expected_tokens(law, model)
     assert got["copy_of_traversal"] == got["traversal"]
     assert got["ceiling"] <= got["ceiling_upper"] + 1e-12
     assert all(v <= got["ceiling_upper"] + 1e-12 for v in got.values())
-    only = compare.expected_tokens(law, model, rules=["copy_of_traversal"], walks=(), ceiling=False)
+    only = rule_table.expected_tokens(law, model, rules=["copy_of_traversal"], walks=(), ceiling=False)
     assert only == {"copy_of_traversal": got["traversal"]}
 
 
@@ -53,17 +53,17 @@ def test_a_lossy_rule_is_refused(monkeypatch):
     monkeypatch.setitem(rules._REGISTRY, "always_zero", _AlwaysZero)
     law, model = trees.sequences(2, 2), trees.TableModel.random(3, seed=1)
     with pytest.raises(ValueError, match="always_zero is not lossless"):
-        compare.expected_tokens(law, model)
+        rule_table.expected_tokens(law, model)
     # a chain is not among the laws it supports: not compared there, nothing raised
-    assert "always_zero" not in compare.expected_tokens(trees.chain(2), model)
+    assert "always_zero" not in rule_table.expected_tokens(trees.chain(2), model)
 
 
 def test_bad_names():
     law = trees.chain(2)
     with pytest.raises(ValueError, match="rules: unknown sequence-level rule 'nope'"):
-        compare.rule_names(law, rules=["nope"])
+        rule_table.rule_names(law, rules=["nope"])
     with pytest.raises(ValueError, match="rules: unknown sequence-level rule 'tree_lp'"):
-        compare.rule_names(law, rules=["tree_lp"])
+        rule_table.rule_names(law, rules=["tree_lp"])
     with pytest.raises(ValueError, match="name: 'token_walk' is not compared"):
-        compare.build_rule("token_walk", law)
-    assert isinstance(compare.build_rule("walk:spectr", law), trees.TokenWalk)
+        rule_table.build_rule("token_walk", law)
+    assert isinstance(rule_table.build_rule("walk:spectr", law), trees.TokenWalk)

@@ -124,7 +124,7 @@ def load_case(p_path: str | Path, q_path: str | Path) -> tuple[torch.Tensor, tor
 
 @dataclass(frozen=True)
 class CompareConfig:
-    """What ``compare`` computes, validated once when made (``ArgumentError`` naming the field):
+    """What ``multidraft compare`` computes, validated once when made (``ArgumentError`` naming the field):
     ``ks`` numbers of drafts (sorted, each >= 1), ``laws`` checked kinds of the single-q laws
     (names or aliases accepted, stored as kinds), ``verifiers`` registered names or None (all),
     ``samples`` Monte-Carlo draws (>= 1), ``seed``."""

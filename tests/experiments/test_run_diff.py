@@ -1,4 +1,4 @@
-"""``multidraft compare-runs`` (experiments.compare_runs): two results files side by side."""
+"""``multidraft compare-runs`` (experiments.run_diff): two results files side by side."""
 from __future__ import annotations
 
 from multidraft.cli import main
