@@ -282,7 +282,7 @@ def test_certify_size_check_does_not_count_huge_tuple_sets():
 
 
 def test_compare_plan_refuses_monte_carlo_beyond_its_limit():
-    from multidraft.experiments import compare as C
+    from multidraft.experiments import verifier_table as C
 
     s = C.CompareConfig(ks=(10**8,), laws=("iid",))
     with _guard(30):
@@ -298,7 +298,7 @@ def test_compare_plan_refuses_monte_carlo_beyond_its_limit():
 def test_long_compare_says_so_and_shows_progress(monkeypatch, capsys):
     """Work estimated over a few seconds is announced with its estimate, then a line per step
     where no bar can be drawn (stderr is not a terminal here)."""
-    from multidraft.experiments import compare as C
+    from multidraft.experiments import verifier_table as C
 
     monkeypatch.setattr(C, "estimate_seconds", lambda *a, **k: 2400.0)
     rc, lines = _run(["compare", "--k", "9", "--laws", "iid", "--verifiers", "specinfer", "--samples", "50"], capsys)

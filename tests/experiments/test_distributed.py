@@ -1,4 +1,4 @@
-"""Sharded evaluation: the Ray path and any block order give the single-process rows exactly."""
+"""Sharded evaluation: the Ray path and any shard order give the single-process rows exactly."""
 from __future__ import annotations
 
 import sys
@@ -27,7 +27,7 @@ def _position_set(n: int, seed: int = 0) -> store.PositionSet:
     return store.from_rows(rows, info)
 
 
-# 150 positions: blocks of 64, 64 and a partial one of 22
+# 150 positions: shards of 64, 64 and a partial one of 22
 CELLS = dict(laws=("iid", "wor"), ks=(2, 3), verifiers=["specinfer", "rrs_wor", "optimal"], draws=8, seed=3)
 
 
@@ -47,11 +47,11 @@ def _assert_same_rows(a, b):
                 assert ra[f] == rb[f], (f, ra["law"], ra["K"], ra["verifier"])
 
 
-def test_block_seeding_makes_rows_independent_of_block_order(tmp_path):
+def test_shard_seeding_makes_rows_independent_of_shard_order(tmp_path):
     order = []
 
     def reversed_map(tasks):
-        res = [acceptance.block_acceptance(*t) for t in reversed(tasks)][::-1]
+        res = [acceptance.shard_acceptance(*t) for t in reversed(tasks)][::-1]
         order.append([t[-1] for t in reversed(tasks)])
         return res
 
@@ -62,14 +62,14 @@ def test_block_seeding_makes_rows_independent_of_block_order(tmp_path):
     assert {r["n_positions"] for r in local} == {150}
 
 
-def test_block_estimates_do_not_depend_on_torch_threads():
+def test_shard_estimates_do_not_depend_on_torch_threads():
     P, Q = store.lumped(_position_set(64, seed=5))
     before = torch.get_num_threads()
     try:
         res = []
         for th in (1, 2):
             torch.set_num_threads(th)
-            res.append(acceptance.block_acceptance("optimal", P, Q, "iid", 3, 16, 0, ("c",), 0))
+            res.append(acceptance.shard_acceptance("optimal", P, Q, "iid", 3, 16, 0, ("c",), 0))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
@@ -116,7 +116,7 @@ def test_ray_rows_equal_single_process_rows(tmp_path):
         assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 2
     assert not ray.is_initialized()  # the mapper started Ray, so it shut it down
     _assert_same_rows(local, remote)
-    # P and Q of each of the 3 blocks are put once per (law, K) and shared by its verifiers
+    # P and Q of each of the 3 shards are put once per (law, K) and shared by its verifiers
     assert len(puts) == 2 * 3 * 4 < 2 * 3 * sum(1 for r in remote if r["verifier"] != "alpha*")
 
 

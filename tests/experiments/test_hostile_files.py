@@ -200,7 +200,7 @@ def test_library_readers_raise_the_first_damaged_row(tmp_path):
     (dict(GOOD, K=-2), "field 'K' must be an integer >= 1, got -2"),
     (dict(GOOD, law="iid"), "duplicate of line 3"),
 ])
-def test_compare_runs_skips_damaged_rows(bad, needle, tmp_path, capsys):
+def test_run_diff_skips_damaged_rows(bad, needle, tmp_path, capsys):
     a = _write(tmp_path / "a.jsonl", [ALPHA_ROW, GOOD])
     b = _write(tmp_path / "b.jsonl", [ALPHA_ROW, GOOD, bad])
     assert main(["compare-runs", str(a), str(b)]) == 2
@@ -209,7 +209,7 @@ def test_compare_runs_skips_damaged_rows(bad, needle, tmp_path, capsys):
     assert "2 cells; " in captured.out and "identical per-position values in 2 of 2 cells" in captured.out
 
 
-def test_compare_runs_skips_damaged_blocks_rows(tmp_path, capsys):
+def test_run_diff_skips_damaged_blocks_rows(tmp_path, capsys):
     a = _write(tmp_path / "a.jsonl", [BLOCK])
     b = _write(tmp_path / "b.jsonl", [BLOCK, dict(BLOCK, prompt="p1", target_calls="three")])
     assert main(["compare-runs", str(a), str(b)]) == 2

@@ -180,7 +180,7 @@ def test_truncate_supports_equal_the_full_sort_definition(V):
                         assert torch.equal(ids, want), (scale, zeros, ties, eps, k_max)
 
 
-def test_cell_blocks_by_width_keep_every_row_and_return_estimates_in_row_order():
+def test_cell_shards_by_width_keep_every_row_and_return_estimates_in_row_order():
     g = torch.Generator().manual_seed(4)
     n, M = 150, 60
     P = torch.zeros(n, M + 1, dtype=torch.float64)
@@ -192,11 +192,11 @@ def test_cell_blocks_by_width_keep_every_row_and_return_estimates_in_row_order()
         P[i, M] = 1e-3
         Q[i] = P[i] if i % 2 == 0 else P[i] * torch.rand(M + 1, generator=g, dtype=torch.float64) ** 2
     P, Q = P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
-    parts = acceptance.cell_blocks(P, Q, widths)
+    parts = acceptance.cell_shards(P, Q, widths)
     assert sum(Pb.shape[0] for Pb, _ in parts.parts) == n
     for b, (Pb, Qb) in enumerate(parts.parts):
-        rows = parts.order[b * acceptance.BLOCK: b * acceptance.BLOCK + Pb.shape[0]]
-        assert Pb.shape[-1] == int(widths[rows].max()) + 1 <= M + 1  # the block's own width plus the tail
+        rows = parts.order[b * acceptance.SHARD: b * acceptance.SHARD + Pb.shape[0]]
+        assert Pb.shape[-1] == int(widths[rows].max()) + 1 <= M + 1  # the shard's own width plus the tail
         assert torch.allclose(Pb.sum(-1), torch.ones(Pb.shape[0], dtype=torch.float64), atol=1e-15)  # no mass dropped
         assert torch.equal(Pb[:, -1], P[rows, M])
     mean, var, est = acceptance.cell_acceptance("naive", P, Q, "iid", 1, 64, 0, ("c",), parts=parts)

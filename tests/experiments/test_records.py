@@ -176,3 +176,29 @@ def test_every_row_and_the_meta_name_the_code_that_wrote_them(tmp_path):
     assert meta["code"] == rows[0]["code"] == code_version()
     import re
     assert re.fullmatch(re.escape(multidraft.__version__) + r"(\+g[0-9a-f]{7,40}(-dirty)?)?", code_version())
+
+
+def test_a_gzipped_results_file_reads_as_the_plain_one_and_is_never_appended(tmp_path):
+    """Committed bulk rows are stored as ``.jsonl.gz``: the reader takes the file or its name
+    without ``.gz``; a writer refuses to extend it (it would start a second, empty run)."""
+    import gzip
+
+    f = tmp_path / "a.jsonl"
+    _write(f, n=3)
+    plain = read_jsonl(f, line_numbers=True)
+    gz = tmp_path / "a.jsonl.gz"
+    gz.write_bytes(gzip.compress(f.read_bytes(), mtime=0))
+    assert read_jsonl(gz, line_numbers=True) == plain
+    f.unlink()
+    assert records.results_path(f) == gz
+    assert read_jsonl(f, line_numbers=True) == plain  # found by its uncompressed name
+    assert records.done_keys(f, ("K",)) == {("1",), ("2",), ("3",)}
+    with pytest.raises(ValueError, match="gunzip"):
+        JsonlWriter(f, CFG, 0, keyed=KEYED)
+    with pytest.raises(ValueError, match="gunzip"):
+        resume(f, CFG, 0, key_fields=("K",), keyed=KEYED)
+    assert not f.exists()
+    gz.write_bytes(gz.read_bytes()[:-12])  # cut short
+    with pytest.raises(ValueError, match="not a complete gzip file"):
+        read_jsonl(gz)
+    assert records.results_path(tmp_path / "none.jsonl") == tmp_path / "none.jsonl"

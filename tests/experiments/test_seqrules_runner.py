@@ -9,7 +9,7 @@ import pytest
 from multidraft import trees
 from multidraft.cli import main as cli_main
 from multidraft.experiments import records, seqrules
-from multidraft.trees import compare
+from multidraft.trees import rule_table
 
 
 def _rows(path):
@@ -22,7 +22,7 @@ def test_a_cell_writes_meta_ceiling_and_rule_rows(tmp_path):
     path = seqrules.cell_path(tmp_path, "chain", 1, 2, 2)
     meta, rows = _rows(path)
     assert meta["config"]["law"] == "chain" and meta["seed"] == 0 and "versions" in meta and "code" in meta
-    names = compare.rule_names(trees.chain(2))
+    names = rule_table.rule_names(trees.chain(2))
     assert {"block", "traversal", "walk:specinfer", "walk:optimal"} <= set(names)
     assert got["ceilings"] == 3 and got["rules"] == 3 * len(names) == len(rows) - 3
     ceil = {r["instance"]: r for r in rows if r["rule"] == "ceiling"}
@@ -43,7 +43,7 @@ def test_rerun_adds_only_missing_rows(tmp_path):
     # rules "registered later" (every sequence-level rule of the registry that takes the law):
     # only their certificates are added, no ceiling LP again
     law = seqrules.make_law("sequences", 2, 2)
-    extra = [r for r in compare.sequence_rules() if trees.get(r).supports(law)]
+    extra = [r for r in rule_table.sequence_rules() if trees.get(r).supports(law)]
     assert "traversal" in extra
     again = seqrules.run_cell("sequences", 2, 2, 2, n=2, out_dir=tmp_path, show_progress=False)
     assert again["ceilings"] == 0 and again["rules"] == 2 * len(extra)
@@ -72,12 +72,12 @@ def test_report_reads_the_files_only(tmp_path, monkeypatch):
         raise AssertionError("the report recomputed something")
 
     monkeypatch.setattr(trees, "optimal_tokens", boom)
-    monkeypatch.setattr(compare, "certified", boom)
+    monkeypatch.setattr(rule_table, "certified", boom)
     monkeypatch.setattr(trees, "certify_tree", boom)
     text = seqrules.report(paths)
     assert "| chain_k1_l2_v2 | 3 |" in text and "| sequences_k2_l2_v2 | 3 |" in text
     assert "block verification is optimal on one chain" in text and "holds on all 3 instances" in text
-    assert "`spectr_gbv` has no rows" in text or "spectr_gbv" in compare.sequence_rules()
+    assert "`spectr_gbv` has no rows" in text or "spectr_gbv" in rule_table.sequence_rules()
     # a row edited in the file changes the report: it is read from there
     path = seqrules.cell_path(tmp_path, "chain", 1, 2, 2)
     lines = path.read_text().splitlines()

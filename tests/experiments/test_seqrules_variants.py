@@ -7,20 +7,20 @@ import pytest
 from multidraft import trees
 from multidraft.cli import main as cli_main
 from multidraft.experiments import records, seqrules
-from multidraft.trees import compare
+from multidraft.trees import rule_table
 
 
 def test_a_variant_is_its_rule_with_options_and_only_compared_when_asked():
     law = trees.kary(2, 2)
-    rule = compare.build_rule("univer_ot", law)
+    rule = rule_table.build_rule("univer_ot", law)
     assert isinstance(rule, trees.UniVer) and rule.plan == "ot"
-    assert "univer_ot" not in compare.rule_names(law) and "univer_ot" not in compare.sequence_rules()
-    assert compare.rule_names(law, walks=(), rules=["univer_ot", "traversal"]) == ["univer_ot", "traversal"]
+    assert "univer_ot" not in rule_table.rule_names(law) and "univer_ot" not in rule_table.sequence_rules()
+    assert rule_table.rule_names(law, walks=(), rules=["univer_ot", "traversal"]) == ["univer_ot", "traversal"]
     model = trees.TableModel.random(3, seed=0, style="random")
-    got = compare.expected_tokens(trees.kary(2, 1, "wor"), model, walks=(), rules=["univer_ot"])
+    got = rule_table.expected_tokens(trees.kary(2, 1, "wor"), model, walks=(), rules=["univer_ot"])
     assert abs(got["univer_ot"] - got["ceiling"]) <= 1e-9  # depth 1: the LP plan is at 1 + alpha*
     with pytest.raises(ValueError, match="rules: unknown sequence-level rule 'univer_lp'"):
-        compare.rule_names(law, rules=["univer_lp"])
+        rule_table.rule_names(law, rules=["univer_lp"])
 
 
 def test_grid_with_one_rule_adds_only_its_rows(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import signal
 import sys
 
 # subcommand modules, in help order
-COMMANDS: list[str] = ["compare", "bound", "experiment", "report", "compare_runs", "decode", "serve", "profile", "setup",
+COMMANDS: list[str] = ["verifier_table", "bound", "experiment", "report", "run_diff", "decode", "serve", "profile", "setup",
                        "demo"]
 
 # OSErrors that are the user's to fix (a path that is missing, a file, a directory, read-only)

@@ -35,8 +35,8 @@ def register(sub) -> None:
 
 def _load(path: str, name: str, logits: bool, temperature: float, ndims: tuple[int, ...] = (1,)) -> torch.Tensor:
     """The array of ``--name`` (shape, dtype, finiteness checked, the path in every error:
-    ``experiments.compare.load_array``), as probabilities (softmax with ``--logits``)."""
-    from ..experiments.compare import load_array
+    ``experiments.verifier_table.load_array``), as probabilities (softmax with ``--logits``)."""
+    from ..experiments.verifier_table import load_array
 
     from ..sampling import process_logits
 

@@ -69,7 +69,7 @@ def _common(p, *, positions: bool = True) -> None:
                        help="evaluate on at most N tokens per model and position (coarser lumping: a hidden truncation, "
                             "flagged in every row and as a WARNING line in the report; default: none)")
         p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                       help="evaluate on a Ray cluster: each cell's 64-position blocks run as Ray tasks, with the same "
+                       help="evaluate on a Ray cluster: each cell's 64-position shards run as Ray tasks, with the same "
                             "rows as a single-process run (same seeds). 'auto' connects to a running cluster (RAY_ADDRESS "
                             "or the latest on this machine) or starts a local one; ADDRESS is HOST:PORT or ray://HOST:PORT. "
                             "Collection still runs here. Needs: pip install 'multidraft[ray]' (default: one process)")
@@ -257,7 +257,7 @@ def _register_seqrules(es) -> None:
     q.add_argument("-n", type=int, default=500, help="instances per cell (default 500)")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--rules", nargs="*", help="sequence-level rules (default: every registered one and the variants "
-                                              "of trees.compare.VARIANTS)")
+                                              "of trees.rule_table.VARIANTS)")
     q.add_argument("--markdown", metavar="FILE", default=None, help="report file (default RUN_DIR/table.md)")
     q.set_defaults(func=run_seqrules)
 
@@ -317,7 +317,7 @@ def run_seqrules(args) -> int:
             seqrules.run_root(law, k, depth, V, n=seqrules.ROOT_N, seed=args.seed, out_dir=args.run_dir)
         print(f"root trade-off: {time.perf_counter() - t1:.1f} s", file=sys.stderr)
     if args.report:
-        paths = sorted(Path(args.run_dir).glob("*.jsonl"))
+        paths = sorted([*Path(args.run_dir).glob("*.jsonl"), *Path(args.run_dir).glob("*.jsonl.gz")])  # committed cells are .gz
         table = seqrules.report(paths)
         dest = md if md is not None else Path(args.run_dir) / "table.md"
         dest.write_text(table, encoding="utf-8")

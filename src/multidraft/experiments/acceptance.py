@@ -61,8 +61,8 @@ from . import collect as _collect
 from . import store
 from .records import SCHEMAS, JsonlWriter, derived_seed, lock_run_dir, read_jsonl, resume, row_key, valid_rows
 
-__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "BLOCK", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
-           "blocks", "block_acceptance", "local_map", "CellBlocks", "cell_blocks", "cell_acceptance", "evaluate",
+__all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "SHARD", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
+           "shards", "shard_acceptance", "local_map", "CellShards", "cell_shards", "cell_acceptance", "evaluate",
            "default_verifiers", "position_errors", "run", "run_experiment", "AcceptanceConfig", "ExperimentResult",
            "read_along", "along_alphas", "tree_acceptance"]
 
@@ -75,9 +75,9 @@ LAWS = tuple(_drafts.SHARED_Q_KINDS) + ("independent",)
 # lp_optimal solves an LP over all V^K tuples: reference for tiny V only
 DEFAULT_EXCLUDE = ("lp_optimal",)
 CHUNK_ELEMS = 1 << 21  # float64 elements per Monte-Carlo chunk (16 MiB)
-# positions per unit of work: each block of a cell draws from its own generator, seeded by
-# (seed, cell, block), so a run sharded over processes reproduces the single-process rows
-BLOCK = 64
+# positions per unit of work: each shard of a cell draws from its own generator, seeded by
+# (seed, cell, shard), so a run sharded over processes reproduces the single-process rows
+SHARD = 64
 
 
 def default_verifiers() -> list[str]:
@@ -181,17 +181,18 @@ def _seed_for(seed: int, key: tuple) -> int:
     return derived_seed(seed, repr(key))
 
 
-def blocks(n: int, block: int = BLOCK) -> list[tuple[int, int]]:
-    """The fixed position blocks ``[(start, stop), ...]`` of a cell of ``n`` positions."""
-    return [(a, min(a + block, n)) for a in range(0, n, block)]
+def shards(n: int, size: int = SHARD) -> list[tuple[int, int]]:
+    """The fixed position shards ``[(start, stop), ...]`` of a cell of ``n`` positions: the units of
+    work of ``size`` positions that a mapper evaluates (not block verification, not block efficiency)."""
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
-def block_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, seed: int,
+def shard_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, seed: int,
                      key: tuple, b: int):
-    """Block ``b`` of one cell: ``verifier_acceptance`` with the block's own generator.
+    """Shard ``b`` of one cell: ``verifier_acceptance`` with the shard's own generator.
 
-    P, Q ``[m, V]`` are the block's rows. The generator is seeded by (seed, cell key, b), so a
-    block's estimates do not depend on which process evaluates it or in which order: the
+    P, Q ``[m, V]`` are the shard's rows. The generator is seeded by (seed, cell key, b), so a
+    shard's estimates do not depend on which process evaluates it or in which order: the
     single-process run and a sharded one (``multidraft.experiments.distributed``) give the
     same numbers. Returns ``(mean [m], var [m], estimator)``."""
     g = torch.Generator().manual_seed(_seed_for(seed, tuple(key) + (b,)))
@@ -199,59 +200,59 @@ def block_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: i
 
 
 def local_map(tasks: Sequence[tuple]) -> list:
-    """Evaluate ``block_acceptance`` tasks in this process, in order (the default mapper)."""
-    return [block_acceptance(*t) for t in tasks]
+    """Evaluate ``shard_acceptance`` tasks in this process, in order (the default mapper)."""
+    return [shard_acceptance(*t) for t in tasks]
 
 
 @dataclass
-class CellBlocks:
-    """The position blocks of one (store, law, K): ``parts`` is a list of ``(P_b, Q_b)``;
-    ``order`` ``[n]`` (or None) the position of each block row in the cell (rows sorted by
-    support size, so each block keeps only the columns its widest row needs)."""
+class CellShards:
+    """The position shards of one (store, law, K): ``parts`` is a list of ``(P_b, Q_b)``;
+    ``order`` ``[n]`` (or None) the position of each shard row in the cell (rows sorted by
+    support size, so each shard keeps only the columns its widest row needs)."""
 
     parts: list
     order: torch.Tensor | None = None
 
 
-def cell_blocks(P: torch.Tensor, Q: torch.Tensor, widths: torch.Tensor | None = None) -> CellBlocks:
-    """Cut a cell's rows into blocks of ``BLOCK``.  P ``[n, M+1]``, Q ``[n, M+1]`` or ``[n, K, M+1]``
+def cell_shards(P: torch.Tensor, Q: torch.Tensor, widths: torch.Tensor | None = None) -> CellShards:
+    """Cut a cell's rows into shards of ``SHARD``.  P ``[n, M+1]``, Q ``[n, M+1]`` or ``[n, K, M+1]``
     (lumped: a row's support in its first columns, the tail in the last, zeros between).
 
-    Without ``widths`` ``[n]`` (support sizes) blocks are consecutive rows at full width. With
-    them rows are taken in order of support size (stable) and block b keeps columns
+    Without ``widths`` ``[n]`` (support sizes) shards are consecutive rows at full width. With
+    them rows are taken in order of support size (stable) and shard b keeps columns
     ``0..w_b-1`` and the tail, w_b its widest row: the columns dropped are zero in every row of
-    the block, so each row's (p, q) is unchanged and the cost follows the block's width, not
+    the shard, so each row's (p, q) is unchanged and the cost follows the shard's width, not
     the store's widest position. The cut depends on the rows alone, so every verifier of the
-    cell, in any process, sees the same blocks."""
+    cell, in any process, sees the same shards."""
     n = P.shape[0]
     if widths is None:
-        return CellBlocks([(P[a:b], Q[a:b]) for a, b in blocks(n)])
+        return CellShards([(P[a:b], Q[a:b]) for a, b in shards(n)])
     order = torch.sort(widths, stable=True).indices
     M = P.shape[-1] - 1
     parts = []
-    for a, b in blocks(n):
+    for a, b in shards(n):
         rows = order[a:b]
         w = int(widths[rows].max())
         cols = torch.cat([torch.arange(min(w, M)), torch.tensor([M])])
         parts.append((P[rows][:, cols], Q[rows][..., cols]))
-    return CellBlocks(parts, order)
+    return CellShards(parts, order)
 
 
 def cell_acceptance(name: str, P: torch.Tensor, Q: torch.Tensor, law: str, k: int, draws: int, seed: int,
                     key: tuple, mapper: Callable[[Sequence[tuple]], list] = local_map, *,
-                    parts: CellBlocks | None = None):
-    """Per-position estimates of one cell ``(mean [n], var [n], estimator)``, block by block.
+                    parts: CellShards | None = None):
+    """Per-position estimates of one cell ``(mean [n], var [n], estimator)``, shard by shard.
 
-    P, Q ``[n, V]`` (Q ``[n, K, V]`` for independent). ``parts``: the cell's blocks
-    (:func:`cell_blocks`; default: consecutive rows at full width). ``mapper`` evaluates the
-    list of block tasks (arguments of :func:`block_acceptance`) and returns their results in
+    P, Q ``[n, V]`` (Q ``[n, K, V]`` for independent). ``parts``: the cell's shards
+    (:func:`cell_shards`; default: consecutive rows at full width). ``mapper`` evaluates the
+    list of shard tasks (arguments of :func:`shard_acceptance`) and returns their results in
     order; estimates come back in the rows' order."""
-    parts = parts if parts is not None else cell_blocks(P, Q)
+    parts = parts if parts is not None else cell_shards(P, Q)
     tasks = [(name, Pb, Qb, law, k, draws, seed, key, i) for i, (Pb, Qb) in enumerate(parts.parts)]
     res = mapper(tasks)
     ests = {r[2] for r in res}
     if len(ests) != 1:
-        raise RuntimeError(f"{name}: blocks of one cell used different estimators {sorted(ests)}")
+        raise RuntimeError(f"{name}: shards of one cell used different estimators {sorted(ests)}")
     mean, var = torch.cat([r[0] for r in res]), torch.cat([r[1] for r in res])
     if parts.order is not None:
         mean = torch.empty_like(mean).index_copy_(0, parts.order, mean)
@@ -277,7 +278,7 @@ def evaluate(
     """Write the missing rows for one position store; returns the number of rows written.
 
     ``laws`` are checked kinds and ``ks`` checked numbers of drafts (``AcceptanceConfig``
-    validates them once). ``mapper`` evaluates each cell's position blocks
+    validates them once). ``mapper`` evaluates each cell's position shards
     (:func:`cell_acceptance`); the default runs them here, a distributed one elsewhere, with
     the same rows."""
     info = ps.info
@@ -355,7 +356,7 @@ def evaluate(
                 continue
             t0 = time.perf_counter()
             if parts is None:  # once per (law, K): every verifier of the cell shares these tensors
-                parts = cell_blocks(Pk, Qk, src.support_sizes[idx])
+                parts = cell_shards(Pk, Qk, src.support_sizes[idx])
             mean, var, est = cell_acceptance(name, Pk, Qk, law, k, draws, seed, key, mapper, parts=parts)
             m = float(mean.mean())
             am = float(alpha.mean())
@@ -566,7 +567,7 @@ def run_experiment(
     return ExperimentResult(path=path, rows=rows, stores=stores, written=written)
 
 
-# --- reading the per-position acceptances back (tree choice, tree ceiling) --------------------
+# --- reading the per-position acceptances back (tree choice, tree against chain) -------------
 def read_along(path, t_target: float, t_draft: float) -> dict:
     """``{(dataset, law, verifier): {K: per-position acceptances [T]}}`` of an acceptance JSONL
     at one (target, draft) temperature pair, rows without top-k / top-p only.

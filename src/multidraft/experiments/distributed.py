@@ -1,9 +1,9 @@
 """Evaluation sharded over a Ray cluster: a mapper for :func:`.acceptance.cell_acceptance`.
 
-A cell (dataset, temperatures, law, K, verifier) is cut into fixed position blocks
-(:func:`.acceptance.blocks`); each block is one :func:`.acceptance.block_acceptance` task
-with its own generator seeded by (seed, cell key, block index). :func:`ray_mapper` submits
-those tasks as Ray remote tasks and returns their results in block order, so the rows it
+A cell (dataset, temperatures, law, K, verifier) is cut into fixed position shards
+(:func:`.acceptance.shards`); each shard is one :func:`.acceptance.shard_acceptance` task
+with its own generator seeded by (seed, cell key, shard index). :func:`ray_mapper` submits
+those tasks as Ray remote tasks and returns their results in shard order, so the rows it
 produces are the single-process rows (``local_map``) bit for bit: same seeds and the same
 float64 arithmetic. Workers run torch (and OpenMP/BLAS) with one thread; the estimator's
 values do not depend on the thread count anyway: its reductions are per position (over the
@@ -13,7 +13,7 @@ reduction of torch on CPU, a full reduction of one output over more than 32,768 
 cannot occur: a stored support has at most 16,385 columns. ``tests/test_distributed.py``
 checks 1 vs 2 threads, and the Ray rows against the single-process rows.
 
-* The P/Q rows of each block are put in the object store once and shared by every verifier
+* The P/Q rows of each shard are put in the object store once and shared by every verifier
   of the same (law, K) (they are re-put only when the tensors change), and at most
   ``max_in_flight`` tasks are submitted at a time, which bounds the memory held by results
   and arguments in flight.
@@ -57,14 +57,14 @@ def worker_env() -> dict:
     return env
 
 
-def _block_task(P, Q, name, law, k, draws, seed, key, b):
-    """Runs in a Ray worker: one block of one cell, single-threaded."""
+def _shard_task(P, Q, name, law, k, draws, seed, key, b):
+    """Runs in a Ray worker: one shard of one cell, single-threaded."""
     import torch
 
     torch.set_num_threads(1)
-    from .acceptance import block_acceptance
+    from .acceptance import shard_acceptance
 
-    return block_acceptance(name, P, Q, law, k, draws, seed, key, b)
+    return shard_acceptance(name, P, Q, law, k, draws, seed, key, b)
 
 
 def _tensor_key(t) -> tuple:
@@ -74,7 +74,7 @@ def _tensor_key(t) -> tuple:
 
 
 class RayMapper:
-    """Evaluate ``block_acceptance`` tasks on Ray; call it with a task list, get results in order.
+    """Evaluate ``shard_acceptance`` tasks on Ray; call it with a task list, get results in order.
 
     Use as a context manager (or call :meth:`close`) so a Ray session it started is shut
     down. ``num_cpus`` only applies when a local cluster is started; ``max_in_flight``
@@ -104,7 +104,7 @@ class RayMapper:
             ray.init(address=None if self.address == "auto" else self.address, **kw)
             self._started = True
         if self._remote is None:
-            self._remote = ray.remote(num_cpus=1)(_block_task)
+            self._remote = ray.remote(num_cpus=1)(_shard_task)
         if self.max_in_flight is None:
             self.max_in_flight = max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
 
@@ -126,7 +126,7 @@ class RayMapper:
         key = _tensor_key(t)
         hit = self._cache.get(key) or cache.get(key)
         if hit is None:
-            # clone: a view would pickle its whole base storage (the full cell, once per block)
+            # clone: a view would pickle its whole base storage (the full cell, once per shard)
             hit = (t, self._ray.put(t.clone()))
         cache[key] = hit
         return hit[1]
@@ -151,10 +151,10 @@ class RayMapper:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
                 out[pending.pop(ref)] = ray.get(ref)
-        self._cache = cache  # keep this cell's blocks for the next verifier of the same (law, K)
+        self._cache = cache  # keep this cell's shards for the next verifier of the same (law, K)
         return out
 
 
 def ray_mapper(address: str = "auto", *, num_cpus: int | None = None, max_in_flight: int | None = None) -> RayMapper:
-    """A mapper evaluating cell blocks on a Ray cluster (``"auto"`` or an address); see :class:`RayMapper`."""
+    """A mapper evaluating cell shards on a Ray cluster (``"auto"`` or an address); see :class:`RayMapper`."""
     return RayMapper(address, num_cpus=num_cpus, max_in_flight=max_in_flight)

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from . import acceptance as _acceptance
 from . import blocks as _blocks
 from . import collect as _collect
-from .records import JsonlWriter, lock_run_dir, read_jsonl
+from .records import JsonlWriter, lock_run_dir, read_jsonl, results_path
 from .temperature import sweep_configs
 
 __all__ = ["PaperConfig", "PAPER", "QUICK", "STAGES", "blocks_configs", "run"]
@@ -195,4 +195,4 @@ def _record(path: Path, c: PaperConfig, seed: int, stage: str, seconds: float, w
 
 
 def _count(path: Path) -> int:
-    return len(read_jsonl(path)[1]) if path.exists() else 0
+    return len(read_jsonl(path)[1]) if results_path(path).exists() else 0

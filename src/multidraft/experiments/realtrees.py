@@ -51,7 +51,7 @@ scored in one pass over their union, nor batched: that changes the bf16 logits (
 at other key positions moved logits by up to 0.22 on the default pair), hence the rows.
 
     multidraft experiment realtrees run --dataset humaneval -n 164 --out runs/real_trees/humaneval.jsonl
-    multidraft experiment realtrees report runs/real_trees/*.jsonl --markdown runs/real_trees/table.md
+    multidraft experiment realtrees report docs/results/real_trees/*.jsonl.gz --markdown runs/real_trees/table.md
 
 ``report`` reads the JSONL files only: per (data set, shape, budget), and per MT-bench
 category, the mean tokens per call of every rule and its mean difference to the best token

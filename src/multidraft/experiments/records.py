@@ -13,6 +13,10 @@ measurement rows. This module is the ONE place that decides whether rows belong 
 * **Provenance per row.** A resumed run may append rows from a later checkout, so every row
   carries the code that wrote it (``code``: :func:`code_version`, the package version and,
   in a git checkout, the commit, ``-dirty`` with uncommitted changes).
+* **Compressed files.** :func:`read_jsonl` reads ``rows.jsonl.gz`` as it reads ``rows.jsonl``,
+  and given ``rows.jsonl`` where only ``rows.jsonl.gz`` exists it reads the compressed file
+  (:func:`results_path`); committed bulk rows are stored that way. A writer never appends to a
+  compressed file: it refuses, asking for ``gunzip`` first.
 * **Foreign rows.** :func:`read_jsonl` refuses a second meta row, a row whose ``run_id``
   is not the meta's, and (in a file whose meta has a run id) a row without one, naming
   ``file:line``; such rows are never counted as done.
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import hashlib
 import json
 import math
@@ -51,7 +56,7 @@ from typing import Any
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
-    "read_jsonl", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields", "derived_seed",
+    "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields", "derived_seed",
     "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir",
 ]
 
@@ -218,6 +223,9 @@ def check_binding(path: str | os.PathLike, config: dict, seed: int | None, keyed
     same run: ``ValueError`` naming the path and the differing config keys (or the foreign
     rows) if not."""
     path = Path(path)
+    if not path.exists() and _gz_sibling(path).is_file():
+        raise ValueError(f"{path} is stored compressed ({_gz_sibling(path).name}); gunzip it to extend the run, "
+                         "or use a new file or run directory")
     if not path.exists() or path.stat().st_size == 0:
         return []
     if not path.is_file():
@@ -322,8 +330,9 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
 
     A torn last line (interrupted write) is skipped. Any other unreadable line, a second
     meta row, or a row from another run (``run_id`` not the meta's, or missing where the
-    meta has one) raises ``ValueError`` naming ``file:line``."""
-    path = Path(path)
+    meta has one) raises ``ValueError`` naming ``file:line``. A ``.gz`` file is decompressed;
+    a missing ``rows.jsonl`` whose ``rows.jsonl.gz`` exists is read from that (:func:`results_path`)."""
+    path = results_path(path)
     if not path.exists():
         raise FileNotFoundError(2, "no results file", str(path))
     if not path.is_file():
@@ -332,6 +341,11 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
         data = path.read_bytes()
     except OSError as exc:
         raise io_error(exc, path, "read the results file") from None
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error):
+            raise ValueError(f"{path}: not a complete gzip file (corrupt results file)") from None
     lines = data.split(b"\n")
     torn = not data.endswith(b"\n")
     meta, rows, nums = None, [], []
@@ -360,6 +374,19 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
         rows.append(decode_row_spelling(obj))
         nums.append(i)
     return (meta, rows, nums) if line_numbers else (meta, rows)
+
+
+def _gz_sibling(path: Path) -> Path:
+    return path.with_name(path.name + ".gz")
+
+
+def results_path(path: str | os.PathLike) -> Path:
+    """``path``, or its compressed sibling ``path.gz`` when only that exists (committed bulk rows
+    are stored as ``.jsonl.gz``). Use it wherever a results file is looked up by name."""
+    path = Path(path)
+    if not path.exists() and not path.name.endswith(".gz") and _gz_sibling(path).is_file():
+        return _gz_sibling(path)
+    return path
 
 
 _TARGET_ALONE_SPELLINGS = ("autoregressive", "none", "-")  # a decode row's verifier before Settings.describe
@@ -393,7 +420,7 @@ def decode_row_spelling(row: dict) -> dict:
 def done_keys(path: str | os.PathLike, key_fields: Iterable[str]) -> set[tuple]:
     """Keys of the rows already in a results file (checked by :func:`read_jsonl`). Prefer
     :func:`resume`, which also checks the file belongs to this run's config."""
-    path = Path(path)
+    path = results_path(path)
     if not path.exists():
         return set()
     fields = tuple(key_fields)

@@ -22,7 +22,7 @@ from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, t95
 from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
-from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, target_alone_row, valid_rows
+from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, results_path, target_alone_row, valid_rows
 
 __all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "values_note", "summary", "paired_difference",
            "tail_note"]
@@ -79,7 +79,7 @@ def load_run(run_dir: str | Path, skipped: list | None = None) -> dict[str, tupl
         raise NotADirectoryError(20, "run directory is a file, not a directory", str(run_dir))
     out = {}
     for f in FILES:
-        if (run_dir / f).exists():
+        if results_path(run_dir / f).exists():  # or its .gz sibling
             meta, rows, lines = read_jsonl(run_dir / f, line_numbers=True)
             keep = [i for i, r in enumerate(rows) if r.get("type", "row") == "row"]
             rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
@@ -468,7 +468,7 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
 def _stages_section(run_dir: Path, skipped: list | None = None) -> list[str]:
     """The time of each stage from ``stages.jsonl`` (written by ``multidraft experiment paper``), if any:
     one line per invocation of a stage, with the data sets it ran on and whether it finished."""
-    path = run_dir / "stages.jsonl"
+    path = results_path(run_dir / "stages.jsonl")
     if not path.exists():
         return []
     _, rows, lines = read_jsonl(path, line_numbers=True)
@@ -540,7 +540,7 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     run = load_run(run_dir, skipped)
     reference = None
     if blocks_baseline is not None:
-        bpath = Path(blocks_baseline)
+        bpath = results_path(blocks_baseline)
         if not bpath.is_file():
             raise ValueError(f"--blocks-baseline: no such file: {bpath}")
         _, brows, blines = read_jsonl(bpath, line_numbers=True)

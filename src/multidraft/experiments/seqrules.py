@@ -13,10 +13,10 @@ meta row with config, seed, versions and command, then rows bound to it). Rows a
   dual certificate ``upper``, the dual gap, the repaired coupling's feasibility error, the LP
   size, seconds) — the expensive part, computed once per instance;
 * every other row: one rule's exact expected tokens per call on the instance and its
-  certificate error (``trees.compare.certified``: a rule past 1e-12 stops the run), warnings
-  the rule raised, seconds. The rules are ``trees.compare.rule_names(law)``: the token walks
+  certificate error (``trees.rule_table.certified``: a rule past 1e-12 stops the run), warnings
+  the rule raised, seconds. The rules are ``trees.rule_table.rule_names(law)``: the token walks
   and *every registered sequence-level rule* that supports the law; the command line adds the
-  variants of ``trees.compare.VARIANTS`` (``univer_ot``: UniVer with its LP plan, small V only:
+  variants of ``trees.rule_table.VARIANTS`` (``univer_ot``: UniVer with its LP plan, small V only:
   at most 0.6 s of one core per instance on every cell of GRID, measured).
 
 ``run_cell`` writes only the rows that are missing, so rerunning a cell after new rules are
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .. import trees
 from .._validate import as_int
-from ..trees import compare
+from ..trees import rule_table
 from . import records
 from .progress import progress as _progress
 
@@ -133,7 +133,7 @@ def run_cell(law: str, k: int, depth: int, V: int, n: int = 500, seed: int = 0, 
     added = {"ceilings": 0, "rules": 0}
     with records.JsonlWriter(path, _config(law, k, depth, V, n), seed, keyed=("n",)) as w:
         done = w.done(KEY)
-        names = compare.rule_names(make_law(law, k, depth), rules=rules)
+        names = rule_table.rule_names(make_law(law, k, depth), rules=rules)
         for i in _progress(range(n), total=n, desc=cell_name(law, k, depth, V), enabled=show_progress):
             todo = [nm for nm in [CEILING, *names] if records.row_key({"instance": i, "rule": nm}, KEY) not in done]
             if not todo:
@@ -151,7 +151,7 @@ def run_cell(law: str, k: int, depth: int, V: int, n: int = 500, seed: int = 0, 
                         row = {"rule": CEILING, "value": sol.value, "upper": sol.upper_bound, "dual_gap": sol.gap,
                                "feasibility_error": sol.feasibility_error, "variables": sol.variables}
                     else:
-                        cert = compare.certified(nm, tl, model, TOL)
+                        cert = rule_table.certified(nm, tl, model, TOL)
                         row = {"rule": nm, "tokens": cert.expected_tokens, "cert_error": cert.max_abs_error}
                 msgs = sorted({str(c.message) for c in caught})
                 w.write(**base, **row, warnings=msgs, seconds=round(time.perf_counter() - t, 4))
@@ -234,7 +234,7 @@ def load_cell(path) -> tuple[dict, list[dict]]:
 
 
 def _is_walk(name: str) -> bool:
-    return name.startswith(compare.WALK_PREFIX)
+    return name.startswith(rule_table.WALK_PREFIX)
 
 
 def summarize_cell(config: dict, insts: list[dict]) -> dict:
@@ -245,8 +245,8 @@ def summarize_cell(config: dict, insts: list[dict]) -> dict:
         for nm in d["tokens"]:
             if nm not in rules:
                 rules.append(nm)
-    rules.sort(key=lambda nm: (not _is_walk(nm), nm if not _is_walk(nm) else compare.WALKS.index(nm[5:])
-                               if nm[5:] in compare.WALKS else nm))
+    rules.sort(key=lambda nm: (not _is_walk(nm), nm if not _is_walk(nm) else rule_table.WALKS.index(nm[5:])
+                               if nm[5:] in rule_table.WALKS else nm))
     out = {"cell": cell_name(config["law"], config["k"], config["depth"], config["V"]), "n": len(insts),
            "ceiling": _mean([d["ceiling"] for d in insts]), "dual_gap": max((d["dual_gap"] for d in insts), default=math.nan),
            "rules": {}}

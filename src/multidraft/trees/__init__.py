@@ -22,7 +22,7 @@ the rules here). Modules:
                iid or without-replacement siblings (Weng, Hu, Yairi 2026);
 * ``ceiling``  ``optimal_tokens``: the tree-level ceiling (the LP over draft trees and emitted
                sequences) and ``TreeLP`` ('tree_lp'), the rule that samples its coupling;
-* ``compare``  ``expected_tokens``: every rule's exact tokens per call and the ceiling.
+* ``rule_table`` ``expected_tokens``: every rule's exact tokens per call and the ceiling, on one instance.
 
 >>> import multidraft as md
 >>> from multidraft import trees
@@ -47,7 +47,7 @@ from .traversal import TraversalVerification
 from .gbv import GreedyBlockVerification, SelectThenBlock, greedy_selection_law
 from .spectr_gbv import SpecTrGBV, kseq_selection_law
 from .univer import UniVer
-from .compare import expected_tokens
+from .rule_table import expected_tokens
 from .ceiling import MAX_LP_VARIABLES, CeilingSolution, RootTradeoff, TreeLP, lp_size, optimal_tokens, root_tradeoff, tree_paths
 
 __all__ = [
