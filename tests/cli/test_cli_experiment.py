@@ -247,10 +247,10 @@ def test_seqrules_writes_in_run_dir_only(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in run.iterdir()) == ["chain_k1_l2_v2.jsonl", "table.md"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]        # nothing in docs/ or elsewhere
     ref = tmp_path / "ref"
-    from multidraft.trees import compare
+    from multidraft.trees import rule_table
 
     # the command's default rules, as the module's main had them: every registered one and the variants
-    seqrules.run_cell("chain", 1, 2, 2, n=2, out_dir=ref, rules=compare.sequence_rules() + list(compare.VARIANTS),
+    seqrules.run_cell("chain", 1, 2, 2, n=2, out_dir=ref, rules=rule_table.sequence_rules() + list(rule_table.VARIANTS),
                       show_progress=False)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(read_jsonl(run / "chain_k1_l2_v2.jsonl")[1]) == strip(read_jsonl(ref / "chain_k1_l2_v2.jsonl")[1])

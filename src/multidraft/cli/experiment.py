@@ -280,17 +280,17 @@ def _check_seqrules(args) -> tuple[list, list, Path | None]:
     check_common(args)  # --seed, RUN_DIR
     md = check_out_file(args.markdown, "--markdown")
     from ..experiments import seqrules
-    from ..trees import compare
+    from ..trees import rule_table
 
     cells = list(seqrules.GRID) if args.grid else ([(args.law, k, depth, vocab)] if args.law else [])
-    rules = args.rules if args.rules is not None else compare.sequence_rules() + list(compare.VARIANTS)
+    rules = args.rules if args.rules is not None else rule_table.sequence_rules() + list(rule_table.VARIANTS)
     for law, ck, cd, _ in cells + (list(seqrules.ROOT_CELLS) if args.root else []):
         try:
             tl = seqrules.make_law(law, ck, cd)
         except ValueError as exc:
             raise ArgumentError.of("k", exc) from None
         try:
-            compare.rule_names(tl, rules=rules)
+            rule_table.rule_names(tl, rules=rules)
         except ValueError as exc:  # an unknown rule
             raise ArgumentError.of("rules", exc) from None
     if args.report and not (cells or args.root) and not Path(args.run_dir).expanduser().is_dir():
