@@ -6,6 +6,11 @@ it until SIGINT or SIGTERM. On SIGTERM the server stops accepting connections, a
 queued requests with 503, lets the request being decoded finish within the grace period
 (then stops it: finish_reason 'abort'), and returns normally: the process exits 0 without a
 traceback.
+
+The pieces: :class:`_Endpoints` answers the routes of one app (its model and worker),
+:class:`_Call` carries one request through the worker (its job, its events, its JSON or SSE
+answer), and the exception handlers below turn every error into OpenAI's error body.
+FastAPI is imported only inside the functions that need it (the ``serve`` extra).
 """
 
 import asyncio
@@ -14,6 +19,7 @@ import logging
 import signal
 import time
 import uuid
+from contextlib import asynccontextmanager
 
 from .protocol import APIError, SamplingRequest, error_body, parse_chat, parse_completion
 from .worker import Job, ServedModel, Worker
@@ -22,102 +28,144 @@ __all__ = ["create_app", "run_server"]
 
 log = logging.getLogger("multidraft.serve")
 _POLL_S = 0.25  # how often a waiting request checks that its client is still there
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1):
     """The ASGI app serving ``model``; ``app.state.worker`` is its worker."""
-    from contextlib import asynccontextmanager
-
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
     worker = Worker(model, queue_size, max_lanes)
+    endpoints = _Endpoints(model, worker, shutdown_grace_s)
+    app = FastAPI(title="multidraft serve", lifespan=endpoints.lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.worker = worker
+    app.state.model = model
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _internal)
+    app.get("/health")(endpoints.health)
+    app.get("/v1/models")(endpoints.models)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await endpoints.serve(request, parse_completion(await _body_of(request)))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await endpoints.serve(request, parse_chat(await _body_of(request)))
+
+    return app
+
+
+# --- errors: every one answered with OpenAI's error body ---------------------------------------
+
+async def _api_error(request, exc: APIError):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request, exc):  # starlette's HTTPException: no route, wrong method
+    from fastapi.responses import JSONResponse
+
+    kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+    msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+    return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
+
+
+async def _validation_error(request, exc):  # not reached: bodies are parsed by protocol.py
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+
+
+async def _internal(request, exc):
+    from fastapi.responses import JSONResponse
+
+    log.exception("unhandled error")
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error", None, "internal_error"),
+                        status_code=500)
+
+
+async def _body_of(request) -> object:
+    """The JSON body of ``request``; APIError 400 'invalid_json' when it does not parse."""
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") \
+            from None
+
+
+# --- the endpoints of one app ------------------------------------------------------------------
+
+class _Endpoints:
+    """The routes of one app over its ``model`` and ``worker``; ``lifespan`` starts and stops the worker."""
+
+    def __init__(self, model: ServedModel, worker: Worker, shutdown_grace_s: float):
+        self.model, self.worker, self.shutdown_grace_s = model, worker, shutdown_grace_s
+        self.created = int(time.time())
 
     @asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(self, app):
+        model, worker = self.model, self.worker
         worker.start()
         log.info("serving %s (%s) with %s", model.name, model.engine, json.dumps(model.describe()))
         try:
             yield
         finally:
-            worker.drain(shutdown_grace_s)
-            await asyncio.to_thread(worker.stop, shutdown_grace_s + 5)
+            worker.drain(self.shutdown_grace_s)
+            await asyncio.to_thread(worker.stop, self.shutdown_grace_s + 5)
             log.info("worker stopped: %s", json.dumps(worker.status()))
 
-    app = FastAPI(title="multidraft serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.worker = worker
-    app.state.model = model
+    async def health(self):
+        return {"status": "shutting_down" if self.worker.draining.is_set() else "ok", "model": self.model.name,
+                **self.worker.status()}
 
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request, exc: HTTPException):
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-        return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request, exc):  # not reached: bodies are parsed by protocol.py
-        return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
-
-    @app.exception_handler(Exception)
-    async def _internal(request, exc):
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error", None, "internal_error"),
-                            status_code=500)
-
-    @app.get("/health")
-    async def health():
-        return {"status": "shutting_down" if worker.draining.is_set() else "ok", "model": model.name,
-                **worker.status()}
-
-    created = int(time.time())
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": created,
+    async def models(self):
+        model = self.model
+        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": self.created,
                                             "owned_by": "multidraft", "speculative": model.describe(),
                                             "context_length": model.codec.context}]}
 
-    async def body_of(request: Request):
-        raw = await request.body()
+    async def serve(self, request, req: SamplingRequest):
+        """Answer ``req`` (parsed from ``request``): one JSON body, or an SSE stream when ``req.stream``."""
+        from fastapi.responses import StreamingResponse
+
+        ids, max_tokens = self.prepare(req)
+        settings = self.settings(req, max_tokens)
+        call = _Call(request, req, ids, settings)
+        self.worker.submit(call.job)  # 429 / 503 raised here, before any byte is sent
+        rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        head = {"id": rid, "created": int(time.time()), "model": self.model.name, "seed": req.seed,
+                "system_fingerprint": "multidraft"}
+        if not req.stream:
+            return await call.whole(head)
+        return StreamingResponse(call.sse(head), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    def settings(self, req: SamplingRequest, max_tokens: int):
+        """The model's decode settings with ``req``'s changes; a bad value is APIError 400 on its request field."""
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") \
-                from None
+            return self.model.request_settings(req.settings_changes(), max_tokens)
+        except ValueError as exc:
+            arg = getattr(exc, "arg", None)
+            param = {"max_new_tokens": "max_tokens"}.get(arg, arg)
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await _serve(request, parse_completion(await body_of(request)))
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await _serve(request, parse_chat(await body_of(request)))
-
-    def _prepare(req: SamplingRequest) -> tuple[list[int], int]:
+    def prepare(self, req: SamplingRequest) -> tuple[list[int], int]:
+        """The prompt's token ids and the completion's token budget; APIError 404/400 when ``req`` can't be served."""
+        model = self.model
         if req.model != model.name:
             raise APIError(404, f"The model `{req.model}` does not exist; this server serves `{model.name}`",
                            param="model", code="model_not_found")
-        codec = model.codec
-        if req.endpoint == "chat":
-            ids, param = codec.chat(req.prompt), "messages"
-        elif isinstance(req.prompt, str):
-            ids, param = codec.encode(req.prompt), "prompt"
-        else:
-            V = _vocab(model)
-            bad = [t for t in req.prompt if not 0 <= t < V]
-            if bad:
-                raise APIError(400, f"prompt holds token ids outside the vocabulary [0, {V}): {bad[:5]}",
-                               param="prompt", code="invalid_value")
-            ids, param = list(req.prompt), "prompt"
+        ids, param = self.prompt_ids(req)
         if not ids:
             raise APIError(400, "the prompt encodes to no tokens", param=param, code="invalid_value")
-        ctx = codec.context
+        ctx = model.codec.context
         if len(ids) >= ctx:
             raise APIError(400, f"This model's maximum context length is {ctx} tokens, but the prompt has {len(ids)} "
                                 f"tokens. Please reduce the length of the prompt.", param=param,
@@ -133,93 +181,106 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
                            param="max_tokens", code="context_length_exceeded")
         return ids, req.max_tokens
 
-    async def _serve(request: Request, req: SamplingRequest):
-        ids, max_tokens = _prepare(req)
+    def prompt_ids(self, req: SamplingRequest) -> tuple[list[int], str]:
+        """``req``'s prompt as token ids, and the request field it came from ('messages' or 'prompt')."""
+        codec = self.model.codec
+        if req.endpoint == "chat":
+            return codec.chat(req.prompt), "messages"
+        if isinstance(req.prompt, str):
+            return codec.encode(req.prompt), "prompt"
+        V = _vocab(self.model)
+        bad = [t for t in req.prompt if not 0 <= t < V]
+        if bad:
+            raise APIError(400, f"prompt holds token ids outside the vocabulary [0, {V}): {bad[:5]}",
+                           param="prompt", code="invalid_value")
+        return list(req.prompt), "prompt"
+
+
+# --- one request through the worker ------------------------------------------------------------
+
+class _Call:
+    """One request on its way through the worker: its :class:`Job`, the queue of the job's events
+    (filled from the worker thread), and its answer, whole (``whole``) or streamed (``sse``)."""
+
+    def __init__(self, request, req: SamplingRequest, ids: list[int], settings):
+        self.request, self.req, self.ids = request, req, ids
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.job = Job(ids, settings, req.seed, req.stop, self.emit)
+
+    def emit(self, ev):  # from the worker thread
         try:
-            settings = model.request_settings(req.settings_changes(), max_tokens)
-        except ValueError as exc:
-            arg = getattr(exc, "arg", None)
-            param = {"max_new_tokens": "max_tokens"}.get(arg, arg)
-            raise APIError(400, str(exc), param=param, code="invalid_value") from None
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+            self.loop.call_soon_threadsafe(self.events.put_nowait, ev)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
 
-        def emit(ev):  # from the worker thread
+    async def next_event(self):
+        """The job's next event, or None once the client has gone away (the job is then cancelled)."""
+        while True:
             try:
-                loop.call_soon_threadsafe(events.put_nowait, ev)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
+                return await asyncio.wait_for(self.events.get(), _POLL_S)
+            except asyncio.TimeoutError:
+                if await self.request.is_disconnected():
+                    self.job.cancel.set()
+                    return None
 
-        job = Job(ids, settings, req.seed, req.stop, emit)
-        worker.submit(job)  # 429 / 503 raised here, before any byte is sent
-        rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex[:24]
-        head = {"id": rid, "created": int(time.time()), "model": model.name, "seed": req.seed,
-                "system_fingerprint": "multidraft"}
+    def usage(self, done) -> dict:
+        n = done["completion_tokens"]
+        return {"prompt_tokens": len(self.ids), "completion_tokens": n, "total_tokens": len(self.ids) + n}
 
-        async def next_event():
+    async def whole(self, head: dict):
+        """The JSON response once the job is done (499 if the client went away first)."""
+        from fastapi.responses import JSONResponse
+
+        try:
+            parts = []
             while True:
-                try:
-                    return await asyncio.wait_for(events.get(), _POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancel.set()
-                        return None
+                ev = await self.next_event()
+                if ev is None:  # the client went away; the worker stops this request
+                    return JSONResponse(error_body("client disconnected", "invalid_request_error"), 499)
+                if ev[0] == "error":
+                    raise ev[1]
+                if ev[0] == "delta":
+                    parts.append(ev[1])
+                    continue
+                done = ev[1]
+                break
+        finally:
+            self.job.cancel.set()  # a no-op once done; stops the decode if this task was cancelled
+        return JSONResponse({**head, **_full(self.req, done), "usage": self.usage(done),
+                             "speculative": done["speculative"]})
 
-        def usage(done) -> dict:
-            n = done["completion_tokens"]
-            return {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-
-        if not req.stream:
-            try:
-                parts = []
-                while True:
-                    ev = await next_event()
-                    if ev is None:  # the client went away; the worker stops this request
-                        return JSONResponse(error_body("client disconnected", "invalid_request_error"), 499)
-                    if ev[0] == "error":
-                        raise ev[1]
-                    if ev[0] == "delta":
-                        parts.append(ev[1])
-                        continue
+    async def sse(self, head: dict):
+        """The server-sent events: (chat) the role chunk, a chunk per delta, the last chunk with usage,
+        (include_usage) the usage chunk, then [DONE]; an error event is sent as its body, then [DONE]."""
+        req = self.req
+        try:
+            if req.endpoint == "chat":
+                yield _sse({**head, "object": "chat.completion.chunk", "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None}]})
+            while True:
+                ev = await self.next_event()
+                if ev is None:
+                    return
+                if ev[0] == "delta":
+                    yield _sse({**head, **_chunk(req, ev[1], None)})
+                elif ev[0] == "error":
+                    yield _sse(ev[1].body())
+                    yield "data: [DONE]\n\n"
+                    return
+                else:
                     done = ev[1]
-                    break
-            finally:
-                job.cancel.set()  # a no-op once done; stops the decode if this task was cancelled
-            return JSONResponse({**head, **_full(req, done), "usage": usage(done), "speculative": done["speculative"]})
-
-        async def sse():
-            try:
-                if req.endpoint == "chat":
-                    yield _sse({**head, "object": "chat.completion.chunk", "choices": [
-                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                         "finish_reason": None}]})
-                while True:
-                    ev = await next_event()
-                    if ev is None:
-                        return
-                    if ev[0] == "delta":
-                        yield _sse({**head, **_chunk(req, ev[1], None)})
-                    elif ev[0] == "error":
-                        yield _sse(ev[1].body())
-                        yield "data: [DONE]\n\n"
-                        return
-                    else:
-                        done = ev[1]
-                        last = {**head, **_chunk(req, None, done["finish_reason"]), "usage": usage(done),
-                                "speculative": done["speculative"]}
-                        yield _sse(last)
-                        if req.include_usage:
-                            yield _sse({**head, "object": last["object"], "choices": [], "usage": usage(done),
-                                        "speculative": done["speculative"]})
-                        yield "data: [DONE]\n\n"
-                        return
-            finally:
-                job.cancel.set()
-
-        return StreamingResponse(sse(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    return app
+                    last = {**head, **_chunk(req, None, done["finish_reason"]), "usage": self.usage(done),
+                            "speculative": done["speculative"]}
+                    yield _sse(last)
+                    if req.include_usage:
+                        yield _sse({**head, "object": last["object"], "choices": [], "usage": self.usage(done),
+                                    "speculative": done["speculative"]})
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            self.job.cancel.set()
 
 
 def _vocab(model: ServedModel) -> int:
