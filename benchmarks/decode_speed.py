@@ -88,6 +88,7 @@ from pathlib import Path
 import torch
 
 from multidraft import verifiers as _verifiers
+from multidraft._validate import derive_seed
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
 from multidraft.decoding import full_tree, generate
 from multidraft.decoding.profiling import machine_info
@@ -551,7 +552,7 @@ def main(argv=None) -> int:
             records: list = []
             generate(target, draft, encode(held_out[1]), verifier=v.name, k=m.k, depth=2,
                      tree=full_tree(m.k, 2), temperature=args.temperature, max_new_tokens=64,
-                     generator=args.seed + 99, node_log=records)
+                     generator=derive_seed(args.seed, 99, rule="linear"), node_log=records)
             stats, along = AcceptStats.from_records(records, max_k=m.k).restrict(ks), None
         choice = choose_tree(profile, stats, along=along)
         if choice.tree is None:

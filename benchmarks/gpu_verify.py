@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _bench import timed, write_jsonl  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 
 SKIP = {"lp_optimal": "a linear program over all draft tuples: small-V reference only"}
@@ -96,11 +97,11 @@ def main(argv=None) -> int:
                     continue
                 if not v.supports(kind, K):
                     continue
-                g = torch.Generator(device=dev).manual_seed(args.seed + 1)
+                g = torch.Generator(device=dev).manual_seed(derive_seed(args.seed, 1, rule="linear"))
                 law = _drafts.make(kind, q, K) if kind != "independent" else _drafts.independent(q.unsqueeze(-2).expand(B, K, V))
                 qk = q if kind != "independent" else q.unsqueeze(-2).expand(B, K, V)
                 dr = law.sample(g)
-                gv = torch.Generator(device=dev).manual_seed(args.seed + 2)
+                gv = torch.Generator(device=dev).manual_seed(derive_seed(args.seed, 2, rule="linear"))
                 ms = timed(lambda: v.verify(p, qk, dr, generator=gv, law=kind, validate=False), args.repeats, lambda: sync(dev))
                 row = {"kind": "verify", "verifier": name, "law": kind, "B": B, "K": K, "ms_per_batch": ms,
                        "ms_per_node": ms / B, "softmax_ms": t_soft, "ratio_to_softmax": ms / t_soft}

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
@@ -65,9 +66,9 @@ def nodes_for(TL, DL, kind, k, draws, seed):
         else:
             q = process_logits(DL[i:i + 1], 1.0)[0]  # [V]
         for d in range(draws):
-            g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + d)
+            g = torch.Generator().manual_seed(derive_seed(seed, i, d, rule="linear", weights=(1_000_003, 1009, 1)))
             law = _drafts.independent(q.unsqueeze(0)) if kind == "independent" else _drafts.make(kind, q.unsqueeze(0), k)
-            out.append((p, q, law.sample(g)[0], seed * 7919 + i * 101 + d))
+            out.append((p, q, law.sample(g)[0], derive_seed(seed, i, d, rule="linear", weights=(7919, 101, 1))))
     return out
 
 

@@ -82,6 +82,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import multidraft  # noqa: E402
 from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
@@ -205,7 +206,7 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
         print(f"skipped: {n} ({why})")
     print(f"{'law':<24}{'rule':<14}{'ms/step':>9}{'walk ms':>9}{'ratio':>8}{'tokens':>8}{'walk tok':>9}")
     for law in laws:
-        built = [law.sample(model, torch.Generator().manual_seed(seed * 7919 + j)) for j in range(count)]
+        built = [law.sample(model, torch.Generator().manual_seed(derive_seed(seed, j, rule="linear", weights=(7919, 1)))) for j in range(count)]
         for tree in built:  # process_logits rows, as the decoder's: trusted, as the engine marks them (the
             tree.rows_checked = True  # token walk checks no row either; a rule's per-row checks are not its cost)
         nodes = statistics.mean(len(t) for t in built)
@@ -217,7 +218,7 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
                 t = 0.0
                 toks = 0
                 for j, tree in enumerate(built):
-                    g = torch.Generator().manual_seed(seed * 1_000_003 + j)
+                    g = torch.Generator().manual_seed(derive_seed(seed, j, rule="linear", weights=(1_000_003, 1)))
                     t0 = _clock()
                     verdict = rule.verify(tree, g)
                     t += _clock() - t0
@@ -301,7 +302,7 @@ def measure(name, kind, k, TL, DL, T, draws, repeats, seed, top_k=None, top_p=No
         a = 0
         for i in range(n):
             for d in range(draws):
-                g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + d)
+                g = torch.Generator().manual_seed(derive_seed(seed, i, d, rule="linear", weights=(1_000_003, 1009, 1)))
                 _, hit = run_node(v, kind, k, TL[i], DL[i], T, g, clock, top_k, top_p)
                 a += hit
         if rep:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.verifiers import optimal as _optimal  # noqa: E402
@@ -91,8 +92,8 @@ def main(argv=None):
         nodes = []
         for i in range(P.shape[0]):
             for d in range(args.draws):
-                g = torch.Generator().manual_seed(args.seed * 1000 + i * 10 + d)
-                nodes.append((P[i], Q[i], _drafts.iid(Q[i], k).sample(g), args.seed * 1000 + i * 10 + d))
+                s = derive_seed(args.seed, i, d, rule="linear", weights=(1000, 10, 1))
+                nodes.append((P[i], Q[i], _drafts.iid(Q[i], k).sample(torch.Generator().manual_seed(s)), s))
         per = {m: [] for m in methods}
         for rep in range(args.repeats + 1):
             tot = dict.fromkeys(methods, 0.0)

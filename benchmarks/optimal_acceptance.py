@@ -21,6 +21,7 @@ import torch
 
 import multidraft as md
 from multidraft import drafts as D
+from multidraft._validate import derive_seed
 
 
 def realistic(B: int, V: int, seed: int):
@@ -96,7 +97,7 @@ def main() -> int:
     print("\ncoupling LP (HiGHS), K = 2, iid, one position:")
     V, last = 8, None
     while True:
-        pp, qq = realistic(1, V, args.seed + 1)
+        pp, qq = realistic(1, V, derive_seed(args.seed, 1, rule="linear"))
         law = D.iid(qq[0], 2)
         md.limits.lp.solve_coupling.__globals__["_CACHE"].clear()
         t0 = time.perf_counter()

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft import drafts as _drafts  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.verifiers import base as _base  # noqa: E402
 from multidraft.verifiers import optimal as O  # noqa: E402
@@ -92,7 +93,7 @@ def main(argv=None):
         nodes = []
         for i in range(P.shape[0]):
             for d in range(args.draws):
-                seed = args.seed * 1000 + i * 10 + d
+                seed = derive_seed(args.seed, i, d, rule="linear", weights=(1000, 10, 1))
                 nodes.append((P[i], Q[i], _drafts.iid(Q[i], k).sample(torch.Generator().manual_seed(seed)), seed))
         per = []
         for rep in range(args.repeats + 1):

@@ -24,6 +24,7 @@ import torch
 from scipy import stats
 
 import multidraft as md
+from multidraft._validate import derive_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import timed  # noqa: E402
@@ -164,12 +165,12 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in ks:
-        g = torch.Generator().manual_seed(args.seed + k)
+        g = torch.Generator().manual_seed(derive_seed(args.seed, k, rule="linear"))
         drafts = md.drafts.iid(q, k).sample(g)
         alpha = md.optimal_acceptance(p, md.drafts.iid(q, k)).double()
         for name in [s.strip() for s in args.verifiers.split(",") if s.strip()]:
             v = md.verifiers.get(name)
-            gv = torch.Generator().manual_seed(args.seed + 100 + k)
+            gv = torch.Generator().manual_seed(derive_seed(args.seed, 100, k, rule="linear"))
             toks, acc, fits = [], [], []
             t1 = time.perf_counter()
             for s0 in range(0, N, args.chunk):

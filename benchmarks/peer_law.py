@@ -110,7 +110,7 @@ def from_models(path: Path, n_texts: int):
     from multidraft.decoding.pair import load_pair
     from multidraft.decoding.continuation import continuation_logits
     from multidraft.experiments import store
-    from multidraft.experiments.records import derived_seed
+    from multidraft._validate import derive_seed
     from multidraft.sampling import process_logits
 
     ps = store.load(path)
@@ -124,7 +124,7 @@ def from_models(path: Path, n_texts: int):
         ids = prompt_ids(tok, ps.info["dataset"], prompts[tid])
         c = continuation_logits(target, draft, ids, max_new_tokens=settings["new_tokens"],
                                 temperature=settings["sample_temperature"], top_k=settings["top_k"],
-                                top_p=settings["top_p"], generator=derived_seed(settings["seed"], tid),
+                                top_p=settings["top_p"], generator=derive_seed(settings["seed"], tid, rule="unit"),
                                 eos_token_id=getattr(tok, "eos_token_id", None))
         stored = [s["token"] for s in sources if s["text"] == tid]
         got = [int(t) for t in c.tokens]

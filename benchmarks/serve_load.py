@@ -178,7 +178,8 @@ def prompts(n: int) -> list[dict]:
 
 
 def request_seed(seed: int, k: int) -> int:
-    return seed * SEED_STRIDE + k
+    from multidraft._validate import derive_seed
+    return derive_seed(seed, k, rule="linear", weights=(SEED_STRIDE, 1))
 
 
 def request_body(model: str, text: str, seed: int, max_tokens: int, temperature: float) -> dict:

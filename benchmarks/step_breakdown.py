@@ -24,6 +24,7 @@ import sys
 import torch
 
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
+from multidraft._validate import derive_seed
 from multidraft.decoding import generate
 
 
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
 
     print("alternation: target alone 32 tokens | SD 64 tokens")
     for i in range(args.rounds):
-        r0, _, _ = _run(target, draft, ids, {"verifier": None}, 32, args.seed + i)
-        r1, t_s, d_s = _run(target, draft, ids, sd, 64, args.seed + i)
+        r0, _, _ = _run(target, draft, ids, {"verifier": None}, 32, derive_seed(args.seed, i, rule="linear"))
+        r1, t_s, d_s = _run(target, draft, ids, sd, 64, derive_seed(args.seed, i, rule="linear"))
         n = r1.target_calls
         print(f"  target alone {1000 * r0.seconds / r0.new_tokens:6.1f} ms/token | SD {1000 * r1.seconds / r1.new_tokens:5.1f} "
               f"ms/token, step {1000 * r1.seconds / n:4.0f} ms (target {1000 * t_s / n:4.0f}, draft {1000 * d_s / n:3.0f}), "

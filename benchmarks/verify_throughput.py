@@ -29,6 +29,7 @@ import time
 import torch
 
 import multidraft as md
+from multidraft._validate import derive_seed
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,14 +183,14 @@ def run_k(args, have, K, p, q, t_soft, t_sort):
             continue
         v = md.verifiers.get(name)
         law = LAWS.get(name, "iid")
-        g = torch.Generator().manual_seed(args.seed + 1)
+        g = torch.Generator().manual_seed(derive_seed(args.seed, 1, rule="linear"))
         drafts = draw(law, q, K, g)
         loop_ms = None
         if name in LOOPS and not args.no_loops:
-            gl = torch.Generator().manual_seed(args.seed + 2)
+            gl = torch.Generator().manual_seed(derive_seed(args.seed, 2, rule="linear"))
             loop_ms = timeit(lambda: LOOPS[name](p, q, drafts, gl), args.loop_repeats)
         for validate in (True, False):
-            gv = torch.Generator().manual_seed(args.seed + 3)
+            gv = torch.Generator().manual_seed(derive_seed(args.seed, 3, rule="linear"))
             res = {}
 
             def run():

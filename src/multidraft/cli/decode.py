@@ -332,7 +332,7 @@ def check_auto(args, settings):
 
 def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
     """Acceptance statistics (given or from a warm-up decode) and the tree choice: ``(tree or None, info)``."""
-    from .._validate import stream_seed
+    from .._validate import derive_seed
     from ..decoding import full_tree, generate
     from ..decoding.settings import AUTO_PROXY
     from ..decoding.treeopt import AcceptStats, choose_tree
@@ -343,7 +343,7 @@ def _auto_tree(args, settings, auto, target, draft, input_ids, eos, log):
         warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=args.warmup_tokens,
                                  **({} if settings.verifier is not None else {"verifier": AUTO_PROXY, "rule": None}))
         generate(target, draft, input_ids, warmup, eos_token_id=eos,
-                 generator=stream_seed(args.seed, "tree-auto-warmup"), node_log=records)
+                 generator=derive_seed(args.seed, "tree-auto-warmup"), node_log=records)
         if not records:
             raise ValueError("--tree auto: the warm-up decode verified no tree node (it stopped at once); "
                              "give --accept-stats FILE or a longer prompt")

@@ -14,7 +14,7 @@ Each prompt gets one ``PromptCache``: its prefill runs once per model and is sha
 method (and left out of tokens/s).
 
 **One seed rule** (:func:`run_seed`): the run of method m on prompt ``pid`` draws everything
-from ``torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{verifier}|{law}|{K}|{depth}"))``
+from ``torch.Generator().manual_seed(derive_seed(seed, pid, verifier, law, K, depth, rule="unit"))``
 (``verifier`` is ``autoregressive`` for the target alone, with law ``-`` and K = depth = 0, and
 the rule's name for a sequence-level rule: no rule shares a name with a verifier).
 It depends on that run's identity alone, never on the order or on the other methods, so a
@@ -60,7 +60,7 @@ from .. import verifiers as _verifiers
 from ..decoding import PromptCache, Settings, generate
 from ..decoding.settings import WALK, decoder_rules
 from .findings import t95
-from .records import derived_seed
+from .._validate import derive_seed
 
 __all__ = [
     "MethodSpec", "target_alone", "tree_method", "parse_method", "method_settings", "check_methods", "run_seed", "run", "RunOutcome",
@@ -263,7 +263,7 @@ def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
         name, law, k, depth = AUTOREGRESSIVE, "-", 0, 0
     else:
         name, law, k, depth = method.rule or method.verifier, method.row_law, method.k, method.depth
-    return derived_seed(seed, f"{prompt}|{name}|{law}|{k}|{depth}")
+    return derive_seed(seed, prompt, name, law, k, depth, rule="unit")
 
 
 def _num(x):

@@ -43,11 +43,12 @@ import os
 import platform
 import sys
 import time
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .._validate import derive_seed
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
@@ -95,9 +96,10 @@ def code_version() -> str:
 
 
 def derived_seed(seed: int, name: str) -> int:
-    """The seed of one named unit of work (a cell, a text, a decoding run): a function of
-    (seed, name) alone, so units can run in any order or process with the same draws."""
-    return (int(seed) * 1_000_003 + zlib.crc32(str(name).encode())) % (2**63 - 1)
+    """The seed of one named unit of work (a cell, a text, a decoding run): ``derive_seed(seed,
+    name, rule="unit")``, a function of (seed, name) alone, so units can run in any order or
+    process with the same draws."""
+    return derive_seed(seed, str(name), rule="unit")
 
 
 def _clean(x: Any) -> Any:
