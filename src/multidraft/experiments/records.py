@@ -40,7 +40,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import _machine
 from .._validate import derive_seed
 
 __all__ = [
@@ -58,14 +58,9 @@ __all__ = [
 
 
 def versions() -> dict[str, str]:
-    """Versions of the packages that shape a result."""
-    out = {"python": platform.python_version()}
-    for mod in ("multidraft", "torch", "numpy", "scipy", "transformers"):
-        m = sys.modules.get(mod)
-        if m is None:
-            continue  # not imported by this run: it did not shape the result
-        out[mod] = str(getattr(m, "__version__", "?"))
-    return out
+    """Versions of the packages that shape a result (``_machine.versions``: python and the
+    packages this run imported)."""
+    return _machine.versions()
 
 
 _CODE: list = []
@@ -136,7 +131,7 @@ def meta_row(config: dict, seed: int | None, *, keyed: Iterable[str] = (), **ext
         "seed": seed,
         "config": config,
         "keyed": sorted(set(keyed)),
-        "versions": versions(),
+        **_machine.provenance(),  # versions, CPU model and flags, cores, threads, load average, platform
         "code": code_version(),
         "command": " ".join(sys.argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
