@@ -52,14 +52,14 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from .. import verifiers as _verifiers
 from ..decoding import PromptCache, Settings, generate
 from ..decoding.settings import WALK, decoder_rules
-from .findings import t95
+from .findings import mean_ci  # the one summary of rows (also the report's)
 from .._validate import derive_seed
 
 __all__ = [
@@ -391,19 +391,6 @@ def warm_up(target, draft, ids: torch.Tensor, *, depth: int = 2, temperature: fl
 # --- statistics ------------------------------------------------------------------------------
 def _finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and x == x and not math.isinf(x)
-
-
-def mean_ci(xs: Iterable[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95% t-interval (NaN where undefined); NaN / None values dropped."""
-    xs = [x for x in xs if _finite(x)]
-    n = len(xs)
-    if n == 0:
-        return float("nan"), float("nan")
-    m = sum(xs) / n
-    if n < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, t95(n) * sd / math.sqrt(n)
 
 
 def merge_rounds(rows: Sequence[dict]) -> list[dict]:
