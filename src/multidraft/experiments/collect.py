@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..datasets import check_dataset, load_prompts, load_texts, prompt_ids
+from ..datasets import check_dataset, encode, load_prompts, load_texts, prompt_ids
 from ..decoding.continuation import continuation_logits
 from ..sampling import check_sampling_args, process_logits
 from . import store
@@ -63,8 +63,7 @@ def _text_seed(seed: int, text_id: str) -> int:
 
 
 def _encode(tokenizer, text: str, max_tokens: int) -> torch.Tensor:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if callable(tokenizer) else tokenizer.encode(text)
-    ids = list(ids)[:max_tokens]
+    ids = encode(tokenizer, text, add_special_tokens=False)[:max_tokens]  # a stretch of text: no special token
     return torch.tensor(ids, dtype=torch.long)
 
 
