@@ -39,6 +39,9 @@ import torch
 
 from multidraft.peers import llama_speculative_law
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args, provenance  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
 KS = (1, 2, 4)
@@ -149,11 +152,11 @@ def main(argv=None) -> int:
     ap.add_argument("--source", choices=("models", "store"), default="models")
     ap.add_argument("--store", type=Path, default=STORE)
     ap.add_argument("--texts", type=int, default=4, help="prompts recomputed with --source models (64 positions each)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs/results/peer_law/peer_law.jsonl", help="JSONL of the summary rows (appended)")
+    common_args(ap, out=ROOT / "docs/results/peer_law/peer_law.jsonl", helps={"out": "JSONL of the summary rows (appended)"})
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+    env = {**provenance(), "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
            "peer": "llama.cpp examples/speculative @ 0c1e57098 (llama-cpp-python 0.3.36)",
            "note": "exact expectations: no random draws"}
     if a.source == "store":
