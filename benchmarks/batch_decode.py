@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +32,9 @@ from pathlib import Path
 import torch
 
 from multidraft.decoding import Settings, generate, generate_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args, load_average, provenance  # noqa: E402
 
 
 def _hf_pair(hidden: int, device: str):
@@ -78,16 +80,6 @@ def _default_pair(engine: str, threads: int, n: int):
     return t, d, prompts
 
 
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("transformers", "llama.cpp"), default="transformers")
@@ -96,12 +88,11 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-type", choices=("f16", "f32"), default="f16", help="llama.cpp KV cells")
     ap.add_argument("--flash-attn", type=int, choices=(0, 1), default=None, help="llama.cpp flash attention (default: its choice)")
     ap.add_argument("--pair", choices=("tiny", "default"), default="tiny",
                     help="tiny random models (default) or the project's default pair on HumanEval prompts")
-    ap.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSONL")
+    common_args(ap, threads=1, out=None, out_type=str, helps={"out": "also write the rows as JSONL"})
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     lanes = [int(x) for x in args.lanes.split(",")]
@@ -114,10 +105,7 @@ def main(argv=None) -> None:
     s = Settings.from_args(verifier="specinfer", k=2, depth=3, temperature=1.0, max_new_tokens=args.max_new_tokens)
     out = open(args.out, "w", encoding="utf-8") if args.out else None
     if out is not None:
-        from multidraft.experiments.records import versions
-
-        out.write(json.dumps({"type": "meta", "seed": "lane i: seed i", "config": vars(args), "versions": versions(),
-                              "cpu": _cpu(), "cores": os.cpu_count(), "load_average": os.getloadavg(),
+        out.write(json.dumps({"type": "meta", "seed": "lane i: seed i", "config": vars(args), **provenance(),
                               "settings": "specinfer, K = 2, depth 3, full tree, T = 1"}) + "\n")
     print(f"engine {args.engine} ({args.pair} pair), {args.max_new_tokens} new tokens per lane, medians of {args.reps}")
     print(f"{'lanes':>5} {'batched s':>10} {'sequential s':>13} {'speedup':>8} {'tokens':>7}")
@@ -137,7 +125,7 @@ def main(argv=None) -> None:
               + (f"  ({differ} of {B} lanes' tokens differ from generate's)" if differ else ""), flush=True)
         if out is not None:
             out.write(json.dumps({"type": "row", "lanes": B, "batched_s": tb, "sequential_s": ts, "speedup": ms / mb,
-                                  "tokens": n, "lanes_differ": differ, "load_average": os.getloadavg()}) + "\n")
+                                  "tokens": n, "lanes_differ": differ, "load_average": load_average()}) + "\n")
             out.flush()
     if out is not None:
         out.close()

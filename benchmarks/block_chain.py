@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from multidraft import trees
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args  # noqa: E402
 
 
 def make_chain(L: int, V: int, seed: int, dtype=torch.float32) -> trees.DraftTree:
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--depths", default="3,8")
     ap.add_argument("--trees", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
+    common_args(ap, repeats=3)
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     a = ap.parse_args(argv)

@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -91,9 +90,13 @@ from pathlib import Path
 import torch
 
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
-from multidraft.decoding.profiling import machine_info
 from multidraft.experiments import decode_runs as dr
 from multidraft.experiments.records import JsonlWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args, load_average, provenance  # noqa: E402
+
+ENGINE_PACKAGES = ("transformers", "llama_cpp")  # their versions are recorded whichever engine ran
 
 DEFAULT_METHODS = {
     "transformers": "target,hf,sd:3,sd:4,sd:5,specinfer:2x3,specinfer:seq2x4,specinfer:dyn:4:12:6",
@@ -389,16 +392,6 @@ def summarize_file(path: Path, markdown: str | None) -> int:
 
 
 # --- run -----------------------------------------------------------------------------------------
-def _versions() -> dict:
-    v = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("transformers", "llama_cpp"):
-        try:
-            v[mod] = __import__(mod).__version__
-        except ImportError:
-            pass
-    return v
-
-
 def auto_inputs(args, m: dr.MethodSpec):
     """``(settings, auto)`` of a V:auto:K method, checked before any model loads: ``settings`` its
     decoding settings with a placeholder tree (a K-ary tree of depth 1, one chain for a rule) until
@@ -438,7 +431,6 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-ftype", default=None, metavar="FTYPE",
                     help="llama.cpp: the default draft requantized to FTYPE (q4_0: the fast CPU draft); the peers use it too")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="transformers dtype")
-    ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring), or "
@@ -455,7 +447,6 @@ def main(argv=None) -> int:
     ap.add_argument("--accept-dataset", default="humaneval", metavar="NAME",
                     help="V:auto:K with a study JSONL: its data set (default humaneval, the prompts decoded here)")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1,
                     help="decode every prompt R times with every method (same seed; the method order reversed "
                          "every other round) and pool the rounds per prompt: timing noise averages out")
@@ -464,7 +455,8 @@ def main(argv=None) -> int:
                          "(projected from the prompts done): a run that must end by a deadline keeps whole prompts")
     ap.add_argument("--no-eos", action="store_true", help="always generate max-new-tokens tokens")
     ap.add_argument("--llama-bin", default=str(LLAMA_BIN), help="directory of llama-speculative / llama-completion")
-    ap.add_argument("--out", default=None, help="JSONL results file")
+    common_args(ap, threads=None, seed=0, out=None, out_type=str,
+                helps={"threads": "llama.cpp threads (default: all cores)"})
     ap.add_argument("--markdown", default=None, help="also write the table and headline to this Markdown file")
     ap.add_argument("--summarize", metavar="JSONL", default=None,
                     help="print (and --markdown) the table and headline of an earlier run's JSONL; runs nothing")
@@ -529,8 +521,8 @@ def main(argv=None) -> int:
         eos = None if args.no_eos else tok.eos_token_id
     encode = lambda text: encode_prompt(tok, text, instruction=instruction)  # noqa: E731
     encoded = [(tid, encode(text)) for tid, text in prompts]
-    load0 = os.getloadavg()
-    where = machine_info()  # the CPU of this timing: model and the flags that price width
+    load0 = load_average() or [float("nan")] * 3
+    where = provenance(also=ENGINE_PACKAGES)  # the CPU of this timing: model and the flags that price width
     print(f"decode_speed: engine {args.engine}, {len(encoded)} HumanEval prompts, {args.max_new_tokens} new tokens, "
           f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}", flush=True)
     if load0[0] > 0.7:
@@ -567,9 +559,8 @@ def main(argv=None) -> int:
     writer = None
     if args.out:
         cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown")} | {"methods": [m.label for m in methods]}
-        writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", versions=_versions(),
-                             load_average_start=list(load0), threads=threads, machine=platform.platform(),
-                             cpu=where["cpu"], cpu_flags=where["cpu_flags"])
+        writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", **where,
+                             load_average_start=list(load0), threads=threads, machine=where["platform"])
     t_all = time.perf_counter()
 
     def log_row(row, done, total):
@@ -589,7 +580,7 @@ def main(argv=None) -> int:
                      eos_token_id=eos, rounds=args.rounds, write=(lambda row: writer.write(**row)) if writer else None,
                      on_row=log_row, time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint)
     rows = out.rows
-    load1 = os.getloadavg()
+    load1 = load_average() or [float("nan")] * 3
     header = run_header(args.engine, out.prompts_done, args.max_new_tokens, args.rounds, args.temperature, threads,
                         args.seed, load0[0], load1[0], where["cpu"], where["cpu_flags"]) + (f"; {out.stopped}" if out.stopped else "")
     print(header)

@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _bench import timed, write_jsonl  # noqa: E402
+from _bench import common_args, provenance, timed, write_jsonl  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 
 SKIP = {"lp_optimal": "a linear program over all draft tuples: small-V reference only"}
@@ -62,9 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--ks", default="2,3,4,6,8")
     ap.add_argument("--verifiers", default=None, help="comma-separated (default: every registered one but lp_optimal)")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="JSONL: one meta line, then one line per (verifier, B, K)")
+    common_args(ap, repeats=5, seed=0, out=None, helps={"out": "JSONL: one meta line, then one line per (verifier, B, K)"})
     args = ap.parse_args(argv)
 
     dev = torch.device(args.device)
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     name_dev = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     meta = {"kind": "meta", "benchmark": "gpu_verify", "device": str(dev), "device_name": name_dev, "V": V,
             "batches": batches, "ks": ks, "repeats": args.repeats, "seed": args.seed, "torch": torch.__version__,
-            "statistic": "median ms of one verify call (validate=False), synchronised", "skipped": SKIP}
+            "statistic": "median ms of one verify call (validate=False), synchronised", "skipped": SKIP, **provenance()}
     print(f"device {dev} ({name_dev}), V = {V}, torch {torch.__version__}, {args.repeats} repeats")
     rows = []
     print(f"{'verifier':<15}{'law':<12}{'B':>4}{'K':>3}{'ms/batch':>10}{'ms/node':>9}{'softmax':>9}{'/softmax':>9}")
@@ -96,11 +95,11 @@ def main(argv=None) -> int:
                     continue
                 if not v.supports(kind, K):
                     continue
-                g = torch.Generator(device=dev).manual_seed(args.seed + 1)
+                g = torch.Generator(device=dev).manual_seed(derive_seed(args.seed, 1, rule="linear"))
                 law = _drafts.make(kind, q, K) if kind != "independent" else _drafts.independent(q.unsqueeze(-2).expand(B, K, V))
                 qk = q if kind != "independent" else q.unsqueeze(-2).expand(B, K, V)
                 dr = law.sample(g)
-                gv = torch.Generator(device=dev).manual_seed(args.seed + 2)
+                gv = torch.Generator(device=dev).manual_seed(derive_seed(args.seed, 2, rule="linear"))
                 ms = timed(lambda: v.verify(p, qk, dr, generator=gv, law=kind, validate=False), args.repeats, lambda: sync(dev))
                 row = {"kind": "verify", "verifier": name, "law": kind, "B": B, "K": K, "ms_per_batch": ms,
                        "ms_per_node": ms / B, "softmax_ms": t_soft, "ratio_to_softmax": ms / t_soft}

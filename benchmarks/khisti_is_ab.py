@@ -24,7 +24,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -37,9 +36,11 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
+from _bench import common_args, load_average, provenance  # noqa: E402
 from node_cost import IND_TEMPS, store_rows, synthetic_rows  # noqa: E402
 
 
@@ -65,9 +66,9 @@ def nodes_for(TL, DL, kind, k, draws, seed):
         else:
             q = process_logits(DL[i:i + 1], 1.0)[0]  # [V]
         for d in range(draws):
-            g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + d)
+            g = torch.Generator().manual_seed(derive_seed(seed, i, d, rule="linear", weights=(1_000_003, 1009, 1)))
             law = _drafts.independent(q.unsqueeze(0)) if kind == "independent" else _drafts.make(kind, q.unsqueeze(0), k)
-            out.append((p, q, law.sample(g)[0], seed * 7919 + i * 101 + d))
+            out.append((p, q, law.sample(g)[0], derive_seed(seed, i, d, rule="linear", weights=(7919, 101, 1))))
     return out
 
 
@@ -78,12 +79,9 @@ def main(argv=None):
     ap.add_argument("--synthetic", action="store_true", help="node_cost's Zipf-headed synthetic rows")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--draws", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ks", default="2,3,4,6,8")
     ap.add_argument("--laws", default="iid,independent")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None)
+    common_args(ap, repeats=5, threads=1, seed=0, out=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the decoder does (multidraft._alloc; MULTIDRAFT_MALLOC=default: glibc's defaults)
@@ -94,9 +92,9 @@ def main(argv=None):
     methods = {"specinfer": _verifiers.get("specinfer"), "old": load_old(args.old)(), "new": _verifiers.get("khisti_is")}
     meta = {"kind": "meta", "benchmark": "khisti_is_ab", "old": str(args.old), "rows": args.rows, "draws": args.draws,
             "repeats": args.repeats, "threads": torch.get_num_threads(), "distributions": src,
-            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            **provenance(), "cpu_count": os.cpu_count(),
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "allocator": allocator_state(),
-            "load_average_before": list(os.getloadavg())}
+            "load_average_before": load_average()}
     lines = [meta]
     print(f"V = {TL.shape[-1]}, {args.rows} rows ({src['source']}) x {args.draws} draws, {args.repeats} repeats, "
           f"{torch.get_num_threads()} thread(s); load {meta['load_average_before']}")
@@ -137,7 +135,7 @@ def main(argv=None):
             lines.append(row)
             print(f"{kind:<12}{k:>2} | {med['specinfer']:8.3f} {med['old']:8.3f} {med['new']:8.3f} | {ratio['old']:8.1f} {ratio['new']:8.1f}"
                   f" {new_old:8.2f} | {medc['specinfer']:8.3f} {medc['old']:8.3f} {medc['new']:8.3f} {ratioc['new']:8.1f} | {same:.3f}", flush=True)
-    meta["load_average_after"] = list(os.getloadavg())
+    meta["load_average_after"] = load_average()
     if args.out:
         with open(args.out, "w") as f:
             for r in lines:

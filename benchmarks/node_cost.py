@@ -69,7 +69,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -80,17 +79,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-import multidraft  # noqa: E402
 from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _bench import CLOCKS, common_args, load_average, provenance  # noqa: E402
 
 DEFAULT_STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
 LLAMA_BF16_STEP_S = 0.113  # issue 13: llama.cpp, BF16 GGUF of the 1.5B target, 2 threads, measured
 SKIP = {"lp_optimal": "a linear program over all draft tuples: small-V reference only"}
 IND_TEMPS = (1.0, 0.7, 1.3, 0.5, 0.8, 1.2, 0.6, 1.1)
-CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 _clock = time.perf_counter  # --clock: wall (default) or thread (CPU time of this thread)
 
 
@@ -205,7 +206,7 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
         print(f"skipped: {n} ({why})")
     print(f"{'law':<24}{'rule':<14}{'ms/step':>9}{'walk ms':>9}{'ratio':>8}{'tokens':>8}{'walk tok':>9}")
     for law in laws:
-        built = [law.sample(model, torch.Generator().manual_seed(seed * 7919 + j)) for j in range(count)]
+        built = [law.sample(model, torch.Generator().manual_seed(derive_seed(seed, j, rule="linear", weights=(7919, 1)))) for j in range(count)]
         for tree in built:  # process_logits rows, as the decoder's: trusted, as the engine marks them (the
             tree.rows_checked = True  # token walk checks no row either; a rule's per-row checks are not its cost)
         nodes = statistics.mean(len(t) for t in built)
@@ -217,7 +218,7 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
                 t = 0.0
                 toks = 0
                 for j, tree in enumerate(built):
-                    g = torch.Generator().manual_seed(seed * 1_000_003 + j)
+                    g = torch.Generator().manual_seed(derive_seed(seed, j, rule="linear", weights=(1_000_003, 1)))
                     t0 = _clock()
                     verdict = rule.verify(tree, g)
                     t += _clock() - t0
@@ -301,7 +302,7 @@ def measure(name, kind, k, TL, DL, T, draws, repeats, seed, top_k=None, top_p=No
         a = 0
         for i in range(n):
             for d in range(draws):
-                g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + d)
+                g = torch.Generator().manual_seed(derive_seed(seed, i, d, rule="linear", weights=(1_000_003, 1009, 1)))
                 _, hit = run_node(v, kind, k, TL[i], DL[i], T, g, clock, top_k, top_p)
                 a += hit
         if rep:
@@ -322,8 +323,6 @@ def main(argv=None):
     ap.add_argument("--logits-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="bfloat16: round the logits to bf16 (as a bf16 model emits them), then float32")
     ap.add_argument("--draws", type=int, default=6, help="fixed seeds per row in each repeat")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--verifiers", default=None, help="comma-separated (default: every registered one but lp_optimal)")
     ap.add_argument("--laws", default=None, help="comma-separated law kinds (default: every law the verifier supports)")
@@ -332,10 +331,8 @@ def main(argv=None):
     ap.add_argument("--top-p", type=float, default=None, help="top-p for target and draft (as decode --top-p)")
     ap.add_argument("--budget", type=float, default=0.10, help="flag above this fraction of a target forward")
     ap.add_argument("--profiles", type=Path, default=ROOT / "data/profiles", help="folder of cost profiles (*.json)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="JSONL: one meta line, then one line per (verifier, law, K)")
-    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
-                    help="thread: time.thread_time (CPU time of this thread; robust on a shared, oversubscribed machine)")
+    common_args(ap, repeats=5, threads=1, seed=0, out=None, clock="wall",
+                helps={"out": "JSONL: one meta line, then one line per (verifier, law, K)"})
     ap.add_argument("--trees", action="store_true", help="whole trees: every tree rule against the optimal token walk")
     ap.add_argument("--trees-only", action="store_true", help="--trees and skip the per-node table")
     ap.add_argument("--tree-k", type=int, default=2)
@@ -367,10 +364,7 @@ def main(argv=None):
         "independent_temperatures": list(IND_TEMPS),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "allocator": allocator_state(),
         "ks": ks, "budget": args.budget, "references": refs, "distributions": src,
-        "skipped": SKIP, "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                                      "multidraft": getattr(multidraft, "__version__", "?")},
-        "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "load_average_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "skipped": SKIP, **provenance(), "cpu_count": os.cpu_count(), "load_average_before": load_average(),
         "git": _git_head(),
     }
     print(f"V = {V}, {TL.shape[0]} rows ({src['source']}), {args.draws} draws x {args.repeats} repeats, "
@@ -414,7 +408,7 @@ def main(argv=None):
     if args.trees or args.trees_only:
         rows_out += tree_costs(TL, DL, args.tree_k, args.tree_depth, args.tree_count, args.repeats, args.seed, args.temperature)
     if args.out:
-        meta["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        meta["load_average_after"] = load_average()
         with open(args.out, "w") as f:
             for r in [meta] + rows_out:
                 f.write(json.dumps(r) + "\n")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -33,11 +32,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft._alloc import allocator_state, keep_freed_memory  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import drafts as _drafts  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.verifiers import optimal as _optimal  # noqa: E402
 from multidraft.verifiers.optimal import Optimal  # noqa: E402
-from node_cost import CLOCKS, store_rows, synthetic_rows  # noqa: E402
+from _bench import CLOCKS, common_args, load_average, provenance  # noqa: E402
+from node_cost import store_rows, synthetic_rows  # noqa: E402
 
 
 class _TorchRoute(Optimal):
@@ -56,14 +57,10 @@ def main(argv=None):
     ap.add_argument("--store", type=Path, default=ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--draws", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ks", default="2,3,4,6,8")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
+    common_args(ap, repeats=5, threads=1, seed=0, clock="wall", out=None)
     ap.add_argument("--no-exact", action="store_true", help="leave out optimal with head=None (the exact scan)")
     ap.add_argument("--torch-route", action="store_true", help="also time the lumped rule on the torch route (optimal_torch)")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the decoder does (multidraft._alloc; MULTIDRAFT_MALLOC=default: glibc's defaults)
@@ -79,8 +76,8 @@ def main(argv=None):
         methods["optimal_torch"] = _TorchRoute()
     clock = CLOCKS[args.clock]
     meta = {"kind": "meta", "benchmark": "optimal_ab", "rows": args.rows, "draws": args.draws, "repeats": args.repeats,
-            "threads": args.threads, "clock": args.clock, "distributions": src, "load_average_before": list(os.getloadavg()),
-            "allocator": allocator_state()}
+            "threads": args.threads, "clock": args.clock, "distributions": src, **provenance(),
+            "load_average_before": load_average(), "allocator": allocator_state()}
     lines = [meta]
     print(f"V = {P.shape[-1]}, {args.rows} rows x {args.draws} draws, {args.repeats} repeats, {args.threads} thread(s), "
           f"{args.clock} clock; load {meta['load_average_before']}")
@@ -91,8 +88,8 @@ def main(argv=None):
         nodes = []
         for i in range(P.shape[0]):
             for d in range(args.draws):
-                g = torch.Generator().manual_seed(args.seed * 1000 + i * 10 + d)
-                nodes.append((P[i], Q[i], _drafts.iid(Q[i], k).sample(g), args.seed * 1000 + i * 10 + d))
+                s = derive_seed(args.seed, i, d, rule="linear", weights=(1000, 10, 1))
+                nodes.append((P[i], Q[i], _drafts.iid(Q[i], k).sample(torch.Generator().manual_seed(s)), s))
         per = {m: [] for m in methods}
         for rep in range(args.repeats + 1):
             tot = dict.fromkeys(methods, 0.0)
@@ -114,7 +111,7 @@ def main(argv=None):
         row = {"kind": "k", "k": k, "ms": med, "ms_repeats": per, "ratio_to_specinfer": ratio,
                "exact_over_lumped": statistics.median([a / b for a, b in zip(per["optimal_exact"], per["optimal"])]) if "optimal_exact" in per else nan,
                "torch_over_numpy": statistics.median([a / b for a, b in zip(per["optimal_torch"], per["optimal"])]) if "optimal_torch" in per else nan,
-               "gap_mean": sum(gaps) / len(gaps), "gap_max": max(gaps), "load_average": list(os.getloadavg())}
+               "gap_mean": sum(gaps) / len(gaps), "gap_max": max(gaps), "load_average": load_average()}
         lines.append(row)
         print(f"{k:>2} {med['specinfer']:>12.2f} {med.get('optimal_exact', nan):>9.2f} {med.get('optimal_torch', nan):>9.2f} {med['optimal']:>9.2f} "
               f"{ratio.get('optimal_exact', nan):>10.1f} {ratio.get('optimal_torch', nan):>10.1f} {ratio['optimal']:>11.2f} "

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import multidraft as md
 from multidraft import drafts as D
+from multidraft._validate import derive_seed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args  # noqa: E402
 
 
 def realistic(B: int, V: int, seed: int):
@@ -61,8 +67,7 @@ def main() -> int:
     ap.add_argument("--slow-batch", type=int, default=None,
                     help="rows timed for wor and independent (default: the whole batch)")
     ap.add_argument("--cap", type=float, default=90.0, help="skip larger K of a law once one run took longer (s)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    common_args(ap, seed=0, threads=1)
     ap.add_argument("--no-lp", action="store_true", help="skip the LP size search")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,7 +101,7 @@ def main() -> int:
     print("\ncoupling LP (HiGHS), K = 2, iid, one position:")
     V, last = 8, None
     while True:
-        pp, qq = realistic(1, V, args.seed + 1)
+        pp, qq = realistic(1, V, derive_seed(args.seed, 1, rule="linear"))
         law = D.iid(qq[0], 2)
         md.limits.lp.solve_coupling.__globals__["_CACHE"].clear()
         t0 = time.perf_counter()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -36,10 +35,12 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multidraft import drafts as _drafts  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 from multidraft import verifiers as _verifiers  # noqa: E402
 from multidraft.verifiers import base as _base  # noqa: E402
 from multidraft.verifiers import optimal as O  # noqa: E402
-from node_cost import CLOCKS, store_rows, synthetic_rows  # noqa: E402
+from _bench import CLOCKS, common_args, load_average, provenance  # noqa: E402
+from node_cost import store_rows, synthetic_rows  # noqa: E402
 
 STAGES = {"prologue": (_base, "rows64"), "plan_lumped": (O, "_plan_lumped"), "head": (O, "_head_numpy"),
           "bin_keys": (O, "_bin_keys"), "units": (O, "_units_numpy"), "unit_plan": (O, "_plan")}
@@ -50,12 +51,9 @@ def main(argv=None):
     ap.add_argument("--store", type=Path, default=ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--draws", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ks", default="2,4,8")
     ap.add_argument("--route", choices=("numpy", "torch"), default="numpy")
-    ap.add_argument("--clock", choices=tuple(CLOCKS), default="thread")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None)
+    common_args(ap, repeats=3, clock="thread", seed=0, out=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     clock = CLOCKS[args.clock]
@@ -82,7 +80,8 @@ def main(argv=None):
         wrap(name, mod, fn)
     v, s = O.Optimal(), _verifiers.get("specinfer")
     meta = {"kind": "meta", "benchmark": "optimal_stages", "route": args.route, "clock": args.clock, "rows": args.rows,
-            "draws": args.draws, "repeats": args.repeats, "distributions": src, "load_average_before": list(os.getloadavg())}
+            "draws": args.draws, "repeats": args.repeats, "distributions": src, **provenance(),
+            "load_average_before": load_average()}
     lines = [meta]
     print(f"V = {P.shape[-1]}, {args.rows} rows x {args.draws} draws, {args.repeats} repeats, 1 thread, {args.route} route, "
           f"{args.clock} clock; load {meta['load_average_before']}; ms per node (a stage includes the stages it calls)")
@@ -92,7 +91,7 @@ def main(argv=None):
         nodes = []
         for i in range(P.shape[0]):
             for d in range(args.draws):
-                seed = args.seed * 1000 + i * 10 + d
+                seed = derive_seed(args.seed, i, d, rule="linear", weights=(1000, 10, 1))
                 nodes.append((P[i], Q[i], _drafts.iid(Q[i], k).sample(torch.Generator().manual_seed(seed)), seed))
         per = []
         for rep in range(args.repeats + 1):
@@ -114,7 +113,7 @@ def main(argv=None):
                 row["rest"] = row["verify"] - row["prologue"] - row["plan_lumped"]
                 per.append(row)
         med = {c: statistics.median(r[c] for r in per) for c in cols}
-        lines.append({"kind": "k", "k": k, "ms": med, "ms_repeats": per, "load_average": list(os.getloadavg())})
+        lines.append({"kind": "k", "k": k, "ms": med, "ms_repeats": per, "load_average": load_average()})
         print(f"{k:>2} " + " ".join(f"{med[c]:>11.3f}" for c in cols), flush=True)
     if args.out:
         args.out.write_text("".join(json.dumps(x) + "\n" for x in lines))

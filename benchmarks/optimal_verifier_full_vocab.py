@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,9 +23,10 @@ import torch
 from scipy import stats
 
 import multidraft as md
+from multidraft._validate import derive_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import timed  # noqa: E402
+from _bench import common_args, load_average, provenance, timed  # noqa: E402
 
 
 def load_pair():
@@ -138,9 +138,7 @@ def main(argv=None):
     ap.add_argument("--k", default="2,4,8")
     ap.add_argument("--verifiers", default="optimal,specinfer,spectr,khisti_is")
     ap.add_argument("--chunk", type=int, default=25, help="positions per verify call")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/results/optimal_verifier/full_vocab.jsonl")
-    ap.add_argument("--threads", type=int, default=1)
+    common_args(ap, seed=0, out="docs/results/optimal_verifier/full_vocab.jsonl", out_type=str, threads=1)
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -164,12 +162,12 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in ks:
-        g = torch.Generator().manual_seed(args.seed + k)
+        g = torch.Generator().manual_seed(derive_seed(args.seed, k, rule="linear"))
         drafts = md.drafts.iid(q, k).sample(g)
         alpha = md.optimal_acceptance(p, md.drafts.iid(q, k)).double()
         for name in [s.strip() for s in args.verifiers.split(",") if s.strip()]:
             v = md.verifiers.get(name)
-            gv = torch.Generator().manual_seed(args.seed + 100 + k)
+            gv = torch.Generator().manual_seed(derive_seed(args.seed, 100, k, rule="linear"))
             toks, acc, fits = [], [], []
             t1 = time.perf_counter()
             for s0 in range(0, N, args.chunk):
@@ -189,7 +187,7 @@ def main(argv=None):
                 "k": k, "verifier": name, "positions": N, "V": V, "acceptance": float(a.mean()),
                 "alpha_star": float(alpha.mean()), "paired_gap": float(gap.mean()), "gap_se": se,
                 "chi2": chi, "chi2_dof": dof, "chi2_p": pval, "ms_per_position": ms, "draws": args.draws,
-                "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0],
+                "threads": torch.get_num_threads(), "load_avg_1min": (load_average() or [None])[0],
             }
             if fits:
                 fe = torch.cat([f.fit_error_max.reshape(-1) for f in fits])
@@ -213,10 +211,10 @@ def main(argv=None):
             print(f"K={k} {name:<10} acc {row['acceptance']:.4f} alpha* {row['alpha_star']:.4f} gap {row['paired_gap']:+.4f} +- {se:.4f}"
                   f" chi2 {chi:.1f}/{dof} (p {pval:.2f}) {ms:.1f} ms/pos{extra}", flush=True)
     if nc is not None:
-        rows.append({"node_cost": nc, "threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0]})
+        rows.append({"node_cost": nc, "threads": torch.get_num_threads(), "load_avg_1min": (load_average() or [None])[0]})
     with out.open("w") as fh:
         fh.write(json.dumps({"command": "benchmarks/optimal_verifier_full_vocab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                             "positions": n_pos, "texts": args.texts, "max_len": args.max_len, "V": V}) + "\n")
+                             "positions": n_pos, "texts": args.texts, "max_len": args.max_len, "V": V, **provenance()}) + "\n")
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     print(f"wrote {out} ({len(rows)} rows) in {time.perf_counter() - t0:.0f} s total")

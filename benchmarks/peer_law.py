@@ -39,6 +39,9 @@ import torch
 
 from multidraft.peers import llama_speculative_law
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args, provenance  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "runs/paper/positions/humaneval__tt1__td1__k0__p1.pt"
 KS = (1, 2, 4)
@@ -110,7 +113,7 @@ def from_models(path: Path, n_texts: int):
     from multidraft.decoding.pair import load_pair
     from multidraft.decoding.continuation import continuation_logits
     from multidraft.experiments import store
-    from multidraft.experiments.records import derived_seed
+    from multidraft._validate import derive_seed
     from multidraft.sampling import process_logits
 
     ps = store.load(path)
@@ -124,7 +127,7 @@ def from_models(path: Path, n_texts: int):
         ids = prompt_ids(tok, ps.info["dataset"], prompts[tid])
         c = continuation_logits(target, draft, ids, max_new_tokens=settings["new_tokens"],
                                 temperature=settings["sample_temperature"], top_k=settings["top_k"],
-                                top_p=settings["top_p"], generator=derived_seed(settings["seed"], tid),
+                                top_p=settings["top_p"], generator=derive_seed(settings["seed"], tid, rule="unit"),
                                 eos_token_id=getattr(tok, "eos_token_id", None))
         stored = [s["token"] for s in sources if s["text"] == tid]
         got = [int(t) for t in c.tokens]
@@ -149,11 +152,11 @@ def main(argv=None) -> int:
     ap.add_argument("--source", choices=("models", "store"), default="models")
     ap.add_argument("--store", type=Path, default=STORE)
     ap.add_argument("--texts", type=int, default=4, help="prompts recomputed with --source models (64 positions each)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs/results/peer_law/peer_law.jsonl", help="JSONL of the summary rows (appended)")
+    common_args(ap, out=ROOT / "docs/results/peer_law/peer_law.jsonl", helps={"out": "JSONL of the summary rows (appended)"})
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+    env = {**provenance(), "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
            "peer": "llama.cpp examples/speculative @ 0c1e57098 (llama-cpp-python 0.3.36)",
            "note": "exact expectations: no random draws"}
     if a.source == "store":

@@ -25,7 +25,6 @@ Timings are one thread, wall clock; run it on a quiet machine. Writes JSONL (met
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 from pathlib import Path
@@ -42,7 +41,7 @@ from multidraft._alloc import keep_freed_memory  # noqa: E402
 from multidraft.decoding.profiling import machine_info  # noqa: E402
 from multidraft.sampling import process_logits  # noqa: E402
 from multidraft.trees import spectr_gbv  # noqa: E402
-from _bench import timed, write_jsonl  # noqa: E402
+from _bench import common_args, provenance, timed, write_jsonl  # noqa: E402
 
 
 def screen_row(p: torch.Tensor, q: torch.Tensor, k: int, repeats: int) -> dict:
@@ -87,9 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--k", type=int, default=2, help="drafts at the node (> 1)")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path)
+    common_args(ap, repeats=50, seed=0, out=None)
     args = ap.parse_args(argv)
     if args.k < 2:
         ap.error(f"--k: the screen runs at nodes of k > 1 drafts, got {args.k}")
@@ -100,10 +97,9 @@ def main(argv=None) -> int:
     TL, DL, info = node_cost.store_rows(args.store, args.rows, args.seed)
     V = TL.shape[-1]
     meta = {"kind": "meta", "script": "benchmarks/screen_cost.py", "argv": sys.argv[1:] if argv is None else list(argv),
-            "seed": args.seed, "k": args.k, "V": V, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "numpy": np.__version__, "multidraft": multidraft.__version__, "python": platform.python_version(),
-            "machine": machine_info(),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "seed": args.seed, "k": args.k, "V": V, "threads": torch.get_num_threads(), **provenance(),
+            "torch": torch.__version__, "numpy": np.__version__, "multidraft": multidraft.__version__,
+            "python": platform.python_version(), "machine": machine_info(),
             "screen_v": spectr_gbv.SCREEN_V, "rows": info}
     print(f"screen_cost: V = {V}, k = {args.k}, {args.rows} rows, {torch.get_num_threads()} thread(s), "
           f"{args.repeats} repeats, seed {args.seed}")

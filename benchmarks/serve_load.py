@@ -68,7 +68,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shlex
 import signal
 import socket
@@ -79,6 +78,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _bench import common_args, load_average, provenance  # noqa: E402
+
 LLAMA_CACHE = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp"))
 LLAMA_SERVER = LLAMA_CACHE / "build-0.3.36/bin/llama-server"
 SERVERS = ("ours", "ours-batched", "ours-nospec", "llama-server")
@@ -86,6 +88,7 @@ OURS = ("ours", "ours-batched", "ours-nospec")  # our server: the request's seed
 SAME_TEXT = ("ours", "ours-nospec")  # one lane, deterministic per seed: a differing text is an error
 CONTEXT = 4096  # multidraft's llama.cpp engine context (decoding.pair.load_pair's n_ctx)
 SEED_STRIDE = 100_003
+PACKAGES = ("multidraft", "llama_cpp", "torch", "httpx", "fastapi", "uvicorn")  # versions recorded, imported or not
 FINISH = ("stop", "length")
 
 
@@ -114,8 +117,8 @@ def parser() -> argparse.ArgumentParser:
                          "at every concurrency)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0, help="request k's seed is SEED * 100003 + k")
-    ap.add_argument("--threads", type=int, default=2, help="threads of every server (both models)")
+    common_args(ap, seed=0, threads=2, helps={"seed": "request k's seed is SEED * 100003 + k",
+                                              "threads": "threads of every server (both models)"})
     ap.add_argument("--context", type=int, default=CONTEXT,
                     help=f"context per request: ours loads {CONTEXT}; llama-server gets -c CONTEXT x slots")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a request may take")
@@ -125,7 +128,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--llama-args", default="--spec-draft-n-max 4 --spec-draft-n-min 0",
                     help="extra llama-server arguments (its draft-model speculation)")
     ap.add_argument("--logs", default="/tmp/serve_load_logs", help="directory of the servers' logs")
-    ap.add_argument("--out", default=None, help="JSONL file of the run (meta, server, request, cell, end rows)")
+    common_args(ap, out=None, out_type=str, helps={"out": "JSONL file of the run (meta, server, request, cell, end rows)"})
     ap.add_argument("--markdown", default=None, help="write the summary table there too")
     ap.add_argument("--summarize", default=None, metavar="JSONL", help="only print the table of a finished run")
     return ap
@@ -178,7 +181,8 @@ def prompts(n: int) -> list[dict]:
 
 
 def request_seed(seed: int, k: int) -> int:
-    return seed * SEED_STRIDE + k
+    from multidraft._validate import derive_seed
+    return derive_seed(seed, k, rule="linear", weights=(SEED_STRIDE, 1))
 
 
 def request_body(model: str, text: str, seed: int, max_tokens: int, temperature: float) -> dict:
@@ -489,16 +493,6 @@ def cpu_info() -> dict:
     return out
 
 
-def versions() -> dict:
-    v = {"python": platform.python_version()}
-    for mod in ("multidraft", "llama_cpp", "torch", "httpx", "fastapi", "uvicorn"):
-        try:
-            v[mod] = __import__(mod).__version__
-        except (ImportError, AttributeError):
-            v[mod] = None
-    return v
-
-
 def llama_commit() -> str | None:
     text = (ROOT / "scripts/build_llama_tools.sh").read_text()
     for line in text.splitlines():
@@ -560,7 +554,7 @@ def run(args) -> int:
                      "draft_bytes": draft.stat().st_size if draft.is_file() else None},
             "llama_cpp_commit": llama_commit(),
             "llama_server_version": _run_text([str(binary), "--version"]) if binary.is_file() else None,
-            "cpu": cpu_info(), "loadavg_start": os.getloadavg(), "versions": versions(), "git": git_commit(),
+            **provenance(also=PACKAGES), "lscpu": cpu_info(), "loadavg_start": load_average(), "git": git_commit(),
             "seed": args.seed, "seed_rule": f"request k: seed * {SEED_STRIDE} + k", "n_prompts": len(work),
             "prompts": [{"k": k, "dataset": w["dataset"], "id": w["id"]} for k, w in enumerate(work)],
             "notes": notes, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -587,14 +581,14 @@ def run(args) -> int:
                         log.write({"kind": "cell", "server": name, "temperature": temp, "clients": c,
                                    "requests_per_client": None if args.per_cell else args.requests,
                                    "requests_per_cell": len(rows), "sent": len(rows), "wall_s": wall,
-                                   "loadavg": os.getloadavg()})
+                                   "loadavg": load_average()})
                         row = summarize_cells(log.rows)[-1]
                         print(_line(row), file=sys.stderr, flush=True)
             finally:
                 rc = srv.stop()
                 log.write({"kind": "stop", "server": name, "returncode": rc})
     finally:
-        log.write({"kind": "end", "loadavg_end": os.getloadavg(), "wall_s": time.perf_counter() - t_run})
+        log.write({"kind": "end", "loadavg_end": load_average(), "wall_s": time.perf_counter() - t_run})
         log.close()
     table, bad = report(log.rows)
     print(table)
@@ -732,7 +726,8 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
     end = next((r for r in rows if r.get("kind") == "end"), {})
     a = meta.get("args", {})
     cells = summarize_cells(rows)
-    cpu = meta.get("cpu", {})
+    cpu = meta.get("cpu", {})  # the provenance record's CPU model; a dict of lscpu fields in older runs
+    cpu = cpu if isinstance(cpu, dict) else {"Model name": cpu, "nproc": meta.get("cores")}
     la0, la1 = meta.get("loadavg_start"), end.get("loadavg_end")
     per = "cell" if a.get("per_cell") else "client"
     out = [(f"serve_load: {a.get('requests')} requests per {per}, max_tokens {a.get('max_tokens')}, "

@@ -18,13 +18,17 @@ Prints only; benchmark only on a quiet machine (llama.cpp's 2-thread decode coll
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from pathlib import Path
 
 import torch
 
 from multidraft.datasets import encode_prompt, instruction_for, load_prompts
+from multidraft._validate import derive_seed
 from multidraft.decoding import generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args, load_average  # noqa: E402
 
 
 def _run(target, draft, ids, kw, n, seed):
@@ -38,15 +42,19 @@ def _run(target, draft, ids, kw, n, seed):
     return r, t_s, d_s
 
 
+def _load1() -> str:
+    load = load_average()
+    return "unknown" if load is None else f"{load[0]:.2f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bf16-target", action="store_true")
     ap.add_argument("--draft-ftype", default=None)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
+    common_args(ap, threads=2, seed=0, helps={"threads": "llama.cpp threads of each model"})
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from multidraft.decoding.pair import load_pair
@@ -57,7 +65,7 @@ def main(argv=None) -> int:
     ids = encode_prompt(target, text, instruction=instruction_for("humaneval"))
     sd = {"verifier": "naive", "k": 1, "depth": args.depth}
     print(f"step_breakdown: {target.path.name} + {draft.path.name}, {args.threads} threads, HumanEval/0, "
-          f"seed {args.seed}, load average {os.getloadavg()[0]:.2f}")
+          f"seed {args.seed}, load average {_load1()}")
     _run(target, draft, ids, sd, 16, args.seed)  # warm-up
 
     r, t_s, d_s = _run(target, draft, ids, sd, args.max_new_tokens, args.seed)
@@ -71,13 +79,13 @@ def main(argv=None) -> int:
 
     print("alternation: target alone 32 tokens | SD 64 tokens")
     for i in range(args.rounds):
-        r0, _, _ = _run(target, draft, ids, {"verifier": None}, 32, args.seed + i)
-        r1, t_s, d_s = _run(target, draft, ids, sd, 64, args.seed + i)
+        r0, _, _ = _run(target, draft, ids, {"verifier": None}, 32, derive_seed(args.seed, i, rule="linear"))
+        r1, t_s, d_s = _run(target, draft, ids, sd, 64, derive_seed(args.seed, i, rule="linear"))
         n = r1.target_calls
         print(f"  target alone {1000 * r0.seconds / r0.new_tokens:6.1f} ms/token | SD {1000 * r1.seconds / r1.new_tokens:5.1f} "
               f"ms/token, step {1000 * r1.seconds / n:4.0f} ms (target {1000 * t_s / n:4.0f}, draft {1000 * d_s / n:3.0f}), "
               f"block eff {r1.block_efficiency:.2f} | ratio {r0.seconds / r0.new_tokens / (r1.seconds / r1.new_tokens):.2f} "
-              f"| load {os.getloadavg()[0]:.2f}", flush=True)
+              f"| load {_load1()}", flush=True)
     return 0
 
 

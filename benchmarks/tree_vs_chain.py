@@ -45,6 +45,9 @@ from multidraft.experiments.acceptance import along_alphas, read_along
 from multidraft.experiments.findings import t95
 from multidraft.experiments.records import JsonlWriter, read_jsonl, versions
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import common_args  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILES = ["transformers-bf16", "llama-bf16-q4", "llama-bf16-q4_0", "llama-q4-q4"]
 # (law, verifier) families, in table order; "alpha*" is the ceiling of every verifier of that law
@@ -171,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-depth", type=int, default=8, help="largest tree depth (<= 8)")
     ap.add_argument("--draft-scale", default="1", help="draft time factors to try (comma separated)")
     ap.add_argument("--free-verify", action="store_true", help="also: every tree forward costs one target token")
-    ap.add_argument("--out", default=None, help="JSONL output")
+    common_args(ap, out=None, out_type=str, helps={"out": "JSONL output (a meta row with the run's provenance first)"})
     ap.add_argument("--markdown", default=None, help="markdown table output")
     ap.add_argument("--summarize", default=None, metavar="JSONL",
                     help="rebuild the markdown from a JSONL this script wrote (nothing recomputed)")

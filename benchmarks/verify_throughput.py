@@ -24,11 +24,17 @@ and the largest shortfall alpha* - acceptance of the fitted rule (exact, per row
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import multidraft as md
+from multidraft._validate import derive_seed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import CLOCKS, common_args  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,7 +116,6 @@ def draw(law, q, K, g):
     return md.drafts.iid(q, K).sample(g)
 
 
-CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 _clock = time.perf_counter  # --clock
 
 
@@ -131,20 +136,14 @@ def main(argv=None):
     ap.add_argument("--vocab", "-V", type=int, default=151_936)
     ap.add_argument("--k", "-K", type=int, default=4)
     ap.add_argument("--ks", default=None, help="comma-separated K values, one table each (overrides --k)")
-    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
-                    help="thread: time.thread_time (CPU time of this thread; for an oversubscribed shared machine)")
     ap.add_argument("--no-loops", action="store_true", help="skip the per-position loop references")
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-repeats", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=0.6, help="std of the logit perturbation of q")
     ap.add_argument("--temp", type=float, default=1.1, help="temperature of q")
     ap.add_argument("--verifiers", default="specinfer,rrs_wor,spectr,khisti_is,optimal")
-    ap.add_argument(
-        "--threads", type=int, default=1,
-        help="torch intra-op threads for every timing, references included (default 1: on a shared "
-        "2-core machine intra-op threads waiting on each other dominate; 0 keeps torch's default)",
-    )
+    common_args(ap, clock="wall", repeats=3, seed=0, threads=1, helps={
+        "threads": "torch intra-op threads for every timing, references included (default 1: on a shared "
+                   "2-core machine intra-op threads waiting on each other dominate; 0 keeps torch's default)"})
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -182,14 +181,14 @@ def run_k(args, have, K, p, q, t_soft, t_sort):
             continue
         v = md.verifiers.get(name)
         law = LAWS.get(name, "iid")
-        g = torch.Generator().manual_seed(args.seed + 1)
+        g = torch.Generator().manual_seed(derive_seed(args.seed, 1, rule="linear"))
         drafts = draw(law, q, K, g)
         loop_ms = None
         if name in LOOPS and not args.no_loops:
-            gl = torch.Generator().manual_seed(args.seed + 2)
+            gl = torch.Generator().manual_seed(derive_seed(args.seed, 2, rule="linear"))
             loop_ms = timeit(lambda: LOOPS[name](p, q, drafts, gl), args.loop_repeats)
         for validate in (True, False):
-            gv = torch.Generator().manual_seed(args.seed + 3)
+            gv = torch.Generator().manual_seed(derive_seed(args.seed, 3, rule="linear"))
             res = {}
 
             def run():

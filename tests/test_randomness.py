@@ -83,3 +83,24 @@ def test_seeded_runs_reproduce():
         x = law.sample(4, num_samples=50)
         runs.append((x, v.verify(P.expand(50, 3), Q.expand(50, 3), x, generator=4).token))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_derived_seeds_are_pinned():
+    """Every derived seed comes from ``derive_seed``; these values are what committed results were
+    made with (the decode rows, the real-tree and acceptance studies, the batches): they may never move."""
+    from multidraft._validate import derive_seed
+    from multidraft.experiments.records import derived_seed
+    assert [derive_seed(11, "drafts"), derive_seed(0, "verify"), derive_seed(7, "tree-auto-warmup")] == [
+        16144062005511239539, 16506456812177771934, 10791907919143276235]
+    assert stream_seed(11, "drafts") == derive_seed(11, "drafts")
+    unit = [derive_seed(5, "p1", "specinfer", "iid", 2, 3, rule="unit"),
+            derive_seed(3, "humaneval", "HumanEval/0", "continuation", rule="unit"),
+            derive_seed(0, repr(("a", 2)), rule="unit"), derive_seed(2, "p", "llama-spec", "-", 0, 0, rule="unit")]
+    assert unit == [471942920, 4189778790, 2290684936, 1250700073]
+    assert derived_seed(5, "p1|specinfer|iid|2|3") == unit[0]  # the parts joined by "|": one name
+    assert derive_seed(10**12, "x", rule="unit") == (10**12 * 1_000_003 + 2363233923) % (2**63 - 1)
+    assert derive_seed(4, 3, rule="linear") == 7  # a batch's prompt i: seed + i
+    assert derive_seed(4, 3, 2, rule="linear", weights=(1_000_003, 1009, 1)) == 4 * 1_000_003 + 3 * 1009 + 2
+    for bad in (dict(rule="crc"), dict(rule="linear", weights=(1,)), dict(rule="unit", weights=(1, 1))):
+        with pytest.raises(ValueError):
+            derive_seed(1, 2, **bad)

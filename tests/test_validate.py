@@ -223,3 +223,23 @@ def test_non_integers_are_refused(bad):
             D.iid(Q, bad)
     with pytest.raises(ValueError, match="num_samples must be >= 1, got 0"):
         D.iid(Q, 2).sample(G(), num_samples=np.int64(0))
+
+
+def test_provenance_is_one_record():
+    """One provenance record (``_machine.provenance``): its keys, and the profile's machine_info and
+    every meta row carry it (with the keys older files had beside it)."""
+    import torch  # noqa: F401  (torch_threads is read from the imported torch)
+
+    from multidraft import _machine
+    from multidraft.experiments.records import meta_row
+
+    p = _machine.provenance()
+    assert tuple(p) == _machine.PROVENANCE_KEYS
+    assert p["versions"]["python"] and "torch" in p["versions"] and isinstance(p["cpu"], str)
+    assert p["cpu_flags"] is None or set(p["cpu_flags"]) <= _machine.SPEED_FLAGS
+    assert p["load_average"] is None or len(p["load_average"]) == 3
+    assert _machine.cpu_flags("processor : 0\nflags\t\t: fpu avx2 fma\n") == {"fpu", "avx2", "fma"}
+    assert _machine.cpu_model("model name\t: Test CPU\n") == "Test CPU"
+    meta = meta_row({"a": 1}, 3)
+    assert set(_machine.PROVENANCE_KEYS) <= set(meta) and meta["versions"]["torch"]
+    assert _machine.versions(also=("no_such_module_xyz",))["no_such_module_xyz"] is None

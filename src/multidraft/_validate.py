@@ -15,7 +15,7 @@ Randomness (``as_generator``): a ``torch.Generator`` is used as given, so one ge
 passed to ``law.sample`` and then to ``verify`` is one stream read in order. An integer
 seed is never fed to ``manual_seed`` directly by a library entry point: it is turned into
 a stream for one *purpose* (``"drafts"`` for ``DraftLaw.sample``, ``"verify"`` for
-``Verifier.verify``) whose seed is ``stream_seed(seed, purpose)``, a 64-bit BLAKE2b hash of
+``Verifier.verify``) whose seed is ``derive_seed(seed, purpose)``, a 64-bit BLAKE2b hash of
 ``(seed, purpose)``. So ``law.sample(generator=11)`` followed by ``verify(...,
 generator=11)`` draws the drafts and the acceptance coins from two independent streams
 (passing the same seed twice cannot correlate them), and the same seed still reproduces
@@ -28,6 +28,7 @@ import hashlib
 import math
 import numbers
 import operator
+import zlib
 
 import torch
 
@@ -185,25 +186,61 @@ def as_tokens(drafts, name: str, V: int) -> torch.Tensor:
 PURPOSES = ("drafts", "verify")
 
 
-def stream_seed(seed, purpose: str) -> int:
-    """The seed of the stream for ``purpose`` derived from an integer ``seed``: the first 8
-    bytes of BLAKE2b over ``"multidraft/<purpose>/<seed>"`` (little endian), in [0, 2**64).
+SEED_RULES = ("stream", "unit", "linear")
 
-    Distinct purposes give unrelated streams for the same seed, and distinct seeds give
-    unrelated streams for the same purpose (unlike ``seed + offset`` schemes, where seed 1's
-    second stream is seed 2's first)."""
-    seed = as_int(seed, "generator", what="a torch.Generator or an integer seed")
+
+def derive_seed(seed, *parts, rule: str = "stream", weights: tuple[int, ...] | None = None) -> int:
+    """Every seed derived from a user's ``seed`` comes from here: the seed of one stream or unit of
+    work named by ``parts`` (strings or integers). Three rules, each the one a family of committed
+    results was made with (so no committed draw moves):
+
+    ``"stream"`` (default): the first 8 bytes of BLAKE2b over ``"multidraft/<purpose>/<seed>"``
+        (little endian), in [0, 2**64), where ``purpose`` is the parts joined by ``"|"``: the
+        streams a library entry point reads (``"drafts"``, ``"verify"``, ``"tree-auto-warmup"``).
+        Distinct purposes give unrelated streams for the same seed, and distinct seeds give
+        unrelated streams for the same purpose (unlike ``seed + offset`` schemes, where seed 1's
+        second stream is seed 2's first).
+    ``"unit"``: ``(seed * 1_000_003 + crc32(name)) % (2**63 - 1)`` with ``name`` the parts joined
+        by ``"|"``: one named unit of work of an experiment (a cell, a text, a decoding run), a
+        function of (seed, name) alone, so units run in any order or process with the same draws.
+    ``"linear"``: ``seed * w0 + parts[0] * w1 + ...`` for integer parts, ``weights`` (w0, w1, ...)
+        all 1 when not given (``seed + i``): the documented per-prompt seeds of a batch (prompt i
+        gets ``seed + i``) and the instance seeds of the synthetic benchmarks and studies.
+    """
+    if rule not in SEED_RULES:
+        raise ArgumentError("rule", f"must be one of {', '.join(SEED_RULES)}, got {rule!r}")
+    seed = as_int(seed, "generator" if rule == "stream" else "seed", what="a torch.Generator or an integer seed"
+                  if rule == "stream" else "an integer seed")
+    if rule == "linear":
+        ints = [as_int(p, "parts") for p in parts]
+        weights = (1,) * (len(ints) + 1) if weights is None else tuple(weights)
+        if len(weights) != len(ints) + 1:
+            raise ArgumentError("weights", f"needs one weight for the seed and one per part ({len(ints) + 1}), got {weights!r}")
+        return seed * weights[0] + sum(p * w for p, w in zip(ints, weights[1:]))
+    if weights is not None:
+        raise ArgumentError("weights", f"only the linear rule takes weights, not {rule!r}")
+    name = "|".join(str(p) for p in parts)
+    if not name:
+        raise ValueError(f"a seed's purpose must be a non-empty string, got {parts!r}")
+    if rule == "unit":
+        return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
+    digest = hashlib.blake2b(f"multidraft/{name}/{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def stream_seed(seed, purpose: str) -> int:
+    """``derive_seed(seed, purpose)``: the seed of the stream for ``purpose`` (kept as a name for
+    the callers that read it so)."""
     if not isinstance(purpose, str) or not purpose:
         raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
-    digest = hashlib.blake2b(f"multidraft/{purpose}/{seed}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    return derive_seed(seed, purpose)
 
 
 def as_generator(generator, device=None, *, purpose: str | None = None) -> torch.Generator:
     """An explicit ``torch.Generator`` (returned as is) or an integer seed; never the global RNG.
 
     With ``purpose`` (``"drafts"``, ``"verify"``, ...) an integer seed gives a fresh generator
-    seeded with ``stream_seed(seed, purpose)``: one independent stream per purpose, so the same
+    seeded with ``derive_seed(seed, purpose)``: one independent stream per purpose, so the same
     integer passed to ``law.sample`` and to ``verify`` cannot correlate drafts and coins.
     Without ``purpose`` (a caller that draws everything from the one generator it builds,
     e.g. the decoder) the seed is used as is.
@@ -218,7 +255,7 @@ def as_generator(generator, device=None, *, purpose: str | None = None) -> torch
             "(randomness is always explicit), got " + repr(type(generator).__name__)
         ) from None
     g = torch.Generator(device=device or "cpu")
-    g.manual_seed(seed if purpose is None else stream_seed(seed, purpose))
+    g.manual_seed(seed if purpose is None else derive_seed(seed, purpose))
     return g
 
 

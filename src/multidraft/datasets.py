@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode_prompt", "humaneval_path", "check_dataset",
-           "instruction_for", "prompt_ids", "CHAT_DATASETS", "mtbench_categories"]
+__all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode", "encode_prompt", "humaneval_path", "check_dataset",
+           "instruction_for", "prompt_ids", "CHAT_DATASETS", "mtbench_categories", "has_chat_template"]
 
 DATASETS = ("humaneval", "kjv", "mtbench")
 INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
@@ -249,8 +249,47 @@ def prompt_ids(tokenizer, dataset: str, prompt: str) -> torch.Tensor:
     return encode_prompt(tokenizer, prompt, chat=chat, instruction=instruction_for(dataset))
 
 
+def encode(tokenizer, text, *, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
+    """The one way from text to token ids (``decode``, the server, the experiments, the benchmarks).
+
+    ``tokenizer`` is a transformers tokenizer or a llama.cpp model of ``decoding.llamacpp`` (its
+    GGUF's own tokenizer and chat template: anything with ``chat_prompt`` and ``tokenize``).
+    ``text`` is a string, or with ``chat`` a list of ``{"role", "content"}`` messages (a string is
+    then one user message).
+
+    With ``chat`` the chat template is applied once (transformers: ``apply_chat_template`` with
+    the generation prompt; llama.cpp: ``chat_prompt``, the same Jinja rendering) and the rendered
+    text is tokenized with no special token added: the template writes them. ``ValueError`` when
+    the model has no chat template. Without ``chat`` the text is tokenized as is with the
+    tokenizer's own special tokens (transformers' ``add_special_tokens``, e.g. a BOS; llama.cpp's
+    ``tokenize`` adds none and parses the special tokens written in the text);
+    ``add_special_tokens=False`` leaves them out (a stretch of a corpus, not a prompt)."""
+    llama = hasattr(tokenizer, "chat_prompt")
+    if chat:
+        if llama:
+            return list(tokenizer.tokenize(tokenizer.chat_prompt(text)))
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template")
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        add_special_tokens = False
+    elif not isinstance(text, str):
+        raise ValueError(f"text must be a string without chat, got {type(text).__name__}")
+    if llama:
+        return list(tokenizer.tokenize(text))
+    if callable(tokenizer):
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    return list(tokenizer.encode(text))  # a bare tokenizer object (tokenizers.Tokenizer-like)
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether :func:`encode` can apply a chat template: a llama.cpp model is asked when encoding
+    (its GGUF's template), a transformers tokenizer has ``chat_template`` set."""
+    return hasattr(tokenizer, "chat_prompt") or bool(getattr(tokenizer, "chat_template", None))
+
+
 def encode_prompt(tokenizer, prompt: str, *, chat: bool = True, instruction: str = INSTRUCTION) -> torch.Tensor:
-    """Token ids ``[1, T]`` (LongTensor) for a prompt.
+    """Token ids ``[1, T]`` (LongTensor) for a prompt, by :func:`encode`.
 
     With ``chat`` and a tokenizer that has a chat template, the prompt is sent as one user
     message (``instruction`` + the prompt; by default the HumanEval instruction, pass
@@ -263,11 +302,6 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool = True, instruction: str
         raise ValueError("prompt must be a non-empty string")
     if not isinstance(instruction, str):
         raise ValueError(f"instruction must be a string, got {instruction!r}")
-    if hasattr(tokenizer, "chat_prompt"):  # a llama.cpp model: tokenize(text, chat=) wraps one user turn
-        return torch.tensor([tokenizer.tokenize(instruction + prompt if chat else prompt, chat=chat)], dtype=torch.long)
-    if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": instruction + prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-    return tokenizer(prompt, return_tensors="pt").input_ids
+    if chat and has_chat_template(tokenizer):
+        return torch.tensor([encode(tokenizer, instruction + prompt, chat=True)], dtype=torch.long)
+    return torch.tensor([encode(tokenizer, prompt)], dtype=torch.long)

@@ -9,7 +9,7 @@
 
 Every law samples batched over leading dimensions with an explicit generator (a
 ``torch.Generator``, read in order, or an integer seed, which selects that seed's "drafts"
-stream: ``_validate.stream_seed``; ``verify`` reads a different stream for the same
+stream: ``_validate.derive_seed``; ``verify`` reads a different stream for the same
 integer, so one seed passed to both cannot correlate drafts and acceptance), gives the
 probability of draft tuples (``prob``, float64) and, for an unbatched law, enumerates
 every tuple of positive probability (``enumerate``).

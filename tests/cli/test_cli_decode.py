@@ -242,3 +242,38 @@ def test_llama_engine_without_the_extra_names_it(no_models, capsys, monkeypatch)
     assert main(BASE + ["--engine", "llama.cpp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "scripts/install_llama_cpp.sh .venv/bin/python" in err[0]
+
+
+def test_decode_chat_encodes_a_message_as_the_chat_endpoint(monkeypatch, capsys):
+    """One prompt encoder (datasets.encode): ``decode --chat`` and the server's chat endpoint
+    (``TextCodec.chat``) give the same ids for one message, the chat template applied once and no
+    special token added on top of those the template writes (here a BOS the tokenizer would add too)."""
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+    from tokenizers import processors
+
+    from multidraft import decoding
+    from multidraft.datasets import encode
+    from multidraft.serve import TextCodec
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    tok = tm.tiny_tokenizer()
+    tok.bos_token = "<eos>"  # id 0 doubles as a BOS that plain text gets and the template writes
+    tok._tokenizer.post_processor = processors.TemplateProcessing(single="<eos> $A", special_tokens=[("<eos>", 0)])
+    tok.chat_template = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant {% endif %}")
+    monkeypatch.setattr(models, "resolve_pair", lambda *a, **kw: (t, d, tok))
+    seen = []
+
+    def fake_generate(target, draft, input_ids, settings, **kw):  # input_ids [1, T]
+        seen.append(input_ids[0].tolist())
+        raise SystemExit(0)
+
+    monkeypatch.setattr(decoding, "generate", fake_generate)
+    with pytest.raises(SystemExit):
+        main(["decode", "--prompt", "hello", "--chat", "--quiet", "--max-new-tokens", "2"])
+    served = TextCodec("transformers", t, tok).chat([{"role": "user", "content": "hello"}])
+    assert seen == [served] and served == encode(tok, "hello", chat=True)
+    assert served[0] == 0 and served[1] != 0  # the template's BOS, once
+    assert encode(tok, "hello")[0] == 0 and len(encode(tok, "hello")) == 6  # plain text: the tokenizer's BOS
+    assert TextCodec("transformers", t, tok).encode("hello") == encode(tok, "hello")

@@ -159,3 +159,25 @@ def test_blocks_paired_with_a_second_baseline(tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", str(tmp_path / "run"), "--no-plots", "--blocks-baseline", str(tmp_path / "none.jsonl")]) != 0
     assert "--blocks-baseline: no such file" in _err(capsys)
+
+
+def test_one_mean_and_interval_nan_at_one_value(tmp_path):
+    """One summary of decode rows (findings.mean_ci, used by decode_runs and the report): at n = 1
+    the half-width of a 95% t-interval is undefined, NaN, and the report prints it as ``nan``."""
+    import math
+
+    from multidraft.experiments import decode_runs, findings
+
+    assert decode_runs.mean_ci is findings.mean_ci
+    m, ci = findings.mean_ci([3.0])
+    assert m == 3.0 and math.isnan(ci)
+    m, ci = findings.mean_ci([2.0, 4.0, None, float("nan")])
+    assert m == 3.0 and ci == pytest.approx(findings.t95(2) * 2 ** 0.5 / 2 ** 0.5)
+    assert all(math.isnan(x) for x in findings.mean_ci([]))
+    row = dict(law="iid", K=2, depth=6, temperature=1.0, acceptance_rate=0.8, prompt="a")
+    _blocks_file(tmp_path / "run" / "blocks.jsonl",
+                 [dict(row, verifier="autoregressive", K=1, depth=0, tokens_per_s=2.0, block_efficiency=1.0),
+                  dict(row, verifier="specinfer", tokens_per_s=4.0, block_efficiency=3.0)])
+    assert main(["report", str(tmp_path / "run"), "--no-plots"]) == 0
+    line = next(l for l in (tmp_path / "run" / "report.md").read_text().splitlines() if l.startswith("| specinfer"))
+    assert "| 3.000 ± nan |" in line and "| 2.00x ± nan |" in line

@@ -310,6 +310,7 @@ def run(args) -> int:
 
     import torch
 
+    from ..datasets import encode, has_chat_template
     from ..decoding import generate
     from ..decoding.pair import load_pair
 
@@ -321,17 +322,13 @@ def run(args) -> int:
         args.engine, target=args.target, draft=args.draft if not settings.target_alone else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
         draft_ftype=args.draft_ftype if not settings.target_alone else None, n_threads=args.threads, log=log)
+    coder = target if llama else tok  # the one encoder: the server's chat endpoint encodes a message the same way
+    input_ids = torch.tensor([encode(coder, args.prompt, chat=args.chat and has_chat_template(coder))],
+                             dtype=torch.long)  # [1, T]
     if llama:
-        input_ids = torch.tensor([target.tokenize(args.prompt, chat=args.chat)], dtype=torch.long)
         eos = None if args.ignore_eos else target.eos_token_ids
         detok = target.detokenize
     else:
-        if args.chat and getattr(tok, "chat_template", None):
-            text_in = tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
-                                              add_generation_prompt=True)
-        else:
-            text_in = args.prompt
-        input_ids = tok(text_in, return_tensors="pt")["input_ids"]
         eos = None if args.ignore_eos else tok.eos_token_id
         detok = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     if input_ids.shape[1] < 1:

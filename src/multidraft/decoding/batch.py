@@ -52,7 +52,7 @@ import time
 
 import torch
 
-from .._validate import ArgumentError, as_generator
+from .._validate import ArgumentError, as_generator, derive_seed
 from .engine import GenerationResult, _check_models, _Decoder
 from .kv import fresh_prefill, keep, new_cache
 from .runners import _is_llama, hf_forward
@@ -595,7 +595,7 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
             s0 = operator.index(generator)
         except TypeError:
             raise ArgumentError("generator", f"must be a list of generators / seeds or one integer seed, got {generator!r}") from None
-        gens = [as_generator(s0 + i) for i in range(n)]
+        gens = [as_generator(derive_seed(s0, i, rule="linear")) for i in range(n)]
     if max_lanes is None:
         max_lanes = min(n, DEFAULT_MAX_LANES)
     elif isinstance(max_lanes, bool) or not isinstance(max_lanes, int) or max_lanes < 1:

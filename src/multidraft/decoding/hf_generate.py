@@ -44,6 +44,7 @@ import sys
 import torch
 
 from .._errors import ArgumentError
+from .._validate import derive_seed
 from .settings import Settings
 
 __all__ = ["custom_generate", "SpeculativeGenerateOutput"]
@@ -224,7 +225,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         results = [generate(model, draft, rows[0], settings, generator=torch.Generator().manual_seed(base),
                             eos_token_id=eos_ids or None, on_step=on_step)]
     else:  # the rows as lanes sharing every forward pass, row i with its own generator seeded base + i
-        results = generate_batch(model, draft, rows, settings, generator=[base + i for i in range(len(rows))],
+        results = generate_batch(model, draft, rows, settings, generator=[derive_seed(base, i, rule="linear") for i in range(len(rows))],
                                  eos_token_id=eos_ids or None)
     if streamer is not None:
         streamer.end()
@@ -244,5 +245,5 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         target_calls=torch.tensor([r.target_calls for r in results]),
         block_efficiency=torch.tensor([r.block_efficiency for r in results], dtype=torch.float64),
         acceptance_rate=torch.tensor([r.acceptance_rate for r in results], dtype=torch.float64),
-        seeds=torch.tensor([base + i for i in range(B)]),
+        seeds=torch.tensor([derive_seed(base, i, rule="linear") for i in range(B)]),
     )

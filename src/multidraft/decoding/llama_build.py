@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 
+from .._machine import cpu_flags  # the CPU flags of this machine (/proc/cpuinfo), read once
+
 __all__ = ["compiled_features", "cpu_flags", "check_build", "REBUILD_HINT"]
 
 REBUILD_HINT = "rebuild it portably with: scripts/install_llama_cpp.sh .venv/bin/python"
@@ -31,20 +33,6 @@ def compiled_features(system_info: str) -> dict[str, bool]:
     """``{'AVX2': True, 'AMX_INT8': False, ...}`` from llama.cpp's system-info line (the
     ``NAME = 0|1`` pairs; the CPU backend reports what it was compiled with)."""
     return {m.group(1): m.group(2) == "1" for m in re.finditer(r"([A-Z][A-Z0-9_]*) = ([01])\b", system_info)}
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
-    """The CPU flags of this machine (``/proc/cpuinfo``), or None where they cannot be read."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return None
 
 
 def check_build(system_info: str, flags: set[str] | None, *, allow_amx: bool | None = None) -> None:

@@ -24,9 +24,6 @@ per-node term.
 from __future__ import annotations
 
 import ctypes
-import importlib
-import os
-import platform
 import statistics
 import time
 from dataclasses import replace
@@ -34,7 +31,7 @@ from dataclasses import replace
 import torch
 
 from .. import _optional
-from .llama_build import cpu_flags
+from .._machine import SPEED_FLAGS, load_average, provenance  # noqa: F401 (SPEED_FLAGS: re-exported)
 from .runners import runner_for
 from .treeopt import CostProfile, fit_overhead
 
@@ -76,36 +73,13 @@ def measure_forward(runner, ns, *, repeats: int = 5, warmup: int = 1) -> dict:
     return times
 
 
-def _load():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # pragma: no cover
-        return None
-
-
-SPEED_FLAGS = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})  # what
-# decides how cheap width is on a CPU (wide bf16 matrix products): recorded beside every timing
-
-
 def machine_info() -> dict:
-    """The machine of a timing: CPU model, its ``SPEED_FLAGS`` (None where /proc/cpuinfo is not
-    readable), cores, threads, load average, platform and versions."""
-    cpu, info = platform.processor() or "", None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            info = fh.read()
-    except OSError:
-        pass
-    for line in (info or "").splitlines():
-        if line.lower().startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    tv = importlib.import_module("transformers").__version__ if _optional.available("transformers") else None
-    load = _load()
-    flags = None if info is None else cpu_flags(info)
-    return {"cpu": cpu, "cpu_flags": None if flags is None else sorted(flags & SPEED_FLAGS), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average": load,
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": tv}
+    """The machine of a timing: ``_machine.provenance()`` (CPU model, its ``SPEED_FLAGS``, cores,
+    threads, load average, platform, versions) with the keys profiles have always had beside it
+    (``python``, ``torch``, ``transformers``: the installed version, imported or not)."""
+    p = provenance(also=("transformers",) if _optional.available("transformers") else ())
+    v = p["versions"]
+    return {**p, "python": v["python"], "torch": torch.__version__, "transformers": v.get("transformers")}
 
 
 def _gguf_type(model) -> str:
@@ -219,7 +193,7 @@ def measure_profile(target, draft, *, nodes=TARGET_NODES, draft_nodes=DRAFT_NODE
             overhead_prompt = overhead_prompt[:, -room:]   # a short context: the prompt's last tokens
             cut = room
     out, raw = {}, {}
-    load0 = _load()
+    load0 = load_average()
     # the calibration decodes first: the points' prefill below leaves each cache holding the prefix only
     decodes = (measure_overhead(target, draft, prompt=overhead_prompt, prefix=prefix, tokens=overhead_tokens)
                if overhead_tokens else None)

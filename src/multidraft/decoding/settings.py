@@ -100,7 +100,6 @@ def _alternatives(rule: str, shape: TreeShape, kind: str, n_cols: int) -> str:
                     break
             except ValueError:
                 continue
-    law = tree_law(shape, kind, n_cols)
     others = []
     for name in decoder_rules():
         if name in (rule, WALK):

@@ -53,13 +53,13 @@ import torch
 
 from .. import drafts as _drafts
 from .. import verifiers as _verifiers
-from .._validate import ArgumentError, as_int, as_ks, as_temperature, as_top_k, as_top_p
+from .._validate import ArgumentError, as_int, as_ks, as_temperature, as_top_k, as_top_p, derive_seed
 from ..datasets import check_dataset
 from ..exact import acceptance_given
 from ..limits import optimal_acceptance
 from . import collect as _collect
 from . import store
-from .records import SCHEMAS, JsonlWriter, derived_seed, lock_run_dir, read_jsonl, resume, row_key, valid_rows
+from .records import SCHEMAS, JsonlWriter, lock_run_dir, read_jsonl, resume, row_key, valid_rows
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "SHARD", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "shards", "shard_acceptance", "local_map", "CellShards", "cell_shards", "cell_acceptance", "evaluate",
@@ -178,7 +178,7 @@ def position_errors(values: torch.Tensor, alpha: torch.Tensor | None = None, var
 
 
 def _seed_for(seed: int, key: tuple) -> int:
-    return derived_seed(seed, repr(key))
+    return derive_seed(seed, repr(key), rule="unit")
 
 
 def shards(n: int, size: int = SHARD) -> list[tuple[int, int]]:

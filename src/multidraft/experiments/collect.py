@@ -41,11 +41,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..datasets import check_dataset, load_prompts, load_texts, prompt_ids
+from ..datasets import check_dataset, encode, load_prompts, load_texts, prompt_ids
 from ..decoding.continuation import continuation_logits
 from ..sampling import check_sampling_args, process_logits
 from . import store
-from .records import derived_seed
+from .._validate import derive_seed
 
 __all__ = ["collect", "store_name", "POSITIONS_FROM"]
 
@@ -59,12 +59,11 @@ def store_name(dataset: str, t_target: float, t_draft: float, top_k, top_p) -> s
 
 def _text_seed(seed: int, text_id: str) -> int:
     """The continuation's sampling seed for one text: depends on (seed, text id) only."""
-    return derived_seed(seed, str(text_id))
+    return derive_seed(seed, str(text_id), rule="unit")
 
 
 def _encode(tokenizer, text: str, max_tokens: int) -> torch.Tensor:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if callable(tokenizer) else tokenizer.encode(text)
-    ids = list(ids)[:max_tokens]
+    ids = encode(tokenizer, text, add_special_tokens=False)[:max_tokens]  # a stretch of text: no special token
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -192,7 +191,7 @@ def collect(
             texts = load_prompts(ds, n_texts, seed=seed) if cont else load_texts(ds, n_texts, seed)
         rows: dict[tuple[float, float], list] = {c: [] for c in cfgs}
         sources: list[dict] = []
-        g = torch.Generator().manual_seed(seed + 1)
+        g = torch.Generator().manual_seed(derive_seed(seed, 1, rule="linear"))
         V = None
         # with min_positions the bar counts the prompts expected (new_tokens positions each), for its ETA
         expect = len(texts) if min_positions is None else min(len(texts), -(-min_positions // max(1, new_tokens)))

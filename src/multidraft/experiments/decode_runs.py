@@ -16,7 +16,7 @@ Each prompt gets one ``PromptCache``: its prefill runs once per model and is sha
 method (and left out of tokens/s).
 
 **One seed rule** (:func:`run_seed`): the run of method m on prompt ``pid`` draws everything
-from ``torch.Generator().manual_seed(derived_seed(seed, f"{pid}|{name}|{law}|{K}|{depth}"))``
+from ``torch.Generator().manual_seed(derive_seed(seed, pid, name, law, K, depth, rule="unit"))``
 (``name`` the walk's verifier or the sequence-level rule; for the target alone
 ``SEED_TARGET_ALONE`` with law ``-`` and K = depth = 0). It depends on that run's identity alone,
 never on the order or on the other methods, so a run can be resumed, reordered or rerun alone
@@ -53,15 +53,15 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from .. import verifiers as _verifiers
 from ..decoding import PromptCache, Settings, generate
 from ..decoding.settings import WALK, decoder_rules
-from .findings import t95
-from .records import derived_seed
+from .findings import mean_ci  # the one summary of rows (also the report's)
+from .._validate import derive_seed
 
 __all__ = [
     "MethodSpec", "target_alone", "tree_method", "peer_method", "parse_method", "check_methods", "run_seed", "run",
@@ -226,7 +226,7 @@ def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
     else:
         name = d["verifier"] if d["rule"] == WALK else d["rule"]
         law, k, depth = d["law"], d["k"], d["depth"]
-    return derived_seed(seed, f"{prompt}|{name}|{law}|{k}|{depth}")
+    return derive_seed(seed, prompt, name, law, k, depth, rule="unit")
 
 
 def _num(x):
@@ -345,19 +345,6 @@ def warm_up(target, draft, ids: torch.Tensor, *, depth: int = 2, temperature: fl
 # --- statistics ------------------------------------------------------------------------------
 def _finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and x == x and not math.isinf(x)
-
-
-def mean_ci(xs: Iterable[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95% t-interval (NaN where undefined); NaN / None values dropped."""
-    xs = [x for x in xs if _finite(x)]
-    n = len(xs)
-    if n == 0:
-        return float("nan"), float("nan")
-    m = sum(xs) / n
-    if n < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, t95(n) * sd / math.sqrt(n)
 
 
 def merge_rounds(rows: Sequence[dict]) -> list[dict]:

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from .records import target_alone_row
 
-__all__ = ["claims_table", "paired", "t95"]
+__all__ = ["claims_table", "paired", "t95", "mean_ci"]
 
 ALPHA = "alpha*"
 KS = (2, 4, 8)  # the Ks a claim is shown at (those present)
@@ -45,6 +45,22 @@ def t95(n: int) -> float:
         return float(stats.t.ppf(0.975, n - 1))
     except ImportError:  # pragma: no cover (scipy is a dependency)
         return 1.96
+
+
+def mean_ci(xs) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval, the one summary of a column of rows (decode
+    runs, the report's blocks tables); None, NaN and infinite values are dropped first. The
+    half-width is NaN where it is undefined: at n = 1 (no spread to estimate, ``t95(1)`` is NaN),
+    printed as ``nan``, never as a zero-width interval; both are NaN at n = 0."""
+    xs = [x for x in xs if x is not None and isinstance(x, (int, float)) and math.isfinite(x)]
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, t95(n) * sd / math.sqrt(n)
 
 
 def _verdict(diffs, sign: int = 1) -> str:

@@ -22,12 +22,12 @@ each stage; ``multidraft report RUN_DIR`` then builds the report from the JSONL 
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .._machine import load_average
 from . import acceptance as _acceptance
 from . import blocks as _blocks
 from . import collect as _collect
@@ -95,13 +95,6 @@ def blocks_configs(c: PaperConfig) -> list[_blocks.BlocksConfig]:
                                             n_prompts=c.block_prompts, max_new_tokens=c.block_new_tokens,
                                             temperature=c.block_temperature, dataset=c.block_dataset))
     return out
-
-
-def _load() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # pragma: no cover (no load average on this platform)
-        return []
 
 
 def run(
@@ -190,7 +183,7 @@ def run(
 def _record(path: Path, c: PaperConfig, seed: int, stage: str, seconds: float, written, *, complete: bool) -> None:
     # the sizes travel with each row: a run may be extended (e.g. one data set first, all later)
     with JsonlWriter(path, {"experiment": "paper"}, seed) as w:
-        w.write(stage=stage, seconds=seconds, rows_written=written, complete=complete, load_average=_load(),
+        w.write(stage=stage, seconds=seconds, rows_written=written, complete=complete, load_average=load_average() or [],
                 config=c.as_dict())
 
 

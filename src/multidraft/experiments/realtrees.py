@@ -1,12 +1,12 @@
 r"""Every tree rule's exact tokens per call on the decoder's own draft trees, paired (issue 26, item 6).
 
 What is measured. For each prompt of a data set the target's own continuation is sampled at
-temperature 1 (``generate`` with the target alone, seed ``derived_seed(seed, "<dataset>|<id>|continuation")``;
+temperature 1 (``generate`` with the target alone, seed ``derive_seed(seed, <dataset>, <id>, "continuation", rule="unit")``;
 a ``file:PATH`` data set is named by its file name there, so seeds do not depend on where it lies).
 At positions ``j = 0, stride, 2 stride, ...`` of it the decoder's state is recreated (committed
 text = prompt + continuation[:j], root = its last token) and, for every shape and node budget,
 the draft tree is built by the decoder's own code (``engine._Decoder._draft_tree``, the
-decoder's ``Settings``, seed ``derived_seed(seed, "<dataset>|<id>|<j>|<shape>|<budget>")``) and
+decoder's ``Settings``, seed ``derive_seed(seed, <dataset>, <id>, <j>, <shape>, <budget>, rule="unit")``) and
 scored by one target pass (``engine.score_tree``): the tree is exactly the one ``generate``
 would build and verify at that step. Every registered rule then gives its exact expected
 tokens per call ON THAT TREE, ``rule.expected_tokens(tree)`` (E|Y| given the tree, from the p
@@ -69,7 +69,8 @@ import torch
 from .. import trees
 from ..sampling import process_logits
 from ..trees import rules as _rules
-from .records import JsonlWriter, derived_seed, read_jsonl
+from .._validate import derive_seed
+from .records import JsonlWriter, read_jsonl
 
 __all__ = ["SHAPES", "BUDGETS", "WALKS", "shape_settings", "bfs_tree", "tree_rules", "build_tree", "evaluate_tree",
            "run", "report"]
@@ -314,7 +315,7 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
             pc = PromptCache(max_entries=2)
             if pid not in conts:
                 c0 = time.process_time()
-                cseed = derived_seed(seed, f"{ds_name}|{pid}|continuation")
+                cseed = derive_seed(seed, ds_name, pid, "continuation", rule="unit")
                 res = generate(target, None, ids, verifier=None, temperature=1.0, max_new_tokens=cont_tokens,
                                generator=cseed, eos_token_id=eos, prompt_cache=pc)
                 conts[pid] = res.tokens.tolist()
@@ -354,7 +355,7 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                     break
                 r = T - 1 + j  # root index: committed text full[:r], root full[r]
                 t0, c0 = time.perf_counter(), time.process_time()
-                tseed = derived_seed(seed, f"{ds_name}|{pid}|{j}|{s}|{b}")
+                tseed = derive_seed(seed, ds_name, pid, j, s, b, rule="unit")
                 with torch.inference_mode():
                     while cur < r:  # the positions' chunks, stride tokens at a time
                         _advance(dec, full, cur, min(r, cur + stride))

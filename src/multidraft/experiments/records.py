@@ -45,7 +45,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import sys
 import time
 import zlib
@@ -53,6 +52,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .. import _machine
+from .._validate import derive_seed
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
@@ -62,14 +64,9 @@ __all__ = [
 
 
 def versions() -> dict[str, str]:
-    """Versions of the packages that shape a result."""
-    out = {"python": platform.python_version()}
-    for mod in ("multidraft", "torch", "numpy", "scipy", "transformers"):
-        m = sys.modules.get(mod)
-        if m is None:
-            continue  # not imported by this run: it did not shape the result
-        out[mod] = str(getattr(m, "__version__", "?"))
-    return out
+    """Versions of the packages that shape a result (``_machine.versions``: python and the
+    packages this run imported)."""
+    return _machine.versions()
 
 
 _CODE: list = []
@@ -100,9 +97,10 @@ def code_version() -> str:
 
 
 def derived_seed(seed: int, name: str) -> int:
-    """The seed of one named unit of work (a cell, a text, a decoding run): a function of
-    (seed, name) alone, so units can run in any order or process with the same draws."""
-    return (int(seed) * 1_000_003 + zlib.crc32(str(name).encode())) % (2**63 - 1)
+    """The seed of one named unit of work (a cell, a text, a decoding run): ``derive_seed(seed,
+    name, rule="unit")``, a function of (seed, name) alone, so units can run in any order or
+    process with the same draws."""
+    return derive_seed(seed, str(name), rule="unit")
 
 
 def _clean(x: Any) -> Any:
@@ -139,7 +137,7 @@ def meta_row(config: dict, seed: int | None, *, keyed: Iterable[str] = (), **ext
         "seed": seed,
         "config": config,
         "keyed": sorted(set(keyed)),
-        "versions": versions(),
+        **_machine.provenance(),  # versions, CPU model and flags, cores, threads, load average, platform
         "code": code_version(),
         "command": " ".join(sys.argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import _optional
 from ..drafts import SHARED_Q_KINDS
 from . import plots
-from .findings import claims_table, t95
+from .findings import claims_table, mean_ci
 from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
 from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, results_path, target_alone_row, valid_rows
 
@@ -372,16 +372,6 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                     lines.append(f"![{sweep} temperature sweep](plots/{p.name})\n")
 
 
-def _mean_ci(xs) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for one value)."""
-    n = len(xs)
-    m = sum(xs) / n
-    if n < 2:
-        return m, 0.0
-    sd = (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5
-    return m, t95(n) * sd / n ** 0.5
-
-
 def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], reference: tuple[str, list[dict]] | None = None) -> None:
     """``reference``: (label, rows of another blocks file) whose target-only rows every row is
     also paired with, prompt by prompt (an extra speed-up column)."""
@@ -393,7 +383,7 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], ref
         ref_by = {r["prompt"]: r["tokens_per_s"] for r in ref_ar}
         if not ref_by:
             raise ValueError(f"blocks baseline {reference[0]}: no target-only rows")
-        m, ci = _mean_ci([r["tokens_per_s"] for r in ref_ar])
+        m, ci = mean_ci([r["tokens_per_s"] for r in ref_ar])
         missing = sorted({r["prompt"] for r in rows} - set(ref_by))
         lines.append(f"Second baseline `{reference[0]}`: target-only {m:.2f} ± {ci:.2f} tokens/s on {len(ref_by)} prompt(s)"
                      + (f"; {len(missing)} prompt(s) of this run have none there and are left out of its column" if missing else "")
@@ -401,7 +391,7 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], ref
     cells = _group([r for r in rows if not target_alone_row(r)], ("verifier", "law", "k", "depth"))
     prompts = len({r["prompt"] for r in rows})
     temps = ", ".join(sorted({format(r["temperature"], "g") for r in rows}))
-    ar_ci = _mean_ci([r["tokens_per_s"] for r in ar]) if ar else None
+    ar_ci = mean_ci([r["tokens_per_s"] for r in ar]) if ar else None
     lines.append(
         f"{prompts} prompt(s), temperature {temps}. Block efficiency = tokens per target forward pass; cells are "
         "means over prompts ± the half-width of their 95% t-interval; speed-up = the mean over prompts of tokens/s "
@@ -412,15 +402,15 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], ref
     lines.append("| verifier | law | K | depth | prompts | block efficiency | acceptance rate | tokens/s | speed-up |" + extra)
     lines.append("|---|---|---|---|---|---|---|---|---|" + ("---|" if reference is not None else ""))
     for (n, law, k, d), g in sorted(cells.items(), key=lambda t: (t[0][0], t[0][1], t[0][2], t[0][3])):
-        be, be_ci = _mean_ci([r["block_efficiency"] for r in g])
+        be, be_ci = mean_ci([r["block_efficiency"] for r in g])
         acc = [r["acceptance_rate"] for r in g if r.get("acceptance_rate") is not None]
         timed = [r for r in g if r["tokens_per_s"] is not None]  # a run too fast to time has none
-        tps, tps_ci = _mean_ci([r["tokens_per_s"] for r in timed]) if timed else (math.nan, math.nan)
+        tps, tps_ci = mean_ci([r["tokens_per_s"] for r in timed]) if timed else (math.nan, math.nan)
         ratios = [r["tokens_per_s"] / ar_by[r["prompt"]] for r in timed if ar_by.get(r["prompt"])]
-        sp = "{:.2f}x ± {:.2f}".format(*_mean_ci(ratios)) if ratios else "-"  # no baseline in the run: no ratio
+        sp = "{:.2f}x ± {:.2f}".format(*mean_ci(ratios)) if ratios else "-"  # no baseline in the run: no ratio
         if reference is not None:
             rr = [r["tokens_per_s"] / ref_by[r["prompt"]] for r in timed if ref_by.get(r["prompt"])]
-            sp += " | " + ("{:.2f}x ± {:.2f}".format(*_mean_ci(rr)) if rr else "-")
+            sp += " | " + ("{:.2f}x ± {:.2f}".format(*mean_ci(rr)) if rr else "-")
         lines.append(
             f"| {n} | {law} | {k} | {d} | {len(g)} | {be:.3f} ± {be_ci:.3f} | {_num(sum(acc) / len(acc)) if acc else '-'} | "
             f"{tps:.2f} ± {tps_ci:.2f} | {sp} |"
@@ -433,9 +423,9 @@ def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], ref
                 kk = sorted(k[2] for k in cells if k[0] == n and k[1] == law and (d is None or k[3] == d))
                 if d is None:  # equal-budget runs: one depth per K
                     kd = {k[2]: k[3] for k in cells if k[0] == n and k[1] == law}
-                    stats = [_mean_ci([r["block_efficiency"] for r in cells[(n, law, k, kd[k])]]) for k in kk]
+                    stats = [mean_ci([r["block_efficiency"] for r in cells[(n, law, k, kd[k])]]) for k in kk]
                 else:
-                    stats = [_mean_ci([r["block_efficiency"] for r in cells[(n, law, k, d)]]) for k in kk]
+                    stats = [mean_ci([r["block_efficiency"] for r in cells[(n, law, k, d)]]) for k in kk]
                 series[f"{n} ({law})"] = (kk, [m for m, _ in stats], [ci for _, ci in stats])
             name = f"blocks_depth{d}.png" if d is not None else "blocks_equal_budget.png"
             title = f"block efficiency vs K (depth {d})" if d is not None else "block efficiency vs K (equal tree budget)"

@@ -3,7 +3,7 @@
 A *cell* is (law, K, L, V): a tree draft law (``sequences``: K i.i.d. draft sequences;
 ``kary``: the K-ary tree with i.i.d. drafts at every node; ``chain``: one sequence, K = 1),
 its depth L and the vocabulary size V. Instance ``i = 0..n-1`` of a cell is
-``TableModel.random(V, seed=seed + i, style=STYLES[i % 7])``.
+``TableModel.random(V, seed=derive_seed(seed, i, rule="linear"), style=STYLES[i % 7])`` (that is ``seed + i``).
 
 Each cell has its own results file ``<law>_k<K>_l<L>_v<V>.jsonl`` (``records.JsonlWriter``: a
 meta row with config, seed, versions and command, then rows bound to it). Rows are keyed by
@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 
 from .. import trees
-from .._validate import as_int
+from .._validate import as_int, derive_seed
 from ..trees import rule_table
 from . import records
 from .progress import progress as _progress
@@ -139,9 +139,9 @@ def run_cell(law: str, k: int, depth: int, V: int, n: int = 500, seed: int = 0, 
             if not todo:
                 continue
             style = trees.STYLES[i % len(trees.STYLES)]
-            model = trees.TableModel.random(V, seed=seed + i, style=style)
+            model = trees.TableModel.random(V, seed=derive_seed(seed, i, rule="linear"), style=style)
             tl = _instance_law(law, k, depth, model)
-            base = {"instance": i, "seed": seed + i, "style": style}
+            base = {"instance": i, "seed": derive_seed(seed, i, rule="linear"), "style": style}
             for nm in todo:
                 t = time.perf_counter()
                 with warnings.catch_warnings(record=True) as caught:
@@ -186,10 +186,10 @@ def run_root(law: str, k: int, depth: int, V: int, n: int = ROOT_N, seed: int = 
             if records.row_key({"instance": i}, ("instance",)) in done:
                 continue
             style = trees.STYLES[i % len(trees.STYLES)]
-            model = trees.TableModel.random(V, seed=seed + i, style=style)
+            model = trees.TableModel.random(V, seed=derive_seed(seed, i, rule="linear"), style=style)
             t = time.perf_counter()
             r = trees.root_tradeoff(_instance_law(law, k, depth, model), model)
-            w.write(instance=i, seed=seed + i, style=style, **r._asdict(), seconds=round(time.perf_counter() - t, 4))
+            w.write(instance=i, seed=derive_seed(seed, i, rule="linear"), style=style, **r._asdict(), seconds=round(time.perf_counter() - t, 4))
             added += 1
     return added
 

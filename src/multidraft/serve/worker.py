@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._errors import ArgumentError
+from ..datasets import encode, has_chat_template
 from ..decoding import Settings
 from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
@@ -56,24 +57,21 @@ class TextCodec:
             eos = getattr(tokenizer, "eos_token_id", None)
             self.eos = None if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
+    def _encoder(self):
+        return self.target if self.engine == "llama.cpp" else self.tok
+
     def encode(self, text: str) -> list[int]:
-        if self.engine == "llama.cpp":
-            return list(self.target.tokenize(text))
-        return list(self.tok(text)["input_ids"])
+        return encode(self._encoder(), text)  # the one encoder (datasets.encode), as ``decode``
 
     def chat(self, messages: list[dict]) -> list[int]:
-        if self.engine == "llama.cpp":
-            try:
-                text = self.target.chat_prompt(messages)
-            except ValueError as exc:
-                raise APIError(400, f"this model cannot chat: {exc}; use /v1/completions", param="messages",
-                               code="no_chat_template") from None
-            return self.encode(text)
-        if not getattr(self.tok, "chat_template", None):
+        if not has_chat_template(self._encoder()):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", param="messages",
                            code="no_chat_template")
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        try:
+            return encode(self._encoder(), messages, chat=True)  # as ``decode --chat`` encodes one message
+        except ValueError as exc:  # a GGUF without a chat template
+            raise APIError(400, f"this model cannot chat: {exc}; use /v1/completions", param="messages",
+                           code="no_chat_template") from None
 
     def decode(self, ids: list[int]) -> str:
         if self.engine == "llama.cpp":

@@ -178,7 +178,7 @@ class Verifier:
 
         ``generator``: a ``torch.Generator`` (read in order, so the one that drew the drafts
         may be passed again) or an integer seed, which selects the seed's "verify" stream
-        (``_validate.stream_seed``), independent of the "drafts" stream ``law.sample`` reads
+        (``_validate.derive_seed``), independent of the "drafts" stream ``law.sample`` reads
         for the same integer. ``law``: a DraftLaw object (checked against drafts and q), a
         law name, or None for ``implied_law(K)``. ``validate=False`` skips the
         full-vocabulary checks (for callers that already validated, e.g. the decoder); shape
