@@ -257,3 +257,12 @@ def test_seqrules_writes_in_run_dir_only(tmp_path, capsys, monkeypatch):
     md = tmp_path / "elsewhere.md"
     assert main(["experiment", "seqrules", str(run), "--report", "--markdown", str(md)]) == 0
     assert md.read_text() == (run / "table.md").read_text()
+
+
+def test_the_realtrees_flags_name_the_study_shapes_and_budgets():
+    """cli/experiment.py spells the real-tree study's shapes and budgets for --help without importing
+    torch; they are the study's own lists."""
+    from multidraft.cli import experiment as cli_experiment
+    from multidraft.experiments import realtrees
+
+    assert cli_experiment._SHAPES == realtrees.SHAPES and cli_experiment._BUDGETS == realtrees.BUDGETS

@@ -26,19 +26,15 @@ from .sources import DraftModel, parse_sources
 __all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law",
            "settings_or_kwargs"]
 
-WALK = "token_walk"  # the default tree rule: the root-first walk of the token-level ``verifier``
-# Registered tree rules the decoder refuses, with why and what would work instead.
-_NOT_IN_DECODER = {
-    "tree_lp": "samples the coupling of the tree-level LP, which enumerates every draft tree (small V only); "
-               "it cannot run at a model's vocabulary: use 'traversal' (trees) or 'block' (one chain)",
-}
+WALK = _trees.TokenWalk.name  # the default tree rule: the root-first walk of the token-level ``verifier``
 _UNSET = object()  # verifier not given (its default, 'specinfer', is the walk's verifier)
 
 
 def decoder_rules() -> list[str]:
     """The tree rules the decoder takes: every registered rule (``trees.names()``) but those that
-    need small V (today 'tree_lp'); 'token_walk' is the default (the walk of ``verifier``)."""
-    return [n for n in _trees.names() if n not in _NOT_IN_DECODER]
+    need small V (``trees.small_v_only``: today 'tree_lp'); 'token_walk' is the default (the walk
+    of ``verifier``)."""
+    return [n for n in _trees.names() if _trees.small_v_only(n) is None]
 
 
 def tree_law(shape: TreeShape, kind: str, n_cols: int = 1):
@@ -77,8 +73,9 @@ def _rule_name(rule) -> str:
     if not isinstance(rule, str) or not rule.strip():
         raise ArgumentError("rule", f"must be a registered tree rule name, got {rule!r}")
     name = rule.strip()
-    if name in _NOT_IN_DECODER:
-        raise ArgumentError("rule", f": {name!r} {_NOT_IN_DECODER[name]}")
+    if name in _trees.names() and _trees.small_v_only(name) is not None:
+        raise ArgumentError("rule", f": {name!r} {_trees.small_v_only(name)}; it cannot run at a model's vocabulary: "
+                                    "use 'traversal' (trees) or 'block' (one chain)")
     if name not in _trees.names():
         raise ArgumentError("rule", f": unknown tree rule {name!r}; the decoder takes {', '.join(decoder_rules())}")
     return name

@@ -77,7 +77,7 @@ __all__ = ["SHAPES", "BUDGETS", "WALKS", "shape_settings", "bfs_tree", "tree_rul
 
 SHAPES = ("chain", "seq2", "seq4", "kary2")
 BUDGETS = (4, 8, 12)
-WALKS = ("specinfer", "spectr", "khisti_is", "optimal")
+WALKS = trees.rule_table.WALKS  # the walked verifiers: defined once, in trees.rule_table
 KEY = ("kind", "prompt", "position", "shape", "budget")
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from .certify import TreeCertificate, certify_tree, emitted_law
 from .laws import MAX_TREES, TreeLaw, chain, dynamic, explicit, kary, sequences
-from .rules import TreeRule, TreeVerdict, get, has_fast_expected_tokens, names, register
+from .rules import TreeRule, TreeVerdict, get, has_fast_expected_tokens, names, register, small_v_only
 from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES, MAX_TREE_NODES, TreeShape, allocate, coverage, full_tree,
                      parse_tree, tree_nodes)
 from .tables import STYLES, TableModel

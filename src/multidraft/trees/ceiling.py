@@ -293,6 +293,7 @@ class TreeLP(TreeRule):
     """
 
     name = "tree_lp"
+    small_v_only = "samples the coupling of the tree-level LP, which enumerates every draft tree (small V only)"
 
     def __init__(self, tree_law=None, model=None, max_variables: int = MAX_LP_VARIABLES):
         if tree_law is None or model is None:

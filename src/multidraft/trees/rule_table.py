@@ -20,7 +20,7 @@ ceiling. Nothing is printed.
 """
 from __future__ import annotations
 
-from .ceiling import optimal_tokens
+from .ceiling import TreeLP, optimal_tokens
 from .certify import TreeCertificate, certify_tree
 from .rules import TreeRule, get, names
 from .walk import TokenWalk
@@ -28,7 +28,7 @@ from .walk import TokenWalk
 __all__ = ["EXCLUDED", "VARIANTS", "WALKS", "build_rule", "certified", "expected_tokens", "rule_names", "sequence_rules"]
 
 WALKS = ("specinfer", "spectr", "khisti_is", "optimal")
-EXCLUDED = ("token_walk", "tree_lp")
+EXCLUDED = (TokenWalk.name, TreeLP.name)  # the walk needs a verifier (WALKS); the LP is the ceiling itself
 WALK_PREFIX = "walk:"
 VARIANTS = {"univer_ot": ("univer", {"plan": "ot"})}  # name -> (registered rule, options); compared when asked
 

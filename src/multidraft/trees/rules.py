@@ -39,6 +39,9 @@ class TreeRule:
     """Base class of tree rules: subclasses set ``name`` and implement the three methods."""
 
     name: str = ""
+    # why the rule runs at small V only (None: it runs at a model's vocabulary); the decoder takes
+    # the rules without one (``decoding.settings.decoder_rules``)
+    small_v_only: str | None = None
 
     def supports(self, tree_law) -> bool:  # pragma: no cover - interface
         """Whether the rule is lossless for trees drawn by ``tree_law`` (a ``laws.TreeLaw``)."""
@@ -85,6 +88,11 @@ def register(name: str, factory: Callable[..., TreeRule]) -> None:
 def names() -> list[str]:
     """Registered tree rule names, in registration order."""
     return list(_REGISTRY)
+
+
+def small_v_only(name: str) -> str | None:
+    """Why the registered rule ``name`` runs at small V only (its class's ``small_v_only``), or None."""
+    return getattr(_REGISTRY[name], "small_v_only", None)
 
 
 def get(name, **options) -> TreeRule:
