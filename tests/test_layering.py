@@ -34,7 +34,7 @@ def test_every_contract_is_kept():
     for name in ("imports point down the floors of DESIGN.md", "pure maths imports no model library",
                  "only decoding imports llama_cpp",
                  "the --tree auto choice knows neither the study files nor the command line",
-                 "the decode settings and the draft sources are model-free"):
+                 "the decode settings and the draft sources are model-free", "the decoder's step knows no decode loop"):
         assert f"{name} KEPT" in res.stdout, res.stdout
 
 
@@ -51,6 +51,9 @@ def test_every_contract_is_kept():
     # the model-free settings reaching for a model runner
     ("decoding/settings.py", "from multidraft.decoding import runners as _runners",
      "the decode settings and the draft sources are model-free", "multidraft.decoding.settings -> multidraft.decoding.runners"),
+    # the step reaching up to its decode loop
+    ("decoding/step.py", "from multidraft.decoding import batch as _loop", "the decoder's step knows no decode loop",
+     "multidraft.decoding.step -> multidraft.decoding.batch"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract, shown):
     copy = tmp_path / "src"

@@ -51,10 +51,10 @@ def test_decoding_and_experiments_see_the_same_distribution(tmp_path, temperatur
     """The same logits through the decoder's path and through the position collector give
     the same processed target distribution (the collector stores it untruncated with eps = 0)."""
     pytest.importorskip("transformers")
-    from multidraft.decoding import engine
+    from multidraft.decoding import step
     from tiny_models import tiny_pair, tiny_tokenizer
 
-    assert engine.process_logits is sampling.process_logits  # the decoder's p at every node
+    assert step.process_logits is sampling.process_logits  # the decoder's p at every node (DecoderStep.verify)
     t, d = tiny_pair(vocab_size=32, seed=0, init_scale=8.0)
     tok = tiny_tokenizer()
     f = tmp_path / "corpus.txt"

@@ -297,21 +297,23 @@ def test_caches_after_many_steps_equal_fresh_prefill(pair, tree):
     settings = engine.Settings.from_args(verifier="nss", k=2, depth=3, draft_law="iid", tree=tree, temperature=1.0,
                                      draft_temperature=0.7, max_new_tokens=25)
     eos = engine._check_models(t, d, ids, settings, None)
-    dec = engine._Decoder(t, d, settings, g, None, eos=eos)
+    step = engine.DecoderStep(runners.runner_for(t), runners.runner_for(d), settings, g)
+    dec = engine._Decoder(step, engine.decode_context(t, d), eos=eos)
     with torch.inference_mode():
         res = dec.run(ids)
         full = ids[0].tolist() + res.tokens.tolist()
         assert res.target_calls > 3
         committed = full[:-1]  # the last token is the next root, not yet cached
-        for model, cache, n in [(t, dec.t.cache, len(committed)), (d, dec.d.cache, dec.d.base)]:
+        tr, dr = step.target_runner, step.draft_runner
+        for model, cache, n in [(t, tr.cache, len(committed)), (d, dr.cache, dr.base)]:
             assert kv.cache_length(cache) == n
             fresh = kv.new_cache(model)
             model(input_ids=torch.tensor([full[:n]]), cache=fresh, use_cache=True)
             for a, b in zip(cache.layers, fresh.layers):
                 torch.testing.assert_close(a.keys, b.keys, atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(a.values, b.values, atol=1e-4, rtol=1e-4)
-        assert dec.d.base + len(dec.pending) == len(committed)
-        assert full[dec.d.base: len(committed)] == dec.pending
+        assert dr.base + len(step.pending) == len(committed)
+        assert full[dr.base: len(committed)] == step.pending
 
 
 # --- trees -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from test_decoding import _law_case  # noqa: E402
 import multidraft as md  # noqa: E402
 from multidraft import trees  # noqa: E402
 from multidraft.decoding import engine  # noqa: E402
+from multidraft.decoding.step import DecoderStep  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -88,7 +89,7 @@ def test_every_k_of_a_level_is_decided_before_any_draft_is_drawn(pair, monkeypat
     # and the k of every node of the level is already fixed when its drafts are drawn
     t, d = pair
     events = []
-    alloc, samp = engine._Decoder._allocate_level, engine._Decoder._sample_level
+    alloc, samp = DecoderStep._allocate_level, DecoderStep._sample_level
 
     def a(self, tree, level, logits):
         assert all(not tree.nodes[i].drafts for i in level)
@@ -104,8 +105,8 @@ def test_every_k_of_a_level_is_decided_before_any_draft_is_drawn(pair, monkeypat
         events.append(("sample", tuple(level)))
         return out
 
-    monkeypatch.setattr(engine._Decoder, "_allocate_level", a)
-    monkeypatch.setattr(engine._Decoder, "_sample_level", s)
+    monkeypatch.setattr(DecoderStep, "_allocate_level", a)
+    monkeypatch.setattr(DecoderStep, "_sample_level", s)
     md.generate(t, d, torch.tensor([[1, 2, 3]]), verifier="nss", k=4, depth=3, tree="dynamic", max_nodes=9,
                 temperature=1.0, draft_temperature=1.5, max_new_tokens=10, generator=2)
     assert sum(e[0] == "alloc" for e in events) == sum(e[0] == "sample" for e in events) > 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import multidraft as md
-from multidraft.decoding import engine
+from multidraft.decoding import runners, step
 from multidraft.experiments import realtrees
 
 
@@ -45,7 +45,7 @@ def test_the_trees_built_are_the_decoders(pair_tok, shape, one_thread):
     ids = torch.tensor([[1, 5, 7, 2]])
     st = realtrees.shape_settings(shape, 4)
     seen = []
-    real = engine.score_call
+    real = step.score_call
 
     class Stop(Exception):
         pass
@@ -54,20 +54,21 @@ def test_the_trees_built_are_the_decoders(pair_tok, shape, one_thread):
         seen.append(tree)
         raise Stop  # the first step's tree is drafted: enough
 
-    engine.score_call = spy
+    step.score_call = spy
     try:
         with pytest.raises(Stop):
             md.generate(t, d, ids, st, generator=11)
     finally:
-        engine.score_call = real
+        step.score_call = real
     want = seen[0]
     with torch.inference_mode():
-        dec = engine._Decoder(t, d, st, torch.Generator(), None)
-        dec.t.prefill(ids[:, :-1])
-        dec.d.prefill(ids[:, :-1])
-        got = realtrees.build_tree(dec, st, int(ids[0, -1]), torch.Generator().manual_seed(11))
+        rs = (runners.runner_for(t), runners.runner_for(d))
+        for r in rs:
+            r.prefill(ids[:, :-1])
+        got = realtrees.build_tree(rs, st, int(ids[0, -1]), torch.Generator().manual_seed(11))
         # the runners are back at the committed prefix: a second build with the same seed is the same tree
-        again = realtrees.build_tree(dec, st, int(ids[0, -1]), torch.Generator().manual_seed(11))
+        again = realtrees.build_tree(rs, st, int(ids[0, -1]), torch.Generator().manual_seed(11))
+        assert [r.uncommitted for r in rs] == [0, 0] and rs[0].base == rs[1].base == ids.shape[1] - 1
     assert len(got) == len(want) > 1
     for a, b, c in zip(got.nodes, want.nodes, again.nodes):
         assert (a.token, a.parent, a.drafts) == (b.token, b.parent, b.drafts) == (c.token, c.parent, c.drafts)
@@ -186,18 +187,18 @@ def _reference_rows(pair_tok, dataset, conts, shapes, budgets, stride, seed):
         T = int(ids.shape[1])
         full = ids[0].tolist() + conts[pid]
         with torch.inference_mode():
-            dec = engine._Decoder(t, d, realtrees.shape_settings(shapes[0], budgets[0]), torch.Generator(), None)
-            dec.t.prefill(torch.tensor([full[:T - 1]]))
-            dec.d.prefill(torch.tensor([full[:T - 1]]))
+            rs = (runners.runner_for(t), runners.runner_for(d))
+            for r in rs:
+                r.prefill(torch.tensor([full[:T - 1]]))
             cur = T - 1
             for j in range(0, len(conts[pid]), stride):
                 while cur < T - 1 + j:
-                    realtrees._advance(dec, full, cur, min(T - 1 + j, cur + stride))
+                    realtrees._advance(rs, full, cur, min(T - 1 + j, cur + stride))
                     cur = min(T - 1 + j, cur + stride)
                 for s in shapes:
                     for b in budgets:
                         g = torch.Generator().manual_seed(derived_seed(seed, f"{name}|{pid}|{j}|{s}|{b}"))
-                        tree = realtrees.build_tree(dec, realtrees.shape_settings(s, b), full[T - 1 + j], g)
+                        tree = realtrees.build_tree(rs, realtrees.shape_settings(s, b), full[T - 1 + j], g)
                         rules, _ = realtrees.tree_rules(realtrees.tree_law(realtrees.shape_settings(s, b)))
                         out[(pid, j, s, b)] = realtrees.evaluate_tree(tree, rules)
     return out

@@ -292,7 +292,7 @@ class _TableDraft:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_decoders_dynamic_trees_are_trees_of_the_law(kind):
-    """``_Decoder._draft_tree`` on a table model builds trees that the law lists, node ids, drafts
+    """``DecoderStep.draft`` on a table model builds trees that the law lists, node ids, drafts
     and k's included, and whose allocation replays from the model's rows."""
     engine = pytest.importorskip("multidraft.decoding.engine")
     K, L, N = 3, 2, 7
@@ -302,13 +302,10 @@ def test_the_decoders_dynamic_trees_are_trees_of_the_law(kind):
     for seed in range(3):
         m = trees.TableModel.random(3, seed, "random")
         listed = {key(t) for t, _ in law.enumerate(m)}
-        dec = engine._Decoder.__new__(engine._Decoder)
-        dec.settings, dec.pending, dec.draft_calls = s, [], 0
-        dec.g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
         for _ in range(20):
-            dec.d = _TableDraft(m)
-            tree = trees.DraftTree(s.shape, 0, L, max(1, len(s.draft_temps)), s.law)
-            dec._draft_tree(tree)
+            step = engine.DecoderStep(None, _TableDraft(m), s, g)
+            tree = step.serve(step.draft(0, L))
             assert key(tree) in listed
             for i, nd in enumerate(tree.nodes):
                 nd.p = m.p(tree.prefix(i))
@@ -338,14 +335,11 @@ def test_the_decoders_node_order_on_an_uneven_level(kind):
     m = _uneven_level_model()
     key = lambda t: tuple((nd.token, nd.parent, tuple(nd.drafts), nd.k) for nd in t.nodes)
     listed = {key(t) for t, _ in law.enumerate(m)}
-    dec = engine._Decoder.__new__(engine._Decoder)
-    dec.settings, dec.pending, dec.draft_calls = s, [], 0
-    dec.g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)
     uneven = 0
     for _ in range(30):
-        dec.d = _TableDraft(m)
-        tree = trees.DraftTree(s.shape, 0, L, 1, s.law)
-        dec._draft_tree(tree)
+        step = engine.DecoderStep(None, _TableDraft(m), s, g)
+        tree = step.serve(step.draft(0, L))
         assert key(tree) in listed
         uneven += [nd.k for nd in tree.nodes if nd.depth == 1] == [1, 2, 1]
     assert uneven > 0

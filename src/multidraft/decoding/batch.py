@@ -2,9 +2,9 @@
 
 A lane is one ``generate`` call: its own prompt, :class:`Settings` (temperature, top-k / top-p,
 tree, rule, ``max_new_tokens``), eos ids and ``torch.Generator``. Each lane's decode is the
-engine's own code path (``engine._Decoder.decode``: a generator that yields every forward
-pass it needs as an ``engine.Call`` and is sent the logits back); :class:`BatchDecoder` runs
-the pending calls of all lanes as ONE forward per model:
+engine's own code path (``engine._Decoder.decode`` over the lane's ``step.DecoderStep``: a
+generator that yields every forward pass it needs as a ``step.Call`` and is sent the logits
+back); :class:`BatchDecoder` runs the pending calls of all lanes as ONE forward per model:
 
 * a draft tick: every lane that asks for a draft level (its level-0 chain or a tree level)
   has it run in one draft forward; lanes waiting for their target pass wait;
@@ -53,10 +53,11 @@ import time
 import torch
 
 from .._validate import ArgumentError, as_generator, derive_seed
-from .engine import GenerationResult, _check_models, _Decoder
+from .engine import GenerationResult, _check_models, _Decoder, decode_context
 from .kv import fresh_prefill, keep, new_cache
 from .runners import _is_llama, hf_forward
 from .settings import Settings, settings_or_kwargs
+from .step import DecoderStep
 
 __all__ = ["BatchDecoder", "LaneError", "generate_batch", "HFBatchRunner", "LlamaBatchRunner", "DEFAULT_MAX_LANES"]
 
@@ -82,7 +83,7 @@ class _Lane:
     def prefill(self, ids: torch.Tensor) -> float:  # ids [1, T]
         return self.runner.open(self.lane, ids)
 
-    def extend(self, tokens, parents, last_only=False):  # one lane alone (engine.drive)
+    def extend(self, tokens, parents, last_only=False):  # one lane alone (step.drive)
         return self.runner.extend([(self.lane, tokens, parents, last_only)])[0]
 
     def commit(self, handles: list[int]) -> None:
@@ -474,8 +475,8 @@ class BatchDecoder:
             if views[1] is not None:
                 self.dr.reserve(lane, settings)
             with torch.inference_mode():
-                dec = _Decoder(self.target, views[1] and self.draft, settings, g, None, eos=eos, runners=views)
-                dec.on_step = on_step
+                step = DecoderStep(views[0], views[1], settings, g)
+                dec = _Decoder(step, decode_context(self.target, views[1] and self.draft), eos=eos, on_step=on_step)
                 gen = dec.decode(input_ids)
                 call = next(gen)  # prefills the lane; a decode always runs at least one forward
         except BaseException:

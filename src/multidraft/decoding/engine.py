@@ -15,7 +15,8 @@ One decoding step, with ``r`` the last committed token (not yet in either KV cac
    and node positions are ``pos(r) + depth``. Logits of node i give ``p`` after the path
    to i.
 3. **Verify.** The tree (a ``trees.DraftTree``: drafts and q rows per node, p rows processed
-   from the target logits on demand) goes to the tree rule of ``Settings.rule``:
+   from the target logits as the rule reads them: ``TreeRule.lazy_rows``) goes to the tree rule
+   of ``Settings.rule``:
    ``rule.verify(tree, generator) -> TreeVerdict(path, token)``. The default, 'token_walk'
    (``trees.TokenWalk``), walks from the root: ``verifiers.get(name).verify(p, q, drafts,
    law=kind)`` picks the output token at the node; if it is one of the node's drafts the walk
@@ -34,36 +35,35 @@ settings admit a sequence-level rule only for a tree law it ``supports``); at te
 target's greedy decoding (up to floating-point differences between the tree pass and a
 plain forward, which the tests bound on float32 models).
 
+The step itself (steps 1-4: drafting, the target pass, verification through the rule's
+interface, the commits) is the public ``step.DecoderStep``; this module is its decode loop
+(when to stop, the context window, eos, streaming) and ``generate``.
+
 Batching: ``generate`` decodes one sequence (``input_ids`` is ``[1, T]``). The decode itself is
-a generator (``_Decoder.decode``) that yields each forward pass it needs as a :class:`Call` and is
-sent the logits back; ``generate`` serves the calls with its own runners (``drive``), and
+a generator (``_Decoder.decode``) that yields each forward pass it needs as a ``step.Call`` and is
+sent the logits back; ``generate`` serves the calls with its own runners (``step.drive``), and
 ``batch.BatchDecoder`` serves the calls of many such decodes (lanes, each with its own settings
 and generator) with one forward per model for all of them (``batch.generate_batch``). So the
 drafting, every generator draw, the verification and the commits are this one code path.
 """
 from __future__ import annotations
 
-import functools
 import math
 import operator
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 
-from .. import drafts as _drafts
-from .. import trees as _trees
-from .. import verifiers as _verifiers
 from .._alloc import keep_freed_memory
 from .._validate import ArgumentError, as_generator
-from ..sampling import process_logits, sample_token
-from ..trees import DraftTree, TokenWalk, TreeShape, TreeVerdict, allocate
 from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
-from .settings import WALK, Settings, node_ks, settings_or_kwargs
+from .settings import Settings, node_ks, settings_or_kwargs
+from .step import Call, DecoderStep, drive, score_call, score_tree
 
-__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "score_tree", "score_call", "Call", "drive", "node_ks"]
+__all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "DecoderStep", "score_tree", "score_call", "Call",
+           "drive", "node_ks", "decode_context"]
 
 
 @dataclass
@@ -159,48 +159,6 @@ def _check_models(target, draft, input_ids, settings: Settings, eos_token_id) ->
     return eos
 
 
-# ---------------------------------------------------------------------------------------------
-def score_call(tree: DraftTree) -> "Call":
-    """The target pass of a step: ``[root] + tree nodes``, the root's parent -1 (the end of the
-    committed prefix), every other node's its tree parent."""
-    return Call("t", [nd.token for nd in tree.nodes], [-1] + [nd.parent for nd in tree.nodes[1:]])
-
-
-def score_tree(runner, tree: DraftTree) -> torch.Tensor:
-    """One forward of ``[root] + tree nodes`` after the committed prefix of ``runner``.
-
-    Node i (handle i) attends to the committed prefix and to its ancestors and sits at
-    position ``pos(root) + depth(i)``. Returns logits ``[N, V]``; the N entries stay
-    uncommitted until ``runner.commit``.
-    """
-    call = score_call(tree)
-    return runner.extend(call.tokens, call.parents)
-
-
-@dataclass
-class Call:
-    """One forward pass a decode asks for (``_Decoder.decode`` yields it): ``model`` 't' (target)
-    or 'd' (draft), and the runner protocol's ``extend(tokens, parents, last_only)`` arguments
-    (``runners``). The decode is sent back the logits ``extend`` returns."""
-
-    model: str
-    tokens: list
-    parents: list
-    last_only: bool = False
-
-
-def drive(gen, target_runner, draft_runner):
-    """Run the decode generator ``gen`` (``_Decoder.decode`` or a part of it), serving each
-    ``Call`` with ``target_runner`` / ``draft_runner``; returns the generator's return value."""
-    try:
-        call = next(gen)
-        while True:
-            r = target_runner if call.model == "t" else draft_runner
-            call = gen.send(r.extend(call.tokens, call.parents, call.last_only))
-    except StopIteration as stop:
-        return stop.value
-
-
 def generate(target, draft, input_ids, settings: Settings | None = None, *, generator=None, eos_token_id=None,
              progress=None, prompt_cache: PromptCache | None = None, node_log: list | None = None,
              on_step=None, **kwargs) -> GenerationResult:
@@ -221,9 +179,10 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     node_log        optional list; every verified tree node appends ``(k, slot, depth)``: its
                     number of drafts, the draft slot the walk entered (the first slot holding
                     the output token) or None, and its depth (acceptance statistics for
-                    ``treeopt.AcceptStats.from_records``). Decoding is unchanged. Only for
-                    the token walk (``rule='token_walk'``): a sequence-level rule decides whole
-                    paths, not one node after another; its per-step record is
+                    ``treeopt.AcceptStats.from_records``; ``TreeRule.node_records``). Decoding
+                    is unchanged. Only for a rule that decides node after node
+                    (``TreeRule.node_wise``: the token walk, ``rule='token_walk'``): a
+                    sequence-level rule decides whole paths; its per-step record is
                     ``GenerationResult.accepted_lengths``.
     on_step         optional callable ``on_step(tokens)`` after each step with the tokens that
                     step emitted (a list of ints, already cut after an eos; streaming). A true
@@ -270,61 +229,48 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
     if on_step is not None and not callable(on_step):
         raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
-    if node_log is not None and settings.rule_name not in (None, WALK):
-        raise ArgumentError("node_log", f": per-node records belong to the token walk; rule {settings.rule_name!r} decides "
-                                        "whole paths (its accepted length per step is GenerationResult.accepted_lengths)")
+    rule = settings.rule
+    if node_log is not None and rule is not None and not rule.node_wise:
+        raise ArgumentError("node_log", f": per-node records belong to a rule that decides node after node (the token "
+                                        f"walk); rule {rule.name!r} decides whole paths (its accepted length per step "
+                                        "is GenerationResult.accepted_lengths)")
+    draft = None if settings.target_alone else draft
     with torch.inference_mode():
-        dec = _Decoder(target, None if settings.target_alone else draft, settings, g, progress,
-                       prompt_cache, node_log, eos=eos)
-        dec.on_step = on_step
-        return dec.run(input_ids)
+        step = DecoderStep(runner_for(target, prompt_cache), runner_for(draft, prompt_cache) if draft is not None else None,
+                           settings, g, rule=rule, node_log=node_log)
+        return _Decoder(step, decode_context(target, draft), eos=eos, progress=progress, on_step=on_step).run(input_ids)
+
+
+def decode_context(target, draft) -> int:
+    """The context window a decode of ``target`` (and ``draft``, None for the target alone) has."""
+    return model_context(target) if draft is None else min(model_context(target), model_context(draft))
 
 
 class _Decoder:
-    """One decode: ``settings`` (model-free, validated once) and the model facts: ``eos`` the set of
-    end-of-sequence ids (checked by ``_check_models``), the context window from the models."""
+    """One decode: a sequence of steps of ``step`` (a :class:`step.DecoderStep`: its runners, settings,
+    generator and rule) until ``max_new_tokens``, an ``eos`` id (a set, checked by ``_check_models``),
+    the context window ``ctx`` or a true ``on_step``; ``progress`` as ``generate``'s."""
 
-    def __init__(self, target, draft, settings: Settings, g: torch.Generator, progress, prompt_cache=None,
-                 node_log=None, *, eos: frozenset = frozenset(), runners=None):
+    def __init__(self, step: DecoderStep, ctx: int, *, eos: frozenset = frozenset(), progress=None, on_step=None):
         keep_freed_memory()  # the verifiers' full-V temporaries stay in the process (_alloc)
-        if runners is None:
-            self.t = runner_for(target, prompt_cache)
-            self.d = runner_for(draft, prompt_cache) if draft is not None else None
-        else:  # a lane of a batch (``batch.BatchDecoder``): its views of the shared batch runners
-            self.t, self.d = runners
-        self.settings, self.eos, self.g, self.progress = settings, eos, g, progress
-        self.node_log = node_log
-        self.on_step = None  # generate's on_step (streaming; set after construction)
-        self.ctx = model_context(target) if draft is None else min(model_context(target), model_context(draft))
-        self.target_calls = 0
-        self.draft_calls = 0
-        self.tree_tokens = 0
-
-    # the tree rule: the walk of the token-level verifier (fallbacks in trees.TokenWalk), or a
-    # sequence-level rule from the registry --------------------------------------------------------
-    @property
-    def rule(self) -> _trees.TreeRule:
-        """The settings' tree rule (the target alone has none: a step without drafts is one token
-        from p at the root, whatever the rule)."""
-        return self.settings.rule
+        self.step, self.ctx, self.eos = step, ctx, eos
+        self.progress, self.on_step = progress, on_step
 
     def run(self, input_ids: torch.Tensor) -> GenerationResult:
-        """The whole decode of ``input_ids`` ``[1, T]``, each forward run by this decoder's runners."""
-        return drive(self.decode(input_ids), self.t, self.d)
+        """The whole decode of ``input_ids`` ``[1, T]``, each forward run by the step's own runners."""
+        return self.step.serve(self.decode(input_ids))
 
     # The decode as a generator of forward passes: it yields each ``Call`` it needs and is sent
-    # the call's logits back; it returns the GenerationResult. ``run`` serves the calls with this
-    # decoder's own runners; ``batch.BatchDecoder`` serves the calls of many lanes' decoders with
+    # the call's logits back; it returns the GenerationResult. ``run`` serves the calls with the
+    # step's own runners; ``batch.BatchDecoder`` serves the calls of many lanes' decoders with
     # one forward per model for all of them. Everything else (drafting, every generator draw,
-    # verification, commits) is this one code path.
+    # verification, commits: ``DecoderStep.step``) is this one code path.
     def decode(self, input_ids: torch.Tensor):
-        s = self.settings
+        st = self.step
+        s = st.settings
         ids = input_ids.long()
         T = ids.shape[1]
-        prefill_s = self.t.prefill(ids[:, :-1])
-        if self.d is not None:
-            prefill_s += self.d.prefill(ids[:, :-1])
-            self.pending: list[int] = []  # committed tokens not yet in the draft cache
+        prefill_s = st.prefill(ids)
         t0 = time.perf_counter()
         root = int(ids[0, -1])
         rootpos = T - 1
@@ -338,7 +284,7 @@ class _Decoder:
                 break
             remaining = s.max_new_tokens - len(out)
             cap = 0 if s.target_alone else min(s.shape.depth, remaining - 1, room)
-            new, m, dd = yield from self._step(root, cap)
+            new, m, dd = yield from st.step(root, cap)
             accepted.append(m)
             depths.append(dd)
             hit = next((j for j, tk in enumerate(new) if tk in self.eos), None)
@@ -363,9 +309,9 @@ class _Decoder:
         return GenerationResult(
             tokens=torch.tensor(out, dtype=torch.long),
             new_tokens=n,
-            target_calls=self.target_calls,
-            draft_calls=self.draft_calls,
-            block_efficiency=n / self.target_calls if self.target_calls else 0.0,
+            target_calls=st.target_calls,
+            draft_calls=st.draft_calls,
+            block_efficiency=n / st.target_calls if st.target_calls else 0.0,
             acceptance_rate=sum(rates) / len(rates) if rates else 0.0,
             seconds=secs,
             tokens_per_s=n / secs if secs > 0 else math.inf,
@@ -373,142 +319,5 @@ class _Decoder:
             draft_depths=depths,
             stop_reason=stop,
             prefill_seconds=prefill_s,
-            tree_tokens=self.tree_tokens,
+            tree_tokens=st.tree_tokens,
         )
-
-    # one step ---------------------------------------------------------------------------
-    def _step(self, root: int, cap: int):
-        plan = self.settings
-        shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
-        tree = DraftTree(shape, root, cap, max(1, len(plan.draft_temps)), plan.law or "iid")
-        drafted = cap > 0
-        if drafted:
-            yield from self._draft_calls(tree)
-        # one target pass over [root] + tree
-        logits = yield score_call(tree)
-        self.target_calls += 1
-        self.tree_tokens += len(tree.nodes)
-        rule = self.rule
-        if rule is None:  # the target alone: one token from p at the root
-            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
-            verdict = TreeVerdict((), int(sample_token(tree.p(0), self.g)))
-        elif isinstance(rule, TokenWalk):
-            # walk: p rows processed on demand, only at the nodes the walk visits
-            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
-            verdict = rule.verify(tree, self.g)
-            if self.node_log is not None:
-                self.node_log.extend(rule.node_records(tree, verdict))
-        else:
-            # a sequence-level rule reads every node's p row (float64 math on [V] rows), on the CPU
-            # with the CPU generator; a tree without drafts is no tree: one token from p at the root
-            if logits.device.type != "cpu":
-                for nd in tree.nodes:
-                    if nd.q is not None:
-                        nd.q = nd.q.cpu()
-            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p).cpu())
-            tree.rows_checked = True  # process_logits rows are distributions (trees.DraftTree notes)
-            if tree.nodes[0].drafts:
-                verdict = rule.verify(tree, self.g)
-            else:
-                verdict = TreeVerdict((), int(sample_token(tree.p(0), self.g)))
-        path, final = list(verdict.path), int(verdict.token)
-        m = len(path)
-        # caches: keep prefix + root + accepted path
-        self.t.commit([0] + path)
-        if self.d is not None:
-            if drafted:
-                c = self._chain  # pending + root were fed as handles 0..c-1, fed nodes follow
-                fed = [j for j in path if tree.nodes[j].fed >= 0]
-                self.d.commit(list(range(c)) + [c + tree.nodes[j].fed for j in fed])
-                self.pending = [tree.nodes[j].token for j in path[len(fed):]]
-            else:
-                self.pending = self.pending + [root]
-        depth = max(n.depth for n in tree.nodes)
-        return [tree.nodes[j].token for j in path] + [final], m, depth
-
-    # drafting ---------------------------------------------------------------------------
-    def _draft_tree(self, tree: DraftTree) -> None:
-        """Draft ``tree`` with this decoder's own draft runner (``_draft_calls`` served at once)."""
-        drive(self._draft_calls(tree), None, self.d)  # drafting asks the draft model only
-
-    def _draft_calls(self, tree: DraftTree):
-        # level 0: the pending tokens and the root, a plain causal chain
-        chain = self.pending + [tree.nodes[0].token]
-        c = self._chain = len(chain)
-        logits = yield Call("d", chain, list(range(-1, c - 1)), True)
-        self.draft_calls += 1
-        fed: list[int] = []
-        level = [0]
-        dynamic = tree.shape.mode == "dynamic"
-        while True:
-            if dynamic:
-                self._allocate_level(tree, level, logits)  # every k of the level, before any draw
-            new = self._sample_level(tree, level, logits)
-            if dynamic:
-                for i in new:
-                    nd = tree.nodes[i]
-                    par = tree.nodes[nd.parent]
-                    nd.reach = par.reach * float(par.q[nd.token])
-                room = tree.shape.budget - len(tree)
-                cand = sorted((i for i in new if tree.nodes[i].depth < tree.depth_cap),
-                              key=lambda i: -tree.nodes[i].reach)
-                nxt = sorted(cand[:max(0, room)])  # at most `room` nodes can receive a draft
-            else:
-                nxt = [i for i in new if tree.n_children(i) > 0]
-            if not nxt:
-                return
-            par = [tree.nodes[i].parent for i in nxt]
-            logits = yield Call("d", [tree.nodes[i].token for i in nxt],
-                                [c - 1 if j == 0 else c + tree.nodes[j].fed for j in par])
-            self.draft_calls += 1
-            for i in nxt:
-                tree.nodes[i].fed = len(fed)
-                fed.append(i)
-            level = nxt
-
-    def _allocate_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> None:
-        """Dynamic trees: the drafts of every node of ``level`` (logits ``[len(level), V]``) from
-        its q and reach, all decided here before ``_sample_level`` draws any of them."""
-        plan = self.settings
-        room = tree.shape.budget - len(tree)
-        q = process_logits(logits, plan.draft_temps[0], plan.top_k, plan.top_p)  # [n, V]
-        reach = torch.tensor([tree.nodes[i].reach for i in level], dtype=torch.float64)
-        cap = [i for i in level if tree.nodes[i].depth < tree.depth_cap]
-        ks = allocate(q, reach, tree.shape.k, room, plan.law, tree.shape.min_gain).tolist()
-        for r, i in enumerate(level):
-            tree.nodes[i].k = int(ks[r]) if i in cap else 0
-
-    def _sample_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> list[int]:
-        """Draw the drafts of every node in ``level`` (logits ``[len(level), V]``); return new node ids."""
-        plan = self.settings
-        kind = plan.law
-        ks = [tree.n_children(i) for i in level]
-        cols = [tree.draft_cols(i, k) for i, k in zip(level, ks)]
-        need = sorted({c for cs in cols for c in cs}) if kind == "independent" else [0]
-        q = {c: process_logits(logits, plan.draft_temps[c], plan.top_k, plan.top_p) for c in need}
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        nnz = (q[0] > 0).sum(-1).tolist() if kind in ("wor", "greedy") else None
-        for r, k in enumerate(ks):
-            if k == 0:
-                continue
-            if kind == "independent":
-                groups[(k, cols[r])].append(r)
-            else:
-                groups[(min(k, nnz[r]) if nnz is not None else k,)].append(r)
-        new: list[int] = []
-        for key, rows in groups.items():
-            ridx = torch.tensor(rows, dtype=torch.long, device=logits.device)
-            k = key[0]
-            if kind == "independent":
-                qs = torch.stack([q[c].index_select(0, ridx) for c in key[1]], dim=-2)  # [n, k, V]
-                law = _drafts.independent(qs)
-            else:
-                qs = q[0].index_select(0, ridx)  # [n, V]
-                law = _drafts.make(kind, qs, k)
-            toks = law.sample(self.g).tolist()
-            for j, r in enumerate(rows):
-                i = level[r]
-                tree.nodes[i].q = qs[j]
-                new.extend(tree.add_drafts(i, toks[j]))
-        new.sort()
-        return new

@@ -3,7 +3,7 @@
 ``LlamaCppModel(path)`` loads a GGUF file directly (any quantisation llama.cpp reads: the
 default pair's Q4_K_M files, or a BF16 requantisation, ``decoding.quantize.ensure_gguf``) and can be
 passed to ``generate`` as target and draft, exactly where a transformers model goes; the
-drafting, the verifiers and the walk are the engine's own (``engine._Decoder``), only the
+drafting, the verifiers and the walk are the engine's own (``step.DecoderStep``), only the
 forward passes and the KV cache are llama.cpp's.
 
 Tree attention through sequence ids. The context has a *unified* KV cache
@@ -381,3 +381,8 @@ class LlamaRunner:
             m.seq_keep(0)
         self.base += len(handles)
         self._pos, self._anchor = [], []
+
+    @property
+    def uncommitted(self) -> int:
+        """Entries appended by ``extend`` since the last commit (their handles are 0..n-1)."""
+        return len(self._pos)

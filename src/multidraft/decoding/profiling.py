@@ -9,7 +9,7 @@ star (the root at position ``prefix`` and n - 1 children at ``prefix + 1``, pare
 with logits for every token, followed by an untimed ``runner.commit([])`` that rolls the cache
 back to the prefix, so every forward sees the same prefix length.
 
-The target point n is one target forward over n tree tokens (what ``engine.score_tree``
+The target point n is one target forward over n tree tokens (what ``step.score_tree``
 costs, n = 1 being the target alone); the draft point m is one draft level of m nodes. Each
 point is the median (or minimum) of ``repeats`` timed forwards after ``warmup`` untimed
 rounds, interleaved over the sizes.

@@ -1,6 +1,6 @@
 """One model and its KV cache during one ``generate`` call: the engine's only view of a model.
 
-The decoder (``engine._Decoder``) never touches a model directly; it talks to a *runner*
+The decoder (``step.DecoderStep``) never touches a model directly; it talks to a *runner*
 with three operations, so the same drafting, verification and walk serve every engine:
 
 ``prefill(ids)``
@@ -21,15 +21,41 @@ with three operations, so the same drafting, verification and walk serve every e
 
 Runners: :class:`HFRunner` (transformers causal LMs; 4D additive tree masks over a
 ``DynamicCache``, compacted in place by ``kv.keep``) and ``llamacpp.LlamaRunner`` (llama.cpp
-through llama-cpp-python; tree attention through sequence ids over a unified KV cache).
+through llama-cpp-python; tree attention through sequence ids over a unified KV cache). Both
+tell ``uncommitted``, the entries appended since the last commit; an ``HFRunner`` also takes a
+``snapshot()`` of its cache and uncommitted entries and ``restore``s it (a caller that repeats
+the same calls on the same committed prefix gets their very results back: ``experiments.realtrees``).
+
+Outside a decode, :func:`teacher_forced_logits` is one plain forward of a transformers model over
+a whole text (every position's next-token logits), for the experiments that read positions.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from .kv import PromptCache, fresh_prefill, keep, tree_attention_mask
 
-__all__ = ["HFRunner", "runner_for", "is_model"]
+__all__ = ["HFRunner", "HFState", "runner_for", "is_model", "teacher_forced_logits"]
+
+
+@dataclass(frozen=True)
+class HFState:
+    """What :meth:`HFRunner.snapshot` keeps: the prefill it belongs to and the committed length
+    (``epoch``, ``base``), the cache's ``(keys, values)`` per layer (``[1, H, base + M, D]``, the
+    tensors themselves, not copies), the positions of the M uncommitted entries and their
+    ancestor-or-self matrix ``[M, M]``."""
+
+    epoch: int
+    base: int
+    layers: tuple
+    positions: tuple
+    ancestors: torch.Tensor
+
+    def nbytes(self) -> int:
+        """Bytes of the cache tensors it holds."""
+        return sum(t.numel() * t.element_size() for pair in self.layers for t in pair)
 
 
 class HFRunner:
@@ -43,6 +69,7 @@ class HFRunner:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.cache = None
+        self.epoch = 0                                  # prefills so far (a snapshot's prefix)
         self.base = 0                                   # committed entries in the cache
         self._pos: list[int] = []                       # position of each uncommitted handle
         self._anc = torch.zeros(0, 0, dtype=torch.bool)  # [M, M] ancestor-or-self of the handles
@@ -58,6 +85,7 @@ class HFRunner:
     def prefill(self, ids: torch.Tensor) -> float:  # ids [1, T]
         pf = self.prompt_cache.prefill if self.prompt_cache is not None else fresh_prefill
         self.cache, secs = pf(self.model, ids.to(self.device))
+        self.epoch += 1
         self.base = int(ids.shape[1])
         self._pos, self._anc = [], torch.zeros(0, 0, dtype=torch.bool)
         return secs
@@ -85,6 +113,43 @@ class HFRunner:
         keep(self.cache, self.base + j, extra)
         self.base += len(handles)
         self._pos, self._anc = [], torch.zeros(0, 0, dtype=torch.bool)
+
+    @property
+    def uncommitted(self) -> int:
+        """Entries appended by ``extend`` since the last commit (their handles are 0..n-1)."""
+        return len(self._pos)
+
+    def snapshot(self) -> HFState:
+        """The cache and the uncommitted entries now, for :meth:`restore`.
+
+        The cache tensors are kept as they are, not copied: ``extend`` grows a layer by
+        concatenation into new tensors and a commit that moves no entry (nothing, or a chain
+        already in place) only slices, so the kept tensors stay exact while the committed
+        prefix stays this one. A commit that moves entries (a tree path) writes into them and
+        changes ``base``; :meth:`restore` refuses a snapshot of another committed prefix."""
+        layers = tuple((layer.keys, layer.values) for layer in self.cache.layers)
+        return HFState(self.epoch, self.base, layers, tuple(self._pos), self._anc.clone())
+
+    def restore(self, state: HFState) -> None:
+        """Set the cache and the uncommitted entries to ``state`` (a :meth:`snapshot` of this
+        runner on the same committed prefix: same prefill, same ``base``)."""
+        if (state.epoch, state.base) != (self.epoch, self.base):
+            raise ValueError(f"state: a snapshot of another committed prefix (prefill {state.epoch}, {state.base} "
+                             f"entries) than this runner's (prefill {self.epoch}, {self.base} entries)")
+        for layer, (k, v) in zip(self.cache.layers, state.layers):
+            layer.keys, layer.values = k, v
+        self._pos, self._anc = list(state.positions), state.ancestors.clone()
+
+
+@torch.inference_mode()
+def teacher_forced_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """One forward of a transformers causal LM over the whole text ``ids`` ``[T]`` (no cache, no
+    mask: teacher forcing); the next-token logits at every position, float32 ``[T, V]``."""
+    if _is_llama(model):
+        raise ValueError("model: teacher forcing runs transformers models only")
+    out = model(input_ids=ids.unsqueeze(0))
+    logits = out.logits if hasattr(out, "logits") else out
+    return logits[0].float()
 
 
 def hf_forward(model, cache, tokens: list[int], pos: list[int], visible: torch.Tensor, past: int, chain: bool,

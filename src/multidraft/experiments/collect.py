@@ -10,7 +10,8 @@ Where the positions come from (``positions_from``, recorded in every store's set
   ``mtbench``) go through the chat template, ``kjv`` and ``file:`` passages are continued as
   raw text (:func:`multidraft.datasets.prompt_ids`).
 * ``"teacher-forcing"``: one forward pass of each model over a reference text gives the
-  next-token logits at every position (transformers models only).
+  next-token logits at every position (transformers models only;
+  :func:`multidraft.decoding.runners.teacher_forced_logits`).
 
 ``positions_per_text`` of a text's positions are sampled with an explicit seed (all of them
 when it is None), turned into distributions for every requested (target temperature, draft
@@ -43,6 +44,7 @@ import torch
 
 from ..datasets import check_dataset, encode, load_prompts, load_texts, prompt_ids
 from ..decoding.continuation import continuation_logits
+from ..decoding.runners import teacher_forced_logits
 from ..sampling import check_sampling_args, process_logits
 from . import store
 from .._validate import derive_seed
@@ -66,12 +68,6 @@ def _encode(tokenizer, text: str, max_tokens: int) -> torch.Tensor:
     ids = encode(tokenizer, text, add_special_tokens=False)[:max_tokens]  # a stretch of text: no special token
     return torch.tensor(ids, dtype=torch.long)
 
-
-@torch.inference_mode()
-def _logits(model, ids: torch.Tensor) -> torch.Tensor:
-    out = model(input_ids=ids.unsqueeze(0))
-    logits = out.logits if hasattr(out, "logits") else out
-    return logits[0].float()
 
 
 def collect(
@@ -210,7 +206,7 @@ def collect(
                 ids = _encode(tokenizer, text, max_tokens)
                 if ids.numel() <= min_context:
                     continue
-                lt, ld = _logits(target, ids), _logits(draft, ids)
+                lt, ld = teacher_forced_logits(target, ids), teacher_forced_logits(draft, ids)
                 cand = torch.arange(min_context, ids.numel())
                 first = 0
             if lt.shape[-1] != ld.shape[-1]:

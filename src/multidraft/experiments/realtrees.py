@@ -5,9 +5,9 @@ temperature 1 (``generate`` with the target alone, seed ``derive_seed(seed, <dat
 a ``file:PATH`` data set is named by its file name there, so seeds do not depend on where it lies).
 At positions ``j = 0, stride, 2 stride, ...`` of it the decoder's state is recreated (committed
 text = prompt + continuation[:j], root = its last token) and, for every shape and node budget,
-the draft tree is built by the decoder's own code (``engine._Decoder._draft_tree``, the
-decoder's ``Settings``, seed ``derive_seed(seed, <dataset>, <id>, <j>, <shape>, <budget>, rule="unit")``) and
-scored by one target pass (``engine.score_tree``): the tree is exactly the one ``generate``
+the draft tree is built by the decoder's own step (``decoding.DecoderStep``: ``draft`` with the
+shape's ``Settings``, seed ``derive_seed(seed, <dataset>, <id>, <j>, <shape>, <budget>, rule="unit")``, then
+``score``: one target pass; then ``discard``): the tree is exactly the one ``generate``
 would build and verify at that step. Every registered rule then gives its exact expected
 tokens per call ON THAT TREE, ``rule.expected_tokens(tree)`` (E|Y| given the tree, from the p
 and q rows at every node), so rules are compared tree by tree.
@@ -151,19 +151,16 @@ def tree_rules(law) -> tuple[list, dict]:
     return todo, skipped
 
 
-def build_tree(dec, settings, root: int, generator: torch.Generator):
-    """Draft and score one tree with the decoder ``dec`` (an ``engine._Decoder`` whose runners hold
-    the committed prefix) exactly as ``generate`` does at a step; the runners are left as they
-    were. Returns the filled ``DraftTree`` (float64 p rows over the vocabulary, q rows renormalised)."""
-    from ..decoding.engine import score_tree
-    from ..trees import DraftTree
+def build_tree(runners, settings, root: int, generator: torch.Generator):
+    """Draft and score one tree with the decoder's step over ``runners`` (the target's and the draft's,
+    both holding the committed prefix) exactly as ``generate`` does at a step; the runners are left as
+    they were. Returns the filled ``DraftTree`` (float64 p rows over the vocabulary, q rows renormalised)."""
+    from ..decoding import DecoderStep
 
-    dec.settings, dec.g, dec.pending = settings, generator, []
-    tree = DraftTree(settings.shape, root, settings.shape.depth, max(1, len(settings.draft_temps)), settings.law)
-    dec._draft_tree(tree)
-    logits = score_tree(dec.t, tree)  # [N, V]
-    dec.t.commit([])
-    dec.d.commit([])
+    step = DecoderStep(*runners, settings, generator)
+    tree = step.serve(step.draft(root, settings.shape.depth))
+    logits = step.serve(step.score(tree))  # [N, V]
+    step.discard()
     p = process_logits(logits.float(), settings.temperature, settings.top_k, settings.top_p, dtype=torch.float64)  # [N, V]
     for i, nd in enumerate(tree.nodes):
         nd.p = p[i]
@@ -178,18 +175,18 @@ def evaluate_tree(tree, rules: list) -> dict:
     return {name: float(rule.expected_tokens(tree)) for name, rule in rules}
 
 
-def _advance(dec, full: list[int], cur: int, to: int) -> None:
+def _advance(runners, full: list[int], cur: int, to: int) -> None:
     """Commit ``full[cur:to]`` in both runners (a plain causal chain)."""
     if to <= cur:
         return
     chunk = full[cur:to]
-    for r in (dec.t, dec.d):
+    for r in runners:
         r.extend(chunk, list(range(-1, len(chunk) - 1)))
         r.commit(list(range(len(chunk))))
 
 
 class _SharedCalls:
-    """A runner as the decoder's drafting and ``score_tree`` see it, paying each distinct call once per position.
+    """A runner as the decoder's step sees it (drafting and scoring), paying each distinct call once per position.
 
     A model call's result depends only on the committed cache and the calls made since the last
     commit. Every tree of a position starts with the same draft call on the same cache
@@ -197,9 +194,9 @@ class _SharedCalls:
     a chain of budget 8 whose first draws equal another chain's) repeat whole sequences of draft
     calls, and trees with the same nodes (a K-ary tree and two sequences whose drafts all
     merged into one chain) the same target call. The first time a sequence of calls is made, its
-    logits and the cache tensors it produced are kept (a transformers ``DynamicLayer`` grows by
-    concatenation into new tensors, and nothing here writes into a cache tensor in place:
-    ``commit([])`` and the chunk commits of ``_advance`` only slice); a repeat gets them back,
+    logits and the runner's state after it are kept (``HFRunner.snapshot``: the cache tensors as
+    they are, exact here because nothing writes into a cache tensor in place: ``commit([])`` and
+    the chunk commits of ``_advance`` only slice); a repeat gets them back (``HFRunner.restore``),
     the very bits the call computes. Kept per committed length (cleared when ``_advance``
     commits), at most ``MAX_BYTES`` of tensors at a time (then cleared: a later repeat is paid)."""
 
@@ -225,24 +222,20 @@ class _SharedCalls:
             return r.extend(tokens, parents, last_only)
         if r.base != self.kept_base or self.kept_bytes > self.MAX_BYTES:
             self.kept, self.kept_base, self.kept_bytes = {}, r.base, 0
-        if not r._pos:  # the first call since a commit
+        if not r.uncommitted:  # the first call since a commit
             self.calls = ()
         key = self.calls + ((tuple(int(t) for t in tokens), tuple(int(p) for p in parents), bool(last_only)),)
         self.calls = key
-        layers = r.cache.layers
         hit = self.kept.get(key)
         if hit is not None:
-            kv, pos, anc, logits = hit
-            for layer, (k, v) in zip(layers, kv):
-                layer.keys, layer.values = k, v
-            r._pos, r._anc = list(pos), anc.clone()
+            state, logits = hit
+            r.restore(state)
             self.hits += 1
             return logits.clone()
         logits = r.extend(tokens, parents, last_only)  # [n, V] or [1, V]
-        kv = [(layer.keys, layer.values) for layer in layers]
-        self.kept[key] = (kv, list(r._pos), r._anc.clone(), logits.clone())
-        self.kept_bytes += logits.numel() * logits.element_size() + sum(
-            t.numel() * t.element_size() for pair in kv for t in pair)
+        state = r.snapshot()
+        self.kept[key] = (state, logits.clone())
+        self.kept_bytes += logits.numel() * logits.element_size() + state.nbytes()
         self.misses += 1
         return logits
 
@@ -266,8 +259,8 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
     the written one, per rule written; the report uses today's values and states the differences)."""
     from .. import datasets
     from ..decoding import generate
-    from ..decoding.engine import _Decoder
     from ..decoding.kv import PromptCache
+    from ..decoding.runners import runner_for
 
     shapes, budgets = tuple(shapes), tuple(int(b) for b in budgets)
     settings = {(s, b): shape_settings(s, b) for s in shapes for b in budgets}
@@ -341,12 +334,12 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
             # computes every row from the same caches as an uninterrupted one)
             c0 = time.process_time()
             with torch.inference_mode():
-                dec = _Decoder(target, draft, settings[todo[0][1:3]], torch.Generator(), None, pc)
-                dec.t.prefill(torch.tensor([full[:T - 1]]))
-                dec.d.prefill(torch.tensor([full[:T - 1]]))
+                plain = (runner_for(target, pc), runner_for(draft, pc))
+                for r in plain:
+                    r.prefill(torch.tensor([full[:T - 1]]))
             count(last)
-            dec.t, dec.d = _SharedCalls(dec.t), _SharedCalls(dec.d)
-            last = (("target", dec.t), ("draft", dec.d))
+            runners = (_SharedCalls(plain[0]), _SharedCalls(plain[1]))
+            last = (("target", runners[0]), ("draft", runners[1]))
             cpu["prefill"] += time.process_time() - c0
             cur = T - 1
             for j, s, b, old in todo:
@@ -358,9 +351,9 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                 tseed = derive_seed(seed, ds_name, pid, j, s, b, rule="unit")
                 with torch.inference_mode():
                     while cur < r:  # the positions' chunks, stride tokens at a time
-                        _advance(dec, full, cur, min(r, cur + stride))
+                        _advance(runners, full, cur, min(r, cur + stride))
                         cur = min(r, cur + stride)
-                    tree = build_tree(dec, settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
+                    tree = build_tree(runners, settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
                 t1 = time.perf_counter()
                 rules, skipped = rulesets[(s, b)]
                 if old is None:

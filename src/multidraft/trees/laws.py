@@ -31,7 +31,7 @@ of positive probability with that probability (small V only), the way the decode
 trees: nodes in creation order; a 'wor' / 'greedy' node with more drafts than nonzero tokens
 of q gets as many drafts as nonzero tokens; duplicate drafts share one child node. A
 dynamic law's levels are drawn node group by node group in the decoder's order
-(``_Decoder._sample_level``: nodes grouped by their number of drafts, groups in order of
+(``decoding.DecoderStep._sample_level``: nodes grouped by their number of drafts, groups in order of
 first appearance), so node ids, reach ties at the frontier cut and hence the trees are the
 decoder's.
 """

@@ -11,6 +11,9 @@ enumeration at small V).
     rule.output_distribution(tree) -> {Y: probability}   # exact law of Y given this tree
     rule.supports(tree_law) -> bool
     rule.expected_tokens(tree) -> float                   # exact E|Y| given this tree
+    rule.node_records(tree, verdict) -> [(k, slot, depth)] # per-node records (node-wise rules)
+    rule.lazy_rows, rule.node_wise                        # how the rule reads rows, decides
+
 
 ``path`` is the accepted node ids from the root's first child down (``DraftTree.path_to`` of
 the last accepted node; empty when nothing was accepted) and ``token`` the token emitted
@@ -36,12 +39,28 @@ class TreeVerdict(NamedTuple):
 
 
 class TreeRule:
-    """Base class of tree rules: subclasses set ``name`` and implement the three methods."""
+    """Base class of tree rules: subclasses set ``name`` and implement the three methods.
+
+    Two capabilities tell a caller (the decoder's step) how to hand the rule a tree:
+
+    ``lazy_rows``  True: ``verify`` reads ``tree.p(i)`` only at the nodes it visits, one at a time,
+                   in the device and dtype the rows come in (the token walk: the decoder processes
+                   a row on the model's device when the walk asks for it). False (the default):
+                   the rule reads every node's row, as float64 on the CPU, and draws from the CPU
+                   generator (the sequence-level rules); the decoder hands it CPU rows.
+    ``node_wise``  True: the rule decides node after node from the root, each visited node by its
+                   own token-level verifier, so ``node_records`` are per-node acceptance
+                   statistics (``decoding.treeopt.AcceptStats.from_records``). False (the
+                   default): the rule decides whole paths; a node's outcome is no statistic of its
+                   own, ``node_records`` is empty and the step's record is its accepted length.
+    """
 
     name: str = ""
     # why the rule runs at small V only (None: it runs at a model's vocabulary); the decoder takes
     # the rules without one (``decoding.settings.decoder_rules``)
     small_v_only: str | None = None
+    lazy_rows: bool = False
+    node_wise: bool = False
 
     def supports(self, tree_law) -> bool:  # pragma: no cover - interface
         """Whether the rule is lossless for trees drawn by ``tree_law`` (a ``laws.TreeLaw``)."""
@@ -63,6 +82,11 @@ class TreeRule:
         override it with a form that costs O(nodes x V) at V = 151,936 where they can
         (``has_fast_expected_tokens`` tells which)."""
         return float(sum(len(Y) * w for Y, w in self.output_distribution(tree).items()))
+
+    def node_records(self, tree: DraftTree, verdict: TreeVerdict) -> list[tuple]:
+        """``(k, slot, depth)`` of every node a node-wise rule verified (``node_wise``); empty for a
+        rule that decides whole paths (the default: its per-step record is the accepted length)."""
+        return []
 
     def __repr__(self) -> str:
         return f"<tree rule {self.name!r}>"

@@ -50,6 +50,8 @@ class TokenWalk(TreeRule):
     """
 
     name = "token_walk"
+    lazy_rows = True   # reads p only at the nodes it visits, on the rows' own device
+    node_wise = True   # each visited node is decided by its own token-level verifier
     _MEMO = 4096  # exact node laws kept (output_distribution over many trees sharing nodes)
     _MEMO_ELEMS = 1 << 22  # ... and at most this many row elements held by the memo (p, q, law: 3 V
     # each; ~100 MB in float64): at V = 151,936 that is 9 nodes, not 4,096 x 3.6 MB
@@ -115,8 +117,7 @@ class TokenWalk(TreeRule):
                 return TreeVerdict(tuple(path), y)
             return TreeVerdict(tuple(path), int(sample_token(p, g)))
 
-    @staticmethod
-    def node_records(tree: DraftTree, verdict: TreeVerdict) -> list[tuple]:
+    def node_records(self, tree: DraftTree, verdict: TreeVerdict) -> list[tuple]:
         """``(k, slot, depth)`` of every node the walk verified: its number of drafts, the first
         draft slot holding the token it output when the walk entered that child, else None."""
         out = []

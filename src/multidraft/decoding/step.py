@@ -1,0 +1,306 @@
+"""The decoder's public step: draft one tree, score it with the target, verify it with a tree rule, commit it.
+
+A :class:`DecoderStep` holds what one sequence's steps share: its two runners (``runners``:
+the target's and the draft's, each holding that model's committed prefix), the ``Settings``,
+the ``torch.Generator`` every draw reads in order, and the tree rule (a ``trees.TreeRule``;
+None for the target alone). One step, with ``root`` the last committed token (not yet in
+either cache) and ``cap`` the largest depth to draft:
+
+    tree = yield from step.draft(root, cap)     # DraftTree: drafts and q rows of every node
+    logits = yield from step.score(tree)        # [N, V]: one target pass over [root] + tree
+    verdict = step.verify(tree, logits)         # TreeVerdict(path, token) of the rule
+    tokens = step.commit(tree, verdict)         # the emitted tokens; both caches compacted
+
+or ``yield from step.step(root, cap)`` for all four (a :class:`StepResult`). ``draft`` and
+``score`` are generators of forward passes: they yield each :class:`Call` they need and are
+sent its logits back, so one decode's calls can be served by its own runners
+(``step.serve(gen)``, :func:`drive`) or share one forward with other decodes
+(``batch.BatchDecoder``). The engine's decode loop (``engine._Decoder.decode``), the batch
+decoder's lanes and the real-tree study (``experiments.realtrees``) all step through this class.
+
+Drafting. The draft model runs once per tree level: level 0 is the committed tokens the draft
+cache lacks (``pending``) and the root, a plain chain; each later level feeds every node of
+the previous level that gets drafts, in one forward with tree attention. At each node the
+processed draft distribution ``q`` (temperature, top-k, top-p) gives its drafts by the draft
+law (``drafts.make``), nodes grouped by their number of drafts; a dynamic tree's node gets its
+number of drafts from its q and reach (``trees.allocate``) before any draft of its level is drawn.
+
+Verification goes through the rule's interface alone: a rule with ``lazy_rows`` (the token
+walk) gets p rows processed on the logits' device when it reads them; any other rule gets every
+node's row on the CPU (q rows moved there too) and ``tree.rows_checked`` (the rows are
+distributions by construction). A tree without drafts (the depth cap is 0, or a dynamic tree
+that grants none) emits one token sampled from p at the root, whatever the rule. With a
+``node_log`` list, ``rule.node_records(tree, verdict)`` is appended to it.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .. import drafts as _drafts
+from ..sampling import process_logits, sample_token
+from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
+
+__all__ = ["DecoderStep", "StepResult", "Call", "drive", "score_call", "score_tree"]
+
+
+@dataclass
+class Call:
+    """One forward pass a decode asks for (a step's ``draft`` and ``score`` yield it): ``model`` 't'
+    (target) or 'd' (draft), and the runner protocol's ``extend(tokens, parents, last_only)``
+    arguments (``runners``). The generator is sent back the logits ``extend`` returns."""
+
+    model: str
+    tokens: list
+    parents: list
+    last_only: bool = False
+
+
+def drive(gen, target_runner, draft_runner):
+    """Run the generator ``gen`` (a decode, a step or a part of it), serving each ``Call`` with
+    ``target_runner`` / ``draft_runner``; returns the generator's return value."""
+    try:
+        call = next(gen)
+        while True:
+            r = target_runner if call.model == "t" else draft_runner
+            call = gen.send(r.extend(call.tokens, call.parents, call.last_only))
+    except StopIteration as stop:
+        return stop.value
+
+
+def score_call(tree: DraftTree) -> Call:
+    """The target pass of a step: ``[root] + tree nodes``, the root's parent -1 (the end of the
+    committed prefix), every other node's its tree parent."""
+    return Call("t", [nd.token for nd in tree.nodes], [-1] + [nd.parent for nd in tree.nodes[1:]])
+
+
+def score_tree(runner, tree: DraftTree) -> torch.Tensor:
+    """One forward of ``[root] + tree nodes`` after the committed prefix of ``runner``.
+
+    Node i (handle i) attends to the committed prefix and to its ancestors and sits at
+    position ``pos(root) + depth(i)``. Returns logits ``[N, V]``; the N entries stay
+    uncommitted until ``runner.commit``.
+    """
+    call = score_call(tree)
+    return runner.extend(call.tokens, call.parents)
+
+
+class StepResult(NamedTuple):
+    """What :meth:`DecoderStep.step` returns: ``tokens`` the emitted tokens (the accepted path's,
+    then the recovered or bonus token), ``accepted`` the accepted path's length and ``depth`` the
+    drafted tree's depth (0 when nothing was drafted)."""
+
+    tokens: list
+    accepted: int
+    depth: int
+
+
+class DecoderStep:
+    """One sequence's decoding steps (module notes): draft, score, verify and commit one tree at a time.
+
+    ``target_runner`` / ``draft_runner``: runners (``runners.runner_for``, or a batch lane's
+    views) holding each model's committed prefix; ``draft_runner`` None for the target alone.
+    ``settings``: a ``Settings``; ``generator``: the ``torch.Generator`` every draft and
+    verification draw reads, in order. ``rule``: the ``trees.TreeRule`` that verifies (default
+    ``settings.rule``, None for the target alone); ``verify`` also takes one per call. ``node_log``: None or a
+    list that each verification extends with ``rule.node_records``.
+
+    ``pending`` holds the committed tokens the draft cache lacks (fed at the next draft's level 0);
+    ``target_calls``, ``draft_calls`` and ``tree_tokens`` count the forward passes and the tokens
+    the target scored. One tree is in flight at a time: ``commit`` takes the last drafted tree.
+    """
+
+    def __init__(self, target_runner, draft_runner, settings, generator: torch.Generator, *, rule=None,
+                 node_log: list | None = None):
+        self.target_runner, self.draft_runner = target_runner, draft_runner
+        self.settings, self.generator = settings, generator
+        self.rule = settings.rule if rule is None else rule
+        self.node_log = node_log
+        self.pending: list[int] = []
+        self.target_calls = self.draft_calls = self.tree_tokens = 0
+        self._tree: DraftTree | None = None  # the tree in flight
+        self._chain = 0  # tokens fed at the in-flight tree's level 0 (pending + root): draft handles 0..c-1
+
+    # the four parts -------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor) -> float:
+        """Reset both caches to ``input_ids[:, :-1]`` (``input_ids`` ``[1, T]``; its last token is the
+        first root); returns the models' seconds."""
+        secs = self.target_runner.prefill(input_ids[:, :-1])
+        if self.draft_runner is not None:
+            secs += self.draft_runner.prefill(input_ids[:, :-1])
+        self.pending = []
+        return secs
+
+    def new_tree(self, root: int, cap: int) -> DraftTree:
+        """The empty tree of this step's shape at ``root``, drafted to depth ``cap`` at most."""
+        plan = self.settings
+        shape = plan.shape if plan.shape is not None else TreeShape("paths", 0, 1, {(): 0})
+        return DraftTree(shape, root, cap, max(1, len(plan.draft_temps)), plan.law or "iid")  # the target alone: a root without drafts (any law)
+
+    def draft(self, root: int, cap: int):
+        """Generator (yields the draft model's ``Call``s): the tree of ``root`` drafted to depth
+        ``cap``; returns it (no drafts when ``cap`` is 0)."""
+        tree = self.new_tree(root, cap)
+        self._tree, self._chain = tree, 0
+        if cap > 0:
+            yield from self._draft_calls(tree)
+        return tree
+
+    def score(self, tree: DraftTree):
+        """Generator (yields the target's ``Call``): one target pass over ``[root] + tree``;
+        returns its logits ``[N, V]`` (uncommitted until ``commit``)."""
+        logits = yield score_call(tree)
+        self.target_calls += 1
+        self.tree_tokens += len(tree.nodes)
+        return logits
+
+    def verify(self, tree: DraftTree, logits: torch.Tensor, rule=None) -> TreeVerdict:
+        """The verdict of ``rule`` (default ``self.rule``) on ``tree`` scored by ``logits`` ``[N, V]``
+        (module notes: rows as the rule reads them; no drafts: one token from p at the root)."""
+        rule = self.rule if rule is None else rule
+        plan = self.settings
+        if rule is None or rule.lazy_rows:
+            # p rows processed on demand, on the logits' device, at the nodes the rule visits
+            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))
+        else:
+            # every node's p row (float64 math on [V] rows) on the CPU, with the CPU generator
+            if logits.device.type != "cpu":
+                for nd in tree.nodes:
+                    if nd.q is not None:
+                        nd.q = nd.q.cpu()
+            tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p).cpu())
+            tree.rows_checked = True  # process_logits rows are distributions (trees.DraftTree notes)
+        if tree.nodes[0].drafts:
+            verdict = rule.verify(tree, self.generator)
+        else:  # a tree without drafts is no tree: one token from p at the root
+            verdict = TreeVerdict((), int(sample_token(tree.p(0), self.generator)))
+        if self.node_log is not None and rule is not None:
+            self.node_log.extend(rule.node_records(tree, verdict))
+        return verdict
+
+    def commit(self, tree: DraftTree, verdict: TreeVerdict) -> list[int]:
+        """Keep the committed prefix, the root and the accepted path in both caches (nothing
+        recomputed; the path's tokens the draft cache lacks become ``pending``); returns the
+        emitted tokens (the path's and ``verdict.token``)."""
+        if tree is not self._tree:
+            raise ValueError("tree: commit takes the tree this step drafted last")
+        path = list(verdict.path)
+        self.target_runner.commit([0] + path)
+        if self.draft_runner is not None:
+            if self._chain:
+                c = self._chain  # pending + root were fed as handles 0..c-1, fed nodes follow
+                fed = [j for j in path if tree.nodes[j].fed >= 0]
+                self.draft_runner.commit(list(range(c)) + [c + tree.nodes[j].fed for j in fed])
+                self.pending = [tree.nodes[j].token for j in path[len(fed):]]
+            else:
+                self.pending = self.pending + [tree.nodes[0].token]
+        self._tree = None
+        return [tree.nodes[j].token for j in path] + [int(verdict.token)]
+
+    def discard(self) -> None:
+        """Drop every uncommitted entry of both runners (a tree drafted and scored, not committed):
+        the caches and ``pending`` are as before the tree was drafted."""
+        self.target_runner.commit([])
+        if self.draft_runner is not None:
+            self.draft_runner.commit([])
+        self._tree = None
+
+    def step(self, root: int, cap: int, rule=None):
+        """Generator (yields every ``Call``): draft, score, verify (with ``rule``, default
+        ``self.rule``) and commit one tree; returns a :class:`StepResult`."""
+        tree = yield from self.draft(root, cap)
+        logits = yield from self.score(tree)
+        verdict = self.verify(tree, logits, rule)
+        tokens = self.commit(tree, verdict)
+        return StepResult(tokens, len(verdict.path), max(n.depth for n in tree.nodes))
+
+    def serve(self, gen):
+        """Run a generator of this step's (``draft``, ``score``, ``step``, a decode) with its own
+        runners (:func:`drive`); returns its return value."""
+        return drive(gen, self.target_runner, self.draft_runner)
+
+    # drafting ---------------------------------------------------------------------------
+    def _draft_calls(self, tree: DraftTree):
+        # level 0: the pending tokens and the root, a plain causal chain
+        chain = self.pending + [tree.nodes[0].token]
+        c = self._chain = len(chain)
+        logits = yield Call("d", chain, list(range(-1, c - 1)), True)
+        self.draft_calls += 1
+        fed: list[int] = []
+        level = [0]
+        dynamic = tree.shape.mode == "dynamic"
+        while True:
+            if dynamic:
+                self._allocate_level(tree, level, logits)  # every k of the level, before any draw
+            new = self._sample_level(tree, level, logits)
+            if dynamic:
+                for i in new:
+                    nd = tree.nodes[i]
+                    par = tree.nodes[nd.parent]
+                    nd.reach = par.reach * float(par.q[nd.token])
+                room = tree.shape.budget - len(tree)
+                cand = sorted((i for i in new if tree.nodes[i].depth < tree.depth_cap),
+                              key=lambda i: -tree.nodes[i].reach)
+                nxt = sorted(cand[:max(0, room)])  # at most `room` nodes can receive a draft
+            else:
+                nxt = [i for i in new if tree.n_children(i) > 0]
+            if not nxt:
+                return
+            par = [tree.nodes[i].parent for i in nxt]
+            logits = yield Call("d", [tree.nodes[i].token for i in nxt],
+                                [c - 1 if j == 0 else c + tree.nodes[j].fed for j in par])
+            self.draft_calls += 1
+            for i in nxt:
+                tree.nodes[i].fed = len(fed)
+                fed.append(i)
+            level = nxt
+
+    def _allocate_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> None:
+        """Dynamic trees: the drafts of every node of ``level`` (logits ``[len(level), V]``) from
+        its q and reach, all decided here before ``_sample_level`` draws any of them."""
+        plan = self.settings
+        room = tree.shape.budget - len(tree)
+        q = process_logits(logits, plan.draft_temps[0], plan.top_k, plan.top_p)  # [n, V]
+        reach = torch.tensor([tree.nodes[i].reach for i in level], dtype=torch.float64)
+        cap = [i for i in level if tree.nodes[i].depth < tree.depth_cap]
+        ks = allocate(q, reach, tree.shape.k, room, plan.law, tree.shape.min_gain).tolist()
+        for r, i in enumerate(level):
+            tree.nodes[i].k = int(ks[r]) if i in cap else 0
+
+    def _sample_level(self, tree: DraftTree, level: list[int], logits: torch.Tensor) -> list[int]:
+        """Draw the drafts of every node in ``level`` (logits ``[len(level), V]``); return new node ids."""
+        plan = self.settings
+        kind = plan.law
+        ks = [tree.n_children(i) for i in level]
+        cols = [tree.draft_cols(i, k) for i, k in zip(level, ks)]
+        need = sorted({c for cs in cols for c in cs}) if kind == "independent" else [0]
+        q = {c: process_logits(logits, plan.draft_temps[c], plan.top_k, plan.top_p) for c in need}
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        nnz = (q[0] > 0).sum(-1).tolist() if kind in ("wor", "greedy") else None
+        for r, k in enumerate(ks):
+            if k == 0:
+                continue
+            if kind == "independent":
+                groups[(k, cols[r])].append(r)
+            else:
+                groups[(min(k, nnz[r]) if nnz is not None else k,)].append(r)
+        new: list[int] = []
+        for key, rows in groups.items():
+            ridx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            k = key[0]
+            if kind == "independent":
+                qs = torch.stack([q[c].index_select(0, ridx) for c in key[1]], dim=-2)  # [n, k, V]
+                law = _drafts.independent(qs)
+            else:
+                qs = q[0].index_select(0, ridx)  # [n, V]
+                law = _drafts.make(kind, qs, k)
+            toks = law.sample(self.generator).tolist()
+            for j, r in enumerate(rows):
+                i = level[r]
+                tree.nodes[i].q = qs[j]
+                new.extend(tree.add_drafts(i, toks[j]))
+        new.sort()
+        return new
