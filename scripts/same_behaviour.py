@@ -99,7 +99,7 @@ def check_realtrees(sides: dict, work: Path) -> bool:
             "--budgets", "4", "--max-trees", "2"]
     for s, src in sides.items():
         f = work / f"realtrees-{s}.jsonl"
-        new = (src / "multidraft" / "cli" / "experiment.py").read_text().find("realtrees") >= 0
+        new = "_register_realtrees" in (src / "multidraft" / "cli" / "experiment.py").read_text()
         if new:
             run(["experiment", "realtrees", "run", *args, "--out", str(f)], src, work / f"realtrees-{s}.log")
         else:
