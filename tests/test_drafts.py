@@ -6,7 +6,7 @@ import torch
 
 import multidraft as md
 from multidraft import drafts as D
-from multidraft._validate import stream_seed
+from multidraft._validate import derive_seed
 
 
 def _q(V, seed, zeros=0):
@@ -62,7 +62,7 @@ def test_sampling_is_reproducible_and_batched():
         a = law.sample(1)
         b = law.sample(1)  # an integer seed names a stream: the same seed, the same drafts
         assert a.shape == (3, 7, 4) and torch.equal(a, b)
-        c = law.sample(torch.Generator().manual_seed(stream_seed(1, "drafts")))
+        c = law.sample(torch.Generator().manual_seed(derive_seed(1, "drafts")))
         assert torch.equal(a, c)  # ... the seed's "drafts" stream
         assert bool((law.prob(a) > 0).all())
     wor = D.without_replacement(q, 4).sample(2)

@@ -8,7 +8,7 @@ from scipy import stats
 
 import multidraft as md
 from multidraft import drafts as D
-from multidraft._validate import as_generator, stream_seed
+from multidraft._validate import as_generator, derive_seed
 
 N = 20_000
 P = torch.full((3,), 1 / 3, dtype=torch.float64)
@@ -51,10 +51,10 @@ def test_the_old_shared_stream_is_biased():
     assert stats.chisquare(counts.numpy(), (P * N).numpy()).pvalue < 1e-10
 
 
-def test_stream_seed_is_documented_blake2b_and_purposes_differ():
+def test_a_stream_seed_is_documented_blake2b_and_purposes_differ():
     h = hashlib.blake2b(b"multidraft/drafts/11", digest_size=8).digest()
-    assert stream_seed(11, "drafts") == int.from_bytes(h, "little")
-    seeds = {stream_seed(s, p) for s in (0, 1, 2, 11) for p in ("drafts", "verify")}
+    assert derive_seed(11, "drafts") == int.from_bytes(h, "little")
+    seeds = {derive_seed(s, p) for s in (0, 1, 2, 11) for p in ("drafts", "verify")}
     assert len(seeds) == 8 and all(0 <= s < 2**64 for s in seeds)
     a = torch.rand(4, generator=as_generator(11, purpose="drafts"), dtype=torch.float64)
     b = torch.rand(4, generator=as_generator(11, purpose="verify"), dtype=torch.float64)
@@ -88,16 +88,13 @@ def test_seeded_runs_reproduce():
 def test_derived_seeds_are_pinned():
     """Every derived seed comes from ``derive_seed``; these values are what committed results were
     made with (the decode rows, the real-tree and acceptance studies, the batches): they may never move."""
-    from multidraft._validate import derive_seed
-    from multidraft.experiments.records import derived_seed
     assert [derive_seed(11, "drafts"), derive_seed(0, "verify"), derive_seed(7, "tree-auto-warmup")] == [
         16144062005511239539, 16506456812177771934, 10791907919143276235]
-    assert stream_seed(11, "drafts") == derive_seed(11, "drafts")
     unit = [derive_seed(5, "p1", "specinfer", "iid", 2, 3, rule="unit"),
             derive_seed(3, "humaneval", "HumanEval/0", "continuation", rule="unit"),
             derive_seed(0, repr(("a", 2)), rule="unit"), derive_seed(2, "p", "llama-spec", "-", 0, 0, rule="unit")]
     assert unit == [471942920, 4189778790, 2290684936, 1250700073]
-    assert derived_seed(5, "p1|specinfer|iid|2|3") == unit[0]  # the parts joined by "|": one name
+    assert derive_seed(5, "p1|specinfer|iid|2|3", rule="unit") == unit[0]  # the parts joined by "|": one name
     assert derive_seed(10**12, "x", rule="unit") == (10**12 * 1_000_003 + 2363233923) % (2**63 - 1)
     assert derive_seed(4, 3, rule="linear") == 7  # a batch's prompt i: seed + i
     assert derive_seed(4, 3, 2, rule="linear", weights=(1_000_003, 1009, 1)) == 4 * 1_000_003 + 3 * 1009 + 2

@@ -228,14 +228,6 @@ def derive_seed(seed, *parts, rule: str = "stream", weights: tuple[int, ...] | N
     return int.from_bytes(digest, "little")
 
 
-def stream_seed(seed, purpose: str) -> int:
-    """``derive_seed(seed, purpose)``: the seed of the stream for ``purpose`` (kept as a name for
-    the callers that read it so)."""
-    if not isinstance(purpose, str) or not purpose:
-        raise ValueError(f"purpose must be a non-empty string, got {purpose!r}")
-    return derive_seed(seed, purpose)
-
-
 def as_generator(generator, device=None, *, purpose: str | None = None) -> torch.Generator:
     """An explicit ``torch.Generator`` (returned as is) or an integer seed; never the global RNG.
 

@@ -75,7 +75,7 @@ def test_the_warm_up_is_one_rule(tmp_path):
     import tiny_models as tm
     import torch
 
-    from multidraft._validate import stream_seed
+    from multidraft._validate import derive_seed
     from multidraft.decoding import full_tree, generate
 
     t, d = tm.tiny_pair(vocab_size=32, seed=4)
@@ -87,7 +87,7 @@ def test_the_warm_up_is_one_rule(tmp_path):
     paths, info = choose(t, d, ids, settings, auto, None, lines.append)
     records: list = []
     generate(t, d, ids, settings.derive(depth=2, tree=full_tree(3, 2), max_new_tokens=32),
-             generator=stream_seed(11, "tree-auto-warmup"), node_log=records)
+             generator=derive_seed(11, "tree-auto-warmup"), node_log=records)
     want = AcceptStats.from_records(records, max_k=3)
     assert info["accept_stats"]["accept"] == json.loads(json.dumps(want.to_dict()))["accept"]
     assert info["accept_stats"]["source"] == f"warm-up decode, {len(records)} nodes"

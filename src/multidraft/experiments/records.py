@@ -58,7 +58,7 @@ from .._validate import derive_seed
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
-    "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields", "derived_seed",
+    "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields",
     "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir",
 ]
 
@@ -94,13 +94,6 @@ def code_version() -> str:
             pass
         _CODE.append(out)
     return _CODE[0]
-
-
-def derived_seed(seed: int, name: str) -> int:
-    """The seed of one named unit of work (a cell, a text, a decoding run): ``derive_seed(seed,
-    name, rule="unit")``, a function of (seed, name) alone, so units can run in any order or
-    process with the same draws."""
-    return derive_seed(seed, str(name), rule="unit")
 
 
 def _clean(x: Any) -> Any:
