@@ -364,6 +364,8 @@ def summarize_file(path: Path, markdown: str | None) -> int:
     """The table and headline of an earlier run, from its JSONL alone (nothing is rerun)."""
     import json
 
+    from multidraft.experiments.records import decode_row_spelling
+
     meta, end, rows = None, None, []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -375,7 +377,7 @@ def summarize_file(path: Path, markdown: str | None) -> int:
         if obj.get("type") == "meta" or obj.get("kind") == "decode_speed":
             meta = meta or obj
         if obj.get("kind") == "run":
-            rows.append(obj)
+            rows.append(decode_row_spelling(obj))  # rows written before Settings.describe, in its spelling
         if obj.get("kind") == "end":
             end = obj
     if not rows:

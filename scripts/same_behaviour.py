@@ -1,13 +1,15 @@
 """Same behaviour across a refactor: decode the same things with the code of two revisions and
 compare the tokens.
 
-    python scripts/same_behaviour.py BASE_REV WORK_DIR [--checks demo,blocks,realtrees,serve]
+    python scripts/same_behaviour.py BASE_REV WORK_DIR [--checks summaries,demo,blocks,realtrees,serve]
 
 BASE_REV is checked out (``git worktree``) under WORK_DIR/base; the other side is this checkout's
 ``src/``. Each check runs a committed command on both sides (the same python, PYTHONPATH pointing
 at each side's ``src/``) and prints, per row, whether the generated tokens (and the counts made
 from them) are identical; the exit status is 1 when any differs. The checks:
 
+* ``summaries``: every committed ``docs/results/decode_speed/*.jsonl`` summarized by
+  ``benchmarks/decode_speed.py --summarize``: the tables, byte for byte;
 * ``demo``: ``multidraft demo`` on its built-in defaults (the fresh-clone table): every run's tokens;
 * ``blocks``: ``multidraft experiment blocks`` on 2 HumanEval prompts x 16 tokens (specinfer and
   optimal at K = 2, depth 2, and the target alone): every row's tokens, calls and block efficiency;
@@ -156,7 +158,28 @@ def check_serve(sides: dict, work: Path) -> bool:
     return same
 
 
-CHECKS = {"demo": check_demo, "blocks": check_blocks, "realtrees": check_realtrees, "serve": check_serve}
+def check_summaries(sides: dict, work: Path) -> bool:
+    """Every committed decode_speed JSONL summarized (``--summarize``) by both revisions: the tables
+    must be byte-identical (rows written before ``Settings.describe`` read in its spelling)."""
+    same = True
+    files = sorted((ROOT / "docs" / "results" / "decode_speed").glob("*.jsonl"))
+    for f in files:
+        out = {}
+        for s, src in sides.items():
+            md = work / f"summary-{s}-{f.stem}.md"
+            script = src.parent / "benchmarks" / "decode_speed.py"
+            subprocess.run([sys.executable, str(script), "--summarize", str(f), "--markdown", str(md)],
+                           env=side_env(src), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, check=True)
+            out[s] = md.read_bytes()
+        if out["before"] != out["after"]:
+            same = False
+            print(f"summaries: {f.relative_to(ROOT)}: DIFFERS")
+    print(f"summaries: {len(files)} committed decode_speed files summarized, "
+          f"{'all identical' if same else 'DIFFERENCES above'}")
+    return same
+
+
+CHECKS = {"summaries": check_summaries, "demo": check_demo, "blocks": check_blocks, "realtrees": check_realtrees, "serve": check_serve}
 
 
 def main() -> int:
