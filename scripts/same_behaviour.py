@@ -78,7 +78,7 @@ def check_demo(sides: dict, work: Path) -> bool:
     out = {}
     for s, src in sides.items():
         d = work / f"demo-{s}"
-        run(["demo", "--out", str(d), "--no-progress"], src, work / f"demo-{s}.log")
+        run(["demo", "--out", str(d), "--no-progress", "--time-budget", "100000"], src, work / f"demo-{s}.log")
         out[s] = rows(next(d.glob("*.jsonl")))
     return compare("demo", out["before"], out["after"], lambda r: (r["prompt"], r["method"]),
                    ("tokens", "new_tokens", "target_calls", "draft_calls"))
