@@ -283,7 +283,8 @@ class _Run:
     timings it returns."""
 
     def __init__(self, target, draft, tokenizer, *, dataset: str, seed: int, cont_tokens: int, stride: int,
-                 shapes: tuple, budgets: tuple, settings: dict, cats: dict, fill: bool, log, max_trees: int | None, deadline: float | None):
+                 shapes: tuple, budgets: tuple, settings: dict, cats: dict, fill: bool, log, max_trees: int | None,
+                 deadline: float | None):
         self.target, self.draft = target, draft
         self.dataset, self.seed, self.cont_tokens, self.stride = dataset, seed, cont_tokens, stride
         self.shapes, self.budgets, self.settings = shapes, budgets, settings
