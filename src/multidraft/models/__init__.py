@@ -25,6 +25,7 @@ from .assets import (
     default_spec,
     find_parts,
 )
+from . import hf
 from .gguf import GGUF_FTYPES, check_gguf_ftype, default_gguf, ensure_assembled_gguf, gguf_dir
 from .hf import (
     check_same_vocabulary,
@@ -45,13 +46,7 @@ __all__ = [
     "default_spec",
     "find_parts",
     "assemble_gguf",
-    "convert_gguf",
-    "ensure_model",
-    "ensure_default_models",
-    "default_models_installed",
-    "load_model",
-    "resolve_pair",
-    "check_same_vocabulary",
+    *hf.__all__,  # every public name of hf
     "GGUF_FTYPES",
     "check_gguf_ftype",
     "gguf_dir",
