@@ -25,7 +25,6 @@ from .assets import (
     default_spec,
     find_parts,
 )
-from . import hf
 from .gguf import GGUF_FTYPES, check_gguf_ftype, default_gguf, ensure_assembled_gguf, gguf_dir
 from .hf import (
     check_same_vocabulary,
@@ -46,7 +45,13 @@ __all__ = [
     "default_spec",
     "find_parts",
     "assemble_gguf",
-    *hf.__all__,  # every public name of hf
+    "convert_gguf",
+    "ensure_model",
+    "ensure_default_models",
+    "default_models_installed",
+    "load_model",
+    "resolve_pair",
+    "check_same_vocabulary",
     "GGUF_FTYPES",
     "check_gguf_ftype",
     "gguf_dir",
