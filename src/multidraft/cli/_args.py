@@ -18,7 +18,7 @@ from pathlib import Path
 from .._errors import ArgumentError
 
 __all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype", "check_out_file", "check_out_dir", "check_common", "quiet_loading",
-           "eprint", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper"]
+           "eprint", "SHOWN", "print_skipped", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper"]
 
 
 def name_list(text, arg: str) -> list[str]:
@@ -205,6 +205,18 @@ def quiet_loading() -> None:
 def eprint(msg: str) -> None:
     """A progress line on stderr (the ``log`` of every long step)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
+
+
+def print_skipped(command: str, skipped: list[str], more: str = "") -> None:
+    """The rows a command left out (damaged or duplicated), on stderr as ``multidraft COMMAND: ...``:
+    the first :data:`SHOWN` one line each, then how many more (``more`` ends that line)."""
+    for line in skipped[:SHOWN]:
+        print(f"multidraft {command}: {line}", file=sys.stderr)
+    if len(skipped) > SHOWN:
+        print(f"multidraft {command}: ... and {len(skipped) - SHOWN} more damaged rows{more}", file=sys.stderr)
 
 
 def model_loader(args):

@@ -1,8 +1,6 @@
 """``multidraft report RUN_DIR``: Markdown report and PNG plots from a run's JSONL files alone."""
 from __future__ import annotations
 
-SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
-
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -25,6 +23,7 @@ def run(args) -> int:
     import sys
 
     from ..experiments.report import build
+    from ._args import print_skipped
 
     skipped: list[str] = []
     notes: list[str] = []
@@ -36,10 +35,7 @@ def run(args) -> int:
             if line not in str(exc):
                 print(f"multidraft report: {line}", file=sys.stderr)
         raise
-    for line in skipped[:SHOWN]:  # damaged rows: one line each, the report has the good ones; exit 2 says so
-        print(f"multidraft report: {line}", file=sys.stderr)
-    if len(skipped) > SHOWN:
-        print(f"multidraft report: ... and {len(skipped) - SHOWN} more damaged rows (all listed in the report)", file=sys.stderr)
+    print_skipped("report", skipped, " (all listed in the report)")  # the report has the good rows; exit 2 says so
     print(f"wrote {path}" + (f" ({len(skipped)} damaged row(s) left out, listed in it)" if skipped else ""))
     for line in notes:  # valid but incomplete rows (older runs): said, not an error
         print(f"note: {line}")

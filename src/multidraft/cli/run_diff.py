@@ -1,8 +1,6 @@
 """``multidraft compare-runs FIRST SECOND``: two results files of one evaluation side by side."""
 from __future__ import annotations
 
-SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
-
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -19,14 +17,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     from ..experiments.run_diff import compare_files
+    from ._args import print_skipped
 
     skipped: list[str] = []
     compare_files(args.first, args.second, skipped=skipped)
-    for line in skipped[:SHOWN]:  # damaged or duplicated rows: one line each, left out of the comparison
-        print(f"multidraft compare-runs: {line}", file=sys.stderr)
-    if len(skipped) > SHOWN:
-        print(f"multidraft compare-runs: ... and {len(skipped) - SHOWN} more damaged rows", file=sys.stderr)
+    print_skipped("compare-runs", skipped)  # damaged or duplicated rows, left out of the comparison
     return 2 if skipped else 0

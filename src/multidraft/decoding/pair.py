@@ -84,18 +84,9 @@ def _hf_target(models, target, dtype, cache_dir, log):
     return model, tok
 
 
-def _llama_pair(
-    target: str | os.PathLike | None = None,
-    draft: str | os.PathLike | None | bool = None,
-    *,
-    bf16_target: bool = False,
-    draft_ftype: str | None = None,
-    n_threads: int | None = None,
-    n_ctx: int = 4096,
-    cache_dir: str | os.PathLike | None = None,
-    log: Log | None = None,
-):
-    """``(target, draft)`` as :class:`LlamaCppModel` objects from GGUF files.
+def _llama_pair(target, draft, *, bf16_target, draft_ftype, n_threads, n_ctx, cache_dir, log):
+    """``(target, draft)`` as :class:`LlamaCppModel` objects from GGUF files (the arguments are
+    :func:`load_pair`'s, passed on).
 
     ``None`` means the default pair's Q4_K_M file (:func:`decoding.quantize.ensure_gguf`);
     ``bf16_target`` takes the default target's BF16 requantisation instead (an explicit

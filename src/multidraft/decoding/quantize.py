@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..models.assets import SPACE_MARGIN, Log, ModelSpec, check_space, default_spec, quiet
+from ..models.assets import SPACE_MARGIN, Log, ModelSpec, check_space, default_spec, partial_file, quiet
 from ..models.gguf import GGUF_FTYPES, check_gguf_ftype, default_gguf, ensure_assembled_gguf, requantized_size
 from .llamacpp import LOG_ERROR, import_llama_cpp, llama_log_to
 
@@ -85,11 +85,10 @@ def requantize_gguf(
     params.ftype = getattr(llama_cpp, GGUF_FTYPES[key])
     params.allow_requantize = True
     params.nthread = nthread
-    tmp = dst.with_name(dst.name + ".partial")
     messages: list[tuple[int, str]] = []
     say(f"requantizing {src.name} to {key.upper()} with llama.cpp")
     t0 = time.perf_counter()
-    try:
+    with partial_file(dst) as tmp:
         with llama_log_to(llama_cpp, messages):
             rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0 or not tmp.is_file():
@@ -97,10 +96,6 @@ def requantize_gguf(
             detail = "; ".join(errors[-3:]) if errors else "no message from llama.cpp"
             raise RuntimeError(f"llama.cpp could not requantize {src} to {key.upper()} "
                                f"(llama_model_quantize returned {rc}): {' '.join(detail.split())}")
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     say(f"wrote {dst} ({dst.stat().st_size / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
     return dst
 

@@ -37,6 +37,7 @@ Datasets (read by :mod:`multidraft.datasets`):
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -105,6 +106,36 @@ def collect(
     ``n_texts`` prompts; fewer positions than asked is logged). Returns
     ``{(dataset, t_target, t_draft): path}``.
     """
+    cont = positions_from == "continuation"
+    ind = _check_args(datasets, configs, top_k=top_k, top_p=top_p, positions_per_text=positions_per_text,
+                      positions_from=positions_from, new_tokens=new_tokens, sample_temperature=sample_temperature,
+                      independent_temperatures=independent_temperatures, min_positions=min_positions)
+    c = _Collector(top_k=top_k, top_p=top_p, n_texts=n_texts, positions_per_text=positions_per_text,
+                   max_tokens=max_tokens, min_context=min_context, eps=eps, k_max=k_max, seed=seed, cont=cont,
+                   new_tokens=new_tokens, sample_temperature=sample_temperature, ind=ind,
+                   min_positions=min_positions, log=log, progress=progress)
+    settings = c.store_settings(model_names, positions_from)
+    paths, todo, widen = _stores_to_collect(Path(run_dir), datasets, configs, settings, top_k, top_p, k_max, log)
+    if not todo:
+        return paths
+    c.load_models(models)
+    for ds, cfgs in todo.items():
+        rows, sources, V = c.dataset_rows(ds, cfgs)
+        for tt, td in cfgs:
+            info = {
+                "dataset": ds, "t_target": tt, "t_draft": td, "settings": settings,
+                "V": V, "sources": sources,
+            }
+            if ind:
+                info["independent_temperatures"] = ind
+            _save_store(store.from_rows(rows[(tt, td)], info), paths[(ds, tt, td)], widen, eps, log)
+    return paths
+
+
+def _check_args(datasets, configs, *, top_k, top_p, positions_per_text, positions_from, new_tokens,
+                sample_temperature, independent_temperatures, min_positions) -> list[float] | None:
+    """Check :func:`collect`'s arguments (before any store is read or model loaded); returns the
+    independent temperatures as floats (None when there are none)."""
     for tt, td in configs:
         check_sampling_args(tt, top_k, top_p, "target temperature")
         check_sampling_args(td, top_k, top_p, "draft temperature")
@@ -128,21 +159,15 @@ def collect(
         check_sampling_args(t, top_k, top_p, "independent temperature")
         if not t > 0:
             raise ValueError(f"independent temperatures must be > 0 (the drafts are sampled), got {t}")
-    run_dir = Path(run_dir)
+    return ind
+
+
+def _stores_to_collect(run_dir: Path, datasets, configs, settings: dict, top_k, top_p, k_max: int, log):
+    """``(paths, todo, widen)``: every store's path ``{(dataset, t_target, t_draft): path}``, the
+    (t_target, t_draft) pairs to collect per dataset (missing stores, and stores made for a smaller
+    k_max), and the positions of those stores collected again ``{path: sources}``. A store made with
+    other settings is a ``ValueError``."""
     pos_dir = run_dir / "positions"
-    settings = {
-        "models": model_names, "top_k": top_k, "top_p": top_p, "n_texts": n_texts,
-        "positions_per_text": positions_per_text, "max_tokens": max_tokens, "min_context": min_context,
-        "eps": eps, "k_max": k_max, "seed": seed,
-    }
-    # keys of newer options only when used, so stores of earlier runs keep matching
-    if cont:
-        settings.update(positions_from=positions_from, new_tokens=int(new_tokens), sample_temperature=float(sample_temperature))
-        del settings["max_tokens"], settings["min_context"]
-    if ind:
-        settings["independent_temperatures"] = ind
-    if min_positions is not None:
-        settings["min_positions"] = int(min_positions)
     paths: dict[tuple[str, float, float], Path] = {}
     todo: dict[str, list[tuple[float, float]]] = {}
     widen: dict[Path, list] = {}  # stores collected again for a larger k_max: their old positions
@@ -169,85 +194,143 @@ def collect(
                     "(a larger K needs the draft's top K tokens in the stored support); rows already written are kept")
                 widen[path] = old_ps.info.get("sources")
             todo.setdefault(ds, []).append((tt, td))
-    if not todo:
-        return paths
-    target, draft, tokenizer = models()
-    llama = getattr(target, "engine", None) == "llama.cpp"
-    if llama and not cont:
-        raise ValueError("positions_from: teacher-forcing runs transformers models only; "
-                         "llama.cpp models collect positions_from='continuation'")
-    # the end of a continuation: every end-of-generation token of a GGUF, the tokenizer's eos otherwise
-    eos = tokenizer.eos_token_ids if llama else getattr(tokenizer, "eos_token_id", None)
-    for ds, cfgs in todo.items():
-        if min_positions is not None:  # every prompt, in a seeded random order, until enough positions
-            texts = load_prompts(ds, 1 << 30, seed=seed)
-            order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))
-            texts = [texts[i] for i in order.tolist()][:n_texts]
-        else:
-            texts = load_prompts(ds, n_texts, seed=seed) if cont else load_texts(ds, n_texts, seed)
+    return paths, todo, widen
+
+
+def _save_store(ps: store.PositionSet, path: Path, widen: dict, eps: float, log) -> None:
+    """Save one collected store to ``path`` and log what it holds (and whether a store collected again
+    for a larger k_max moved to other positions)."""
+    if path in widen and widen[path] != ps.info["sources"]:
+        log(f"WARNING: {path.name}: collected again at other positions than before (the models "
+            "or their numerics changed); rows written before are from the old positions")
+    store.save(ps, path)
+    ds, tt, td = ps.info["dataset"], ps.info["t_target"], ps.info["t_draft"]
+    log(
+        f"stored {len(ps)} positions of {ds} at t_target={tt:g}, t_draft={td:g}: "
+        f"{ps.nbytes() / 1024:.0f} KiB, support {int(ps.support_sizes.min())}..{int(ps.support_sizes.max())} tokens, "
+        f"tail mass p <= {float(ps.p_tail.max()):.2g}, q <= {float(ps.q_tail.max()):.2g} (eps = {eps:g})"
+    )
+
+
+@dataclass
+class _Collector:
+    """:func:`collect`'s checked options, and the models once loaded: one dataset's texts to store rows."""
+
+    top_k: int | None
+    top_p: float | None
+    n_texts: int
+    positions_per_text: int | None
+    max_tokens: int
+    min_context: int
+    eps: float
+    k_max: int
+    seed: int
+    cont: bool  # positions_from == "continuation"
+    new_tokens: int
+    sample_temperature: float
+    ind: list[float] | None  # the independent temperatures
+    min_positions: int | None
+    log: Callable[[str], None]
+    progress: Callable | None
+    target: object = None
+    draft: object = None
+    tokenizer: object = None
+    eos: object = None
+
+    def store_settings(self, model_names: dict, positions_from: str) -> dict:
+        """The settings recorded in every store (and checked against an existing store's)."""
+        settings = {
+            "models": model_names, "top_k": self.top_k, "top_p": self.top_p, "n_texts": self.n_texts,
+            "positions_per_text": self.positions_per_text, "max_tokens": self.max_tokens,
+            "min_context": self.min_context, "eps": self.eps, "k_max": self.k_max, "seed": self.seed,
+        }
+        # keys of newer options only when used, so stores of earlier runs keep matching
+        if self.cont:
+            settings.update(positions_from=positions_from, new_tokens=int(self.new_tokens),
+                            sample_temperature=float(self.sample_temperature))
+            del settings["max_tokens"], settings["min_context"]
+        if self.ind:
+            settings["independent_temperatures"] = self.ind
+        if self.min_positions is not None:
+            settings["min_positions"] = int(self.min_positions)
+        return settings
+
+    def load_models(self, models: Callable[[], tuple]) -> None:
+        self.target, self.draft, self.tokenizer = models()
+        llama = getattr(self.target, "engine", None) == "llama.cpp"
+        if llama and not self.cont:
+            raise ValueError("positions_from: teacher-forcing runs transformers models only; "
+                             "llama.cpp models collect positions_from='continuation'")
+        # the end of a continuation: every end-of-generation token of a GGUF, the tokenizer's eos otherwise
+        self.eos = self.tokenizer.eos_token_ids if llama else getattr(self.tokenizer, "eos_token_id", None)
+
+    def texts(self, ds: str) -> list:
+        """The ``(id, text)`` pairs of ``ds`` to take positions from, in order."""
+        if self.min_positions is not None:  # every prompt, in a seeded random order, until enough positions
+            texts = load_prompts(ds, 1 << 30, seed=self.seed)
+            order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(self.seed))
+            return [texts[i] for i in order.tolist()][:self.n_texts]
+        return load_prompts(ds, self.n_texts, seed=self.seed) if self.cont else load_texts(ds, self.n_texts, self.seed)
+
+    def dataset_rows(self, ds: str, cfgs: list[tuple[float, float]]) -> tuple[dict, list[dict], int | None]:
+        """``(rows, sources, V)`` of dataset ``ds``: the store rows per (t_target, t_draft) in ``cfgs``,
+        every position's source and the vocabulary size."""
+        texts = self.texts(ds)
         rows: dict[tuple[float, float], list] = {c: [] for c in cfgs}
         sources: list[dict] = []
-        g = torch.Generator().manual_seed(derive_seed(seed, 1, rule="linear"))
+        g = torch.Generator().manual_seed(derive_seed(self.seed, 1, rule="linear"))
         V = None
+        min_positions = self.min_positions
         # with min_positions the bar counts the prompts expected (new_tokens positions each), for its ETA
-        expect = len(texts) if min_positions is None else min(len(texts), -(-min_positions // max(1, new_tokens)))
-        it = texts if progress is None else progress(texts, total=expect, desc=f"collect {ds}")
+        expect = len(texts) if min_positions is None else min(len(texts), -(-min_positions // max(1, self.new_tokens)))
+        it = texts if self.progress is None else self.progress(texts, total=expect, desc=f"collect {ds}")
         for tid, text in it:
             if min_positions is not None and len(sources) >= min_positions:
                 break
-            if cont:
-                ids = prompt_ids(tokenizer, ds, text)  # [1, T]
-                c = continuation_logits(target, draft, ids, max_new_tokens=new_tokens, temperature=sample_temperature,
-                                        top_k=top_k, top_p=top_p, generator=_text_seed(seed, tid), eos_token_id=eos)
-                lt, ld = c.target_logits, c.draft_logits
-                cand = torch.arange(len(c))
-                first = int(ids.shape[-1])  # position of the first continuation token
-            else:
-                ids = _encode(tokenizer, text, max_tokens)
-                if ids.numel() <= min_context:
-                    continue
-                lt, ld = teacher_forced_logits(target, ids), teacher_forced_logits(draft, ids)
-                cand = torch.arange(min_context, ids.numel())
-                first = 0
-            if lt.shape[-1] != ld.shape[-1]:
-                raise ValueError(
-                    f"mismatched vocabularies: target logits have V = {lt.shape[-1]}, draft logits V = {ld.shape[-1]}"
-                )
-            V = int(lt.shape[-1])
-            pick = cand if positions_per_text is None else \
-                cand[torch.randperm(cand.numel(), generator=g)[:positions_per_text]].sort().values
-            for t in pick.tolist():
-                src = {"text": tid, "position": first + t}
-                if cont:
-                    src["token"] = int(c.tokens[t])
-                sources.append(src)
-            qs_all = None
-            if ind:
-                qs_all = torch.stack([process_logits(ld[pick], t, top_k, top_p, dtype=torch.float64) for t in ind], 1)
-            for tt, td in cfgs:
-                P = process_logits(lt[pick], tt, top_k, top_p, dtype=torch.float64)
-                Q = process_logits(ld[pick], td, top_k, top_p, dtype=torch.float64)
-                rows[(tt, td)].extend(store.truncate(P, Q, eps=eps, k_max=k_max, qs=qs_all))
-            del lt, ld
+            v = self.text_rows(ds, tid, text, cfgs, g, rows, sources)
+            if v is not None:
+                V = v
         if not sources:
-            raise ValueError(f"dataset {ds!r} gave no positions: every text is shorter than min_context + 1 = {min_context + 1} tokens")
+            raise ValueError(f"dataset {ds!r} gave no positions: every text is shorter than min_context + 1 = {self.min_context + 1} tokens")
         if min_positions is not None and len(sources) < min_positions:
-            log(f"WARNING: {ds}: {len(sources)} positions from {len(texts)} prompts, fewer than min_positions = {min_positions}")
-        for tt, td in cfgs:
-            info = {
-                "dataset": ds, "t_target": tt, "t_draft": td, "settings": settings,
-                "V": V, "sources": sources,
-            }
-            if ind:
-                info["independent_temperatures"] = ind
-            ps = store.from_rows(rows[(tt, td)], info)
-            if paths[(ds, tt, td)] in widen and widen[paths[(ds, tt, td)]] != sources:
-                log(f"WARNING: {paths[(ds, tt, td)].name}: collected again at other positions than before (the models "
-                    "or their numerics changed); rows written before are from the old positions")
-            store.save(ps, paths[(ds, tt, td)])
-            log(
-                f"stored {len(ps)} positions of {ds} at t_target={tt:g}, t_draft={td:g}: "
-                f"{ps.nbytes() / 1024:.0f} KiB, support {int(ps.support_sizes.min())}..{int(ps.support_sizes.max())} tokens, "
-                f"tail mass p <= {float(ps.p_tail.max()):.2g}, q <= {float(ps.q_tail.max()):.2g} (eps = {eps:g})"
+            self.log(f"WARNING: {ds}: {len(sources)} positions from {len(texts)} prompts, fewer than min_positions = {min_positions}")
+        return rows, sources, V
+
+    def text_rows(self, ds: str, tid, text: str, cfgs, g: torch.Generator, rows: dict, sources: list) -> int | None:
+        """Add one text's sampled positions to ``sources`` and their rows to ``rows``; returns V (None:
+        a text too short for teacher forcing, left out)."""
+        if self.cont:
+            ids = prompt_ids(self.tokenizer, ds, text)  # [1, T]
+            c = continuation_logits(self.target, self.draft, ids, max_new_tokens=self.new_tokens,
+                                    temperature=self.sample_temperature, top_k=self.top_k, top_p=self.top_p,
+                                    generator=_text_seed(self.seed, tid), eos_token_id=self.eos)
+            lt, ld = c.target_logits, c.draft_logits  # [n, V] each
+            cand = torch.arange(len(c))
+            first = int(ids.shape[-1])  # position of the first continuation token
+        else:
+            ids = _encode(self.tokenizer, text, self.max_tokens)
+            if ids.numel() <= self.min_context:
+                return None
+            lt, ld = teacher_forced_logits(self.target, ids), teacher_forced_logits(self.draft, ids)  # [T, V] each
+            cand = torch.arange(self.min_context, ids.numel())
+            first = 0
+        if lt.shape[-1] != ld.shape[-1]:
+            raise ValueError(
+                f"mismatched vocabularies: target logits have V = {lt.shape[-1]}, draft logits V = {ld.shape[-1]}"
             )
-    return paths
+        pick = cand if self.positions_per_text is None else \
+            cand[torch.randperm(cand.numel(), generator=g)[:self.positions_per_text]].sort().values
+        for t in pick.tolist():
+            src = {"text": tid, "position": first + t}
+            if self.cont:
+                src["token"] = int(c.tokens[t])
+            sources.append(src)
+        top_k, top_p = self.top_k, self.top_p
+        qs_all = None
+        if self.ind:
+            qs_all = torch.stack([process_logits(ld[pick], t, top_k, top_p, dtype=torch.float64) for t in self.ind], 1)
+        for tt, td in cfgs:
+            P = process_logits(lt[pick], tt, top_k, top_p, dtype=torch.float64)
+            Q = process_logits(ld[pick], td, top_k, top_p, dtype=torch.float64)
+            rows[(tt, td)].extend(store.truncate(P, Q, eps=self.eps, k_max=self.k_max, qs=qs_all))
+        return int(lt.shape[-1])

@@ -258,9 +258,6 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
     every rule's value on it today (``added``: the rules it lacked; ``recheck``: today's value minus
     the written one, per rule written; the report uses today's values and states the differences)."""
     from .. import datasets
-    from ..decoding import generate
-    from ..decoding.kv import PromptCache
-    from ..decoding.runners import runner_for
 
     shapes, budgets = tuple(shapes), tuple(int(b) for b in budgets)
     settings = {(s, b): shape_settings(s, b) for s in shapes for b in budgets}
@@ -270,127 +267,188 @@ def run(target, draft, tokenizer, *, dataset: str, n: int, out, seed: int = 0, p
                   shapes=list(shapes), budgets=list(budgets), temperature=1.0, models=model_names or {})
     prompts = datasets.load_prompts(dataset, n, seed=prompt_seed)
     cats = datasets.mtbench_categories() if dataset == "mtbench" else {}
-    laws = {sb: tree_law(st) for sb, st in settings.items()}
-    rulesets = {sb: tree_rules(law) for sb, law in laws.items()}
-    eos = getattr(tokenizer, "eos_token_id", None)
-    # seeds name the data set by what it is, not where it lies: a prompt file by its file name
-    ds_name = "file:" + Path(dataset[5:]).name if dataset.startswith("file:") else dataset
-    made, filled, t_start, worst = 0, 0, time.time(), 0.0
-    cpu = {"continuations": 0.0, "prefill": 0.0, "trees": 0.0}  # process CPU seconds (load-independent)
-    n_cont_tokens = 0
-    calls = {"draft paid": 0, "draft shared": 0, "target paid": 0, "target shared": 0}
-    last: tuple = ()  # the current prompt's _SharedCalls (only their counts outlive the prompt)
-
-    def count(runners) -> None:
-        for who, x in runners:
-            calls[f"{who} paid"] += x.misses
-            calls[f"{who} shared"] += x.hits
-    stopped = "done"
-
-    def limit() -> bool:
-        return (max_trees is not None and made + filled >= max_trees) or (deadline is not None and time.time() >= deadline)
-
+    state = _Run(target, draft, tokenizer, dataset=dataset, seed=seed, cont_tokens=cont_tokens, stride=stride,
+                 shapes=shapes, budgets=budgets, settings=settings, cats=cats, fill=fill, log=log,
+                 max_trees=max_trees, deadline=deadline)
     with JsonlWriter(out, config, seed, keyed=("n", "shapes", "budgets")) as w:
-        conts = {r["prompt"]: r["tokens"] for r in w.rows if r.get("kind") == "continuation"}
-        written = {(r["prompt"], r["position"], r["shape"], r["budget"]): r for r in w.rows if r.get("kind") == "tree"}
-        fills: dict = {}
+        state.resume(w)
+        for pid, prompt in prompts:
+            if not state.prompt(pid, datasets.prompt_ids(tokenizer, dataset, prompt)):  # ids [1, T]
+                break
+    return state.result()
+
+
+class _Run:
+    """One call of :func:`run`: its inputs, the rows written before (resume), and the counts and
+    timings it returns."""
+
+    def __init__(self, target, draft, tokenizer, *, dataset: str, seed: int, cont_tokens: int, stride: int,
+                 shapes: tuple, budgets: tuple, settings: dict, cats: dict, fill: bool, log, max_trees: int | None,
+                 deadline: float | None):
+        self.target, self.draft = target, draft
+        self.dataset, self.seed, self.cont_tokens, self.stride = dataset, seed, cont_tokens, stride
+        self.shapes, self.budgets, self.settings = shapes, budgets, settings
+        self.cats, self.fill, self.log = cats, fill, log
+        self.max_trees, self.deadline = max_trees, deadline
+        self.laws = {sb: tree_law(st) for sb, st in settings.items()}
+        self.rulesets = {sb: tree_rules(law) for sb, law in self.laws.items()}
+        self.eos = getattr(tokenizer, "eos_token_id", None)
+        # seeds name the data set by what it is, not where it lies: a prompt file by its file name
+        self.ds_name = "file:" + Path(dataset[5:]).name if dataset.startswith("file:") else dataset
+        self.made, self.filled, self.t_start, self.worst = 0, 0, time.time(), 0.0
+        self.cpu = {"continuations": 0.0, "prefill": 0.0, "trees": 0.0}  # process CPU seconds (load-independent)
+        self.n_cont_tokens = 0
+        self.calls = {"draft paid": 0, "draft shared": 0, "target paid": 0, "target shared": 0}
+        self.stopped = "done"
+
+    def resume(self, w: JsonlWriter) -> None:
+        """Take the writer and the rows it already holds: continuations, trees and fills by key."""
+        self.w = w
+        self.conts = {r["prompt"]: r["tokens"] for r in w.rows if r.get("kind") == "continuation"}
+        self.written = {(r["prompt"], r["position"], r["shape"], r["budget"]): r for r in w.rows if r.get("kind") == "tree"}
+        self.fills: dict = {}
         for r in w.rows:
             if r.get("kind") == "tree_fill":
-                fills.setdefault((r["prompt"], r["position"], r["shape"], r["budget"]), {}).update(r.get("tokens") or {})
-        for pid, prompt in prompts:
-            ids = datasets.prompt_ids(tokenizer, dataset, prompt)  # [1, T]
-            T = int(ids.shape[1])
-            if limit():
-                stopped = "limit"
-                break
-            # the continuation's prompt prefill is the tree runners' target prefill (same ids, same
-            # call): kept once and copied exactly (PromptCache)
-            pc = PromptCache(max_entries=2)
-            if pid not in conts:
-                c0 = time.process_time()
-                cseed = derive_seed(seed, ds_name, pid, "continuation", rule="unit")
-                res = generate(target, None, ids, verifier=None, temperature=1.0, max_new_tokens=cont_tokens,
-                               generator=cseed, eos_token_id=eos, prompt_cache=pc)
-                conts[pid] = res.tokens.tolist()
-                cpu["continuations"] += time.process_time() - c0
-                n_cont_tokens += len(conts[pid])
-                w.write(kind="continuation", dataset=dataset, prompt=pid, category=cats.get(pid), seed=cseed,
-                        prompt_tokens=T, tokens=conts[pid])
-            cont = conts[pid]
-            full = ids[0].tolist() + cont
-            todo = []
-            for j in range(0, len(cont), stride):
-                for s in shapes:
-                    for b in budgets:
-                        old = written.get((pid, j, s, b))
-                        if old is None:
-                            todo.append((j, s, b, None))
-                        elif fill and _missing(old, rulesets[(s, b)][0], fills.get((pid, j, s, b), {})):
-                            todo.append((j, s, b, old))
-            if not todo:
-                continue
-            # one decoder per prompt: prefill the prompt, then advance position by position in the
-            # same chunks whether or not a position's trees are already written (so a resumed run
-            # computes every row from the same caches as an uninterrupted one)
-            c0 = time.process_time()
+                self.fills.setdefault((r["prompt"], r["position"], r["shape"], r["budget"]), {}).update(r.get("tokens") or {})
+
+    def limit(self) -> bool:
+        return ((self.max_trees is not None and self.made + self.filled >= self.max_trees)
+                or (self.deadline is not None and time.time() >= self.deadline))
+
+    def result(self) -> dict:
+        el = time.time() - self.t_start
+        return dict(trees=self.made, filled=self.filled, recheck_max=self.worst, seconds=el, cpu_seconds=self.cpu,
+                    continuation_tokens=self.n_cont_tokens, model_calls=self.calls,
+                    trees_per_min=60 * (self.made + self.filled) / el if el > 0 else 0.0, stopped=self.stopped)
+
+    def prompt(self, pid: str, ids: torch.Tensor) -> bool:
+        """Write the rows of one prompt (``ids`` [1, T]); False when the run stops here (``max_trees`` or ``deadline``)."""
+        from ..decoding.kv import PromptCache
+
+        T = int(ids.shape[1])
+        if self.limit():
+            self.stopped = "limit"
+            return False
+        # the continuation's prompt prefill is the tree runners' target prefill (same ids, same
+        # call): kept once and copied exactly (PromptCache)
+        pc = PromptCache(max_entries=2)
+        if pid not in self.conts:
+            self.continuation(pid, ids, pc)
+        cont = self.conts[pid]
+        full = ids[0].tolist() + cont
+        todo = self.todo(pid, cont)
+        if not todo:
+            return True
+        runners = self.prefill(pc, full[:T - 1])
+        done = self.trees(pid, T, full, todo, runners)
+        for who, x in (("target", runners[0]), ("draft", runners[1])):
+            self.calls[f"{who} paid"] += x.misses
+            self.calls[f"{who} shared"] += x.hits
+        return done
+
+    def continuation(self, pid: str, ids: torch.Tensor, pc) -> None:
+        """Sample the target's continuation of prompt ``pid`` (``ids`` [1, T]) and write its row."""
+        from ..decoding import generate
+
+        c0 = time.process_time()
+        cseed = derive_seed(self.seed, self.ds_name, pid, "continuation", rule="unit")
+        res = generate(self.target, None, ids, verifier=None, temperature=1.0, max_new_tokens=self.cont_tokens,
+                       generator=cseed, eos_token_id=self.eos, prompt_cache=pc)
+        self.conts[pid] = res.tokens.tolist()
+        self.cpu["continuations"] += time.process_time() - c0
+        self.n_cont_tokens += len(self.conts[pid])
+        self.w.write(kind="continuation", dataset=self.dataset, prompt=pid, category=self.cats.get(pid), seed=cseed,
+                     prompt_tokens=int(ids.shape[1]), tokens=self.conts[pid])
+
+    def todo(self, pid: str, cont: list[int]) -> list[tuple]:
+        """``[(position, shape, budget, written row or None)]``: the trees of prompt ``pid`` not written
+        yet, and (with ``fill``) those written without some rule of today's set, in order."""
+        todo = []
+        for j in range(0, len(cont), self.stride):
+            for s in self.shapes:
+                for b in self.budgets:
+                    old = self.written.get((pid, j, s, b))
+                    if old is None:
+                        todo.append((j, s, b, None))
+                    elif self.fill and _missing(old, self.rulesets[(s, b)][0], self.fills.get((pid, j, s, b), {})):
+                        todo.append((j, s, b, old))
+        return todo
+
+    def prefill(self, pc, prefix: list[int]) -> tuple:
+        """The prompt's two runners (target, draft) holding ``prefix`` (the prompt less its last token),
+        each behind a ``_SharedCalls``."""
+        from ..decoding.runners import runner_for
+
+        # one decoder per prompt: prefill the prompt, then advance position by position in the
+        # same chunks whether or not a position's trees are already written (so a resumed run
+        # computes every row from the same caches as an uninterrupted one)
+        c0 = time.process_time()
+        with torch.inference_mode():
+            plain = (runner_for(self.target, pc), runner_for(self.draft, pc))
+            for r in plain:
+                r.prefill(torch.tensor([prefix]))
+        runners = (_SharedCalls(plain[0]), _SharedCalls(plain[1]))
+        self.cpu["prefill"] += time.process_time() - c0
+        return runners
+
+    def trees(self, pid: str, T: int, full: list[int], todo: list[tuple], runners: tuple) -> bool:
+        """Build the trees ``todo`` of prompt ``pid`` (``full``: its T tokens then the continuation) and
+        write their rows; False when the run stops here (``max_trees`` or ``deadline``)."""
+        cur = T - 1
+        for j, s, b, old in todo:
+            if self.limit():
+                self.stopped = "limit"
+                return False
+            r = T - 1 + j  # root index: committed text full[:r], root full[r]
+            t0, c0 = time.perf_counter(), time.process_time()
+            tseed = derive_seed(self.seed, self.ds_name, pid, j, s, b, rule="unit")
             with torch.inference_mode():
-                plain = (runner_for(target, pc), runner_for(draft, pc))
-                for r in plain:
-                    r.prefill(torch.tensor([full[:T - 1]]))
-            count(last)
-            runners = (_SharedCalls(plain[0]), _SharedCalls(plain[1]))
-            last = (("target", runners[0]), ("draft", runners[1]))
-            cpu["prefill"] += time.process_time() - c0
-            cur = T - 1
-            for j, s, b, old in todo:
-                if limit():
-                    stopped = "limit"
-                    break
-                r = T - 1 + j  # root index: committed text full[:r], root full[r]
-                t0, c0 = time.perf_counter(), time.process_time()
-                tseed = derive_seed(seed, ds_name, pid, j, s, b, rule="unit")
-                with torch.inference_mode():
-                    while cur < r:  # the positions' chunks, stride tokens at a time
-                        _advance(runners, full, cur, min(r, cur + stride))
-                        cur = min(r, cur + stride)
-                    tree = build_tree(runners, settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
-                t1 = time.perf_counter()
-                rules, skipped = rulesets[(s, b)]
-                if old is None:
-                    tokens = evaluate_tree(tree, rules)
-                    t2 = time.perf_counter()
-                    w.write(kind="tree", dataset=dataset, prompt=pid, category=cats.get(pid), position=j, root_index=r,
-                            shape=s, budget=b, law=laws[(s, b)].kind, nodes=len(tree) - 1,
-                            depth=max(nd.depth for nd in tree.nodes), seed=tseed, support="full",
-                            V=int(tree.nodes[0].p.shape[0]), tokens=tokens, skipped=skipped,
-                            model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
-                    made += 1
-                else:
-                    key = (pid, j, s, b)
-                    new = _missing(old, rules, fills.get(key, {}))
-                    tokens = evaluate_tree(tree, rules)
-                    recheck = {x: tokens[x] - v for x, v in old["tokens"].items() if x in tokens}
-                    worst = max([worst] + [abs(d) for d in recheck.values()])
-                    if len(tree) - 1 != old.get("nodes", len(tree) - 1):
-                        recheck["nodes"] = len(tree) - 1 - old["nodes"]
-                        worst = math.inf
-                    t2 = time.perf_counter()
-                    w.write(kind="tree_fill", dataset=dataset, prompt=pid, category=cats.get(pid), position=j, shape=s,
-                            budget=b, seed=tseed, tokens=tokens, skipped=skipped, added=new, recheck=recheck,
-                            model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
-                    fills.setdefault(key, {}).update(tokens)
-                    filled += 1
-                cpu["trees"] += time.process_time() - c0
-                if log is not None and (made + filled) % 12 == 0:
-                    el = time.time() - t_start
-                    log(f"{dataset}: {made} trees (+{filled} filled) in {el:.0f} s ({60 * (made + filled) / el:.1f} trees/min)")
+                while cur < r:  # the positions' chunks, stride tokens at a time
+                    _advance(runners, full, cur, min(r, cur + self.stride))
+                    cur = min(r, cur + self.stride)
+                tree = build_tree(runners, self.settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
+            t1 = time.perf_counter()
+            if old is None:
+                self.write_tree(pid, j, s, b, r, tree, tseed, t0, t1)
             else:
-                continue
-            break
-    el = time.time() - t_start
-    count(last)
-    return dict(trees=made, filled=filled, recheck_max=worst, seconds=el, cpu_seconds=cpu, continuation_tokens=n_cont_tokens, model_calls=calls,
-                trees_per_min=60 * (made + filled) / el if el > 0 else 0.0, stopped=stopped)
+                self.write_fill(pid, j, s, b, old, tree, tseed, t0, t1)
+            self.cpu["trees"] += time.process_time() - c0
+            if self.log is not None and (self.made + self.filled) % 12 == 0:
+                el = time.time() - self.t_start
+                self.log(f"{self.dataset}: {self.made} trees (+{self.filled} filled) in {el:.0f} s "
+                         f"({60 * (self.made + self.filled) / el:.1f} trees/min)")
+        return True
+
+    def write_tree(self, pid: str, j: int, s: str, b: int, r: int, tree, tseed: int, t0: float, t1: float) -> None:
+        """Every rule's tokens per call on a new tree: its ``tree`` row (model time t1 - t0)."""
+        rules, skipped = self.rulesets[(s, b)]
+        tokens = evaluate_tree(tree, rules)
+        t2 = time.perf_counter()
+        self.w.write(kind="tree", dataset=self.dataset, prompt=pid, category=self.cats.get(pid), position=j,
+                     root_index=r, shape=s, budget=b, law=self.laws[(s, b)].kind, nodes=len(tree) - 1,
+                     depth=max(nd.depth for nd in tree.nodes), seed=tseed, support="full",
+                     V=int(tree.nodes[0].p.shape[0]), tokens=tokens, skipped=skipped,
+                     model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
+        self.made += 1
+
+    def write_fill(self, pid: str, j: int, s: str, b: int, old: dict, tree, tseed: int, t0: float, t1: float) -> None:
+        """Every rule's tokens per call today on a tree written before (row ``old``), rebuilt from its
+        seed: its ``tree_fill`` row, with today's minus the written values (model time t1 - t0)."""
+        rules, skipped = self.rulesets[(s, b)]
+        key = (pid, j, s, b)
+        new = _missing(old, rules, self.fills.get(key, {}))
+        tokens = evaluate_tree(tree, rules)
+        recheck = {x: tokens[x] - v for x, v in old["tokens"].items() if x in tokens}
+        self.worst = max([self.worst] + [abs(d) for d in recheck.values()])
+        if len(tree) - 1 != old.get("nodes", len(tree) - 1):
+            recheck["nodes"] = len(tree) - 1 - old["nodes"]
+            self.worst = math.inf
+        t2 = time.perf_counter()
+        self.w.write(kind="tree_fill", dataset=self.dataset, prompt=pid, category=self.cats.get(pid), position=j,
+                     shape=s, budget=b, seed=tseed, tokens=tokens, skipped=skipped, added=new, recheck=recheck,
+                     model_seconds=round(t1 - t0, 4), rule_seconds=round(t2 - t1, 4))
+        self.fills.setdefault(key, {}).update(tokens)
+        self.filled += 1
 
 
 def row_done(done: set, pid: str, j: int, s: str, b: int) -> bool:

