@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import _machine
-from .._validate import derive_seed
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",

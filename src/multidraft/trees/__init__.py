@@ -54,7 +54,7 @@ __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
     "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
     "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
-    "TreeRule", "TreeVerdict", "register", "get", "names", "has_fast_expected_tokens", "TokenWalk", "node_ks",
+    "TreeRule", "TreeVerdict", "register", "get", "names", "small_v_only", "has_fast_expected_tokens", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",
     "GreedyBlockVerification", "SelectThenBlock", "greedy_selection_law", "SpecTrGBV", "kseq_selection_law", "UniVer",
