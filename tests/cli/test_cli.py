@@ -50,3 +50,26 @@ def test_shell_sees_130_and_main_returns_130(monkeypatch):
 
     monkeypatch.setattr(cli, "build_parser", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
     assert cli.main(["compare"]) == 130
+
+
+@pytest.mark.parametrize("after", [ImportError("numpy: bad install"), RecursionError("maximum recursion depth exceeded")])
+def test_what_an_interrupted_import_leaves_behind_is_the_interrupt(monkeypatch, capsys, after):
+    """The interrupt of a lazy import (numpy left half-imported: an ImportError, or a RecursionError
+    from its __getattr__) is one line and 130 once the SIGINT was seen; the same exception without
+    an interrupt is a real error and propagates."""
+    from multidraft import cli
+    from multidraft.cli import verifier_table
+
+    def interrupted_then(args):
+        cli._SIGINT_SEEN[0] = True
+        raise after
+
+    def plain(args):
+        raise after
+
+    monkeypatch.setattr(verifier_table, "run", interrupted_then)
+    assert cli.main(["compare"]) == 130
+    assert capsys.readouterr().err.strip() == "multidraft compare: interrupted"
+    monkeypatch.setattr(verifier_table, "run", plain)
+    with pytest.raises(type(after)):
+        cli.main(["compare"])

@@ -140,13 +140,6 @@ def _main(argv) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except ImportError as exc:
-        if not (_interrupted(exc) or _SIGINT_SEEN[0]):
-            raise
-        # Ctrl-C inside a C extension's import (numpy's) surfaces as its ImportError ("bad
-        # install"), chained to the KeyboardInterrupt or not: it is an interrupt, not an error
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
     except (UserError, ValueError) as exc:
         if getattr(exc, "arg", None) is not None:  # an ArgumentError (multidraft._validate): restated with its flag
             mode = getattr(args, "arg_mode", None) or getattr(args, "experiment", None)
@@ -156,6 +149,15 @@ def _main(argv) -> int:
     except OSError as exc:
         print(f"{prog}: error: {os_error_message(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, _USER_OS_ERRORS) else 1
+    except Exception as exc:
+        if not (_interrupted(exc) or _SIGINT_SEEN[0]):
+            raise
+        # Ctrl-C inside an import surfaces as what the interrupted import leaves behind: a C
+        # extension's ImportError ("bad install"), or a RecursionError from a half-imported numpy
+        # whose __getattr__ re-imports itself (a lazy scipy import); chained to the
+        # KeyboardInterrupt or not, it is the interrupt, not an error
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _interrupted(exc: BaseException) -> bool:
