@@ -1,13 +1,16 @@
-"""The model-free settings of one ``generate`` call: made and validated once, then passed down.
+"""The one decode configuration: ``Settings``, model-free, made and validated once, then passed down.
 
 ``Settings.from_args(verifier=..., k=..., depth=..., ...)`` checks every argument that needs
-no model and resolves it (the verifier name to a ``Verifier``, the law name to a kind from
-``drafts.LAW_KINDS``, the tree argument to a ``TreeShape``, the draft temperatures to one
-per draft column). A bad argument raises ``ArgumentError`` (a ``ValueError``) whose ``arg``
-is the argument's name and whose message starts with it; the CLI turns ``arg`` into its flag
-from one table. ``generate(target, draft, ids, settings, generator=...)`` then uses the
-object as it is: nothing below re-checks it. ``generate(..., **keyword settings)`` makes the
-object from the keywords (the same call), so both forms decode the same tokens.
+no model and resolves it (the rule to its ``trees.TreeRule`` object, the law name to a kind from
+``drafts.LAW_KINDS``, the tree argument to a ``TreeShape``, the draft sources to
+``decoding.sources`` objects with one draft temperature per draft column). Every edge builds its
+settings here: ``generate``'s keywords, the CLI flags, the benchmarks' method grammar, a server
+request (``derive`` on the server's settings) and ``custom_generate``. A bad argument raises
+``ArgumentError`` (a ``ValueError``) whose ``arg`` is the argument's name and whose message starts
+with it; the CLI turns ``arg`` into its flag from one table. ``generate(target, draft, ids,
+settings, generator=...)`` then uses the object as it is: nothing below re-checks it.
+``settings.describe()`` is the one description (``decode --json``, result rows, the server's
+``speculative`` object).
 """
 from __future__ import annotations
 
