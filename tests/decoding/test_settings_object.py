@@ -182,6 +182,10 @@ def test_a_sampling_change_is_applied_to_the_resolved_object(monkeypatch):
     assert t == real(Settings, verifier="rrs_wor", k=3, depth=2, temperature=0.2, top_p=0.9, max_new_tokens=7,
                      draft_temperature=0.3)
     assert s.derive(temperature=0.2).draft_temps == (0.7,)  # the draft temperature does not follow unless given
+    for kw in (dict(temperature=0.2, draft_temperature=None), dict(draft_temperature=None)):  # None: from_args' default
+        assert s.derive(**kw) == real(Settings, **{**Settings.args_of(s.describe()), **kw})
+    ind = real(Settings, verifier="specinfer", k=2, depth=2, draft_temperature=[0.5, 1.0])
+    assert ind.derive(temperature=0.3, draft_temperature=None).draft_temps == (0.3, 0.3)
     with pytest.raises(ArgumentError) as info:
         s.derive(top_p=1.5)
     assert info.value.arg == "top_p"

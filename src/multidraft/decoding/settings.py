@@ -444,8 +444,8 @@ class Settings:
             new = {}
             for name in set(changes) & set(_SAMPLING):
                 new[name] = _CHECK[name](changes[name], name)
-            if dt is not None and self.sources:
-                t = as_temperature(dt, "draft_temperature")
+            if "draft_temperature" in changes and self.sources:  # None: the draft follows the temperature, as in from_args
+                t = new.get("temperature", self.temperature) if dt is None else as_temperature(dt, "draft_temperature")
                 new["sources"] = tuple(dataclasses.replace(src, temperatures=(t,) * len(src.temperatures))
                                        for src in self.sources)
             return dataclasses.replace(self, **new)
