@@ -59,7 +59,10 @@ layer at a time (``_optimal_np``), and the unit rows, the head, the level race a
 run in numpy too: the same rule, without the dispatch of thousands of small torch operations
 (~4.5 -> ~1.7 ms a node at V = 151,936). GPU rows, long rows and large batches take the batched
 torch route (``NUMPY_ON_CPU = False`` forces it). The two routes round differently (and may stop a
-fit at another point within its tolerance); each computes the exact r of its own placement.
+fit at another point within its tolerance); each computes the exact r of its own placement. The
+race is the same operations on both (``_race_torch``, ``_race_numpy``): for one generator they
+draw the same tokens wherever the two placements agree, and where a fit stopped elsewhere (a layer
+of units at another offset, r equal to 1e-9) another draft may win; the law is p on both.
 
 Corners: K = 1 puts every token alone (r = q): single-draft SD. Tokens with q = 0 are never
 drafted and get r = 0. Tokens with p = 0 < q come first (ratio inf), each its own layer.
@@ -312,7 +315,7 @@ def _bin_keys(p: torch.Tensor, q: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
-    """p, q float64 [R, V]. The head (``head`` tokens of largest p + q, ``torch.topk``) stays
+    """p, q float64 [R, V]. The head (``head`` tokens of largest p + q, in token order) stays
     token by token; every other token joins the unit of its q/p bin. The unit rows are planned
     by ``_plan`` (exact level race on units); a token y of unit u gets r(y) = q(y) r_u / q_u."""
     R, V = p.shape
@@ -321,7 +324,9 @@ def _plan_lumped(p, q, K, head, bits, levels, max_iter, tol):
     if NUMPY_ON_CPU and dev.type == "cpu":
         hidx = _head_numpy(p, q, h)  # [R, h]
     else:
-        hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices  # [R, h]
+        # in token order, as the numpy route gives it: a unit's index breaks ties in the plan, and
+        # topk's own order (sorted=False) is the kernel's, which may differ across devices
+        hidx = torch.topk(p + q, h, dim=-1, sorted=False).indices.sort(-1).values  # [R, h]
     key = _bin_keys(p, q, bits)  # [R, V]
     nb = (255 << bits) + 2
     key.scatter_(-1, hidx, nb - 1)  # head tokens: a dummy bin, dropped
@@ -924,29 +929,32 @@ class Optimal(Verifier):
         batch, K = p.shape[:-1], drafts.shape[-1]
         p64, q64, plan = self._make_plan(p, q, K, normalised)
         D = drafts.reshape(-1, K)
-        R = D.shape[0]
-        if NUMPY_ON_CPU and p.device.type == "cpu":  # the race on [R, K] in numpy: the same operations, no torch dispatch
-            token, rej = self._race_numpy(p64, plan, D, g)
-        else:
-            _, lid, lo, f, rk = self._draft_info(plan, D)
-            u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
-            u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=p.device)
-            u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p.device)
-            level = lo + (u_lev < f).to(lo.dtype)
-            top = lid.amax(-1, keepdim=True)
-            cand = lid == top
-            lev = torch.where(cand, level, torch.full_like(level, -1))
-            cand = cand & (lev == lev.amax(-1, keepdim=True))
-            win = torch.where(cand, u_tie, torch.full_like(u_tie, -1.0)).argmax(-1, keepdim=True)  # [R, 1]
-            Z = D.gather(-1, win).squeeze(-1)
-            rZ = rk.gather(-1, win).squeeze(-1)
-            pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
-            token = Z.clone()
-            rej = (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
+        race = self._race_numpy if NUMPY_ON_CPU and p.device.type == "cpu" else self._race_torch
+        token, rej = race(p64, plan, D, g)  # numpy on CPU: the same operations, no torch dispatch
         if rej.numel():
             res = self._residual_rows(p64, plan, rej)
             token[rej] = sample_rows(lambda rows: res[rows], torch.arange(rej.numel(), device=p.device), g)
         return token.reshape(batch)
+
+    def _race_torch(self, p64, plan, D, g):
+        """The level race and the accept coin of ``_verify_plan`` (any device): the draft of the
+        highest layer wins, then the highest level in it (lo, or lo + 1 with probability f), then
+        the largest tie uniform; it is accepted with probability min(1, p/r). (token [R], rejected rows)."""
+        R, K = D.shape
+        _, lid, lo, f, rk = self._draft_info(plan, D)
+        u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=p64.device)
+        u_tie = torch.rand(R, K, generator=g, dtype=torch.float64, device=p64.device)
+        u_acc = torch.rand(R, generator=g, dtype=torch.float64, device=p64.device)
+        level = lo + (u_lev < f).to(lo.dtype)
+        top = lid.amax(-1, keepdim=True)
+        cand = lid == top
+        lev = torch.where(cand, level, torch.full_like(level, -1))
+        cand = cand & (lev == lev.amax(-1, keepdim=True))
+        win = torch.where(cand, u_tie, torch.full_like(u_tie, -1.0)).argmax(-1, keepdim=True)  # [R, 1]
+        Z = D.gather(-1, win).squeeze(-1)
+        rZ = rk.gather(-1, win).squeeze(-1)
+        pZ = p64.gather(-1, Z.unsqueeze(-1)).squeeze(-1)
+        return Z.clone(), (~accept(u_acc, pZ, rZ)).nonzero().squeeze(-1)
 
     @staticmethod
     def _draft_info_numpy(plan, D):
@@ -966,8 +974,8 @@ class Optimal(Verifier):
 
     @staticmethod
     def _race_numpy(p64, plan, D, g):
-        """The level race and the accept coin of ``_verify_plan`` on CPU, in numpy (the same uniforms,
-        read in the same order, and the same float64 operations): (token [R] torch, rejected rows)."""
+        """``_race_torch`` on CPU, in numpy (the same uniforms, read in the same order, and the same
+        float64 operations, so the same tokens for the same plan): (token [R] torch, rejected rows)."""
         R, K = D.shape
         dev = p64.device  # the CPU
         u_lev = torch.rand(R, K, generator=g, dtype=torch.float64, device=dev).numpy()
