@@ -243,3 +243,55 @@ def test_provenance_is_one_record():
     meta = meta_row({"a": 1}, 3)
     assert set(_machine.PROVENANCE_KEYS) <= set(meta) and meta["versions"]["torch"]
     assert _machine.versions(also=("no_such_module_xyz",))["no_such_module_xyz"] is None
+
+
+@pytest.mark.parametrize("name,kind,k", _combos())
+def test_tensors_are_read_by_value(name, kind, k):
+    """Issue 41: a tensor that requires grad is read detached (the same tokens and law as the
+    detached one; nothing returned requires grad); sparse and meta tensors are refused in one
+    ValueError naming the argument, where they ended in torch errors."""
+    v = md.verifiers.get(name)
+    law = _law(kind, Q2, k)
+    q = law.q
+    drafts = law.sample(G(1))
+    ref = v.verify(P, q, drafts, G(2), law=law)
+    got = v.verify(P.clone().requires_grad_(), q, drafts, G(2), law=law)
+    assert torch.equal(got.token, ref.token)
+    out = v.output_distribution(P.clone().requires_grad_(), q, drafts, law=law)
+    assert not out.requires_grad and torch.equal(out, v.output_distribution(P, q, drafts, law=law))
+    for bad, what in ((P.to("meta"), "meta tensor"), (P.to_sparse(), "dense tensor")):
+        with pytest.raises(ValueError, match=f"target_probs.*{what}"):
+            v.verify(bad, q, drafts, G(2), law=law)
+    with pytest.raises(ValueError, match="drafts.*dense tensor"):
+        v.verify(P, q, drafts.to_sparse(), G(2), law=law)
+
+
+def test_laws_and_limits_read_tensors_by_value():
+    with pytest.raises(ValueError, match="q is a meta tensor"):
+        D.iid(Q.to("meta"), 2)
+    with pytest.raises(ValueError, match="p must be a dense tensor"):
+        md.optimal_acceptance(P.to_sparse(), D.iid(Q, 2))
+    a = md.optimal_acceptance(P.clone().requires_grad_(), D.iid(Q.clone().requires_grad_(), 2))
+    assert float(a) == float(md.optimal_acceptance(P, D.iid(Q, 2)))
+    assert not D.iid(Q.clone().requires_grad_(), 2).sample(G(0)).requires_grad
+
+
+def test_a_float32_law_takes_its_q_widened_to_float64():
+    """Issue 41: draft_probs holding a float32 law's q as float64 values (``law.q.double()``) is
+    the law's q: read as the law's renormalised row, so tokens and the exact law equal those of
+    the float32 q; other float64 values are still refused."""
+    g = G(5)
+    p = torch.softmax(torch.randn(3, 50, generator=g, dtype=torch.float64), -1)
+    q32 = torch.softmax(torch.randn(3, 50, generator=g), -1)
+    assert bool(((q32.double().sum(-1) - 1).abs() > 0).any())  # the widened rows are not normalised
+    for name in ("specinfer", "optimal", "khisti_is"):
+        v = md.verifiers.get(name)
+        law = D.iid(q32, 3)
+        x = law.sample(G(1))
+        ref = v.verify(p, q32, x, G(2), law=law).token
+        assert torch.equal(v.verify(p, q32.double(), x, G(2), law=law).token, ref)
+        assert torch.equal(v.output_distribution(p, q32.double(), x, law=law), v.output_distribution(p, q32, x, law=law))
+        per = q32.double().unsqueeze(-2).expand(3, 3, 50)
+        assert torch.equal(v.verify(p, per, x, G(2), law=law).token, ref)
+        with pytest.raises(ValueError, match="not the q the law was built from"):
+            v.verify(p, (q32.double() * 1.5 + 1e-3).softmax(-1), x, G(2), law=law)

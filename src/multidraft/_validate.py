@@ -7,6 +7,10 @@ Tolerance on ``sum(x) == 1`` along the last dimension, by dtype (``SUM_TOLERANCE
 float64 1e-6, float32 1e-4, float16 1e-2, bfloat16 2e-2. Inputs in float16/bfloat16 are
 cast to float32 and divided by their sum; float32 and float64 inputs are used as given.
 
+Tensors are read by value: a dense (strided) tensor on a device that holds values; a sparse
+or meta tensor is refused, and one that requires grad is read detached (verification samples:
+no gradient flows through it, and the results never require grad).
+
 Integers: wherever a count is expected (``k``, ``num_samples``, a seed) any integer type is
 accepted through ``operator.index`` (Python ``int``, ``numpy.int64``, a 0-d integer tensor);
 ``bool`` and floats (even ``2.0``) are refused.
@@ -42,6 +46,15 @@ SUM_TOLERANCE = {
 }
 
 
+def values_of(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` as values (module notes): refuses sparse and meta tensors naming ``name``; detaches."""
+    if x.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense tensor, got layout {x.layout} (call .to_dense() first)")
+    if x.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor: it has a shape but no values")
+    return x.detach() if x.requires_grad else x
+
+
 def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
     """Validate a probability tensor ``x`` (``[..., V]``) and return it in float32 or float64."""
     if not isinstance(x, torch.Tensor):
@@ -49,6 +62,7 @@ def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
             x = torch.as_tensor(x, dtype=torch.float64)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"{name} must be a tensor of probabilities, got {type(x).__name__}") from exc
+    x = values_of(x, name)
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor of probabilities, got dtype {x.dtype}")
     if x.ndim < min_ndim:
@@ -174,6 +188,7 @@ def as_tokens(drafts, name: str, V: int) -> torch.Tensor:
             drafts = torch.as_tensor(drafts)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"{name} must be a tensor of token ids") from exc
+    drafts = values_of(drafts, name)
     if drafts.is_floating_point() or drafts.is_complex() or drafts.dtype == torch.bool:
         raise ValueError(f"{name} must hold integer token ids, got dtype {drafts.dtype}")
     drafts = drafts.long()
@@ -264,25 +279,36 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.expand(shape), b.expand(shape)))
 
 
-def _law_q_matches(law, q: torch.Tensor, per: bool) -> bool:
-    """Whether draft_probs ``q`` (``[..., V]``, or ``[..., K, V]`` when ``per``) is the q the law
-    was built from: the very tensor, or equal values (to the law's q in its own dtype, or to
-    its float64 renormalised form ``law._q64()`` for a float64 q)."""
+def _law_q_as_read(law, q: torch.Tensor, per: bool) -> torch.Tensor | None:
+    """draft_probs ``q`` (``[..., V]``, or ``[..., K, V]`` when ``per``) as the verifier should read
+    it when it is the q the law was built from, else None. It is when it is the very tensor or
+    holds equal values (to the law's q in its own dtype, or to its float64 renormalised form
+    ``law._q64()`` for a float64 q): q is read as given. A float64 q that holds the values of a
+    lower-precision ``law.q`` widened (``law.q.double()``) is the law's q too: it is read as
+    ``law._q64()`` (shaped as q), the renormalised row the same law's float32 q gives, so the
+    verifier reads the law the drafts were drawn from."""
     if q is law.q:
-        return True
-    refs = []
-    if q.dtype == law.q.dtype:
-        refs.append(law.q)
-    elif q.dtype == torch.float64:
-        refs.append(law._q64())
-    for r in refs:
+        return q
+
+    def same(r):
         if law.kind == "independent":  # law.q is [..., K, V]
-            ok = _same_values(r, q if per else q.unsqueeze(-2))
-        else:  # law.q is [..., V]
-            ok = _same_values(r.unsqueeze(-2), q) if per else _same_values(r, q)
-        if ok:
-            return True
-    return False
+            return _same_values(r, q if per else q.unsqueeze(-2))
+        return _same_values(r.unsqueeze(-2), q) if per else _same_values(r, q)  # law.q is [..., V]
+
+    if q.dtype == law.q.dtype:
+        return q if same(law.q) else None
+    if q.dtype != torch.float64:
+        return None
+    if same(law._q64()):
+        return q
+    if not same(law.q.double()):
+        return None
+    r = law._q64()
+    if law.kind == "independent":
+        r = r if per else r[..., 0, :]
+    elif per:
+        r = r.unsqueeze(-2)
+    return r.expand(q.shape)
 
 
 def is_law_object(law) -> bool:
@@ -326,11 +352,14 @@ def check_law(law, kind: str, p: torch.Tensor, q: torch.Tensor, drafts: torch.Te
     V, K = p.shape[-1], drafts.shape[-1]
     if is_law_object(law):
         check_law_shape(law, V, K, p.shape[:-1], drafts.shape)
-        if validate and not _law_q_matches(law, q, q.ndim == p.ndim + 1):
-            raise ValueError(
-                "draft_probs: not the q the law was built from (law.q); pass law.q (or its values) "
-                "as draft_probs, or build the law on this draft_probs"
-            )
+        if validate:
+            read = _law_q_as_read(law, q, q.ndim == p.ndim + 1)
+            if read is None:
+                raise ValueError(
+                    "draft_probs: not the q the law was built from (law.q); pass law.q (or its values) "
+                    "as draft_probs, or build the law on this draft_probs"
+                )
+            q = read
     per = q.ndim == p.ndim + 1
     if kind in SHARED_Q_KINDS and per:
         if validate and q.stride(-2) != 0 and K > 1 and not torch.equal(q, q[..., :1, :].expand_as(q)):
