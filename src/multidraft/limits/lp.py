@@ -108,7 +108,7 @@ class CouplingSolution(NamedTuple):
     tuples: torch.Tensor     # [N, K] int64, every tuple of positive probability
     probs: torch.Tensor      # [N] float64, P(tuple)
     matched: torch.Tensor    # [N, V] float64, pi(t, y) on y in t, exactly feasible
-    residual: torch.Tensor   # [V] float64, law of the leftover column mass (zeros if none)
+    residual: torch.Tensor   # [V] float64, law of the leftover column mass (p where rounding leaves none)
     acceptance: float        # sum of matched mass (the LP optimum)
 
 
@@ -185,7 +185,10 @@ def solve_coupling(p, law: DraftLaw) -> CouplingSolution:
     pi = pi * torch.where(col > p, p / torch.where(col > 0, col, 1.0), torch.ones_like(col))
     left = (p - pi.sum(0)).clamp_min(0.0)
     z = left.sum()
-    residual = left / z if float(z) > 0 else torch.zeros_like(left)
+    # the rows' leftover mass goes where the columns' is; where the projection filled every column
+    # to p (z = 0) a row may still be short by its rounding: it follows p itself, so every row of
+    # ``coupling_rows`` is a law inside the support of p (moving at most that rounding)
+    residual = left / z if float(z) > 0 else p.clone()
     sol = CouplingSolution(tuples, probs, pi, residual, float(pi.sum()))
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
@@ -194,7 +197,8 @@ def solve_coupling(p, law: DraftLaw) -> CouplingSolution:
 
 
 def coupling_rows(sol: CouplingSolution) -> torch.Tensor:
-    """The full optimal coupling's conditional laws pi(t, .)/P(t), ``[N, V]`` float64."""
+    """The full optimal coupling's conditional laws pi(t, .)/P(t), ``[N, V]`` float64: each row a
+    law (sums to 1 to rounding) inside the support of p."""
     left = (sol.probs - sol.matched.sum(-1)).clamp_min(0.0)  # [N]
     full = sol.matched + left.unsqueeze(-1) * sol.residual.unsqueeze(0)
     return full / sol.probs.unsqueeze(-1)

@@ -46,12 +46,7 @@ class LPOptimal(Verifier):
             i0 = rows[0]
             lawobj = _law(Qf[i0], law, K)
             sol = solve_coupling(P[i0], lawobj)
-            cond = coupling_rows(sol)  # [N_tuples, V]
-            # a tuple whose mass is below the solver's tolerance may come back with a row short
-            # of 1 (nothing matched, no residual left): its missing mass follows p, so the row
-            # is a law inside the support of p (a change of at most the solver's tolerance)
-            short = (1.0 - cond.sum(-1, keepdim=True)).clamp_min(0.0)
-            cond = cond + short * P[i0].unsqueeze(0)
+            cond = coupling_rows(sol)  # [N_tuples, V], each row a law
             Vb = V + 1
             place = Vb ** torch.arange(K - 1, -1, -1, device=P.device)
             keys = (sol.tuples * place).sum(-1)
