@@ -350,13 +350,15 @@ def _chunk(req: SamplingRequest, text, finish) -> dict:
 
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
-               shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1) -> int:
+               shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1,
+               max_body_bytes: int = MAX_BODY_BYTES) -> int:
     """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
     (uvicorn's own configuration is not installed)."""
     import uvicorn
 
-    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes)
+    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes,
+                     max_body_bytes=max_body_bytes)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):

@@ -162,7 +162,7 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
         raise _bad(name, f"{name} must be a number, got {_show(v)}", "invalid_type")
     if v > hi or v < lo or (lo_open and v == lo):
         raise _bad(name, f"{name} must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {_show(v)}",
