@@ -286,7 +286,8 @@ def parse_chat(body) -> SamplingRequest:
             raise _bad(where, f"{where} must be an object with role and content", "invalid_type")
         role, content = m.get("role"), m.get("content")
         if role not in _ROLES:
-            raise _bad(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}, got {_show(role)}", "invalid_value")
+            raise _bad(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}, got {_show(role)}",
+                       "invalid_value")
         extra = [k for k in m if k not in ("role", "content", "name")]
         if extra:
             raise _bad(f"{where}.{extra[0][:_SHOW]}", f"Unrecognized argument in {where}: {extra[0][:_SHOW]}",
