@@ -46,7 +46,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ("/v1/completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens", None),
     ("/v1/completions", {**GOOD, "max_tokens": 10 ** 12}, 400, "max_tokens", "context_length_exceeded"),
     ("/v1/completions", {**GOOD, "max_tokens": "ten"}, 400, "max_tokens", None),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 10 ** 6}, 400, "max_tokens", "context_length_exceeded"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 10 ** 6}, 400, "max_completion_tokens",
+     "context_length_exceeded"),  # the field the client sent (issue 41)
     ("/v1/completions", {**GOOD, "prompt": "a" * 300}, 400, "prompt", "context_length_exceeded"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a" * 300}]}, 400, "messages",
      "context_length_exceeded"),

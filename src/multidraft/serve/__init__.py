@@ -7,7 +7,10 @@ text), ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``
 and settings give the same text; without one a seed is drawn and returned as ``seed``) and
 ``n = 1``. Each response carries ``usage`` and a ``speculative`` object (target calls, accepted
 tokens, block efficiency, the verifier and tree). Bad requests get a 4xx and OpenAI's error
-object. One worker decodes the requests of a bounded queue (429 when full) in the lanes of a
+object, never a 500: a body over ``protocol.MAX_BODY_BYTES`` is 413 before it is parsed; JSON
+nested past ``protocol.MAX_JSON_DEPTH``, NaN and strings that are not valid Unicode are 400;
+bodies are parsed and prompts tokenized off the event loop, so ``/health`` answers at once.
+One worker decodes the requests of a bounded queue (429 when full) in the lanes of a
 ``decoding.BatchDecoder`` (``max_lanes``; continuous batching, see ``worker``).
 
 Modules: ``protocol`` (request checks, errors), ``worker`` (the served pair, the queue, text

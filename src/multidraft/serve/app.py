@@ -19,9 +19,10 @@ import logging
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from .protocol import APIError, SamplingRequest, error_body, parse_chat, parse_completion
+from .protocol import MAX_BODY_BYTES, APIError, SamplingRequest, error_body, parse_chat, parse_completion, parse_json
 from .worker import Job, ServedModel, Worker
 
 __all__ = ["create_app", "run_server"]
@@ -31,8 +32,10 @@ _POLL_S = 0.25  # how often a waiting request checks that its client is still th
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1):
-    """The ASGI app serving ``model``; ``app.state.worker`` is its worker."""
+def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1,
+               max_body_bytes: int = MAX_BODY_BYTES):
+    """The ASGI app serving ``model``; ``app.state.worker`` is its worker. A request body longer
+    than ``max_body_bytes`` is answered 413 before it is parsed (see ``_body_of``)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
@@ -52,11 +55,13 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await endpoints.serve(request, parse_completion(await _body_of(request)))
+        raw = await _body_of(request, max_body_bytes)
+        return await endpoints.serve(request, await asyncio.to_thread(_parse, parse_completion, raw))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        return await endpoints.serve(request, parse_chat(await _body_of(request)))
+        raw = await _body_of(request, max_body_bytes)
+        return await endpoints.serve(request, await asyncio.to_thread(_parse, parse_chat, raw))
 
     return app
 
@@ -91,14 +96,34 @@ async def _internal(request, exc):
                         status_code=500)
 
 
-async def _body_of(request) -> object:
-    """The JSON body of ``request``; APIError 400 'invalid_json' when it does not parse."""
-    raw = await request.body()
+async def _body_of(request, limit: int) -> bytes:
+    """The bytes of ``request``'s body; APIError 413 when they pass ``limit``: refused by the
+    Content-Length header before any byte is read, else by the count of the bytes received
+    (a chunked body), so a long body never sits in memory."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") \
-            from None
+        length = int(request.headers.get("content-length", "0"))
+    except ValueError:  # the server checks the header (uvicorn: 400); the count below still holds
+        length = 0
+    if length > limit:
+        raise _too_large(limit, length)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int, length: int | None = None) -> APIError:
+    size = "" if length is None else f" ({length} bytes)"
+    return APIError(413, f"the request body{size} is longer than this server's limit of {limit} bytes",
+                    code="request_too_large")
+
+
+def _parse(parse, raw: bytes):
+    """``parse`` (``parse_completion`` or ``parse_chat``) of the JSON body ``raw``; run off the event loop."""
+    return parse(parse_json(raw))
 
 
 # --- the endpoints of one app ------------------------------------------------------------------
@@ -109,16 +134,23 @@ class _Endpoints:
     def __init__(self, model: ServedModel, worker: Worker, shutdown_grace_s: float):
         self.model, self.worker, self.shutdown_grace_s = model, worker, shutdown_grace_s
         self.created = int(time.time())
+        # prompts are tokenized in this thread (the lifespan's), off the event loop, one at a time
+        # (a tokenizer is not safe to share between threads: transformers' fast ones raise
+        # "Already borrowed")
+        self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="multidraft-tokenize")
+        self.tokenizing.shutdown()
 
     @asynccontextmanager
     async def lifespan(self, app):
         model, worker = self.model, self.worker
         worker.start()
+        self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="multidraft-tokenize")
         log.info("serving %s (%s) with %s", model.name, model.engine, json.dumps(model.describe()))
         try:
             yield
         finally:
             worker.drain(self.shutdown_grace_s)
+            self.tokenizing.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(worker.stop, self.shutdown_grace_s + 5)
             log.info("worker stopped: %s", json.dumps(worker.status()))
 
@@ -136,7 +168,12 @@ class _Endpoints:
         """Answer ``req`` (parsed from ``request``): one JSON body, or an SSE stream when ``req.stream``."""
         from fastapi.responses import StreamingResponse
 
-        ids, max_tokens = self.prepare(req)
+        try:
+            prepared = asyncio.get_running_loop().run_in_executor(self.tokenizing, self.prepare, req)
+        except RuntimeError:  # the executor is shut: the app's lifespan has ended
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down") \
+                from None
+        ids, max_tokens = await prepared
         settings = self.settings(req, max_tokens)
         call = _Call(request, req, ids, settings)
         self.worker.submit(call.job)  # 429 / 503 raised here, before any byte is sent
@@ -153,11 +190,12 @@ class _Endpoints:
             return self.model.request_settings(req.settings_changes(), max_tokens)
         except ValueError as exc:
             arg = getattr(exc, "arg", None)
-            param = {"max_new_tokens": "max_tokens"}.get(arg, arg)
+            param = {"max_new_tokens": req.max_tokens_param}.get(arg, arg)
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
     def prepare(self, req: SamplingRequest) -> tuple[list[int], int]:
-        """The prompt's token ids and the completion's token budget; APIError 404/400 when ``req`` can't be served."""
+        """The prompt's token ids and the completion's token budget; APIError 404/400 when ``req`` can't be served.
+        Runs in the ``tokenizing`` thread, never on the event loop."""
         model = self.model
         if req.model != model.name:
             raise APIError(404, f"The model `{req.model}` does not exist; this server serves `{model.name}`",
@@ -177,8 +215,9 @@ class _Endpoints:
         if req.max_tokens > room:
             raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
                                 f"{len(ids) + req.max_tokens} tokens ({len(ids)} in the prompt, {req.max_tokens} in "
-                                f"the completion). Please reduce the prompt or max_tokens (at most {room} here).",
-                           param="max_tokens", code="context_length_exceeded")
+                                f"the completion). Please reduce the prompt or {req.max_tokens_param} (at most {room} "
+                                f"here).",
+                           param=req.max_tokens_param, code="context_length_exceeded")
         return ids, req.max_tokens
 
     def prompt_ids(self, req: SamplingRequest) -> tuple[list[int], str]:
@@ -188,6 +227,8 @@ class _Endpoints:
             return codec.chat(req.prompt), "messages"
         if isinstance(req.prompt, str):
             return codec.encode(req.prompt), "prompt"
+        if len(req.prompt) >= codec.context:  # measured before the ids are read: prepare refuses it
+            return list(req.prompt), "prompt"
         V = _vocab(self.model)
         bad = [t for t in req.prompt if not 0 <= t < V]
         if bad:
@@ -312,13 +353,15 @@ def _chunk(req: SamplingRequest, text, finish) -> dict:
 
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
-               shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1) -> int:
+               shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1,
+               max_body_bytes: int = MAX_BODY_BYTES) -> int:
     """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
     (uvicorn's own configuration is not installed)."""
     import uvicorn
 
-    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes)
+    app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes,
+                     max_body_bytes=max_body_bytes)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):

@@ -11,16 +11,23 @@ accepted as vLLM and llama-server accept it (an extension; -1 or 0 means off).
 """
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from dataclasses import dataclass, field
 
-__all__ = ["APIError", "SamplingRequest", "parse_completion", "parse_chat", "error_body"]
+__all__ = ["APIError", "SamplingRequest", "parse_completion", "parse_chat", "error_body", "parse_json",
+           "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
 
 # OpenAI's ranges: temperature in [0, 2], top_p in (0, 1]; at most 4 stop sequences
 MAX_TEMPERATURE = 2.0
 MAX_STOP = 4
 SEED_RANGE = (-(2 ** 63), 2 ** 64)  # what torch.Generator.manual_seed takes (OpenAI: an int64)
+# the server's bounds on a body, checked before anything else reads it: its size in bytes (413
+# beyond it, by Content-Length and by the bytes received), and its JSON nesting (400 beyond it)
+MAX_BODY_BYTES = 4 * 2 ** 20
+MAX_JSON_DEPTH = 32
+_SHOW = 80  # characters of a refused value quoted in an error message
 
 
 class APIError(Exception):
@@ -41,6 +48,67 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 def _bad(param: str, message: str, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def _show(v) -> str:
+    """``repr(v)``, cut to ``_SHOW`` characters (a refused value may be megabytes long)."""
+    text = repr(v) if not isinstance(v, (list, dict)) or len(v) < _SHOW else f"<{type(v).__name__} of {len(v)}>"
+    return text if len(text) <= _SHOW else text[:_SHOW] + "..."
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """The JSON value of a request body ``raw`` (at most ``MAX_BODY_BYTES``, checked by the
+    caller); APIError 400 'invalid_json' when it is not JSON (``NaN`` and ``Infinity`` are
+    not), nests deeper than ``max_depth`` arrays and objects, or holds a string or key that is
+    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``)."""
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        value = None
+        depth = max_depth + 1
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN, an int of > 4300 digits
+        raise _bad(None, f"We could not parse the JSON body of your request: {str(exc)[:200]}", "invalid_json") \
+            from None
+    else:
+        depth = _check_tree(value, max_depth)
+    if depth > max_depth:
+        raise _bad(None, f"the JSON body nests arrays and objects deeper than {max_depth} levels", "invalid_json")
+    return value
+
+
+def _check_tree(value, max_depth: int) -> int:
+    """The nesting depth of ``value`` (stops past ``max_depth``); APIError 400 on a string that
+    is not valid Unicode. Iterative: no recursion however deep."""
+    todo, deepest = [(value, 0)], 0
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, str):
+            _unicode(v)
+        elif isinstance(v, (list, dict)):
+            d += 1
+            deepest = max(deepest, d)
+            if d > max_depth:
+                return d
+            if isinstance(v, dict):
+                for key, item in v.items():
+                    _unicode(key)
+                    todo.append((item, d))
+            else:
+                todo.extend((item, d) for item in v if isinstance(item, (str, list, dict)))
+    return deepest
+
+
+def _unicode(s: str) -> None:
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _bad(None, f"the JSON body holds a string that is not valid Unicode ({exc.reason} at character "
+                             f"{exc.start}: {s[exc.start]!r})", "invalid_unicode") from None
 
 
 # fields both endpoints share, and OpenAI fields accepted only at their neutral value
@@ -83,6 +151,7 @@ class SamplingRequest:
     seed: int
     seed_given: bool
     decode: dict = field(default_factory=dict)  # the request's multidraft decode fields (_DECODE) as given
+    max_tokens_param: str = "max_tokens"  # the field max_tokens came from ('max_completion_tokens' in a chat)
 
     def settings_changes(self) -> dict:
         """The request's changes of the server's decode settings (``Settings.derive`` keywords)."""
@@ -93,10 +162,10 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _bad(name, f"{name} must be a number, got {v!r}", "invalid_type")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        raise _bad(name, f"{name} must be a number, got {_show(v)}", "invalid_type")
     if v > hi or v < lo or (lo_open and v == lo):
-        raise _bad(name, f"{name} must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {v!r}",
+        raise _bad(name, f"{name} must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {_show(v)}",
                    "invalid_value")
     return float(v)
 
@@ -105,7 +174,7 @@ def _int(v, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         if isinstance(v, float) and v.is_integer():
             return int(v)
-        raise _bad(name, f"{name} must be an integer, got {v!r}", "invalid_type")
+        raise _bad(name, f"{name} must be an integer, got {_show(v)}", "invalid_type")
     return v
 
 
@@ -114,23 +183,23 @@ def _common(body, allowed: set, endpoint: str) -> dict:
         raise _bad(None, "the request body must be a JSON object", "invalid_json")
     for key in body:
         if key not in allowed:
-            raise _bad(key, f"Unrecognized request argument supplied: {key}", "unknown_parameter")
+            raise _bad(key[:_SHOW], f"Unrecognized request argument supplied: {key[:_SHOW]}", "unknown_parameter")
     for key, ok in _NEUTRAL.items():
         if key in body and body[key] not in ok:
-            raise _bad(key, f"{key}={body[key]!r} is not supported by this server (multidraft serve); "
+            raise _bad(key, f"{key}={_show(body[key])} is not supported by this server (multidraft serve); "
                             f"leave it out", "unsupported_parameter")
     model = body.get("model")
     if model is None:
         raise _bad("model", "you must provide a model parameter", "missing_required_parameter")
     if not isinstance(model, str):
-        raise _bad("model", f"model must be a string, got {model!r}", "invalid_type")
+        raise _bad("model", f"model must be a string, got {_show(model)}", "invalid_type")
     n = body.get("n")
     if n is not None and _int(n, "n") != 1:
-        raise _bad("n", f"n={n!r} is not supported: this server returns one choice per request (n=1); send "
+        raise _bad("n", f"n={_show(n)} is not supported: this server returns one choice per request (n=1); send "
                         f"several requests with different seeds for several samples", "unsupported_parameter")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _bad("stream", f"stream must be a boolean, got {stream!r}", "invalid_type")
+        raise _bad("stream", f"stream must be a boolean, got {_show(stream)}", "invalid_type")
     stream = bool(stream)
     opts = body.get("stream_options")
     include_usage = False
@@ -139,7 +208,7 @@ def _common(body, allowed: set, endpoint: str) -> dict:
             raise _bad("stream_options", "stream_options is only allowed when stream is true", "invalid_value")
         if not isinstance(opts, dict) or any(k not in ("include_usage", "continuous_usage_stats",
                                                        "include_obfuscation") for k in opts):
-            raise _bad("stream_options", f"stream_options must be an object with include_usage, got {opts!r}",
+            raise _bad("stream_options", f"stream_options must be an object with include_usage, got {_show(opts)}",
                        "invalid_value")
         include_usage = bool(opts.get("include_usage", False))
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -166,7 +235,7 @@ def _common(body, allowed: set, endpoint: str) -> dict:
             raise _bad("stop", f"stop takes at most {MAX_STOP} sequences, got {len(stop)}", "invalid_value")
         stops = tuple(s for s in stop if s)
     else:
-        raise _bad("stop", f"stop must be a string or a list of strings, got {stop!r}", "invalid_type")
+        raise _bad("stop", f"stop must be a string or a list of strings, got {_show(stop)}", "invalid_type")
     seed = body.get("seed")
     if seed is not None:
         seed = _int(seed, "seed")
@@ -174,11 +243,11 @@ def _common(body, allowed: set, endpoint: str) -> dict:
             raise _bad("seed", f"seed must be a 64-bit integer, got {seed}", "invalid_value")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
-        raise _bad("user", f"user must be a string, got {user!r}", "invalid_type")
+        raise _bad("user", f"user must be a string, got {_show(user)}", "invalid_type")
     return dict(endpoint=endpoint, model=model, max_tokens=max_tokens, temperature=temperature,
                 top_p=None if top_p >= 1.0 else top_p, top_k=top_k, stream=stream, include_usage=include_usage,
                 stop=stops, seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None,
-                decode={k: body[k] for k in _DECODE if body.get(k) is not None})
+                decode={k: body[k] for k in _DECODE if body.get(k) is not None}, max_tokens_param=key)
 
 
 def parse_completion(body) -> SamplingRequest:
@@ -217,10 +286,12 @@ def parse_chat(body) -> SamplingRequest:
             raise _bad(where, f"{where} must be an object with role and content", "invalid_type")
         role, content = m.get("role"), m.get("content")
         if role not in _ROLES:
-            raise _bad(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}", "invalid_value")
+            raise _bad(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}, got {_show(role)}",
+                       "invalid_value")
         extra = [k for k in m if k not in ("role", "content", "name")]
         if extra:
-            raise _bad(f"{where}.{extra[0]}", f"Unrecognized argument in {where}: {extra[0]}", "unknown_parameter")
+            raise _bad(f"{where}.{extra[0][:_SHOW]}", f"Unrecognized argument in {where}: {extra[0][:_SHOW]}",
+                           "unknown_parameter")
         if isinstance(content, list):
             parts = []
             for p in content:
