@@ -9,6 +9,13 @@ import time
 import pytest
 
 
+def _sigint_default():
+    """In the child: SIGINT as a terminal gives it, whatever the suite was started under (a
+    background job or nohup starts with SIGINT ignored, and the command line keeps an ignored
+    SIGINT ignored, so the interrupt would never arrive)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_import_multidraft_is_lazy():
     code = "import sys, multidraft; assert 'torch' not in sys.modules; multidraft.drafts; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -28,7 +35,8 @@ def test_ctrl_c_at_any_time_is_one_line(delay, entry):
     if entry == "script" and not Path(command[0]).exists():
         pytest.skip("the console script is not installed next to this interpreter")
     proc = subprocess.Popen(command + ["compare", "--k", "1,2,3,4,5", "--seed", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_sigint_default)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

@@ -21,6 +21,12 @@ from multidraft.cli import _args
 GUARD_S = 120  # a hang becomes a failure after this long; the commands take well under a second
 
 
+def _sigint_default():
+    """In the child: SIGINT as a terminal gives it, whatever the suite was started under (a
+    background job or nohup starts with SIGINT ignored, and the command line keeps an ignored
+    SIGINT ignored, so the interrupt would never arrive)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 
 
 class Hung(Exception):
@@ -477,7 +483,8 @@ def test_early_ctrl_c_never_reports_a_bad_install(delay):
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "multidraft", "compare", "--k", "1,2,3,4,5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_sigint_default)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=GUARD_S)
