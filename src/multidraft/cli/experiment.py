@@ -19,8 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..datasets import DATASETS
-from ..experiments.collect import POSITIONS_FROM
 from . import UserError
 from ._args import close_mapper as _close
 from ._args import eprint as _log
@@ -31,6 +29,9 @@ from ._args import model_names as _model_names
 from ._args import progress_bar as _progress
 
 ENGINES = ("transformers", "llama.cpp")  # decoding.pair.ENGINES, spelled here so --help imports no torch
+# datasets.DATASETS and experiments.collect.POSITIONS_FROM, spelled here for the same reason (a test pins them equal)
+DATASETS = ("humaneval", "kjv", "mtbench")
+POSITIONS_FROM = ("continuation", "teacher-forcing")
 
 
 def _common(p, *, positions: bool = True) -> None:
@@ -200,10 +201,10 @@ def run_realtrees(args) -> int:
 
     shapes, budgets = _check_realtrees(args)
     from .. import models
-    from ..decoding.pair import load_pair
+    from ._args import load_models
     from ..experiments.realtrees import run
 
-    target, draft, tok = load_pair("transformers", n_threads=args.threads)
+    target, draft, tok = load_models("transformers", n_threads=args.threads)
     names = {"target": getattr(models.DEFAULT_TARGET, "name", None), "draft": getattr(models.DEFAULT_DRAFT, "name", None),
              "dtype": str(next(target.parameters()).dtype), "engine": "transformers"}
     print(f"seed {args.seed}; continuations sampled at T = 1 from the target", file=sys.stderr)
