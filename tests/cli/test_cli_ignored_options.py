@@ -39,6 +39,7 @@ BAD_BEFORE_TORCH = [
     ["serve", "--port", "70000"],
     ["bound", "--p", "p.npy", "--q", "q.npy", "--temperature", "2"],
     ["bound", "--p", "p.npy", "--q", "q.npy", "--max-set", "3"],
+    ["bound", "--p", "p.npy", "--q", "q.npy", "--k", "0"],
     ["experiment", "acceptance", "run", "--texts", "x"],
     ["experiment", "paper", "run", "--nope"],
     ["profile", "--prefix", "0"],
@@ -303,3 +304,26 @@ def test_profile_refuses_the_other_mode_s_flags(no_models, capsys, argv, words):
     assert main(["profile", *argv]) == 2
     assert words in _one_line(capsys, "multidraft profile: error:")
     assert no_models == []
+
+
+# ---- experiment: each --positions-from reads its own flags ------------------------------------------
+@pytest.mark.parametrize("argv,words", [
+    (["--max-tokens", "24"], "--max-tokens applies to --positions-from teacher-forcing only"),
+    (["--positions-from", "teacher-forcing", "--new-tokens", "8"], "--new-tokens applies to --positions-from continuation"),
+    (["--positions-from", "teacher-forcing", "--sample-temperature", "0.5"], "--sample-temperature applies to"),
+])
+def test_experiment_refuses_the_other_position_mode_s_flags(no_models, capsys, tmp_path, argv, words):
+    assert main(["experiment", "acceptance", str(tmp_path / "run"), "--no-progress", *argv]) == 2
+    assert words in _one_line(capsys, "multidraft experiment: error:")
+    assert no_models == []
+
+
+def test_out_of_memory_inside_a_study_is_one_line_too(monkeypatch, capsys, tmp_path):
+    from multidraft.experiments import demo
+
+    def run_demo(*a, **kw):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 6442450944 bytes.")
+
+    monkeypatch.setattr(demo, "run_demo", run_demo)
+    assert main(["demo", "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+    assert "can't allocate memory" in _one_line(capsys, "multidraft demo: error: out of memory:")

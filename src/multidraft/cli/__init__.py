@@ -154,6 +154,11 @@ def _main(argv) -> int:
         return 1
     except Exception as exc:
         if not (_interrupted(exc) or _SIGINT_SEEN[0]):
+            from ._args import out_of_memory
+
+            if out_of_memory(exc):  # torch's allocators (a load inside a study, a decode): one line too
+                print(f"{prog}: error: out of memory: {_one_line(exc)[:300]}", file=sys.stderr)
+                return 1
             raise
         # Ctrl-C inside an import surfaces as what the interrupted import leaves behind: a C
         # extension's ImportError ("bad install"), or a RecursionError from a half-imported numpy

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from .._errors import ArgumentError
 from ._args import k_list
 
 # torch and the library load in run(), after the arguments are parsed: a bad flag is refused at once
@@ -58,6 +59,9 @@ def _load(path: str, name: str, logits: bool, temperature: float, ndims: tuple[i
 def check_args(args) -> None:
     """The flags that only some inputs read, checked before any file is read: each one given
     where it would be ignored is refused, naming what reads it."""
+    bad = next((k for k in k_list(args.k) if k < 1), None)  # before torch loads (as_ks checks it again, fully)
+    if bad is not None:
+        raise ArgumentError("k", f"must be >= 1 (number of drafts), got {bad}")
     if not args.logits:
         for flag, val in (("--temperature", args.temperature), ("--draft-temperature", args.draft_temperature)):
             if val is not None:
