@@ -221,7 +221,7 @@ def test_cli_accepts_mtbench_and_names_it_for_an_unknown_set(monkeypatch, tmp_pa
     loads = []
     monkeypatch.setattr(dm, "resolve_pair", lambda *a, **k: loads.append(1) or (t, d, tiny_tokenizer()))
     argv = ["experiment", "acceptance", str(tmp_path / "run"), "--texts", "2", "--positions-per-text", "2",
-            "--max-tokens", "24", "--k", "2", "--draws", "10", "--verifiers", "naive,nss", "--laws", "iid", "--no-progress"]
+            "--k", "2", "--draws", "10", "--verifiers", "naive,nss", "--laws", "iid", "--no-progress"]
     assert main(argv + ["--datasets", "mtbench,nope"]) == 2
     err = capsys.readouterr().err
     assert "mtbench" in err and "'nope'" in err and len(err.strip().splitlines()) == 1 and loads == []

@@ -4,7 +4,7 @@ Each module in ``COMMANDS`` exposes ``register(subparsers)``, which adds its sub
 and sets ``func`` on them (``func(args) -> int``). Every failure the user can cause or fix
 prints ONE line on stderr, never a traceback: a mistake in the input (``ValueError``, a
 missing, misplaced or unwritable path) exits 2, any other I/O error (disk full) exits 1,
-naming the path; Ctrl-C at any point of :func:`main` (imports and model loading
+naming the path, and running out of memory (loading a model included) exits 1; Ctrl-C at any point of :func:`main` (imports and model loading
 included) prints ``interrupted``: :func:`main` then returns 130, and the console entry
 point :func:`run` ends the process by SIGINT, as Unix programs do (a shell reports 130,
 and a shell loop around the command stops). Results files are written row by row, so
@@ -149,8 +149,16 @@ def _main(argv) -> int:
     except OSError as exc:
         print(f"{prog}: error: {os_error_message(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, _USER_OS_ERRORS) else 1
+    except MemoryError as exc:  # loading a model (cli._args.load_models) or any step: one line, exit 1
+        print(f"{prog}: error: {_one_line(exc) or 'out of memory'}", file=sys.stderr)
+        return 1
     except Exception as exc:
         if not (_interrupted(exc) or _SIGINT_SEEN[0]):
+            from ._args import out_of_memory
+
+            if out_of_memory(exc):  # torch's allocators (a load inside a study, a decode): one line too
+                print(f"{prog}: error: out of memory: {_one_line(exc)[:300]}", file=sys.stderr)
+                return 1
             raise
         # Ctrl-C inside an import surfaces as what the interrupted import leaves behind: a C
         # extension's ImportError ("bad install"), or a RecursionError from a half-imported numpy

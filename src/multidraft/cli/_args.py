@@ -18,7 +18,8 @@ from pathlib import Path
 from .._errors import ArgumentError
 
 __all__ = ["k_list", "int_list", "float_list", "name_list", "draft_ftype", "check_out_file", "check_out_dir", "check_common", "quiet_loading",
-           "eprint", "SHOWN", "print_skipped", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper"]
+           "eprint", "warn", "SHOWN", "print_skipped", "model_loader", "model_names", "progress_bar", "mapper_kw", "close_mapper",
+           "load_models", "out_of_memory"]
 
 
 def name_list(text, arg: str) -> list[str]:
@@ -207,6 +208,13 @@ def eprint(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def warn(args, msg: str) -> None:
+    """``multidraft COMMAND: warning: msg`` on stderr: an option given where the chosen mode
+    ignores part of what it asks (one line; the command carries on)."""
+    cmd = " ".join(x for x in (getattr(args, "command", None), getattr(args, "experiment", None)) if x)
+    print(f"multidraft{' ' + cmd if cmd else ''}: warning: {msg}", file=sys.stderr, flush=True)
+
+
 SHOWN = 20  # damaged rows named one per line on stderr; the rest are counted
 
 
@@ -219,6 +227,32 @@ def print_skipped(command: str, skipped: list[str], more: str = "") -> None:
         print(f"multidraft {command}: ... and {len(skipped) - SHOWN} more damaged rows{more}", file=sys.stderr)
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: ``MemoryError``, torch's ``OutOfMemoryError``
+    (CUDA), or the RuntimeError of torch's CPU allocator."""
+    if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(
+        w in text for w in ("out of memory", "can't allocate memory", "not enough memory", "cannot allocate memory"))
+
+
+def load_models(*args, **kw):
+    """``decoding.pair.load_pair(*args, **kw)``, the one load boundary of the command line: running
+    out of memory there is a ``MemoryError`` whose text says so in one line (``cli.main`` prints
+    it and exits 1), not a traceback."""
+    from ..decoding.pair import load_pair
+
+    try:
+        return load_pair(*args, **kw)
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        raise MemoryError(f"out of memory while loading the models ({args[0] if args else kw.get('engine', '')}): "
+                          f"{detail or type(exc).__name__}; try a smaller --dtype, a smaller model, or free memory") from None
+
+
 def model_loader(args):
     """A callable loading ``(target, draft, tokenizer)`` of ``--engine`` (default transformers)
     from ``--target`` / ``--draft`` (the default pair where absent; on llama.cpp the GGUF target
@@ -226,10 +260,8 @@ def model_loader(args):
     engine = getattr(args, "engine", "transformers")
 
     def load():
-        from ..decoding.pair import load_pair
-
         eprint(f"loading models ({engine}) ...")
-        return load_pair(engine, target=args.target, draft=args.draft, log=eprint)
+        return load_models(engine, target=args.target, draft=args.draft, log=eprint)
 
     return load
 
@@ -257,10 +289,37 @@ def progress_bar(args):
     return progress
 
 
+RAY_CONNECT_TIMEOUT_S = 5.0  # how long --ray HOST:PORT may take to accept a connection before it is refused
+
+
+def check_ray_address(raw, flag: str = "--ray") -> None:
+    """``--ray``: ``auto``, ``local``, or ``HOST:PORT`` / ``ray://HOST:PORT`` that accepts a TCP
+    connection now (tried, within :data:`RAY_CONNECT_TIMEOUT_S`), so an unreachable cluster is
+    refused before any model loads or position is collected, not after. ValueError naming ``flag``."""
+    import socket
+
+    text = str(raw).strip()
+    if text in ("auto", "local"):
+        return
+    rest = text.removeprefix("ray://")
+    host, sep, port_text = rest.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"{flag}: expected auto, HOST:PORT or ray://HOST:PORT, got {text!r}")
+    try:
+        with socket.create_connection((host, int(port_text)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ValueError(f"{flag}: cannot reach {text}: {reason} (is the Ray cluster up?)") from None
+
+
 def mapper_kw(args) -> dict:
-    """``{"mapper": RayMapper}`` for ``--ray``, else nothing (the single-process default)."""
+    """``{"mapper": RayMapper}`` for ``--ray``, else nothing (the single-process default). The
+    address is tried first (:func:`check_ray_address`): call it before any model loads."""
     if not args.ray:
         return {}
+    check_ray_address(args.ray)
     from ..experiments.distributed import ray_mapper
     from . import UserError
 

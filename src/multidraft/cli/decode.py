@@ -45,8 +45,10 @@ import json
 import sys
 
 from .._errors import ArgumentError
-from ..drafts import LAW_KINDS
-from ._args import check_common, check_out_file, draft_ftype, float_list, k_list, quiet_loading
+from ._args import check_common, check_out_file, draft_ftype, float_list, k_list, quiet_loading, warn
+
+# drafts.LAW_KINDS, spelled here so that parsing (and a refusal) imports no torch (a test pins them equal)
+LAW_KINDS = ("iid", "wor", "greedy", "independent")
 
 
 def register(sub) -> None:
@@ -126,8 +128,8 @@ def add_settings_flags(p, engine: str = "transformers") -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the tokenizer's end-of-sequence token")
     p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
-                   help="model dtype (transformers engine)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="model dtype (transformers engine; default bfloat16)")
     p.add_argument("--engine", default=engine, choices=("transformers", "llama.cpp"),
                    help=f"transformers (model directories) or llama.cpp (GGUF files, the llama extra); default {engine}")
     p.add_argument("--bf16-target", action="store_true",
@@ -191,6 +193,42 @@ def _tree_flags(args) -> None:
             setattr(args, name, value)
 
 
+# flags that only a decode with drafts reads: with --verifier none (the target alone) they would be ignored
+_DRAFTING_ONLY = ("k", "depth", "draft_law", "draft_temperature", "sources", "draft_ftype")
+
+
+def _target_only_flags(args, target_only: bool) -> list[str]:
+    """--verifier none decodes with the target alone: a flag of the drafts is refused (one line
+    naming it); ``--draft`` is named in a warning (the draft model is not loaded), returned to
+    be printed once every check has passed."""
+    if not target_only:
+        return []
+    for name in _DRAFTING_ONLY:
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} applies to decoding with drafts; --verifier none decodes "
+                             "with the target alone: drop one of them")
+    if args.tree not in (None, "full", "auto", "dynamic"):  # auto and dynamic are refused by name below
+        raise ValueError(f"--tree {args.tree} shapes draft trees; --verifier none decodes with the target alone: "
+                         "drop one of them")
+    return ["--draft is not loaded: --verifier none decodes with the target alone"] if args.draft is not None else []
+
+
+def _early_sizes(args) -> None:
+    """The signs of the size flags, checked before the decoder's settings are imported (with
+    torch): a bad one is refused at once; the settings check them again, fully."""
+    for name in ("k", "depth", "k_max", "max_depth", "max_new_tokens", "warmup_tokens"):
+        raw = getattr(args, name, None)
+        if raw is None:
+            continue
+        if name == "k":
+            vals = k_list(raw)
+            bad = next((v for v in vals if v < 1), None)
+            if bad is not None:
+                raise ArgumentError("k", f"must be >= 1 (number of drafts), got {bad}")
+        elif isinstance(raw, int) and raw < 1:
+            raise ArgumentError(name, f"must be >= 1, got {raw}")
+
+
 def check_args(args):
     """Every argument checked and resolved once, before any model is loaded:
     ``(settings, draft_temperature, tree, out)`` with ``settings`` the ``decoding.Settings`` that
@@ -210,9 +248,14 @@ def check_settings(args):
     """The models, engine and decoding flags (:func:`add_settings_flags`) checked and resolved
     once, before any model is loaded: ``(settings, draft_temperature, tree)`` (see
     :func:`check_args`); ``decode`` and ``serve`` share it."""
-    from ..decoding import Settings
-
+    target_only = args.verifier is not None and args.verifier.strip().lower() == "none"
+    warnings = _target_only_flags(args, target_only)
+    if args.engine == "llama.cpp" and args.dtype is not None:
+        raise ValueError("--dtype applies to --engine transformers only (llama.cpp runs the GGUF's own types)")
+    if args.engine != "llama.cpp" and args.dtype is None:
+        args.dtype = "bfloat16"
     _tree_flags(args)
+    _early_sizes(args)
     ks = k_list(args.k)
     if len(ks) != 1:
         raise ArgumentError("k", f": decode takes one number of drafts, got {args.k!r}")
@@ -233,7 +276,6 @@ def check_settings(args):
                 raise ValueError(f"{flag} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
     tree = _tree(args.tree)
-    target_only = args.verifier is not None and args.verifier.strip().lower() == "none"
     if target_only and args.rule is not None:
         raise ValueError("--rule verifies draft trees; --verifier none decodes with the target alone: drop one of them")
     if tree == "auto" and target_only:
@@ -255,6 +297,8 @@ def check_settings(args):
     placeholder = None
     if tree == "auto":  # a K-ary tree of depth 1, or one chain for a sequence-level rule, until the tree is chosen
         placeholder = [[0]] if args.rule not in (None, "token_walk") else None
+    from ..decoding import Settings  # torch loads here, once the flags above are known good
+
     settings = Settings.from_args(
         **who, rule=args.rule, **sizes, draft_law=args.draft_law, tree=placeholder if tree == "auto" else tree,
         temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
@@ -267,6 +311,8 @@ def check_settings(args):
             raise ArgumentError("depth", f": the tree has {settings.shape.max_nodes() - 1} drafted nodes a step; "
                                          f"--engine llama.cpp takes at most {LLAMA_CPP_TREE_NODES - 1} (one batch)")
     check_common(args)  # --seed, --target / --draft
+    for msg in warnings:
+        warn(args, msg)
     return settings, draft_temperature, tree
 
 
@@ -312,13 +358,13 @@ def run(args) -> int:
 
     from ..datasets import encode, has_chat_template
     from ..decoding import generate
-    from ..decoding.pair import load_pair
+    from ._args import load_models
 
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.quiet:
         quiet_loading()
     llama = args.engine == "llama.cpp"
-    target, draft, tok = load_pair(
+    target, draft, tok = load_models(
         args.engine, target=args.target, draft=args.draft if not settings.target_alone else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
         draft_ftype=args.draft_ftype if not settings.target_alone else None, n_threads=args.threads, log=log)

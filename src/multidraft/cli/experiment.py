@@ -19,8 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..datasets import DATASETS
-from ..experiments.collect import POSITIONS_FROM
 from . import UserError
 from ._args import close_mapper as _close
 from ._args import eprint as _log
@@ -31,6 +29,9 @@ from ._args import model_names as _model_names
 from ._args import progress_bar as _progress
 
 ENGINES = ("transformers", "llama.cpp")  # decoding.pair.ENGINES, spelled here so --help imports no torch
+# datasets.DATASETS and experiments.collect.POSITIONS_FROM, spelled here for the same reason (a test pins them equal)
+DATASETS = ("humaneval", "kjv", "mtbench")
+POSITIONS_FROM = ("continuation", "teacher-forcing")
 
 
 def _common(p, *, positions: bool = True) -> None:
@@ -54,15 +55,15 @@ def _common(p, *, positions: bool = True) -> None:
         p.add_argument("--texts", type=int, default=4, help="prompts or texts per dataset (default 4; a cap with --min-positions)")
         p.add_argument("--positions-per-text", type=int, default=None,
                        help="sampled positions per text (default: every continuation position; 8 with teacher forcing)")
-        p.add_argument("--new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
-        p.add_argument("--sample-temperature", type=float, default=1.0,
+        p.add_argument("--new-tokens", type=int, default=None, help="continuation length per prompt (default 64)")
+        p.add_argument("--sample-temperature", type=float, default=None,
                        help="target temperature the continuations are sampled at (default 1)")
         p.add_argument("--min-positions", type=int, default=None,
                        help="continue prompts (seeded random order, at most --texts) until a dataset has this many positions")
         p.add_argument("--independent-temperatures", default=None, metavar="T1,T2,...",
                        help="also store the draft at these temperatures: the independent law's K <= J drafts use t_1..t_K "
                             "(needed by --laws independent)")
-        p.add_argument("--max-tokens", type=int, default=256, help="tokens per text, teacher-forced (default 256)")
+        p.add_argument("--max-tokens", type=int, default=None, help="tokens per text, teacher-forced (default 256)")
         p.add_argument("--eps", type=float, default=1e-4, help="tail mass left out of the stored support (default 1e-4)")
         p.add_argument("--draws", type=int, default=200, help="draft tuples per position for Monte Carlo (default 200)")
         p.add_argument("--eval-support", type=int, default=None, metavar="N",
@@ -200,10 +201,10 @@ def run_realtrees(args) -> int:
 
     shapes, budgets = _check_realtrees(args)
     from .. import models
-    from ..decoding.pair import load_pair
+    from ._args import load_models
     from ..experiments.realtrees import run
 
-    target, draft, tok = load_pair("transformers", n_threads=args.threads)
+    target, draft, tok = load_models("transformers", n_threads=args.threads)
     names = {"target": getattr(models.DEFAULT_TARGET, "name", None), "draft": getattr(models.DEFAULT_DRAFT, "name", None),
              "dtype": str(next(target.parameters()).dtype), "engine": "transformers"}
     print(f"seed {args.seed}; continuations sampled at T = 1 from the target", file=sys.stderr)
@@ -325,18 +326,28 @@ def run_seqrules(args) -> int:
     return 0
 
 
+_COLLECT_DEFAULTS = dict(new_tokens=64, sample_temperature=1.0, max_tokens=256)  # flags of one --positions-from only
+
+
 def _collect_kw(args) -> dict:
     """The collector's position options (bound into the results' config); teacher forcing
     without independent temperatures gives {} (the config of runs made before these options)."""
     kw: dict = {}
+    if args.positions_from != "continuation" and args.min_positions is not None:
+        raise UserError("--min-positions needs --positions-from continuation")
+    if getattr(args, "engine", "transformers") == "llama.cpp" and args.positions_from != "continuation":
+        raise UserError("--engine llama.cpp collects --positions-from continuation only")
+    for name, mode in (("new_tokens", "continuation"), ("sample_temperature", "continuation"),
+                       ("max_tokens", "teacher-forcing")):
+        if getattr(args, name) is not None and args.positions_from != mode:
+            raise UserError(f"--{name.replace('_', '-')} applies to --positions-from {mode} only")
+    for name, value in _COLLECT_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.positions_from == "continuation":
         kw.update(positions_from="continuation", new_tokens=args.new_tokens, sample_temperature=args.sample_temperature)
         if args.min_positions is not None:
             kw["min_positions"] = args.min_positions
-    elif args.min_positions is not None:
-        raise UserError("--min-positions needs --positions-from continuation")
-    if getattr(args, "engine", "transformers") == "llama.cpp" and args.positions_from != "continuation":
-        raise UserError("--engine llama.cpp collects --positions-from continuation only")
     if args.independent_temperatures:
         kw["independent_temperatures"] = float_list(args.independent_temperatures, "independent_temperatures")
     return kw
@@ -348,6 +359,7 @@ def _config_fields(args) -> dict:
     laws = name_list(args.laws, "laws")
     if "independent" in laws and not args.independent_temperatures:
         raise UserError("--laws independent needs --independent-temperatures (one draft temperature per draft, e.g. 1,0.7,1.3,0.5)")
+    collect_kw = _collect_kw(args) or None  # first: it fills in the defaults of the --positions-from flags
     ppt = args.positions_per_text
     if ppt is None and args.positions_from == "teacher-forcing":
         ppt = 8
@@ -355,7 +367,7 @@ def _config_fields(args) -> dict:
         datasets=tuple(name_list(args.datasets, "datasets")), ks=tuple(k_list(args.k)), laws=tuple(laws),
         verifiers=tuple(name_list(args.verifiers, "verifiers")) if args.verifiers else None,
         draws=args.draws, eval_support=args.eval_support, top_k=args.top_k, top_p=args.top_p, n_texts=args.texts,
-        positions_per_text=ppt, max_tokens=args.max_tokens, eps=args.eps, collect_kw=_collect_kw(args) or None,
+        positions_per_text=ppt, max_tokens=args.max_tokens, eps=args.eps, collect_kw=collect_kw,
     )
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from ._args import check_common, close_mapper, eprint, mapper_kw, model_loader, model_names, name_list, progress_bar
 
+# experiments.paper.STAGES, spelled here so that parsing imports no torch (a test pins them equal)
+STAGES = ("collect", "acceptance", "temperature", "blocks")
+
 
 def register(es) -> None:
     """Add the ``paper`` subcommand to the ``experiment`` subparsers ``es``."""
-    from ..experiments.paper import STAGES
-
     p = es.add_parser("paper", help="the whole study (collect, acceptance, temperature, blocks) and its report",
                       description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
     p.add_argument("run_dir", metavar="RUN_DIR", help="results directory (created; rerun to resume)")

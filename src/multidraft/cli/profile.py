@@ -27,7 +27,7 @@ def register(sub) -> None:
         description="Time one target forward over n tree tokens and one draft level over m nodes on a "
                     "cached prompt prefix; print a table and write the cost profile as JSON.",
     )
-    p.add_argument("--engine", default="transformers", choices=("transformers", "llama.cpp"),
+    p.add_argument("--engine", default=None, choices=("transformers", "llama.cpp"),
                    help="transformers (default; model directories) or llama.cpp (GGUF files, the llama extra)")
     p.add_argument("--target", metavar="PATH", default=None,
                    help="target model directory, or .gguf file with llama.cpp (default: the default pair)")
@@ -39,21 +39,21 @@ def register(sub) -> None:
                    help="llama.cpp: the default target's BF16 GGUF (made once from the Q4_K_M file) instead of Q4_K_M")
     p.add_argument("--draft-ftype", default=None, metavar="FTYPE",
                    help="llama.cpp: the default draft requantized to FTYPE (e.g. q4_0, the fast CPU draft)")
-    p.add_argument("--nodes", default="1,2,4,8,16,32,64", help="target tree sizes n (root included, 1..64; must include 1)")
-    p.add_argument("--draft-nodes", default="1-8", help="draft level sizes m (1..64)")
-    p.add_argument("--prefix", type=int, default=128, metavar="T", help="cached prompt tokens before the tree (default 128)")
-    p.add_argument("--repeats", type=int, default=5, help="timed forwards per point, median kept (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed forwards before each point (default 1)")
-    p.add_argument("--statistic", default="median", choices=("median", "min"),
+    p.add_argument("--nodes", default=None, help="target tree sizes n (root included, 1..64; must include 1; default 1,2,4,8,16,32,64)")
+    p.add_argument("--draft-nodes", default=None, help="draft level sizes m (1..64; default 1-8)")
+    p.add_argument("--prefix", type=int, default=None, metavar="T", help="cached prompt tokens before the tree (default 128)")
+    p.add_argument("--repeats", type=int, default=None, help="timed forwards per point, median kept (default 5)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed forwards before each point (default 1)")
+    p.add_argument("--statistic", default=None, choices=("median", "min"),
                    help="per point: median of the repeats (default) or min (the uncontended cost on a shared machine)")
-    p.add_argument("--overhead-tokens", type=int, default=64, metavar="N",
+    p.add_argument("--overhead-tokens", type=int, default=None, metavar="N",
                    help="besides the points, decode N tokens with the target alone and with chains of 2 and 4 "
                         "drafts and fit the decoder's own time per step and per node to what those steps took "
                         "beyond the points (default 64; 0 skips it and leaves both at 0)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads with transformers (default: torch's own), llama.cpp threads with llama.cpp "
                         "(default: all cores)")
-    p.add_argument("--out", metavar="FILE", default="profile.json", help="JSON output file (default profile.json)")
+    p.add_argument("--out", metavar="FILE", default=None, help="JSON output file (default profile.json)")
     p.add_argument("--quiet", action="store_true", help="no loading messages on stderr")
     c = p.add_argument_group("comparing profiles (no measurement)")
     c.add_argument("--compare", nargs="+", metavar="FILE", default=None,
@@ -63,17 +63,44 @@ def register(sub) -> None:
                    help="with --compare: a study's acceptance JSONL or an AcceptStats JSON (as decode --accept-stats)")
     c.add_argument("--accept-dataset", metavar="NAME", default=None,
                    help="with --compare: the data set of a study with several")
-    c.add_argument("--verifier", default="specinfer", help="with --compare: the verifier whose acceptances rate the trees "
+    c.add_argument("--verifier", default=None, help="with --compare: the verifier whose acceptances rate the trees "
                                                            "(default specinfer)")
-    c.add_argument("--k", type=int, default=2, help="with --compare: the most drafts a node may get (default 2)")
-    c.add_argument("--temperature", type=float, default=1.0, help="with --compare: the study's temperature (default 1)")
-    c.add_argument("--max-nodes", type=int, default=16, help="with --compare: tree budget, root included (default 16)")
-    c.add_argument("--max-depth", type=int, default=6, help="with --compare: deepest tree (default 6)")
+    c.add_argument("--k", type=int, default=None, help="with --compare: the most drafts a node may get (default 2)")
+    c.add_argument("--temperature", type=float, default=None, help="with --compare: the study's temperature (default 1)")
+    c.add_argument("--max-nodes", type=int, default=None, help="with --compare: tree budget, root included (default 16)")
+    c.add_argument("--max-depth", type=int, default=None, help="with --compare: deepest tree (default 6)")
     c.add_argument("--markdown", metavar="FILE", default=None, help="with --compare: also write the table as markdown")
     p.set_defaults(func=run)
 
 
+# the measurement's flags and their defaults: --compare reads none of them
+_MEASURE = dict(engine="transformers", target=None, draft=None, dtype=None, bf16_target=False, draft_ftype=None,
+                nodes="1,2,4,8,16,32,64", draft_nodes="1-8", prefix=128, repeats=5, warmup=1, statistic="median",
+                overhead_tokens=64, threads=None, out="profile.json", quiet=False)
+# the comparison's flags and their defaults: the measurement reads none of them; the tree rating needs --accept-stats
+_RATING = dict(verifier="specinfer", k=2, temperature=1.0, max_nodes=16, max_depth=6, accept_dataset=None)
+_COMPARE = dict(accept_stats=None, markdown=None, **_RATING)
+
+
+def _given(args, names) -> list[str]:
+    return [n for n in names if getattr(args, n) is not None and getattr(args, n) is not False]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fill(args, defaults: dict) -> None:
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def check_args(args):
+    given = _given(args, _COMPARE)
+    if given:
+        raise ValueError(f"{_flag(given[0])} applies to --compare only (comparing profiles, no measurement)")
+    _fill(args, _MEASURE)
     nodes = int_list(args.nodes, "--nodes", lo=1, hi=64)  # bounded before anything is expanded:
     draft_nodes = int_list(args.draft_nodes, "--draft-nodes", lo=1, hi=64)  # 64, the tree chooser's budget
     if nodes[0] != 1:
@@ -100,7 +127,72 @@ def check_args(args):
         raise ValueError("--draft-ftype applies to --engine llama.cpp only")
     out = check_out_file(args.out)
     check_common(args)  # --target / --draft
+    _check_prefix(args, args.prefix + 1 + max(nodes[-1], draft_nodes[-1]))
     return nodes, draft_nodes, out
+
+
+def _context(path) -> int | None:
+    """The training context of a model file without loading it: ``max_position_embeddings`` of a
+    model directory's config.json, or ``<arch>.context_length`` of a GGUF header (read with the
+    ``gguf`` package where installed); None when it cannot be read (the load then checks it)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path).expanduser()
+    try:
+        if path.is_dir():
+            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            n = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+            return int(n) if n else None
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            from gguf import GGUFReader
+
+            fields = GGUFReader(str(path)).fields
+            arch = fields["general.architecture"]
+            arch = bytes(arch.parts[arch.data[0]]).decode()
+            f = fields.get(f"{arch}.context_length")
+            return int(f.parts[f.data[0]][0]) if f is not None else None
+    except Exception:  # noqa: BLE001 (an unreadable header: the load reports it)
+        return None
+    return None
+
+
+def _default_paths(args) -> dict:
+    """Where the default pair lies on disk (``{"target": path, "draft": path}`` for the flags not
+    given), without downloading or assembling anything."""
+    from .. import models
+
+    out = {}
+    for name, spec in (("target", models.DEFAULT_TARGET), ("draft", models.DEFAULT_DRAFT)):
+        if getattr(args, name) is not None:
+            continue
+        if args.engine == "llama.cpp":
+            out[name] = models.default_gguf(spec)
+        else:
+            out[name] = models.cache_root() / spec.name
+    return out
+
+
+# the default pair's training context (Qwen2.5-Coder 0.5B and 1.5B: config.json's max_position_embeddings and
+# the GGUFs' qwen2.context_length), for the check before its files are downloaded or assembled
+DEFAULT_PAIR_CONTEXT = 32768
+
+
+def _check_prefix(args, need: int) -> None:
+    """``--prefix`` and the largest tree (``need`` tokens in one cache) within each model's
+    training context, read from its files before any model loads (``_context``)."""
+    paths = {name: getattr(args, name) for name in ("target", "draft") if getattr(args, name) is not None}
+    try:
+        paths.update(_default_paths(args))
+    except Exception:  # noqa: BLE001 (no default pair installed: the load says so)
+        pass
+    for name, path in paths.items():
+        ctx = _context(path)
+        if ctx is None and getattr(args, name) is None:
+            ctx = DEFAULT_PAIR_CONTEXT
+        if ctx is not None and need > ctx:
+            raise ValueError(f"--prefix {args.prefix}: the prefix and the largest tree take {need:,} positions; "
+                             f"the {name} model's context is {ctx:,}")
 
 
 OVERHEAD_PROMPT = ("humaneval", 163)  # the last HumanEval task: no benchmark here decodes it
@@ -112,10 +204,10 @@ def _load(args, nodes, draft_nodes, log):
     (``None, None`` with ``--overhead-tokens 0``: nothing decodes it)."""
     import torch
 
-    from ..decoding.pair import load_pair
+    from ._args import load_models
 
     llama = args.engine == "llama.cpp"
-    target, draft, tokenizer = load_pair(
+    target, draft, tokenizer = load_models(
         args.engine, target=args.target, draft=args.draft, dtype=None if llama else getattr(torch, args.dtype or "bfloat16"),
         bf16_target=args.bf16_target, draft_ftype=args.draft_ftype, n_threads=args.threads,
         n_ctx=max(4096, args.prefix + 1 + max(nodes[-1], draft_nodes[-1])), log=log)
@@ -210,6 +302,15 @@ def compare(args) -> int:
     best chain against the best tree of the cost model (``treeopt.chain_vs_tree``)."""
     from ..decoding.treeopt import chain_vs_tree, width_price
 
+    given = _given(args, _MEASURE)
+    if given:
+        raise ValueError(f"{_flag(given[0])} applies to measuring a profile; --compare reads profiles only")
+    if args.accept_stats is None:
+        given = _given(args, _RATING)
+        if given:
+            raise ValueError(f"{_flag(given[0])} rates trees by acceptances: it applies to --compare with --accept-stats "
+                             "only")
+    _fill(args, _COMPARE)
     for flag, val, lo in (("--k", args.k, 1), ("--max-nodes", args.max_nodes, 2), ("--max-depth", args.max_depth, 1)):
         if val < lo:
             raise ValueError(f"{flag} must be >= {lo}, got {val}")

@@ -63,13 +63,7 @@ def _default_gguf(args) -> None:
 
 
 def run(args) -> int:
-    settings, draft_temperature, tree = check_settings(args)
-    auto = None
-    if tree == "auto":  # checked before any model loads
-        from ..decoding.auto import check_auto
-        from ..experiments.acceptance import tree_acceptance
-
-        auto = check_auto(auto_request(args), settings, read_acceptance=tree_acceptance)
+    # the server's own flags first (no torch needed), then the decoding settings, then the address
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.queue_size < 1:
@@ -78,8 +72,16 @@ def run(args) -> int:
         raise ValueError(f"--max-lanes must be in [1, 64], got {args.max_lanes}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    if args.warmup_prompt is not None and tree != "auto":
+    if args.warmup_prompt is not None and args.tree != "auto":
         raise ValueError("--warmup-prompt applies to --tree auto only")
+    settings, draft_temperature, tree = check_settings(args)
+    auto = None
+    if tree == "auto":  # checked before any model loads
+        from ..decoding.auto import check_auto
+        from ..experiments.acceptance import tree_acceptance
+
+        auto = check_auto(auto_request(args), settings, read_acceptance=tree_acceptance)
+    check_listen(args.host, args.port)  # a busy port or a bad --host, before the models load
     from .. import _optional
 
     for mod in ("fastapi", "uvicorn"):
@@ -89,7 +91,7 @@ def run(args) -> int:
 
     import torch
 
-    from ..decoding.pair import load_pair
+    from ._args import load_models
     from ..serve import ServedModel, TextCodec, run_server
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -100,7 +102,7 @@ def run(args) -> int:
     say = logger.info
     llama = args.engine == "llama.cpp"
     spec = not settings.target_alone
-    target, draft, tok = load_pair(
+    target, draft, tok = load_models(
         args.engine, target=args.target, draft=args.draft if spec else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
         draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say)
@@ -125,6 +127,26 @@ def run(args) -> int:
                         default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes)
+
+
+def check_listen(host: str, port: int) -> None:
+    """ValueError naming ``--host`` / ``--port`` unless a listening socket can be bound there now
+    (tried and closed at once, with SO_REUSEADDR as uvicorn binds): a bad host name, an address
+    of no interface here, or a port another process listens on is refused before any model
+    loads. Port 0 (any free port) passes whenever the host does."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"--host {host!r}: not an address to listen on ({getattr(exc, 'strerror', None) or exc})") from None
+    family, kind, proto, _, addr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as exc:
+        raise ValueError(f"--host {host} --port {port}: cannot listen there: {exc.strerror or exc}") from None
 
 
 def _model_name(args) -> str:

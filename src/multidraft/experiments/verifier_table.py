@@ -62,11 +62,12 @@ def builtin_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
-def load_array(path: str | Path, flag: str, *, ndims: tuple[int, ...] = (1,)) -> torch.Tensor:
+def load_array(path: str | Path, flag: str, *, ndims: tuple[int, ...] = (1,), neg_inf: bool = False) -> torch.Tensor:
     """A float64 tensor from a ``.npy`` file (or an ``.npz`` holding exactly one array), checked
     before any use: a readable array (never unpickled), a real numeric dtype (float or integer),
-    ``ndim`` in ``ndims``, no empty dimension, every entry finite. Every failure names ``flag``
-    and the path in one line (``FileNotFoundError`` for a missing file, ``ValueError`` else)."""
+    ``ndim`` in ``ndims``, no empty dimension, every entry finite (or -inf with ``neg_inf``: logits,
+    where -inf is a masked token of probability 0). Every failure names ``flag`` and the path in
+    one line (``FileNotFoundError`` for a missing file, ``ValueError`` else)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(2, f"{flag}: no such file", str(path))
@@ -101,9 +102,11 @@ def load_array(path: str | Path, flag: str, *, ndims: tuple[int, ...] = (1,)) ->
         raise ValueError(f"{flag}: {path} is empty (shape {arr.shape})")
     out = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
     bad = ~torch.isfinite(out)
+    if neg_inf:
+        bad &= ~torch.isneginf(out)
     if bool(bad.any()):
         at = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"{flag}: {path} has a NaN or infinite entry (at index {at[0] if len(at) == 1 else at})")
+        raise ValueError(f"{flag}: {path} has a NaN or {'+' if neg_inf else ''}infinite entry (at index {at[0] if len(at) == 1 else at})")
     return out
 
 
