@@ -81,3 +81,25 @@ def test_what_an_interrupted_import_leaves_behind_is_the_interrupt(monkeypatch, 
     monkeypatch.setattr(verifier_table, "run", plain)
     with pytest.raises(type(after)):
         cli.main(["compare"])
+
+
+def test_ctrl_c_while_the_command_line_is_imported_is_one_line():
+    """The console script's entry (``multidraft._entry``, imported within the interpreter's own
+    start-up) imports the command line inside the guard: an interrupt while argparse and the
+    subcommands load is the one line and death by SIGINT, not Python's traceback (the loaded-
+    machine failure of test_ctrl_c_at_any_time_is_one_line[0.15-script], issue 41). Made
+    deterministic by an import hook that raises KeyboardInterrupt on ``multidraft.cli``."""
+    code = (
+        "import sys\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'multidraft.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "from multidraft._entry import main\n"
+        "sys.exit(main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_sigint_default)
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr)
+    assert proc.stderr == "multidraft: interrupted\n"

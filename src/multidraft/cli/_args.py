@@ -321,12 +321,11 @@ def mapper_kw(args) -> dict:
         return {}
     check_ray_address(args.ray)
     from ..experiments.distributed import ray_mapper
-    from . import UserError
 
     try:
         return {"mapper": ray_mapper(args.ray)}  # connects on the first cell, after collection
-    except ImportError as exc:
-        raise UserError(str(exc)) from None
+    except ImportError as exc:  # ray not installed: one line, as a refused argument
+        raise ValueError(str(exc)) from None
 
 
 def close_mapper(kw: dict) -> None:
