@@ -35,6 +35,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -92,9 +94,34 @@ def _install_log(L) -> None:
 
 
 @contextlib.contextmanager
+def interrupts_held():
+    """Hold Ctrl-C while llama.cpp runs a long C call that logs through a Python callback (a model
+    load, a context, a requantisation), and deliver it when the call returns.
+
+    Python runs a SIGINT handler at the next bytecode, which during such a call is inside the log
+    callback: the KeyboardInterrupt it raises there is printed by ctypes as "Exception ignored"
+    and dropped, and the call (and the command) carried on. Held, the handler only notes the
+    signal; afterwards SIGINT is raised again for the handler that was in place, so the interrupt
+    arrives as if it had come just after the call (which no one could stop sooner: the C code
+    never checks). Off the main thread (where handlers cannot be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+    prev = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+        if seen:
+            signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
 def llama_log_to(llama_cpp, sink: list):
     """Route llama.cpp's log (a process-wide callback) into ``sink`` as ``(level, text)``
-    pairs, warnings and errors only, and restore the previous callback afterwards."""
+    pairs, warnings and errors only, and restore the previous callback afterwards; a Ctrl-C
+    meanwhile arrives when the block ends (``interrupts_held``)."""
     prev_cb = llama_cpp.llama_log_callback()
     prev_ud = ctypes.c_void_p()
     llama_cpp.llama_log_get(ctypes.byref(prev_cb), ctypes.byref(prev_ud))
@@ -106,7 +133,8 @@ def llama_log_to(llama_cpp, sink: list):
 
     llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
     try:
-        yield
+        with interrupts_held():
+            yield
     finally:
         llama_cpp.llama_log_set(prev_cb, prev_ud)
 
@@ -149,7 +177,8 @@ class LlamaCppModel:
         self.path = path
         self.n_threads = n_threads
         mp = L.llama_model_default_params()
-        self._model = L.llama_model_load_from_file(str(path).encode(), mp)
+        with interrupts_held():  # the load logs through a Python callback
+            self._model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}: " + " | ".join(_LOG[-3:]))
         self.n_seq_max = int(L.llama_max_parallel_sequences())
@@ -163,7 +192,8 @@ class LlamaCppModel:
         cp.type_k = cp.type_v = _CACHE_TYPES[cache_type]
         if flash_attn is not None:
             cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self._ctx = L.llama_init_from_model(self._model, cp)
+        with interrupts_held():
+            self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             L.llama_model_free(self._model)
             raise ValueError(f"llama.cpp could not create a context for {path}: " + " | ".join(_LOG[-3:]))
