@@ -207,8 +207,8 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
     print(f"{'law':<24}{'rule':<14}{'ms/step':>9}{'walk ms':>9}{'ratio':>8}{'tokens':>8}{'walk tok':>9}")
     for law in laws:
         built = [law.sample(model, torch.Generator().manual_seed(derive_seed(seed, j, rule="linear", weights=(7919, 1)))) for j in range(count)]
-        for tree in built:  # process_logits rows, as the decoder's: trusted, as the engine marks them (the
-            tree.rows_checked = True  # token walk checks no row either; a rule's per-row checks are not its cost)
+        for tree in built:  # process_logits rows, as the decoder's: marked checked, as the engine marks its trees
+            tree.checked = True  # (no rule re-checks them: a rule's input checks are not its cost)
         nodes = statistics.mean(len(t) for t in built)
         ref = trees.TokenWalk(verifier, law=law.kind)
 

@@ -120,11 +120,18 @@ def as_int(x, name: str, *, minimum: int | None = None, what: str = "an integer"
     return int(n)
 
 
+# The most drafts a draft law takes: the law's closed forms raise probabilities to the power k in float64
+# and torch reads k as an int64, both exact up to 2**53 (a sample holds far fewer: drafts.MAX_SAMPLE_TOKENS).
+MAX_K = 1 << 53
+
+
 def as_k(k, name: str = "k") -> int:
     """A number of drafts: an integer >= 1 (any integer type, see the module notes)."""
     k = as_int(k, name, what="a positive integer (number of drafts)")
     if k < 1:
         raise ArgumentError(name, f"must be >= 1 (number of drafts), got {k}")
+    if k > MAX_K:
+        raise ArgumentError(name, f"must be <= 2**53 = {MAX_K:,} (number of drafts, counted exactly in float64), got {k:.3g}")
     return k
 
 

@@ -38,6 +38,8 @@ LAW_KINDS = ("iid", "wor", "greedy", "independent")
 SHARED_Q_KINDS = ("iid", "wor", "greedy")
 _ALIASES = {"with_replacement": "iid", "without_replacement": "wor"}
 MAX_ENUMERATE = 2_000_000
+# The most draft tokens one ``sample`` call holds (int64: 2 GiB), checked from the sizes before any draw.
+MAX_SAMPLE_TOKENS = 1 << 28
 
 
 def law_kind(law, name: str = "law") -> str:
@@ -108,8 +110,13 @@ class DraftLaw:
         ``generator``: a ``torch.Generator`` or an integer seed (its "drafts" stream, see the
         module notes); ``num_samples``: None or an integer >= 1 (any integer type)."""
         q = self.q
+        n = 1 if num_samples is None else as_int(num_samples, "num_samples", minimum=1, what="an integer >= 1 (or None)")
+        rows = n * self.batch_shape.numel()
+        if self.k > MAX_SAMPLE_TOKENS or rows * self.k > MAX_SAMPLE_TOKENS:
+            what = "k" if self.k > MAX_SAMPLE_TOKENS or num_samples is None else "num_samples"
+            raise ArgumentError(what, f": a sample of {rows:,} tuple(s) of k = {self.k:,} drafts holds {rows * self.k:,} "
+                                      f"draft tokens; the limit is {MAX_SAMPLE_TOKENS:,} a call (drafts.MAX_SAMPLE_TOKENS)")
         if num_samples is not None:
-            n = as_int(num_samples, "num_samples", minimum=1, what="an integer >= 1 (or None)")
             q = q.unsqueeze(0).expand(n, *q.shape)
         g = as_generator(generator, self.q.device, purpose="drafts")
         return self._sample(q, g)

@@ -28,7 +28,8 @@ number of drafts from its q and reach (``trees.allocate``) before any draft of i
 Verification goes through the rule's interface alone: a rule with ``lazy_rows`` (the token
 walk) gets p rows processed on the logits' device when it reads them; any other rule gets every
 node's row on the CPU (q rows moved there too) and ``tree.rows_checked`` (the rows are
-distributions by construction). A tree without drafts (the depth cap is 0, or a dynamic tree
+distributions by construction); the tree this step drafted is marked ``checked`` (valid by
+construction: no rule re-checks it). A tree without drafts (the depth cap is 0, or a dynamic tree
 that grants none) emits one token sampled from p at the root, whatever the rule. With a
 ``node_log`` list, ``rule.node_records(tree, verdict)`` is appended to it.
 """
@@ -162,6 +163,8 @@ class DecoderStep:
         (module notes: rows as the rule reads them; no drafts: one token from p at the root)."""
         rule = self.rule if rule is None else rule
         plan = self.settings
+        if tree is self._tree:  # drafted by this step: rules skip their input check (DraftTree notes)
+            tree.checked = True
         if rule is None or rule.lazy_rows:
             # p rows processed on demand, on the logits' device, at the nodes the rule visits
             tree.set_target(lambda i: process_logits(logits[i], plan.temperature, plan.top_k, plan.top_p))

@@ -39,7 +39,7 @@ from .laws import MAX_TREES, TreeLaw, chain, dynamic, explicit, kary, sequences
 from .rules import TreeRule, TreeVerdict, get, has_fast_expected_tokens, names, register, small_v_only
 from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES, MAX_TREE_NODES, TreeShape, allocate, coverage, full_tree,
                      parse_tree, tree_nodes)
-from .tables import STYLES, TableModel
+from .tables import MAX_SEQUENCE_LAW, MAX_V, STYLES, TableModel
 from .tree import DraftTree, Node
 from .walk import TokenWalk, node_ks
 from .block import BlockVerification, block_tokens
@@ -53,7 +53,7 @@ from .ceiling import MAX_LP_VARIABLES, CeilingSolution, RootTradeoff, TreeLP, lp
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
     "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
-    "DraftTree", "Node", "TableModel", "STYLES", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
+    "DraftTree", "Node", "TableModel", "STYLES", "MAX_V", "MAX_SEQUENCE_LAW", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
     "TreeRule", "TreeVerdict", "register", "get", "names", "small_v_only", "has_fast_expected_tokens", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",

@@ -1,7 +1,9 @@
-"""Input checks shared by the sequence-level tree rules (block, traversal, tree_lp).
+"""Input checks shared by the tree rules (the token walk, block, traversal, gbv, univer, tree_lp).
 
-``check_tree`` refuses, with one ``ValueError`` naming the argument, a tree the rules cannot
-read (the per-row checks are skipped for a tree whose builder set ``rows_checked``: the decoder): not a ``DraftTree``, depth 0 (nothing drafted), a node law the rule does not verify,
+``check_tree`` refuses, with one ``ValueError`` naming the argument and the node, a tree the rules
+cannot read (the per-row checks are skipped for a tree whose builder set ``rows_checked``, and every
+per-node check for one whose builder set ``checked``: the decoder's own trees): not a ``DraftTree``,
+depth 0 (nothing drafted; the walk takes it), a node law the rule does not verify,
 a q or p row that is not a distribution ``[V]``, a drafted token outside the vocabulary or of
 probability 0 under its node's q row, a node whose drafts disagree with its children or
 with the number of drafts its shape gives it. (A rule's ``refusal(tree_law)`` returns why it
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import as_probs64
+from .._validate import as_probs, as_probs64
 from .tree import DraftTree
 
 __all__ = ["check_tree", "is_chain_law", "row64"]
@@ -43,15 +45,51 @@ def _row(x, what: str, V: int | None) -> torch.Tensor:
     return row
 
 
-def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False) -> None:
-    """Validate a filled draft tree for a sequence-level rule (see the module notes)."""
+def _q_rows(x, what: str, V: int | None, k: int) -> torch.Tensor:
+    """The 'independent' law's q rows of a node with k drafts: ``[k, V]``, each a distribution."""
+    if x is None:
+        raise ValueError(f"tree: {what} is missing")
+    rows = as_probs64(x, f"tree: {what}", min_ndim=2)
+    if rows.ndim != 2 or rows.shape[0] != k or (V is not None and rows.shape[1] != V):
+        raise ValueError(f"tree: {what} has shape {tuple(rows.shape)}, expected ({k}, {V}) (one row per draft)")
+    return rows
+
+
+def _rows_valid(tree: DraftTree) -> bool:
+    """Whether every p row ``[V]`` and q row (``[V]``; ``[k, V]`` under 'independent') of the tree is a
+    distribution over one V, by one ``as_probs`` over all of them (a tree's rows cost one check, not
+    one per row). False: the per-row checks of ``check_tree`` then find the row and name its node."""
+    rows = []
+    try:
+        for i, nd in enumerate(tree.nodes):
+            p = tree.p(i)
+            if not isinstance(p, torch.Tensor) or p.ndim != 1:
+                return False
+            rows.append(p.reshape(1, -1))
+            if nd.drafts:
+                q, want = nd.q, (2 if tree.law == "independent" else 1)
+                if not isinstance(q, torch.Tensor) or q.ndim != want or (want == 2 and q.shape[0] != len(nd.drafts)):
+                    return False
+                rows.append(q.reshape(-1, q.shape[-1]))
+        as_probs(torch.cat(rows), "tree")  # [rows, V]
+    except (ValueError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False, empty_ok: bool = False) -> None:
+    """Validate a filled draft tree for a tree rule (see the module notes); ``empty_ok``: a tree
+    without drafts is taken (the token walk emits one token from p at its root)."""
     if not isinstance(tree, DraftTree):
         raise ValueError(f"tree: must be a DraftTree, got {type(tree).__name__}")
-    if tree.depth_cap < 1 or not tree.nodes[0].drafts:
+    if not empty_ok and (tree.depth_cap < 1 or not tree.nodes[0].drafts):
         raise ValueError("tree: depth 0 (no drafts below the root); a tree rule needs depth >= 1")
     if tree.law not in kinds and not (chain and tree.law in ("iid", "wor", "greedy")):
         raise ValueError(f"tree: drafted by the {tree.law!r} law; {rule} verifies {' or '.join(map(repr, kinds))} drafts")
-    trusted = bool(getattr(tree, "rows_checked", False))  # the builder vouches for the rows (DraftTree notes)
+    if getattr(tree, "checked", False):  # the decoder built it: rows and structure valid by construction
+        return
+    # the builder vouches for the rows (DraftTree notes), or one batched check finds them all valid
+    trusted = bool(getattr(tree, "rows_checked", False)) or _rows_valid(tree)
     V = int(tree.p(0).shape[-1]) if trusted else None
     for i, nd in enumerate(tree.nodes):
         if not trusted:
@@ -63,14 +101,17 @@ def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False) 
             continue
         if chain and len(nd.drafts) != 1:
             raise ValueError(f"tree: {rule} verifies one chain, node {i} has {len(nd.drafts)} drafts")
-        q = nd.q if trusted else _row(nd.q, f"q row at node {i}", V)
+        if tree.law == "independent":  # one q row per draft, [k, V]
+            q = nd.q if trusted else _q_rows(nd.q, f"q rows at node {i}", V, len(nd.drafts))
+        else:
+            q = nd.q if trusted else _row(nd.q, f"q row at node {i}", V)
         k = tree.n_children(i)
         if len(nd.drafts) != k and not (tree.law in ("wor", "greedy") and len(nd.drafts) < k):
             raise ValueError(f"tree: node {i} has {len(nd.drafts)} drafts, its shape gives it {k}")
-        for t in nd.drafts:
-            if not isinstance(t, int) or not 0 <= t < V:
+        for j, t in enumerate(nd.drafts):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
                 raise ValueError(f"tree: draft {t!r} at node {i} is not a token id in [0, {V})")
-            if not float(q[t]) > 0:
+            if not float(q[j, t] if q.ndim == 2 else q[t]) > 0:
                 raise ValueError(f"tree: draft {t} at node {i} has probability 0 under the node's q row "
                                  "(the drafts do not match the tree's law)")
         if set(nd.child) != set(nd.drafts):

@@ -44,8 +44,9 @@ import torch
 from .._validate import as_generator, as_int
 from ..sampling import sample_token
 from ._check import check_tree
-from .laws import MAX_TREES
+from .laws import MAX_TREES, as_tree_law
 from .rules import TreeRule, TreeVerdict, register
+from .tables import as_sequence_model
 from .tree import DraftTree
 
 __all__ = ["MAX_LP_VARIABLES", "CeilingSolution", "RootTradeoff", "TreeLP", "lp_size", "optimal_tokens", "root_tradeoff",
@@ -78,9 +79,11 @@ def lp_size(tree_law, V: int) -> tuple[int, int, int]:
     """Upper bounds ``(trees, emitted sequences per tree, variables)`` of the ceiling LP, from
     the shape alone (nothing enumerated): trees <= V^(drafts per tree), Y per tree <= nodes x V."""
     V = as_int(V, "V", minimum=1)
-    sh = tree_law.shape
+    sh = as_tree_law(tree_law).shape
     if sh.mode == "sequences":
         drafts = sh.k * sh.depth
+    elif sh.mode == "dynamic":
+        drafts = sh.budget - 1  # the node budget, root included
     else:
         drafts = sum(sh.children.values())
     nodes = 1 + drafts
@@ -114,7 +117,11 @@ def _ceiling_lp(tree_law, model, max_variables: int = MAX_LP_VARIABLES) -> _LP:
     """The ceiling LP's data (module notes), built after the size check."""
     from scipy.sparse import csr_matrix
 
+    as_tree_law(tree_law)
+    as_sequence_model(model)
     max_variables = as_int(max_variables, "max_variables", minimum=1)
+    if max_variables > MAX_LP_VARIABLES:  # the one bound: the dense tables below are sized by it
+        raise ValueError(f"max_variables: at most {MAX_LP_VARIABLES:,} (trees.MAX_LP_VARIABLES), got {max_variables:,}")
     V, L = model.V, tree_law.depth
     _check_size(tree_law, V, max_variables)
     n = L + 1

@@ -13,6 +13,10 @@ from typing import NamedTuple
 
 import torch
 
+from .laws import as_tree_law
+from .rules import TreeRule
+from .tables import as_sequence_model
+
 __all__ = ["TreeCertificate", "certify_tree", "emitted_law"]
 
 
@@ -22,8 +26,16 @@ class TreeCertificate(NamedTuple):
     trees: int               # draft trees enumerated
 
 
+def _check_args(rule, tree_law, model) -> None:
+    if not isinstance(rule, TreeRule):
+        raise ValueError(f"rule: must be a tree rule (trees.get(name)), got {type(rule).__name__}")
+    as_tree_law(tree_law)
+    as_sequence_model(model)
+
+
 def emitted_law(rule, tree_law, model) -> tuple[dict, int]:
     """The exact law of Y over all trees: ``({Y: probability}, number of trees)``."""
+    _check_args(rule, tree_law, model)
     law: dict[tuple, float] = {}
     trees = tree_law.enumerate(model)
     for tree, w in trees:
@@ -35,11 +47,13 @@ def emitted_law(rule, tree_law, model) -> tuple[dict, int]:
 def certify_tree(rule, tree_law, model) -> TreeCertificate:
     """Exact certificate of ``rule`` (a ``rules.TreeRule``) on ``tree_law`` (a ``laws.TreeLaw``)
     with the sequence model ``model`` (``tables.TableModel``); small V, K and L only."""
+    _check_args(rule, tree_law, model)
     if not rule.supports(tree_law):
         why = rule.refusal(tree_law) if hasattr(rule, "refusal") else None
         raise ValueError(f"rule: {rule!r} is not lossless for {tree_law!r}" + (f" ({why})" if why else ""))
     n = tree_law.depth + 1
     V = model.V
+    want = model.sequence_law((), n)  # first: it refuses a law too large to hold before any tree is enumerated
     law, count = emitted_law(rule, tree_law, model)
     got = torch.zeros((V,) * n, dtype=torch.float64)
     mean = 0.0
@@ -48,6 +62,5 @@ def certify_tree(rule, tree_law, model) -> TreeCertificate:
             raise ValueError(f"rule: emitted {len(y)} tokens {list(y)}; a tree of depth {n - 1} allows 1..{n}")
         got[y] += py * model.sequence_law(y, n - len(y))
         mean += py * len(y)
-    want = model.sequence_law((), n)
     err = float((got - want).abs().max())
     return TreeCertificate(err, mean, count)

@@ -41,10 +41,11 @@ import torch
 
 from .. import drafts as _drafts
 from .._validate import as_int
-from .shapes import TreeShape, allocate, full_tree, parse_tree
+from .shapes import TreeShape, allocate
+from .tables import as_sequence_model
 from .tree import DraftTree
 
-__all__ = ["MAX_TREES", "TreeLaw", "chain", "dynamic", "explicit", "kary", "sequences"]
+__all__ = ["MAX_TREES", "TreeLaw", "as_tree_law", "chain", "dynamic", "explicit", "kary", "sequences"]
 
 MAX_TREES = 200_000  # enumerate() refuses to list more trees
 
@@ -57,6 +58,8 @@ class TreeLaw:
     """
 
     def __init__(self, shape: TreeShape, kind: str, name: str, cols: int | None = None):
+        if not isinstance(shape, TreeShape):
+            raise ValueError(f"shape: must be a TreeShape, got {type(shape).__name__}")
         self.shape = shape
         self.kind = _drafts.law_kind(kind, "kind")
         if self.kind == "independent":
@@ -91,6 +94,7 @@ class TreeLaw:
         return DraftTree(self.shape, root_token, self.shape.depth, self.cols, self.kind)
 
     def _check_model(self, model) -> None:
+        as_sequence_model(model)
         have = getattr(model, "n_cols", 1)
         if self.kind == "independent" and have < self.cols:
             raise ValueError(f"model: {have} draft column(s) but {self.name} reads {self.cols}")
@@ -229,11 +233,19 @@ class TreeLaw:
         return out
 
 
+def as_tree_law(tree_law, name: str = "tree_law") -> TreeLaw:
+    """``tree_law`` if it is a ``TreeLaw``, else one ``ValueError`` naming ``name``."""
+    if not isinstance(tree_law, TreeLaw):
+        raise ValueError(f"{name}: must be a tree draft law (trees.chain, sequences, kary, explicit or dynamic), "
+                         f"got {type(tree_law).__name__}")
+    return tree_law
+
+
 def chain(depth: int, kind: str = "iid") -> TreeLaw:
     """One draft sequence of length ``depth`` (every law kind draws one draft alike; ``kind``
     names the law a rule is told)."""
     L = as_int(depth, "depth", minimum=1)
-    return TreeLaw(TreeShape("paths", L, 1, parse_tree(full_tree(1, L))), kind, f"chain(L={L}, {kind})")
+    return TreeLaw(TreeShape.from_args(None, 1, L), kind, f"chain(L={L}, {kind})")  # sized before it is built
 
 
 def _cols_name(kind: str, cols: int | None) -> str:
@@ -249,19 +261,21 @@ def sequences(k: int, depth: int, kind: str = "iid", cols: int | None = None) ->
     if kind not in ("iid", "independent"):
         raise ValueError(f"kind: K sequences are drawn 'iid' or 'independent', not {kind!r}")
     name = f"sequences(K={K}, L={L})" if kind == "iid" else f"sequences(K={K}, L={L}, independent{_cols_name(kind, cols)})"
-    return TreeLaw(TreeShape("sequences", L, K), kind, name, cols)
+    return TreeLaw(TreeShape.from_args("sequences", K, L), kind, name, cols)  # K x L drafted nodes at most
 
 
 def kary(k: int, depth: int, kind: str = "iid", cols: int | None = None) -> TreeLaw:
     """The full K-ary tree of depth ``depth``; each node's K drafts by the law ``kind``."""
     K = as_int(k, "k", minimum=1)
     L = as_int(depth, "depth", minimum=1)
-    return TreeLaw(TreeShape("paths", L, K, parse_tree(full_tree(K, L))), kind,
+    return TreeLaw(TreeShape.from_args(None, K, L), kind,  # sized before it is built
                    f"kary(K={K}, L={L}, {kind}{_cols_name(kind, cols)})", cols)
 
 
 def explicit(paths, kind: str = "iid", cols: int | None = None) -> TreeLaw:
     """An explicit shape: a list of child-index paths such as ``[[0], [1], [0, 0]]``."""
+    if paths is None or isinstance(paths, (str, bytes)):  # from_args reads None and names as other shapes
+        raise ValueError(f"paths: must be a list of child-index paths such as [[0], [1], [0, 0]], got {paths!r}")
     shape = TreeShape.from_args(paths, 1, 1)
     return TreeLaw(shape, kind, f"explicit({[list(p) for p in sorted(shape.children) if p]}, {kind}"
                                 f"{_cols_name(kind, cols)})", cols)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from .ceiling import TreeLP, optimal_tokens
 from .certify import TreeCertificate, certify_tree
+from .laws import as_tree_law
 from .rules import TreeRule, get, names
+from .tables import as_sequence_model
 from .walk import TokenWalk
 
 __all__ = ["EXCLUDED", "VARIANTS", "WALKS", "build_rule", "certified", "expected_tokens", "rule_names", "sequence_rules"]
@@ -59,6 +61,7 @@ def rule_names(tree_law, walks=WALKS, rules=None) -> list[str]:
     """The rules compared on ``tree_law``: ``walk:<v>`` for each supporting verifier of ``walks``,
     then each rule of ``rules`` (default: every ``sequence_rules()``; names of ``VARIANTS`` are
     taken too) that supports the law."""
+    as_tree_law(tree_law)
     if rules is None:
         rules = sequence_rules()
     else:
@@ -89,6 +92,8 @@ def expected_tokens(tree_law, model, walks=WALKS, rules=None, tol: float = 1e-12
     """``{name: expected tokens per call}`` on (``tree_law``, ``model``) for ``rule_names(tree_law,
     walks, rules)``, plus ``ceiling`` and ``ceiling_upper`` unless ``ceiling=False``; see the
     module notes."""
+    as_tree_law(tree_law)
+    as_sequence_model(model)
     out: dict = {}
     for name in rule_names(tree_law, walks, rules):
         out[name] = certified(name, tree_law, model, tol).expected_tokens

@@ -38,13 +38,17 @@ from dataclasses import dataclass, field
 import torch
 
 from .._errors import ArgumentError
+from .._validate import as_int
 
 __all__ = ["TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "tree_nodes", "DEFAULT_MAX_NODES",
            "MAX_DYNAMIC_NODES", "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES"]
 
 
 def full_tree(k: int, depth: int) -> list[list[int]]:
-    """The K-ary tree of the given depth as a list of paths, breadth first."""
+    """The K-ary tree of the given depth as a list of paths, breadth first (sized first: at most
+    ``MAX_TREE_NODES - 1`` paths)."""
+    k, depth = as_int(k, "k", minimum=1), as_int(depth, "depth", minimum=0)
+    _check_size("full", k, depth)
     paths: list[list[int]] = []
     level: list[list[int]] = [[]]
     for _ in range(depth):
@@ -109,6 +113,9 @@ def tree_nodes(mode: str, k: int, depth: int, cap: int = MAX_TREE_NODES) -> int:
     """Drafted nodes (root excluded) of the ``mode`` 'full' (K + K^2 + ... + K^L) or 'sequences'
     (K * L, an upper bound on the trie) tree, from the sizes alone: nothing is built, and the
     count stops above ``cap`` (the result is then ``cap + 1``), so huge K or L cost nothing."""
+    if mode not in ("full", "sequences"):
+        raise ValueError(f"mode: must be 'full' or 'sequences', got {mode!r}")
+    k, depth = as_int(k, "k", minimum=1), as_int(depth, "depth", minimum=0)
     if mode == "sequences":
         return min(k * depth, cap + 1)
     total, level = 0, 1
@@ -200,9 +207,39 @@ class TreeShape:
     budget: int = 0  # dynamic mode: node budget of a step's tree, root included
     min_gain: float = 0.0  # dynamic mode: least value reach * coverage increment a draft needs
 
+    def __post_init__(self):
+        """Every size checked by its ends before any tree is built, with the decoder's bounds
+        (``MAX_TREE_NODES`` nodes a step, ``MAX_DYNAMIC_NODES`` for a dynamic tree): one
+        ``ValueError`` naming the field."""
+        if self.mode not in ("paths", "sequences", "dynamic"):
+            raise ValueError(f"mode: must be 'paths', 'sequences' or 'dynamic', got {self.mode!r}")
+        k = as_int(self.k, "k", minimum=1)
+        depth = as_int(self.depth, "depth", minimum=0)
+        object.__setattr__(self, "k", k)
+        object.__setattr__(self, "depth", depth)
+        if self.mode == "paths":
+            if not isinstance(self.children, dict) or () not in self.children:
+                raise ValueError("children: a 'paths' shape needs a dict {path: number of children} with the root () "
+                                 "(TreeShape.from_args builds it from a list of paths)")
+            if len(self.children) > MAX_TREE_NODES:
+                raise ArgumentError("children", f": {len(self.children):,} nodes; the limit is {MAX_TREE_NODES} "
+                                                "nodes a step, root included (trees.MAX_TREE_NODES)")
+        elif self.mode == "sequences":
+            _check_size("sequences", k, depth)
+        else:
+            if k > MAX_DYNAMIC_NODES - 1:  # the allocator's tables are [nodes, k]
+                raise ArgumentError("k", f": {k:,} drafts per node; at most {MAX_DYNAMIC_NODES - 1} "
+                                         "(a dynamic tree has at most that many drafted nodes)")
+            budget = as_int(self.budget, "max_nodes", minimum=1)
+            if budget > MAX_DYNAMIC_NODES:
+                raise ArgumentError("max_nodes", f"must be <= {MAX_DYNAMIC_NODES}, got {budget}")
+            object.__setattr__(self, "budget", budget)
+
     @classmethod
     def from_args(cls, tree, k: int, depth: int, max_nodes: int | None = None,
                   min_gain: float = 0.0) -> "TreeShape":
+        if tree is None or isinstance(tree, str):  # the sizes are read: integers, checked by their ends
+            k, depth = as_int(k, "k", minimum=1), as_int(depth, "depth", minimum=1)
         if tree is None:
             _check_size("full", k, depth)  # from the sizes: before full_tree builds anything
             return cls("paths", depth, k, parse_tree(full_tree(k, depth)))
@@ -212,9 +249,6 @@ class TreeShape:
             if tree == "dynamic":
                 if max_nodes is None:
                     max_nodes = DEFAULT_MAX_NODES
-                if k > MAX_DYNAMIC_NODES - 1:  # the allocator's tables are [nodes, k]
-                    raise ArgumentError("k", f": {k:,} drafts per node; at most {MAX_DYNAMIC_NODES - 1} "
-                                             "(a dynamic tree has at most that many drafted nodes)")
                 return cls("dynamic", depth, k, {}, max_nodes, float(min_gain))
             _check_size("sequences", k, depth)
             return cls("sequences", depth, k)

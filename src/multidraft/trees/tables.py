@@ -23,8 +23,15 @@ from __future__ import annotations
 import torch
 
 from .._validate import as_int, as_probs64
+from .shapes import MAX_TREE_NODES
 
-__all__ = ["STYLES", "TableModel"]
+__all__ = ["MAX_SEQUENCE_LAW", "MAX_V", "STYLES", "TableModel", "as_sequence_model"]
+
+# A table's rows are dense float64 [V] (two per prefix): V is bounded by a size far above any model's
+# vocabulary (Qwen 151,936; Gemma 262,144), 16 MiB a (p, q) pair at the bound.
+MAX_V = 1 << 20
+# ``sequence_law`` is dense, V^n float64 entries (the ceiling LP needs V^(L+1) <= its variables anyway)
+MAX_SEQUENCE_LAW = 1 << 24
 
 STYLES = ("random", "peaked", "flat", "one_hot", "same", "q_zero", "mixed")
 _BASIC = STYLES[:-1]
@@ -64,6 +71,22 @@ def _rows(style: str, g: torch.Generator, V: int) -> tuple[torch.Tensor, torch.T
     raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
 
 
+def as_sequence_model(model, name: str = "model"):
+    """``model`` if it reads as a sequence model (``V``, ``p(prefix)``, ``q(prefix)``: a ``TableModel``),
+    else one ``ValueError`` naming ``name``."""
+    if not (callable(getattr(model, "p", None)) and callable(getattr(model, "q", None)) and hasattr(model, "V")):
+        raise ValueError(f"{name}: must be a sequence model with V, p(prefix) and q(prefix) (trees.TableModel), "
+                         f"got {type(model).__name__}")
+    return model
+
+
+def _as_v(V) -> int:
+    V = as_int(V, "V", minimum=1)
+    if V > MAX_V:
+        raise ValueError(f"V: {V:,} tokens; a table model takes at most {MAX_V:,} (trees.MAX_V: dense float64 rows)")
+    return V
+
+
 def _what(which) -> str:
     return which if isinstance(which, str) else ("draft" if which[1] == 0 else f"draft column {which[1]}")
 
@@ -80,10 +103,17 @@ class TableModel:
     """
 
     def __init__(self, V: int, target, draft):
-        self.V = as_int(V, "V", minimum=1)
+        self.V = _as_v(V)
+        if target is None:
+            raise ValueError("target: give a dict {prefix: row} or a callable prefix -> row, got None")
         drafts = list(draft) if isinstance(draft, (list, tuple)) else [draft]
         if not drafts:
             raise ValueError("draft: give at least one draft column")
+        if any(d is None for d in drafts):
+            raise ValueError("draft: give a dict {prefix: row} or a callable prefix -> row (one per column), got None")
+        if len(drafts) > MAX_TREE_NODES - 1:
+            raise ValueError(f"draft: {len(drafts):,} draft columns; at most {MAX_TREE_NODES - 1} "
+                             "(one per draft of a node, trees.MAX_TREE_NODES)")
         self.n_cols = len(drafts)
         self._src = {"target": target, **{("draft", c): src for c, src in enumerate(drafts)}}
         self._cache: dict[tuple, torch.Tensor] = {}
@@ -95,9 +125,12 @@ class TableModel:
         style drawn from a generator seeded by (seed, prefix, c) (for 'same' a random row)."""
         if style not in STYLES:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
-        V = as_int(V, "V", minimum=1)
+        V = _as_v(V)
         seed = as_int(seed, "seed", minimum=0)
         cols = as_int(cols, "cols", minimum=1)
+        if cols > MAX_TREE_NODES - 1:
+            raise ValueError(f"cols: {cols:,} draft columns; at most {MAX_TREE_NODES - 1} "
+                             "(one per draft of a node, trees.MAX_TREE_NODES)")
         pairs: dict[tuple, tuple] = {}
 
         def pair(prefix: tuple, col: int = 0) -> tuple:
@@ -150,8 +183,17 @@ class TableModel:
         """The target's law of the next n tokens after ``prefix``: float64 ``[V] * n``
         (a 0-d tensor 1.0 for n = 0), ``prod_i p(s_i | prefix, s_<i)``."""
         prefix = tuple(int(t) for t in prefix)
+        n = as_int(n, "n", minimum=0)
+        if n > MAX_TREE_NODES or self.V ** n > MAX_SEQUENCE_LAW:  # checked by its ends: V ** n is computed only for small n
+            raise ValueError(f"n: the law of {n:,} tokens at V = {self.V:,} has {self.V:,}^{n:,} entries; "
+                             f"the limit is {MAX_SEQUENCE_LAW:,} (small V and depth only)")
         if n == 0:
             return torch.ones((), dtype=torch.float64)
+        if self.V == 1:  # one sequence, up to n = MAX_TREE_NODES long: its product without recursing n deep
+            w = torch.ones((), dtype=torch.float64)
+            for j in reversed(range(n)):
+                w = self.p(prefix + (0,) * j)[0] * w
+            return w.reshape((1,) * n)
         p = self.p(prefix)
         out = torch.zeros((self.V,) * n, dtype=torch.float64)
         for y in torch.nonzero(p > 0).flatten().tolist():

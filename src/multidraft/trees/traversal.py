@@ -169,7 +169,7 @@ class TraversalVerification(TreeRule):
         return _residual_update(a, P, q)
 
     def _structure(self, tree: DraftTree) -> _Slot:
-        chainlike = all(len(nd.drafts) <= 1 for nd in tree.nodes)
+        chainlike = isinstance(tree, DraftTree) and all(len(nd.drafts) <= 1 for nd in tree.nodes)
         check_tree(tree, ("iid",), "traversal", chain=chainlike)
         if tree.shape.mode == "sequences" and self.split:
             return _split(tree)

@@ -53,16 +53,22 @@ class DraftTree:
     ``rows_checked`` (default False): set by a builder that makes every q and p row a
     distribution by construction (the decoder: ``sampling.process_logits`` rows); the
     sequence-level rules' input check then skips its O(V) per-row checks and keeps the
-    structural ones, as the token walk verifies with ``validate=False``.
+    structural ones, as the token walk verifies with ``validate=False``. ``checked`` (default
+    False): set by a builder whose trees are valid by construction, rows and structure (the
+    decoder's step, on the tree it drafted): every tree rule then skips its per-node input
+    check, the token walk's included (``_check.check_tree``).
     """
 
     def __init__(self, shape: TreeShape, root_token: int, depth_cap: int, n_cols: int = 1, law: str = "iid"):
+        if not isinstance(shape, TreeShape):
+            raise ValueError(f"shape: must be a TreeShape, got {type(shape).__name__}")
         self.shape = shape
         self.depth_cap = depth_cap
         self.n_cols = n_cols
         self.law = law
         self._target: Callable[[int], torch.Tensor] | None = None
         self.rows_checked = False
+        self.checked = False
         root_cols = tuple(range(shape.k)) if shape.mode == "sequences" else ()
         self.nodes: list[Node] = [Node(root_token, -1, 0, (), root_cols)]
         cap = shape.max_nodes()

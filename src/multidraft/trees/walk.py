@@ -30,6 +30,7 @@ from .. import verifiers as _verifiers
 from .._validate import as_generator
 from ..drafts import law_kind
 from ..sampling import sample_token
+from ._check import check_tree
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -93,8 +94,10 @@ class TokenWalk(TreeRule):
         return all(k in allowed for k in ks)
 
     def _check_tree(self, tree: DraftTree) -> None:
-        if tree.law != self.law:
-            raise ValueError(f"tree: drafted by the {tree.law!r} law but this walk verifies {self.law!r} drafts")
+        """The one input check of the tree rules (``_check.check_tree``: rows, drafts in range,
+        parents; every per-node check skipped for a tree the decoder marked ``checked``), taking a
+        tree without drafts (one token from p at the root)."""
+        check_tree(tree, (self.law,), "token_walk", empty_ok=True)
 
     # sampling path --------------------------------------------------------------------------
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
