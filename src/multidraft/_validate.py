@@ -43,7 +43,8 @@ SUM_TOLERANCE = {
 
 
 def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
-    """Validate a probability tensor ``x`` (``[..., V]``) and return it in float32 or float64."""
+    """Validate a probability tensor ``x`` (``[..., V]``) and return it in float32 or float64
+    (float16 and bfloat16 rows as float64 rows divided by their float64 sum)."""
     if not isinstance(x, torch.Tensor):
         try:
             x = torch.as_tensor(x, dtype=torch.float64)
@@ -73,7 +74,10 @@ def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
             f"a row sums to {float(worst):.6g}"
         )
     if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float() / s.unsqueeze(-1)
+        # normalised in float64 (half values are exact there): the law the row represents, the very
+        # numbers of ``as_probs64`` and ``rows64``; a float32 division would move it by ~1e-8
+        x = x.double()
+        x = x / x.sum(-1, keepdim=True)
     elif x.dtype not in (torch.float32, torch.float64):
         x = x.double()
     return x
