@@ -154,3 +154,12 @@ def test_tree_rules_exact_at_float_edges_more_laws(case):
     rule, law = case
     for family in FAMILIES:
         _check(trees.get(rule), law, family, seed=1, n_verify=3)
+
+@pytest.mark.parametrize("law", [trees.chain(2), trees.explicit(SMALL)], ids=lambda l: l.name)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_lp_takes_trees_of_tiny_probability(law, family):
+    """``tree_lp`` refused the valid trees of probability below the LP's resolution (1e-310, or 0.0 after
+    underflow: HiGHS leaves their coupling rows empty), so its certificate could not be computed."""
+    p_raw, q_raw = _raw(family, 0)
+    rule = trees.get("tree_lp", tree_law=law, model=trees.TableModel(V, p_raw, q_raw))  # the rows _check reads
+    _check(rule, law, family, seed=0, n_verify=1)
