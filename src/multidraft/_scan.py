@@ -1,4 +1,5 @@
-"""Row-wise scans and sorts that the exact cores share (``limits``, ``verifiers.optimal``).
+"""Row-wise scans and sorts that the exact cores share (``limits``, ``verifiers.optimal``), and the
+acceptance coin every verifier and tree rule draws (``accept``, ``accept_prob``, ``keep_ratio``).
 
 Each function gives the same result as its plain torch form; on CPU tensors some take a
 faster route (measured on the 2-core AVX2 machine, one [1, 151936] float64 row: the stable
@@ -11,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["argsort_desc_stable", "top_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search", "lift_tiny", "cdf_search"]
+__all__ = ["argsort_desc_stable", "top_desc_stable", "cummin", "rev_cummin", "ipow", "segment_search", "lift_tiny", "cdf_search",
+           "accept", "accept_prob", "keep_ratio"]
 
 TOP_SORT_V = 2048  # below this vocabulary size top_desc_stable is one stable sort
 
@@ -173,3 +175,33 @@ def cdf_search(c: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     row's last positive entry."""
     c = lift_tiny(c, c[:, -1:])
     return torch.searchsorted(c, u.reshape(-1, 1).to(c.dtype) * c[:, -1:], right=True).squeeze(-1)
+
+
+# the acceptance coin: exact at every float64 mass (subnormal, 0, a denominator that underflowed) ------
+
+def accept(u: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """The acceptance coin ``u < min(1, num / den)`` for uniforms u in [0, 1), float64:
+    ``num > 0 and u * den <= num``. A target mass ``num = 0`` never accepts (not even with
+    u = 0 or den = 0), so a draft with p = 0 (or residual mass 0) is never kept."""
+    return (num > 0) & (u * den <= num)
+
+
+def accept_prob(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``P(accept(u, num, den))`` for u uniform on [0, 1): ``min(1, num / den)``, 1 where
+    den = 0 < num, 0 where num = 0 (the exact paths' side of ``accept``)."""
+    pos = den > 0
+    return torch.where(pos, (num / torch.where(pos, den, torch.ones_like(den))).clamp(max=1.0), (num > 0).to(num.dtype))
+
+
+def keep_ratio(num: float, den: float) -> float:
+    """``accept_prob`` at one point, for Python floats (the tree rules' weights ``min(a p / q, 1)``):
+    0 where ``num <= 0`` (a target mass 0 is never kept, 0 / 0 included), 1 where ``num >= den``
+    (a denominator that underflowed to 0 or is subnormal: no division, no overflow), else
+    ``num / den``. A drafted token's q (or selection) mass that is positive but rounds to 0 in
+    float64 weighs at most ~1e-308, so reading it as 0 changes no law beyond float64 rounding."""
+    num, den = float(num), float(den)
+    if not num > 0:
+        return 0.0
+    if num >= den:
+        return 1.0
+    return num / den

@@ -5,7 +5,7 @@ repaired except the documented renormalisation of half-precision inputs.
 
 Tolerance on ``sum(x) == 1`` along the last dimension, by dtype (``SUM_TOLERANCE``):
 float64 1e-6, float32 1e-4, float16 1e-2, bfloat16 2e-2. Inputs in float16/bfloat16 are
-cast to float32 and divided by their sum; float32 and float64 inputs are used as given.
+cast to float64 and divided by their float64 sum; float32 and float64 inputs are used as given.
 
 Tensors are read by value: a dense (strided) tensor on a device that holds values; a sparse
 or meta tensor is refused, and one that requires grad is read detached (verification samples:
@@ -56,7 +56,8 @@ def values_of(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
-    """Validate a probability tensor ``x`` (``[..., V]``) and return it in float32 or float64."""
+    """Validate a probability tensor ``x`` (``[..., V]``) and return it in float32 or float64
+    (float16 and bfloat16 rows as float64 rows divided by their float64 sum)."""
     if not isinstance(x, torch.Tensor):
         try:
             x = torch.as_tensor(x, dtype=torch.float64)
@@ -87,7 +88,10 @@ def as_probs(x, name: str, *, min_ndim: int = 1) -> torch.Tensor:
             f"a row sums to {float(worst):.6g}"
         )
     if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float() / s.unsqueeze(-1)
+        # normalised in float64 (half values are exact there): the law the row represents, the very
+        # numbers of ``as_probs64`` and ``rows64``; a float32 division would move it by ~1e-8
+        x = x.double()
+        x = x / x.sum(-1, keepdim=True)
     elif x.dtype not in (torch.float32, torch.float64):
         x = x.double()
     return x

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from .._scan import keep_ratio
 from .._validate import as_generator
 from ..sampling import sample_token
 from ._check import check_tree, is_chain_law, row64
@@ -95,7 +96,7 @@ def chain_keeps(ps, qs, xs: list) -> list[float]:
     ps, qs = _rows(ps), _rows(qs)
     a = [1.0]
     for i in range(len(xs)):
-        a.append(min(a[i] * ps.at(i, xs[i]) / qs.at(i, xs[i]), 1.0))
+        a.append(keep_ratio(a[i] * ps.at(i, xs[i]), qs.at(i, xs[i])))  # min(a p / q, 1), exact at q = 0
     return a
 
 

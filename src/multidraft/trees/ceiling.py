@@ -43,7 +43,7 @@ import torch
 
 from .._validate import as_generator, as_int
 from ..sampling import sample_token
-from ._check import check_tree
+from ._check import check_tree, row64
 from .laws import MAX_TREES, as_tree_law
 from .rules import TreeRule, TreeVerdict, register
 from .tables import as_sequence_model
@@ -334,13 +334,22 @@ class TreeLP(TreeRule):
             raise ValueError(f"tree: not a tree of {self.tree_law.name} (the law this tree_lp rule was solved for)")
         for i in range(len(tree.nodes)):
             pre = tree.prefix(i)
-            if not torch.equal(tree.p(i).double(), self.model.p(pre)) or (
-                    tree.nodes[i].drafts and not torch.equal(tree.nodes[i].q.double(), self.model.q(pre))):
+            if not torch.equal(row64(tree.p(i)), self.model.p(pre)) or (  # rows read as the laws they represent
+                    tree.nodes[i].drafts and not torch.equal(row64(tree.nodes[i].q), self.model.q(pre))):
                 raise ValueError(f"tree: the rows at node {i} differ from the model this tree_lp rule was solved for")
-        row = self.solution.coupling.get(tree_paths(tree))
-        if not row:
+        S = tree_paths(tree)
+        sol = self.solution
+        if S not in sol.tree_probs:
             raise ValueError(f"tree: its drafts have probability 0 under {self.tree_law.name} with this model")
-        tot = sum(row.values())
+        row = sol.coupling.get(S)
+        tot = sum(row.values()) if row else 0.0
+        if not tot > 0:
+            # a valid tree of probability below the LP's resolution (P(S) <= feasibility_error: 1e-310,
+            # or 0.0 after underflow): the solver leaves its row empty. Emit y ~ p(. | root), a token
+            # of positive target probability; the emitted law moves by at most P(S) per such tree,
+            # inside the coupling's own feasibility error
+            p = self.model.p(())
+            return {(y,): float(p[y]) for y in torch.nonzero(p > 0).flatten().tolist()}
         return {Y: w / tot for Y, w in row.items()}
 
     def output_distribution(self, tree: DraftTree) -> dict:

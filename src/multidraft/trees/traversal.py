@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import torch
 
+from .._scan import keep_ratio
 from .._validate import as_generator
 from ._check import check_tree, is_chain_law, row64
 from ._postorder import decisions_law, decisions_tokens, first_kept
@@ -182,7 +183,7 @@ class TraversalVerification(TreeRule):
         Q = row64(nd.q) if s.kids else None  # [V]
         for kid in s.kids:
             t = tree.nodes[kid.node].token
-            ac = min(a * float(P[t]) / float(Q[t]), 1.0)
+            ac = keep_ratio(a * float(P[t]), float(Q[t]))  # min(a P(t) / Q(t), 1)
             yield from self._decisions(tree, kid, path + (kid.node,), ac, row64(tree.p(kid.node)))
             a, P = self._refused(a, P, Q, t)
         yield path, (a if path else 1.0), P, not s.kids

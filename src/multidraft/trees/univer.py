@@ -128,6 +128,7 @@ import torch
 import numpy as np
 
 from .. import drafts as _drafts
+from .._scan import keep_ratio
 from .._validate import as_generator, as_int
 from ._check import check_tree, is_chain_law, row64
 from .block import chain_path
@@ -287,7 +288,7 @@ class UniVer(TreeRule):
                 if not qt > 0:
                     raise ValueError(f"tree: draft {t} at node {i} (slot {j}) has probability 0 under the law of that "
                                      "slot given the earlier drafts (the drafts do not match the tree's law)")
-                w = min(a * float(P[t]) / qt, 1.0)
+                w = keep_ratio(a * float(P[t]), qt)  # min(a P(t) / Q(t), 1)
                 c = None if t in seen else nd.child[t]
                 seen.add(t)
                 if c is not None:
@@ -419,7 +420,7 @@ class UniVer(TreeRule):
             if not qt > 0:
                 raise ValueError(f"tree: draft {t} at node {ids[d]} (slot 0) has probability 0 under the law of that "
                                  "slot given the earlier drafts (the drafts do not match the tree's law)")
-            w.append(min(w[d] * ps.at(d, t) / qt, 1.0))
+            w.append(keep_ratio(w[d] * ps.at(d, t), qt))
         L = len(xs)
         yield tuple(ids[1:]), w[L], ps[L], True
         for d in range(L - 1, -1, -1):

@@ -30,7 +30,7 @@ from .. import verifiers as _verifiers
 from .._validate import as_generator
 from ..drafts import law_kind
 from ..sampling import sample_token
-from ._check import check_tree
+from ._check import check_tree, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -159,7 +159,7 @@ class TokenWalk(TreeRule):
         def walk(i: int, prefix: tuple, w: float) -> None:
             nd = tree.nodes[i]
             p = tree.p(i)
-            out = self._node_law(p, nd.q, nd.drafts) if nd.drafts else p.double().cpu()
+            out = self._node_law(p, nd.q, nd.drafts) if nd.drafts else row64(p.cpu())  # a leaf: p as the law it represents
             for y in torch.nonzero(out > 0).flatten().tolist():
                 m = w * float(out[y])
                 c = nd.child.get(y) if nd.drafts else None

@@ -99,7 +99,7 @@ def _row(p, q, K, M, max_iter, tol, floor, ar, order, rank, lo_out, frac_out, r_
     """One row: fills order, rank, lo, frac, r_s, qsel (sorted positions) and the row's entries of
     the diagnostics; returns (boundaries [nb] in 0..V, iterations, converged)."""
     V = p.shape[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # q over a subnormal p: inf, as q / 0
         ratio = q / p
     ratio[np.isnan(ratio)] = 0.0  # 0 / 0; q / 0 stays inf
     order[:] = np.argsort(-ratio, kind="stable")  # descending, ties by index (torch's stable sort)

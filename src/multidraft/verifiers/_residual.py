@@ -7,7 +7,8 @@ Exactness at the float32 and subnormal edges is decided here, once for every rul
   included) are exact in float64, so the only rounding is float64's. A confident float32 q
   ``[1, 1e-9, 1e-9, 0]`` sums to 1 in float32 but represents ``q(0) = 1 / (1 + 2e-9)``: its
   residual against a one-hot p has mass 2e-9, which float64 holds and float32 loses.
-* ``accept(u, num, den)``: the coin ``u < num / den`` as ``num > 0 and u * den <= num``, so a
+* ``accept(u, num, den)`` (with ``accept_prob``; they live in ``multidraft._scan``, shared with the
+  tree rules, whose scalar twin is ``_scan.keep_ratio``): the coin ``u < num / den`` as ``num > 0 and u * den <= num``, so a
   draft whose (residual) target mass is 0 is never kept, whatever ``den`` (0 included) and
   whatever ``u`` (0 included).
 * ``residual_or(w, fallback)`` / ``residual_law``: a residual row ``w = (p_i - m)+`` whose
@@ -30,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from .._scan import cdf_search, lift_tiny
+from .._scan import accept, accept_prob, cdf_search, lift_tiny  # accept, accept_prob: their home is _scan
 
 CHUNK_ELEMS = 1 << 17  # float64 elements per chunk (1 MiB): stays in L2 on common CPUs
 
@@ -74,20 +75,6 @@ def rows64(x: torch.Tensor) -> torch.Tensor:
     if not bool((scale != 1.0).any()):
         return x64
     return x64.div_(scale) if x64 is not x else x64 / scale  # x / 1.0 is exact
-
-
-def accept(u: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """The acceptance coin ``u < min(1, num / den)`` for uniforms u in [0, 1), float64:
-    ``num > 0 and u * den <= num``. A target mass ``num = 0`` never accepts (not even with
-    u = 0 or den = 0), so a draft with p = 0 (or residual mass 0) is never kept."""
-    return (num > 0) & (u * den <= num)
-
-
-def accept_prob(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """``P(accept(u, num, den))`` for u uniform on [0, 1): ``min(1, num / den)``, 1 where
-    den = 0 < num, 0 where num = 0 (the exact paths' side of ``accept``)."""
-    pos = den > 0
-    return torch.where(pos, (num / torch.where(pos, den, torch.ones_like(den))).clamp(max=1.0), (num > 0).to(num.dtype))
 
 
 def residual_or(w: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
