@@ -6,7 +6,6 @@ A SIGALRM guard turns a hang into a failure (a guard only: nothing asserts on sp
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -15,6 +14,7 @@ import time
 import pytest
 import torch
 
+from alarm import guard
 from multidraft import cli
 from multidraft.cli import _args
 
@@ -35,18 +35,8 @@ class Hung(Exception):
 
 
 
-@contextlib.contextmanager
 def _guard(seconds: int = GUARD_S):
-    def fire(*_):
-        raise Hung(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    return guard(seconds, Hung)
 
 
 def _run(argv, capsys) -> tuple[int, list[str]]:

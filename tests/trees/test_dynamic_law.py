@@ -12,6 +12,8 @@ import torch
 import multidraft as md
 from multidraft import trees
 
+from table_draft import TableDraft
+
 torch.set_num_threads(1)
 TOL = 1e-12
 KINDS = ("iid", "wor", "greedy")
@@ -274,20 +276,6 @@ def test_independent_walk_certificates_slow(style):
 
 
 # --- the decoder itself on a table model ---------------------------------------------------------
-class _TableDraft:
-    """A draft runner over a ``TableModel``: entry h's logits are log q after its path."""
-
-    def __init__(self, model):
-        self.model, self.prefixes = model, []
-
-    def extend(self, tokens, parents, last_only=False):
-        rows = []
-        for t, par in zip(tokens, parents):
-            prefix = () if par < 0 else self.prefixes[par] + (int(t),)
-            self.prefixes.append(prefix)
-            rows.append(torch.log(self.model.q(prefix)))
-        out = torch.stack(rows)  # [n, V]
-        return out[-1:] if last_only else out
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -304,7 +292,7 @@ def test_the_decoders_dynamic_trees_are_trees_of_the_law(kind):
         listed = {key(t) for t, _ in law.enumerate(m)}
         g = torch.Generator().manual_seed(seed)
         for _ in range(20):
-            step = engine.DecoderStep(None, _TableDraft(m), s, g)
+            step = engine.DecoderStep(None, TableDraft(m), s, g)
             tree = step.serve(step.draft(0, L))
             assert key(tree) in listed
             for i, nd in enumerate(tree.nodes):
@@ -338,7 +326,7 @@ def test_the_decoders_node_order_on_an_uneven_level(kind):
     g = torch.Generator().manual_seed(0)
     uneven = 0
     for _ in range(30):
-        step = engine.DecoderStep(None, _TableDraft(m), s, g)
+        step = engine.DecoderStep(None, TableDraft(m), s, g)
         tree = step.serve(step.draft(0, L))
         assert key(tree) in listed
         uneven += [nd.k for nd in tree.nodes if nd.depth == 1] == [1, 2, 1]

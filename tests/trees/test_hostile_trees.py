@@ -5,8 +5,6 @@ unless the decoder marked it ``checked``; each refusal is one ``ValueError`` nam
 or the node. A guard turns a hang into a failure."""
 from __future__ import annotations
 
-import contextlib
-import signal
 
 import pytest
 import torch
@@ -15,26 +13,17 @@ import multidraft as md
 from multidraft import drafts, trees
 from multidraft.trees import _check
 
+from alarm import guard
+from table_draft import TableDraft
+
 CAP = trees.MAX_TREE_NODES - 1  # drafted nodes a step: the decoder's bound (decoding.settings via TreeShape.from_args)
 
 
-@contextlib.contextmanager
-def _guard(seconds: int = 20):
-    def fire(*_):
-        raise AssertionError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _refused(call, arg: str, exc=ValueError) -> str:
     """``call()`` raises ``exc`` at once, in one line naming ``arg`` first."""
-    with _guard():
+    with guard(20):
         with pytest.raises(exc) as ei:
             call()
     msg = str(ei.value)
@@ -85,7 +74,7 @@ def test_sizes_are_refused_by_their_ends_in_one_line(call, arg):
 def test_the_tree_laws_take_the_decoders_bound_and_no_more():
     """The laws accept trees of ``MAX_TREE_NODES - 1`` drafted nodes (the decoder's bound:
     ``TreeShape.from_args``, which ``decoding.Settings`` calls) and refuse one more."""
-    with _guard():
+    with guard(20):
         assert trees.kary(CAP, 1).shape.max_nodes() == CAP + 1
         assert trees.chain(CAP).depth == CAP
         assert trees.sequences(CAP, 1).shape.max_nodes() == CAP + 1
@@ -106,7 +95,7 @@ def test_the_ceiling_counts_a_dynamic_trees_drafts():
 def test_sizes_at_the_bounds_still_work():
     q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     p = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
-    with _guard():
+    with guard(20):
         assert drafts.iid(q, 1000).sample(0).shape == (1000,)
         assert 0 < md.optimal_acceptance(p, drafts.iid(q, 10**9)) <= 1
         m = trees.TableModel.random(1, 0)
@@ -227,20 +216,6 @@ def test_a_tree_marked_checked_is_not_checked_again():
     _check.check_tree(t, ("iid",), "token_walk")  # not re-read: the builder vouches for it
 
 
-class _TableDraft:
-    """A draft runner over a ``TableModel``: entry h's logits are log q after its path."""
-
-    def __init__(self, model):
-        self.model, self.prefixes = model, []
-
-    def extend(self, tokens, parents, last_only=False):
-        rows = []
-        for t, par in zip(tokens, parents):
-            prefix = () if par < 0 else self.prefixes[par] + (int(t),)
-            self.prefixes.append(prefix)
-            rows.append(torch.log(self.model.q(prefix)))
-        out = torch.stack(rows)  # [n, V]
-        return out[-1:] if last_only else out
 
 
 def test_the_decoder_marks_its_tree_and_no_rule_rechecks_it(monkeypatch):
@@ -254,7 +229,7 @@ def test_the_decoder_marks_its_tree_and_no_rule_rechecks_it(monkeypatch):
         monkeypatch.setattr(_check, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
     m = trees.TableModel.random(3, 0)
     s = engine.Settings.from_args(verifier="specinfer", k=2, depth=2)
-    step = engine.DecoderStep(None, _TableDraft(m), s, torch.Generator().manual_seed(0))
+    step = engine.DecoderStep(None, TableDraft(m), s, torch.Generator().manual_seed(0))
     tree = step.serve(step.draft(0, 2))
     logits = torch.stack([m.p(tree.prefix(i)).log() for i in range(len(tree))])  # [N, V]
     step.verify(tree, logits)
