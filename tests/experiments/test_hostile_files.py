@@ -76,6 +76,8 @@ BAD_ROWS = {
     "negative se": (dict(GOOD, se=-0.01), "field 'se' must be a number >= 0, got -0.01"),
     "missing dataset": ({k: v for k, v in GOOD.items() if k != "dataset"}, "missing field 'dataset' (a string)"),
     "verifier a number": (dict(GOOD, verifier=7), "field 'verifier' must be a string, got 7"),
+    # issue 41: a law the tables do not know was dropped from every table without a word
+    "unknown law": (dict(GOOD, law="beam"), "field 'law' must be one of 'iid', 'wor', 'greedy', 'independent', got \"beam\""),
     "missing alpha_star": ({k: v for k, v in GOOD.items() if k != "alpha_star"}, "missing field 'alpha_star'"),
     "duplicated row": (dict(GOOD), "duplicate of line 3"),
 }
@@ -171,6 +173,13 @@ def test_rows_without_values_are_named_not_dropped_silently(tmp_path, capsys):
     assert "2 of 2 rows have no per-position values" in (tmp_path / "report.md").read_text()
 
 
+def test_the_schema_spells_the_library_s_law_kinds():
+    from multidraft.drafts import LAW_KINDS
+    from multidraft.experiments.records import LAW_NAMES
+
+    assert LAW_NAMES == LAW_KINDS
+
+
 def test_report_with_only_damaged_rows_is_one_line(tmp_path, capsys):
     _write(tmp_path / "acceptance.jsonl", [dict(GOOD, acceptance=None)])
     assert main(["report", str(tmp_path), "--no-plots"]) == 2
@@ -198,6 +207,7 @@ def test_library_readers_raise_the_first_damaged_row(tmp_path):
     (dict(GOOD, acceptance=None), "field 'acceptance' must be a number in [0, 1], got null"),
     (dict(GOOD, values="x"), "field 'values' must be a list of numbers"),
     (dict(GOOD, K=-2), "field 'K' must be an integer >= 1, got -2"),
+    (dict(GOOD, law="beam"), "field 'law' must be one of"),
     (dict(GOOD, law="iid"), "duplicate of line 3"),
 ])
 def test_run_diff_skips_damaged_rows(bad, needle, tmp_path, capsys):

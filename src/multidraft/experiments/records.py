@@ -438,7 +438,7 @@ class Field:
     """One field of a row: ``kind`` is ``text``, ``number``, ``integer``, ``numbers`` (a list of
     numbers), ``integers``, ``object``, ``list`` or ``bool``; numbers lie in ``[lo, hi]`` (either
     end None: open) up to ``tol``; ``null`` allows JSON null; ``required`` fields must be present
-    (in rows where ``when(row)`` holds, if given)."""
+    (in rows where ``when(row)`` holds, if given); ``choices``: the only values a text may take."""
 
     name: str
     kind: str = "number"
@@ -448,10 +448,13 @@ class Field:
     null: bool = False
     tol: float = 0.0
     when: Callable[[dict], bool] | None = None
+    choices: tuple | None = None
 
     def expected(self) -> str:
         what = {"text": "a string", "number": "a number", "integer": "an integer", "numbers": "a list of numbers",
                 "integers": "a list of integers", "object": "an object", "list": "a list", "bool": "true or false"}[self.kind]
+        if self.choices:
+            what = "one of " + ", ".join(map(repr, self.choices))
         if self.lo is not None and self.hi is not None:
             what += f" in [{self.lo:g}, {self.hi:g}]"
         elif self.lo is not None:
@@ -483,6 +486,8 @@ class Field:
             or (k == "list" and isinstance(v, list)) or (k == "bool" and isinstance(v, bool)) \
             or (k in ("number", "integer") and self._num_ok(v, k == "integer")) \
             or (k in ("numbers", "integers") and isinstance(v, list) and all(self._num_ok(x, k == "integers") for x in v))
+        if ok and self.choices is not None and v not in self.choices:
+            ok = False
         if ok:
             return None
         if k in ("numbers", "integers") and isinstance(v, list):
@@ -500,6 +505,9 @@ class Schema:
     key: tuple = ()
 
 
+LAW_NAMES = ("iid", "wor", "greedy", "independent")  # drafts.LAW_KINDS, spelled here so reading rows needs no torch (a test keeps them equal)
+
+
 def _verifier_row(row: dict) -> bool:
     return row.get("verifier") != "alpha*"
 
@@ -509,7 +517,7 @@ def _cell_fields() -> tuple:
     req = dict(required=True)
     return (
         Field("dataset", "text", **req), Field("t_target", lo=0, **req), Field("t_draft", lo=0, **req),
-        Field("law", "text", **req), Field("K", "integer", lo=1, **req), Field("verifier", "text", **req),
+        Field("law", "text", choices=LAW_NAMES, **req), Field("K", "integer", lo=1, **req), Field("verifier", "text", **req),
         Field("acceptance", lo=0, hi=1, tol=1e-9, **req), Field("se", lo=0, **req),
         Field("alpha_star", lo=0, hi=1, tol=1e-9, required=True, when=_verifier_row),
         Field("gap_pct", required=True, when=_verifier_row),
