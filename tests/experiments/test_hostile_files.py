@@ -347,10 +347,10 @@ def test_bound_takes_a_2d_q_but_not_3d_and_one_array_npz_works(tmp_path, capsys)
 
 
 # --- the run directory's lock -------------------------------------------------------------------------------
-def _holder(run_dir: Path):
-    """A second process holding the lock of ``run_dir`` until its stdin closes."""
-    code = ("import sys; from multidraft.experiments.records import lock_run_dir\n"
-            f"with lock_run_dir({str(run_dir)!r}):\n    print('held', flush=True); sys.stdin.read()\n")
+def _holder(run_dir: Path, lock: str = "lock_run_dir"):
+    """A second process holding the lock of ``run_dir`` (or of a results file) until its stdin closes."""
+    code = (f"import sys; from multidraft.experiments.records import {lock}\n"
+            f"with {lock}({str(run_dir)!r}):\n    print('held', flush=True); sys.stdin.read()\n")
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -373,6 +373,24 @@ def test_a_second_process_is_refused_naming_the_directory_and_holder(tmp_path):
             assert (run / records.LOCK_NAME).read_text().strip() == str(os.getpid())
     with lock_run_dir(run):  # and released on exit of the with block
         pass
+
+
+def test_compare_out_is_held_by_one_process(tmp_path, capsys):
+    """Issue 41: ``compare --out`` took no lock; two runs on one file could both write its rows."""
+    out = tmp_path / "rows.jsonl"
+    proc = _holder(out, "lock_results_file")
+    try:
+        assert main(["compare", "--k", "1", "--laws", "iid", "--verifiers", "naive", "--samples", "200",
+                     "--out", str(out)]) != 0
+        line = _one_line(capsys.readouterr().err, str(out), "results file is in use by another multidraft process",
+                         f"pid {proc.pid}")
+        assert line.startswith("multidraft compare: error:") and not out.exists()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert main(["compare", "--k", "1", "--laws", "iid", "--verifiers", "naive", "--samples", "200",
+                 "--out", str(out)]) == 0
+    assert out.exists() and (tmp_path / f".{out.name}{records.LOCK_NAME}").exists()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """``multidraft compare``: exact or Monte-Carlo acceptance of every verifier, per law and K."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -43,7 +44,7 @@ def _duration(seconds: float) -> str:
 
 def run(args) -> int:
     from ..experiments import verifier_table as C
-    from ..experiments.records import check_binding, ensure_dir
+    from ..experiments.records import check_binding, ensure_dir, lock_results_file
 
     check_common(args)  # --seed
     if (args.p is None) != (args.q is None):
@@ -56,14 +57,20 @@ def run(args) -> int:
         seed=args.seed,
     )
     cases = {"user": C.load_case(args.p, args.q)} if args.p else C.builtin_cases()
-    if args.out:  # refuse a bad --out before minutes of work
-        from pathlib import Path
+    with contextlib.ExitStack() as held:
+        if args.out:  # refuse a bad --out before minutes of work, and hold it until the rows are written
+            from pathlib import Path
 
-        out = Path(args.out)
-        if out.is_dir():
-            raise IsADirectoryError(21, "--out is a directory; give a file name such as rows.jsonl", str(out))
-        ensure_dir(out.parent, "directory")
-        check_binding(out, C.jsonl_config(cases, s), s.seed, C.KEYED)
+            out = Path(args.out)
+            if out.is_dir():
+                raise IsADirectoryError(21, "--out is a directory; give a file name such as rows.jsonl", str(out))
+            ensure_dir(out.parent, "directory")
+            held.enter_context(lock_results_file(out))
+            check_binding(out, C.jsonl_config(cases, s), s.seed, C.KEYED)
+        return _run(args, C, cases, s)
+
+
+def _run(args, C, cases, s) -> int:
     plan = C.plan(cases, s)  # sizes first: refuses what cannot be done (ArgumentError naming the flag)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     log(plan.describe(s.samples))

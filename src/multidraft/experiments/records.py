@@ -58,7 +58,7 @@ from .. import _machine
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
     "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields",
-    "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir",
+    "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir", "lock_results_file",
 ]
 
 
@@ -637,24 +637,41 @@ def lock_run_dir(run_dir: str | os.PathLike):
     :class:`RunDirLocked` (an ``OSError`` whose ``filename`` is the directory), one line naming
     the holder's pid; creates the directory first (:func:`ensure_dir`)."""
     run_dir = ensure_dir(run_dir)
-    name = str(run_dir.resolve())
+    with _held(run_dir, run_dir / LOCK_NAME, "run directory", "use another run directory"):
+        yield run_dir
+
+
+@contextlib.contextmanager
+def lock_results_file(path: str | os.PathLike):
+    """:func:`lock_run_dir` for one results file written outside a run directory (``compare
+    --out``): the lock is ``.NAME.multidraft.lock`` beside it; a second process writing the same
+    file gets :class:`RunDirLocked` naming the file and the holder's pid."""
+    path = Path(path)
+    ensure_dir(path.parent, "directory")
+    with _held(path, path.parent / f".{path.name}{LOCK_NAME}", "results file", "use another --out file"):
+        yield path
+
+
+@contextlib.contextmanager
+def _held(target: Path, path: Path, what: str, instead: str):
+    """The flock of ``path`` (the lock file of ``target``, a run directory or a results file)."""
+    name = str(target.resolve())
     if name in _HELD:
         _HELD[name][1] += 1
         try:
-            yield run_dir
+            yield
         finally:
             _HELD[name][1] -= 1
         return
     try:
         import fcntl
     except ImportError:  # pragma: no cover (not a POSIX system: no lock)
-        yield run_dir
+        yield
         return
-    path = run_dir / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise io_error(exc, path, "open the run directory's lock file") from None
+        raise io_error(exc, path, f"open the {what}'s lock file") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -664,9 +681,9 @@ def lock_run_dir(run_dir: str | os.PathLike):
             holder = "unknown"
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunDirLocked(errno.EBUSY, f"run directory is in use by another multidraft process (pid {holder}); "
-                                            "wait for it to finish or use another run directory", str(run_dir)) from None
-        raise io_error(exc, path, "lock the run directory") from None
+            raise RunDirLocked(errno.EBUSY, f"{what} is in use by another multidraft process (pid {holder}); "
+                                            f"wait for it to finish or {instead}", str(target)) from None
+        raise io_error(exc, path, f"lock the {what}") from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -674,7 +691,7 @@ def lock_run_dir(run_dir: str | os.PathLike):
         pass  # the lock holds without the pid
     _HELD[name] = [fd, 1]
     try:
-        yield run_dir
+        yield
     finally:
         del _HELD[name]
         os.close(fd)  # releases the flock
