@@ -189,6 +189,20 @@ def test_target_alone_names_the_unloaded_draft_in_a_warning(no_models, capsys, t
     assert "multidraft decode: warning: --draft is not loaded: --verifier none" in err
 
 
+@pytest.mark.parametrize("extra, warned", [
+    (["--temperature", "0", "--top-k", "5"], True),
+    (["--temperature", "0", "--top-p", "0.9"], True),
+    (["--temperature", "0", "--top-k", "5", "--draft-temperature", "1"], False),  # the draft samples: top-k applies
+    (["--temperature", "0.7", "--top-k", "5"], False),
+])
+def test_top_k_and_top_p_at_greedy_are_named(no_models, capsys, extra, warned):
+    """Greedy target and drafts: the argmax is in every top-k and top-p set, so they change nothing."""
+    with pytest.raises(Exception, match="a model would have been loaded"):
+        main(["decode", "--prompt", "x", "--quiet", "--engine", "transformers", *extra])
+    err = capsys.readouterr().err
+    assert ("multidraft decode: warning: --top-k and --top-p change nothing at --temperature 0" in err) == warned
+
+
 def test_dtype_is_refused_on_llama_cpp(no_models, capsys):
     from multidraft import _optional
 

@@ -275,6 +275,11 @@ def check_settings(args):
             if val is not None:  # --threads 0 included
                 raise ValueError(f"{flag} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
+    draft_ts = [0.0] if draft_temperature is None else list(draft_temperature) if isinstance(draft_temperature, list) \
+        else [draft_temperature]
+    if args.temperature == 0 and all(t == 0 for t in draft_ts) and (args.top_k is not None or args.top_p is not None):
+        warnings.append("--top-k and --top-p change nothing at --temperature 0 with greedy drafts (the argmax is in "
+                        "every top-k and top-p set)")
     tree = _tree(args.tree)
     if target_only and args.rule is not None:
         raise ValueError("--rule verifies draft trees; --verifier none decodes with the target alone: drop one of them")
