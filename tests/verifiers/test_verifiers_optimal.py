@@ -213,6 +213,15 @@ def test_rows_repeated_along_the_first_dim_are_fitted_once_with_identical_result
     ta = v.verify(Pc, Qc, x, torch.Generator().manual_seed(5), law="iid").token
     tb = v.verify(Pc.contiguous(), Qc.contiguous(), x, torch.Generator().manual_seed(5), law="iid").token
     assert torch.equal(ta, tb)
+    # one row repeated as a 2-D view [c, V] (a batch of draws at one position): fitted once too
+    P1, Q1 = P[0].expand(c, V), Q[0].expand(c, V)
+    x1 = md.drafts.iid(Q[0], K).sample(g, num_samples=c)  # [c, K]
+    a = v.output_distribution(P1, Q1, x1, law="iid")
+    assert v.last_fit.alpha_star.shape == ()
+    assert torch.equal(a, v.output_distribution(P1.contiguous(), Q1.contiguous(), x1, law="iid"))
+    ta = v.verify(P1, Q1, x1, torch.Generator().manual_seed(5), law="iid").token
+    tb = v.verify(P1.contiguous(), Q1.contiguous(), x1, torch.Generator().manual_seed(5), law="iid").token
+    assert torch.equal(ta, tb)
 
 
 def test_k1_shortcut_draws_the_plan_paths_tokens_and_keeps_the_fit():

@@ -859,8 +859,9 @@ class Optimal(Verifier):
     @staticmethod
     def _distinct(p, q):
         """(rep, pu, qu): rows repeated along the first dim (an expanded view, stride 0: e.g.
-        the experiments' [draws, positions, V]) are fitted once and the plan tiled."""
-        rep = p.dim() >= 3 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
+        the experiments' [draws, positions, V], or one row as [draws, V]) are fitted once and the
+        plan tiled."""
+        rep = p.dim() >= 2 and p.shape[0] > 1 and p.stride(0) == 0 and q.stride(0) == 0
         return (rep, p[0], q[0]) if rep else (rep, p, q)
 
     def _make_plan(self, p, q, K, normalised=False):
