@@ -310,11 +310,11 @@ def _law_q_as_read(law, q: torch.Tensor, per: bool) -> torch.Tensor | None:
         return q if same(law.q) else None
     if q.dtype != torch.float64:
         return None
-    if same(law._q64()):
+    r = law._q64()
+    if same(r):
         return q
     if not same(law.q.double()):
         return None
-    r = law._q64()
     if law.kind == "independent":
         r = r if per else r[..., 0, :]
     elif per:

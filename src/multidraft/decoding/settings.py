@@ -23,7 +23,7 @@ from .. import drafts as _drafts
 from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
-from ..trees import MAX_DYNAMIC_NODES, TreeShape, node_ks
+from ..trees import TreeShape, node_ks
 from .sources import DraftModel, parse_sources
 
 __all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law",
@@ -342,9 +342,7 @@ class Settings:
         if max_nodes is not None:
             if not dynamic:
                 raise ArgumentError("max_nodes", f"applies only to tree='dynamic', got tree={tree!r}")
-            max_nodes = as_int(max_nodes, "max_nodes", minimum=2)
-            if max_nodes > MAX_DYNAMIC_NODES:
-                raise ArgumentError("max_nodes", f"must be <= {MAX_DYNAMIC_NODES}, got {max_nodes}")
+            max_nodes = as_int(max_nodes, "max_nodes", minimum=2)  # its bound is TreeShape's (MAX_DYNAMIC_NODES)
         if min_gain is not None:
             if not dynamic:
                 raise ArgumentError("min_gain", f"applies only to tree='dynamic', got tree={tree!r}")
