@@ -80,6 +80,12 @@ def as_sequence_model(model, name: str = "model"):
     return model
 
 
+def _check_cols(n: int, name: str) -> None:
+    if n > MAX_TREE_NODES - 1:
+        raise ValueError(f"{name}: {n:,} draft columns; at most {MAX_TREE_NODES - 1} "
+                         "(one per draft of a node, trees.MAX_TREE_NODES)")
+
+
 def _as_v(V) -> int:
     V = as_int(V, "V", minimum=1)
     if V > MAX_V:
@@ -111,9 +117,7 @@ class TableModel:
             raise ValueError("draft: give at least one draft column")
         if any(d is None for d in drafts):
             raise ValueError("draft: give a dict {prefix: row} or a callable prefix -> row (one per column), got None")
-        if len(drafts) > MAX_TREE_NODES - 1:
-            raise ValueError(f"draft: {len(drafts):,} draft columns; at most {MAX_TREE_NODES - 1} "
-                             "(one per draft of a node, trees.MAX_TREE_NODES)")
+        _check_cols(len(drafts), "draft")
         self.n_cols = len(drafts)
         self._src = {"target": target, **{("draft", c): src for c, src in enumerate(drafts)}}
         self._cache: dict[tuple, torch.Tensor] = {}
@@ -128,9 +132,7 @@ class TableModel:
         V = _as_v(V)
         seed = as_int(seed, "seed", minimum=0)
         cols = as_int(cols, "cols", minimum=1)
-        if cols > MAX_TREE_NODES - 1:
-            raise ValueError(f"cols: {cols:,} draft columns; at most {MAX_TREE_NODES - 1} "
-                             "(one per draft of a node, trees.MAX_TREE_NODES)")
+        _check_cols(cols, "cols")  # before the columns are built
         pairs: dict[tuple, tuple] = {}
 
         def pair(prefix: tuple, col: int = 0) -> tuple:
