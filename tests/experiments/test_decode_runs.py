@@ -126,7 +126,7 @@ def test_a_peer_runs_in_the_interleaving_with_its_own_seed(pair):
 
     def peer(pid, ids, seed):
         calls.append((pid, int(ids.shape[1]), seed))
-        return {"new_tokens": 6, "target_calls": 3, "draft_calls": -1, "seconds": 0.5, "block_efficiency": 2.0,
+        return {"new_tokens": 6, "target_calls": 3, "draft_calls": None, "seconds": 0.5, "block_efficiency": 2.0,
                 "acceptance_rate": float("nan")}
 
     methods = [dr.target_alone(), dr.peer_method("peer D=4 NP=2", "llama-spec", peer, k=2, depth=4)]

@@ -364,8 +364,8 @@ def merge_rounds(rows: Sequence[dict]) -> list[dict]:
             continue
         m = dict(rs[0])
         for k in ("new_tokens", "target_calls", "draft_calls", "seconds"):
-            if all(k in r for r in rs):
-                m[k] = sum(r[k] for r in rs)
+            if all(k in r for r in rs):  # a peer's draft_calls may be None (not counted): None pooled
+                m[k] = None if any(r[k] is None for r in rs) else sum(r[k] for r in rs)
         m["tree_tokens"] = sum(r["tree_tokens"] for r in rs) if all(r.get("tree_tokens") for r in rs) else 0
         m["block_efficiency"] = m["new_tokens"] / m["target_calls"] if m["target_calls"] else float("nan")
         acc = [r["acceptance_rate"] for r in rs if _finite(r.get("acceptance_rate"))]
