@@ -344,8 +344,10 @@ def report(rows: list[dict], methods, header: str, markdown: str | None) -> list
     print()
     print("\n".join(lines))
     if markdown:
-        Path(markdown).write_text(header + "\n\n" + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n",
-                                  encoding="utf-8")
+        from multidraft.experiments.records import write_file
+
+        write_file(markdown, header + "\n\n" + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n",
+                   "write the --markdown file")
     return summary
 
 

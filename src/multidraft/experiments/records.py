@@ -20,9 +20,12 @@ measurement rows. This module is the ONE place that decides whether rows belong 
 * **Foreign rows.** :func:`read_jsonl` refuses a second meta row, a row whose ``run_id``
   is not the meta's, and (in a file whose meta has a run id) a row without one, naming
   ``file:line``; such rows are never counted as done.
-* **Interrupts.** Each row is ONE ``write`` of a complete line on an unbuffered file, so
-  Ctrl-C leaves complete rows only, or at worst a torn last line after a failed write
-  (disk full): readers skip it and a writer cuts it before appending (``_drop_torn_tail``).
+* **Interrupts, full disks.** Each row is ONE ``write`` of a complete line on an unbuffered
+  file; a write that fails or comes up short (disk full) is cut back and raises ``OSError``
+  saying the row was not written, so the file keeps whole rows. A torn last line (a process
+  killed mid-write) is skipped by readers, who name it (``torn``), and cut by a writer before
+  appending (``_drop_torn_tail``). Whole files (reports, plots, Markdown) are written by
+  :func:`write_file`: a temporary file, then ``os.replace``: all or nothing.
 * **I/O errors** are ``OSError`` with ``filename`` set to the path (:func:`ensure_dir`,
   the writer), which ``multidraft.cli.main`` prints as one line.
 * **Refusals in full.** A refused reopening names each differing config key (nested objects
@@ -57,7 +60,7 @@ from typing import Any
 from .. import _machine
 
 __all__ = [
-    "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
+    "versions", "code_version", "meta_row", "run_id", "io_error", "write_file", "ensure_dir", "check_binding", "resume", "JsonlWriter",
     "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields",
     "Field", "Schema", "SCHEMAS", "LAW_NAMES", "VERIFIER_NAMES", "TREE_RULE_NAMES", "IMPLIED_LAWS", "DECODE_ROW_KINDS", "read_decode_rows", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir", "lock_results_file",
 ]
@@ -142,6 +145,39 @@ def io_error(exc: OSError, path: Path, what: str) -> OSError:
     """The same error, with the path and what we were doing in one line."""
     reason = exc.strerror or str(exc)
     return type(exc)(exc.errno, f"cannot {what} ({reason})", str(path)) if exc.errno else OSError(f"{path}: cannot {what} ({reason})")
+
+
+def write_file(path: str | os.PathLike, data: str | bytes, what: str = "write the file") -> Path:
+    """Write the whole of ``data`` to ``path``, or nothing: into a temporary file beside it
+    (``.NAME.PID.tmp``), flushed to disk, then ``os.replace``d over ``path`` (atomic on POSIX), so
+    that a full disk or an interrupt never leaves a half-written file; an earlier file at ``path``
+    stays as it was. ``OSError`` (the path as ``filename``) saying what could not be done and that
+    nothing was written; the temporary file is removed. ``str`` data is written as UTF-8."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)  # a buffered file writes all of it or raises
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not isinstance(exc, OSError):
+            raise
+        kept = "the earlier file is unchanged" if path.exists() else "no file was made"
+        raise _not_written(exc, path, what, f"nothing was written, {kept}") from None
+    return path
+
+
+def _not_written(exc: OSError, path: Path, what: str, outcome: str) -> OSError:
+    """:func:`io_error` with what became of the data: ``cannot write results (No space left on
+    device): the row was not written``."""
+    reason = exc.strerror or str(exc)
+    code = exc.errno or errno.EIO
+    return OSError(code, f"cannot {what} ({reason}): {outcome}", str(path))
 
 
 def ensure_dir(path: str | os.PathLike, what: str = "run directory") -> Path:
@@ -292,14 +328,26 @@ class JsonlWriter:
         return {row_key(r, key_fields) for r in self.rows}
 
     def _write(self, obj: dict) -> None:
+        """One ``write`` of one whole line. A write that fails (``ENOSPC``: disk full) or writes
+        only part of the line (a short write: the disk filled up) is cut back to the file's size
+        before it, so the file keeps whole rows only, and raises ``OSError`` naming the file and
+        saying the row was not written."""
         data = (json.dumps(_clean(obj), sort_keys=False) + "\n").encode("utf-8")
         try:
-            view = memoryview(data)
-            while view:  # one write for a regular file; loop only on a short write
-                n = self._f.write(view)
-                view = view[n:]
+            start = os.stat(self.path).st_size
         except OSError as exc:
-            raise io_error(exc, self.path, "write results") from None
+            raise _not_written(exc, self.path, "write results", "the row was not written") from None
+        try:
+            n = self._f.write(data)
+            if n is not None and n != len(data):
+                raise OSError(errno.ENOSPC, f"short write, {n} of {len(data)} bytes; disk full?")
+        except OSError as exc:
+            try:
+                os.truncate(self.path, start)  # no torn line left behind
+                outcome = "the row was not written"
+            except OSError:
+                outcome = "the row was not written; its torn line is cut before the next append"
+            raise _not_written(exc, self.path, "write results", outcome) from None
 
     def write(self, **row) -> None:
         full = {"type": "row", "run_id": self.run_id, **row, "code": code_version()}
@@ -316,10 +364,11 @@ class JsonlWriter:
         self.close()
 
 
-def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
+def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False, torn: list | None = None):
     """``(meta or None, rows)``, or ``(meta, rows, line numbers)`` with ``line_numbers=True``.
 
-    A torn last line (interrupted write) is skipped. Any other unreadable line, a second
+    A torn last line (interrupted write) is skipped; with a list ``torn``, one ``file:line``
+    line saying so is added to it (a reader that must not drop rows without a word). Any other unreadable line, a second
     meta row, or a row from another run (``run_id`` not the meta's, or missing where the
     meta has one) raises ``ValueError`` naming ``file:line``. A ``.gz`` file is decompressed;
     a missing ``rows.jsonl`` whose ``rows.jsonl.gz`` exists is read from that (:func:`results_path`)."""
@@ -338,7 +387,7 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
         except (OSError, EOFError, zlib.error):
             raise ValueError(f"{path}: not a complete gzip file (corrupt results file)") from None
     lines = data.split(b"\n")
-    torn = not data.endswith(b"\n")
+    cut = not data.endswith(b"\n")
     meta, rows, nums = None, [], []
     for i, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -346,8 +395,11 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            if torn and i == len(lines):
-                break  # torn final line from an interrupted run
+            if cut and i == len(lines):  # torn final line from an interrupted run
+                if torn is not None:
+                    torn.append(f"{path}:{i}: a torn last line ({len(raw)} bytes, no newline: an interrupted or "
+                                "failed write), not read")
+                break
             raise ValueError(f"{path}:{i}: not valid JSON (corrupt results file)") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{i}: not a JSON object (corrupt results file)")
