@@ -534,7 +534,8 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
         s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "rule": r0.get("rule"),
              "law": r0.get("law"), "k": r0.get("k", 0), "depth": r0.get("depth", 0),
              "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
-             "draft_calls": sum(r.get("draft_calls") or 0 for r in rs), "seconds": secs,
+             "draft_calls": None if any(r.get("draft_calls") is None for r in rs)  # a peer that does not count them
+             else sum(r["draft_calls"] for r in rs), "seconds": secs,
              "block_efficiency": tokens / calls if calls else float("nan"),
              "acceptance_rate": sum(acc) / len(acc) if acc else float("nan"),
              "tokens_per_s": tps,
