@@ -69,7 +69,7 @@ def ref_tree(docs, ctx, skip_end, depth, width, min_count, alpha, min_prob, max_
     nodes, score = [], 0.0
     while heap and len(nodes) < budget:
         neg, path, k = heapq.heappop(heap)
-        nodes.append((path, k))
+        nodes.append((path, k, -neg))
         score -= neg
         push(path, -neg)
     return m, nodes, score
@@ -173,7 +173,7 @@ def test_lookup_incremental_equals_brute_force(seed):
 
 def check_trie(chains, nodes, depth):
     assert len(set(chains)) == len(chains)
-    paths = [p for p, _ in nodes]
+    paths = [n[0] for n in nodes]
     assert len(set(paths)) == len(paths) and all(p[:-1] in set(paths) | {()} for p in paths)
     assert sorted(chains) == sorted(p for p in paths if not any(q[:-1] == p for q in paths))
     assert all(1 <= len(c) <= depth for c in chains)
@@ -183,7 +183,7 @@ def check_trie(chains, nodes, depth):
 def test_suffix_request_index_equals_brute_force(seed):
     rng = random.Random(100 + seed)
     for _ in range(5):
-        V, N = rng.randint(2, 4), rng.randint(1, 45)
+        V, N = rng.randint(1, 4), rng.randint(1, 45)
         xs = [rng.randrange(V) for _ in range(N)]
         src = SuffixSource(depth=rng.randint(1, 8), width=rng.randint(1, 3), min_count=rng.randint(1, 2),
                            alpha=rng.choice([0.5, 1.0, 2.0]), min_prob=rng.choice([0.0, 0.1, 0.4]),
@@ -205,7 +205,7 @@ def test_suffix_shared_index_equals_brute_force(seed):
     incremental match equals a fresh proposer's (rematched) one after every extend."""
     rng = random.Random(200 + seed)
     src = SuffixSource(depth=6, width=2, min_prob=0.0, max_match=5)
-    index = SuffixIndex()
+    index = SuffixIndex(max_span=11)  # counts kept for strings of at most max_match + depth tokens
     outputs, where = [], set()
     for _ in range(6):
         prompt = [rng.randrange(8) for _ in range(rng.randint(1, 12))]
@@ -240,7 +240,7 @@ def test_suffix_shares_earlier_outputs_and_deepens_with_the_match():
     assert second.propose(16) == []
     first.finish()  # the index changed under second's incremental match
     second.extend([10, 11, 12])
-    assert second.explain(16) == ("shared", 3, [(tuple(range(13, 14 + i)), 1) for i in range(3)])
+    assert second.explain(16) == ("shared", 3, [(tuple(range(13, 14 + i)), 1, 1.0) for i in range(3)])
     second.extend(range(13, 20))  # a longer match speculates deeper (alpha * m nodes, capped by depth)
     assert second.propose(16) == [tuple(range(20, 30))]
     second.finish()
@@ -253,7 +253,7 @@ def test_suffix_most_frequent_continuations_form_a_small_trie():
     p.extend(text)
     # match "1 2 3" (m = 3: three nodes): then 4 five times (1); after it 7 thrice (3/5), 8 twice
     # (2/5); after "4 7" 5, 6, 9 once each (1/5)
-    assert p.explain(16) == ("request", 3, [((4,), 5), ((4, 7), 3), ((4, 8), 2)])
+    assert p.explain(16) == ("request", 3, [((4,), 5, 1.0), ((4, 7), 3, 3 / 5), ((4, 8), 2, 2 / 5)])
     assert p.propose(16) == [(4, 7), (4, 8)]
     q = SuffixSource(width=1, min_prob=0.0).proposer()
     q.extend(text)  # one branch a node: the most frequent (then smallest) token
@@ -270,7 +270,7 @@ def test_suffix_match_at_an_outputs_end_falls_back_to_a_shorter_one():
     index.add([2, 3])
     p = SuffixSource().proposer(index)
     p.extend([0, 1, 2])  # "1 2" only ends an output: "2" is followed by 3 in the other
-    assert p.explain(8) == ("shared", 1, [((3,), 1)])
+    assert p.explain(8) == ("shared", 1, [((3,), 1, 0.5)])  # one of "2"'s two occurrences ends an output
     q = SuffixSource().proposer(index)
     q.extend([0, 3])  # "3" only ends an output: nothing to propose
     assert q.explain(8) == (None, 0, []) and q.propose(8) == []
