@@ -230,7 +230,7 @@ def test_suffix_shared_index_equals_brute_force(seed):
 
 
 def test_suffix_shares_earlier_outputs_and_deepens_with_the_match():
-    src = SuffixSource()
+    src = SuffixSource(alpha=1.0)
     index = SuffixIndex()
     first, second = src.proposer(index), src.proposer(index)  # both live at once
     first.extend([50, 51])
@@ -249,16 +249,16 @@ def test_suffix_shares_earlier_outputs_and_deepens_with_the_match():
 
 def test_suffix_most_frequent_continuations_form_a_small_trie():
     text = [1, 2, 3, 4, 7, 5, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4, 7, 9, 1, 2, 3, 4, 8, 0, 1, 2, 3, 4, 8, 0, 11, 1, 2, 3]
-    p = SuffixSource(width=2, min_prob=0.0).proposer()
+    p = SuffixSource(width=2, min_prob=0.0, alpha=1.0).proposer()
     p.extend(text)
     # match "1 2 3" (m = 3: three nodes): then 4 five times (1); after it 7 thrice (3/5), 8 twice
     # (2/5); after "4 7" 5, 6, 9 once each (1/5)
     assert p.explain(16) == ("request", 3, [((4,), 5, 1.0), ((4, 7), 3, 3 / 5), ((4, 8), 2, 2 / 5)])
     assert p.propose(16) == [(4, 7), (4, 8)]
-    q = SuffixSource(width=1, min_prob=0.0).proposer()
+    q = SuffixSource(width=1, min_prob=0.0, alpha=1.0).proposer()
     q.extend(text)  # one branch a node: the most frequent (then smallest) token
     assert q.propose(16) == [(4, 7, 5)]
-    r = SuffixSource(width=1, min_prob=0.5).proposer()
+    r = SuffixSource(width=1, min_prob=0.5, alpha=1.0).proposer()
     r.extend(text)  # the 1/5 nodes are dropped
     assert r.propose(16) == [(4, 7)]
     assert SuffixSource(min_count=2).proposer().propose(4) == []

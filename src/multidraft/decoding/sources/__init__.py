@@ -91,14 +91,18 @@ class SuffixSource:
     of ``min(ceil(alpha * m), depth)`` nodes, at most ``width`` children a node, each with at
     least ``min_count`` occurrences and path probability ``>= min_prob``.
 
-    Defaults (no setting to tune before it helps): ``alpha = 1`` and ``min_prob = 0.1`` are
-    Arctic Inference's ``max_spec_factor`` and ``min_token_prob``; ``depth = 16``, ``width = 2``
-    keep the tree a long chain with a fork where the counts disagree; ``max_match = 64``."""
+    Defaults (no setting to tune before it helps): ``min_prob = 0.1`` is Arctic Inference's
+    ``min_token_prob``; ``alpha = 2`` (Arctic Inference's ``max_spec_factor`` is 1): on a
+    simulated code-editing set (20 functions of this package, a variable renamed, Qwen2.5
+    tokens, every correct draft token accepted) 2 copied 8.3 tokens a step against 7.3 at 1
+    (3.0 and 4.0: 8.9), for 1.0 drafted token a step instead of 0.5 on text with nothing to
+    copy; ``depth = 16``, ``width = 2`` keep the tree a long chain with a fork where the counts
+    disagree; ``max_match = 64``."""
 
     depth: int = 16
     width: int = 2
     min_count: int = 1
-    alpha: float = 1.0
+    alpha: float = 2.0
     min_prob: float = 0.1
     max_match: int = 64
     name = "suffix"

@@ -241,7 +241,7 @@ class SuffixProposer:
     """One decode's suffix drafts: its own index over the prompt and the text so far, plus the
     shared ``index`` (None: none) over earlier outputs, to which ``finish`` adds this output."""
 
-    def __init__(self, depth: int = 16, width: int = 2, min_count: int = 1, alpha: float = 1.0,
+    def __init__(self, depth: int = 16, width: int = 2, min_count: int = 1, alpha: float = 2.0,
                  min_prob: float = 0.1, max_match: int = 64, index: SuffixIndex | None = None):
         self.depth, self.width, self.min_count = depth, width, min_count
         self.alpha, self.min_prob, self.max_match = alpha, min_prob, max_match
