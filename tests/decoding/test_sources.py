@@ -293,3 +293,41 @@ def test_suffix_index_cap_evicts_oldest():
     assert q.propose(8) == [(11, 12)]
     index.add(range(100, 125))  # one output over the cap keeps its last max_tokens tokens
     assert list(index.outputs) == [tuple(range(115, 125))] and len(index) == 10
+
+
+def test_suffix_index_shared_by_threads():
+    """Requests finishing on several threads while another proposes: the index ends consistent
+    (its kept outputs, under the cap, are what a fresh proposer matches against)."""
+    import threading
+
+    index = SuffixIndex(max_tokens=120)
+    src = SuffixSource(depth=6, min_prob=0.0, max_match=5)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(8):
+                p = src.proposer(index)
+                p.extend([rng.randrange(3) for _ in range(5)])
+                for _ in range(10):
+                    p.propose(6)
+                    p.extend([rng.randrange(3)])
+                p.finish()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    outputs = [list(o) for o in index.outputs]
+    assert len(index) == sum(map(len, outputs)) <= 120 and all(len(o) == 10 for o in outputs)
+    rng = random.Random(9)
+    for _ in range(5):
+        ctx = [rng.randrange(3) for _ in range(8)]
+        p = src.proposer(index)
+        p.extend(ctx)
+        assert p.explain(6) == ref_suffix(outputs, ctx, 6, src)

@@ -189,49 +189,57 @@ def _leaves(nodes) -> list[tuple[int, ...]]:
 class SuffixIndex:
     """The shared suffix index over earlier outputs (one per process; the server holds one).
 
-    ``max_tokens`` the most output tokens kept (default 65536: about 30 MB of Python objects);
-    an ``add`` past the cap evicts the oldest outputs until at most ``3 * max_tokens // 4``
-    remain (one output longer than the cap keeps its last ``max_tokens`` tokens) and rebuilds
-    the automaton. ``max_span`` the longest string whose count is kept (a proposer's
-    ``max_match + depth`` must not exceed it). Thread-safe (one lock); ``version`` changes with
-    every change."""
+    ``max_tokens`` the most output tokens kept (default 65536: about 30 MB of Python objects,
+    measured on Zipf-distributed tokens); an ``add`` past the cap evicts the oldest outputs
+    until at most ``3 * max_tokens // 4`` remain (one output longer than the cap keeps its last
+    ``max_tokens`` tokens) and rebuilds the automaton (amortized ``O(1)`` a token), outside the
+    readers' lock. ``max_span`` the longest string whose count is kept (a proposer's
+    ``max_match + depth`` must not exceed it). Thread-safe: ``lock`` guards what proposers read
+    (an in-place add holds it while it appends one output), ``add`` calls run one at a time;
+    ``version`` changes with every change."""
 
     def __init__(self, max_tokens: int = 65536, max_span: int = 256):
         for name, v in (("max_tokens", max_tokens), ("max_span", max_span)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"SuffixIndex: {name} must be a positive int, got {v!r}")
         self.max_tokens, self.max_span = max_tokens, max_span
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the readers' (proposers') lock
+        self._writer = threading.Lock()  # one add at a time
         self.outputs: deque = deque()
         self.tokens = 0
         self.version = 0
         self._sep = 0
         self.automaton = _Automaton(self.max_span)
 
-    def _append(self, out) -> None:
+    def _append(self, automaton: _Automaton, out) -> None:
         for t in out:
-            self.automaton.add(t)
+            automaton.add(t)
         self._sep += 1
-        self.automaton.add(-self._sep)  # a separator of its own: no match crosses two outputs
+        automaton.add(-self._sep)  # a separator of its own: no match crosses two outputs
 
     def add(self, tokens) -> None:
         """Index one finished output (token ids), evicting the oldest past the cap."""
         out = tuple(int(t) for t in tokens)[-self.max_tokens:]
         if not out:
             return
-        with self.lock:
-            self.outputs.append(out)
-            self.tokens += len(out)
-            self.version += 1
-            if self.tokens <= self.max_tokens:
-                self._append(out)
+        with self._writer:
+            if self.tokens + len(out) <= self.max_tokens:
+                with self.lock:
+                    self._append(self.automaton, out)
+                    self.outputs.append(out)
+                    self.tokens += len(out)
+                    self.version += 1
                 return
-            keep = (3 * self.max_tokens) // 4
-            while self.tokens > keep and len(self.outputs) > 1:
-                self.tokens -= len(self.outputs.popleft())
-            self.automaton = _Automaton(self.max_span)
-            for o in self.outputs:
-                self._append(o)
+            kept, total, keep = deque(self.outputs), self.tokens + len(out), (3 * self.max_tokens) // 4
+            kept.append(out)
+            while total > keep and len(kept) > 1:
+                total -= len(kept.popleft())
+            automaton = _Automaton(self.max_span)
+            for o in kept:
+                self._append(automaton, o)
+            with self.lock:
+                self.automaton, self.outputs, self.tokens = automaton, kept, total
+                self.version += 1
 
     def __len__(self) -> int:
         return self.tokens
