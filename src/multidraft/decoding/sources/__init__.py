@@ -63,8 +63,9 @@ class PromptLookup:
     (``n`` from ``max_ngram`` down to ``min_ngram``) that occurred earlier in the context; its
     most recent earlier occurrence's continuation, up to ``depth`` tokens, is the one chain.
     Defaults: n-grams of 1 to 4 tokens (vLLM's ``prompt_lookup_max`` in its examples;
-    transformers' ``max_matching_ngram_size`` is 2) and depth 8. On the simulated code-editing set of :class:`SuffixSource`'s note, depth 16 copied 9.2
-    tokens a step against 6.4 at 8 (14.3 drafted tokens a step against 7.5)."""
+    transformers' ``max_matching_ngram_size`` is 2) and depth 8. On the simulated code-editing
+    set of :class:`SuffixSource`'s note, depth 16 copied 9.2 tokens a step against 6.4 at 8
+    (14.3 drafted tokens a step against 7.5)."""
 
     max_ngram: int = 4
     min_ngram: int = 1
