@@ -11,7 +11,7 @@ import torch
 import multidraft as md
 from multidraft import datasets, exact
 from multidraft.experiments import acceptance, collect, store
-from multidraft.experiments.records import JsonlWriter, done_keys, read_jsonl
+from multidraft.experiments.records import EXACT_TOL, JsonlWriter, done_keys, read_jsonl
 
 
 # ---------------------------------------------------------------------------------------
@@ -77,6 +77,13 @@ def test_lumped_alpha_within_proved_bound(law):
         assert abs(lump - full) <= bound + 1e-12
         if law != "wor":
             assert -1e-12 <= lump - full  # the lumped instance is an upper bound
+        # the certified interval at full V holds the full-V alpha* (one-sided where Lemma 1 is)
+        a = torch.tensor([lump], dtype=torch.float64)
+        lo, hi = store.full_interval(a, a, torch.tensor([bound], dtype=torch.float64), law, K)
+        assert float(lo[0]) - 1e-12 <= full <= float(hi[0]) + 1e-12
+        assert 0.0 <= float(lo[0]) <= lump <= float(hi[0]) <= 1.0
+        if law != "wor":
+            assert float(hi[0]) == lump  # Lemma 1: the stored value is the upper end
 
 
 def test_store_roundtrip_and_corrupt(tmp_path):
@@ -448,6 +455,7 @@ def test_rows_carry_errors_over_positions_and_paired_gaps(tmp_path):
         acceptance.evaluate(ps, w, done=set(), laws=("iid", "wor"), ks=(2, 3), verifiers=["specinfer", "rrs_wor", "spectr"],
                             draws=50, seed=1)
     _, rows = read_jsonl(path)
+    assert path.read_text().count('"alpha_exact"') == 4  # one per alpha* row, in the file itself
     alpha = {(r["law"], r["K"]): r for r in rows if r["verifier"] == "alpha*"}
     checked = 0
     for r in rows:
@@ -458,6 +466,10 @@ def test_rows_carry_errors_over_positions_and_paired_gaps(tmp_path):
         assert r["se"] == pytest.approx(np.std(v, ddof=1) / np.sqrt(n), abs=2e-6)
         if r["verifier"] == "alpha*":
             assert r["se_mc"] == 0.0 and r["lump_bound_max"] >= 0.0
+            # the full-V interval, written by the runner (not derived on reading), holds the stored value
+            lo, hi = r["alpha_full_lower"], r["alpha_full_upper"]
+            assert lo <= r["acceptance"] <= hi and r["alpha_exact"] == (hi - lo <= EXACT_TOL)
+            assert hi - lo <= (2 if r["law"] == "wor" else 1) * r["lump_bound_mean"] + 1e-15
             continue
         assert 0 < r["se_mc"] and r["estimator"] == "rao-blackwell"
         d = np.array(alpha[(r["law"], r["K"])]["values"]) - v  # paired: same positions, same order

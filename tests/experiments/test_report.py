@@ -98,7 +98,8 @@ def test_report_prints_bounds_paired_columns_and_old_rows(tmp_path):
         w.write(**NEW)  # naive
     _, rows = read_jsonl(tmp_path / "acceptance.jsonl")
     text = report.summary(rows, "acceptance")
-    assert "0.600 ± 0.0001" in text  # alpha* ± its lump bound
+    assert "| **alpha*** | 0.600 |" in text  # alpha* exact to 1e-3 at full V: a number (lump bound mean 5e-5)
+    assert "alpha* at full V: every cell exact to 0.001." in text
     assert "0.500 ± 0.0200 (16.7 ± 5.0%)" in text  # acceptance ± se over positions (paired gap ± gap_pct_se)
     assert "tail <= 9e-05 of the mass" in text and "<= 8e-05 at every position" in text
     assert "minus specinfer" in text
@@ -181,3 +182,60 @@ def test_one_mean_and_interval_nan_at_one_value(tmp_path):
     assert main(["report", str(tmp_path / "run"), "--no-plots"]) == 0
     line = next(l for l in (tmp_path / "run" / "report.md").read_text().splitlines() if l.startswith("| specinfer"))
     assert "| 3.000 ± nan |" in line and "| 2.00x ± nan |" in line
+
+
+def _alpha_rows(tmp_path, *alphas):
+    """An acceptance file of alpha* rows (K = 2, 3, ...) as runs before the full-V fields wrote them."""
+    with JsonlWriter(tmp_path / "acceptance.jsonl", {}, 0) as w:
+        for k, a in enumerate(alphas, 2):
+            w.write(**{**NEW, "verifier": "alpha*", "K": k, "se_mc": 0.0, "values": [0.5, 0.6, 0.7], **a})
+    return tmp_path
+
+
+def test_alpha_interval_rows_render_as_intervals_exact_rows_as_numbers(tmp_path):
+    """An alpha* row whose full-V interval is wider than 1e-3 prints as that interval (rounded
+    outward) with the table's widest width; one within 1e-3 prints as a number."""
+    run = _alpha_rows(tmp_path,
+                      dict(law="wor", acceptance=0.574, lump_bound_mean=0.062, lump_bound_max=0.9),  # wide
+                      dict(law="wor", acceptance=0.6, lump_bound_mean=4e-4, lump_bound_max=0.03))   # 8e-4 wide
+    _, rows = read_jsonl(run / "acceptance.jsonl")
+    text = report.summary(rows, "acceptance")
+    assert "| **alpha*** | 0.512-0.636 | 0.600 |" in text
+    assert "1 of 2 cells are certified intervals, not exact to 0.001; widest 0.124 (K = 2: 0.512-0.636" in text
+    assert main(["report", str(run), "--no-plots"]) == 0
+    full = (run / "report.md").read_text()
+    assert "## alpha* at full vocabulary" in full and "1 of 2 alpha* rows are exact to 0.001" in full
+    assert "| acceptance | d | 1 | 1 | wor | 2 | 0.5740 | 0.512-0.636 | 0.1240 | 0.900 |" in full
+    # outward rounding: the printed interval contains the certified one
+    assert report._outward(0.5119999, 0.6360001) == "0.511-0.637" and report._outward(0.25, 0.75) == "0.250-0.750"
+
+
+def test_legacy_alpha_rows_get_their_full_v_interval_on_reading(tmp_path):
+    """Rows written before alpha_exact existed get it (and the interval) through read_jsonl:
+    one-sided for iid and independent (with alpha_lower), two-sided for wor at K >= 2, cut to [0, 1]."""
+    run = _alpha_rows(tmp_path,
+                      dict(law="iid", acceptance=0.7, lump_bound_mean=0.002),
+                      dict(law="independent", acceptance=0.7, alpha_lower=0.6995, lump_bound_mean=0.0004),
+                      dict(law="wor", acceptance=0.9995, lump_bound_mean=0.01))
+    with open(run / "acceptance.jsonl", "a") as f:  # a run before lump bounds: no interval, left as it is
+        f.write(json.dumps({**ROW, "type": "row", "run_id": read_jsonl(run / "acceptance.jsonl")[0]["run_id"],
+                            "verifier": "alpha*", "K": 9, "acceptance": 0.6}) + "\n")
+    assert "alpha_exact" not in (run / "acceptance.jsonl").read_text()
+    _, rows = read_jsonl(run / "acceptance.jsonl")
+    iid, ind, wor, old = rows
+    assert (iid["alpha_full_lower"], iid["alpha_full_upper"], iid["alpha_exact"]) == (pytest.approx(0.698), 0.7, False)
+    assert (ind["alpha_full_lower"], ind["alpha_full_upper"], ind["alpha_exact"]) == (pytest.approx(0.6991), 0.7, True)
+    assert (wor["alpha_full_lower"], wor["alpha_full_upper"], wor["alpha_exact"]) == (pytest.approx(0.9895), 1.0, False)
+    assert "alpha_exact" not in old and "alpha_full_lower" not in old
+    text = report.summary(rows, "acceptance")
+    for cells in ("0.697-0.700 |  |  | 0.600 ± - |", " | 0.700 |  |  |", " |  | 0.989-1.000 |  |"):  # iid, independent, wor
+        assert "| **alpha*** | " + cells in text
+    # a row that carries the fields keeps them (the runner's per-position interval is never recomputed)
+    run2 = _alpha_rows(tmp_path / "new", dict(law="iid", acceptance=0.7, lump_bound_mean=0.002,
+                                              alpha_full_lower=0.6995, alpha_full_upper=0.7, alpha_exact=True))
+    (row,) = read_jsonl(run2 / "acceptance.jsonl")[1]
+    assert row["alpha_exact"] is True and row["alpha_full_lower"] == 0.6995
+    # a damaged row is left to the schema check, never given an interval
+    run3 = _alpha_rows(tmp_path / "bad", dict(law="iid", acceptance=0.7, lump_bound_mean=-1.0))
+    (row,) = read_jsonl(run3 / "acceptance.jsonl")[1]
+    assert "alpha_exact" not in row

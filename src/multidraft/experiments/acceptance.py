@@ -24,7 +24,11 @@ of the per-position estimates ``a_i``):
 
 alpha* rows are exact per position (``se_mc = 0``); their ``se`` is the one over positions
 too, and ``lump_bound_mean/max`` is the proved bound on alpha* from lumping the tail,
-``p_tail_max``/``q_tail_max`` the largest tail masses in force. Every row carries
+``p_tail_max``/``q_tail_max`` the largest tail masses in force. alpha* is exact on the
+stored support; at full V the row's mean is certified to ``[alpha_full_lower,
+alpha_full_upper]`` (:func:`.store.full_interval`, averaged over positions) and
+``alpha_exact`` is true when that interval is at most ``records.EXACT_TOL`` = 1e-3 wide (the
+report prints the interval where it is not). Every row carries
 ``eval_support`` and, when it is set (relumping to at most N tokens, a hidden truncation),
 ``eval_support_warning``. ``values`` are the per-position means rounded to 1e-6 (same
 positions, same order for every row of a (dataset, temperatures, law, K)), so paired
@@ -59,7 +63,7 @@ from ..exact import acceptance_given
 from ..limits import optimal_acceptance
 from . import collect as _collect
 from . import store
-from .records import SCHEMAS, JsonlWriter, lock_run_dir, read_jsonl, resume, row_key, valid_rows
+from .records import EXACT_TOL, SCHEMAS, JsonlWriter, lock_run_dir, read_jsonl, resume, row_key, valid_rows
 
 __all__ = ["KEY", "KEYED", "LAWS", "DEFAULT_EXCLUDE", "SHARD", "optimal", "optimal_bounds", "make_law", "verifier_acceptance",
            "shards", "shard_acceptance", "local_map", "CellShards", "cell_shards", "cell_acceptance", "evaluate",
@@ -335,6 +339,9 @@ def evaluate(
         a_extra = dict(extra)
         if law == "independent":  # alpha* is certified to [lower, value]: the row states the width
             a_extra.update(alpha_lower=float(alpha_lower.mean()), bound_width_max=float((alpha - alpha_lower).max()))
+        lo, hi = store.full_interval(alpha, alpha_lower, bound, law, k)  # [n], [n]: alpha* at full V lies in them
+        lo_m, hi_m = float(lo.mean()), float(hi.mean())
+        a_extra.update(alpha_full_lower=lo_m, alpha_full_upper=hi_m, alpha_exact=hi_m - lo_m <= EXACT_TOL)
         if key_a not in done:
             writer.write(
                 **base, law=law, K=k, verifier="alpha*", acceptance=float(alpha.mean()), **a_extra,

@@ -35,6 +35,10 @@ measurement rows. This module is the ONE place that decides whether rows belong 
   against it with :func:`valid_rows` (``report``, ``compare-runs``, the tree choice's study),
   which names ``file:line``, the field and what was expected for each row it leaves out, and
   leaves out a row that repeats an earlier row's key.
+* **alpha* at full V.** An ``alpha*`` row is exact on the stored (lumped) support; at full V it
+  is certified to ``[alpha_full_lower, alpha_full_upper]`` and ``alpha_exact`` says whether that
+  interval is at most :data:`EXACT_TOL` wide. :func:`read_jsonl` derives the three fields for
+  rows written before they existed (:func:`alpha_interval_fields`).
 * **One process per run directory.** :func:`lock_run_dir` holds an exclusive ``flock`` on
   ``RUN_DIR/.multidraft.lock`` for a run; a second process is refused with one line naming
   the directory and the holder's pid (two concurrent resumes would write every row twice).
@@ -61,7 +65,7 @@ from .. import _machine
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "write_file", "ensure_dir", "check_binding", "resume", "JsonlWriter",
-    "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields",
+    "read_jsonl", "results_path", "decode_row_spelling", "alpha_interval_fields", "EXACT_TOL", "target_alone_row", "done_keys", "row_key", "require_fields",
     "Field", "Schema", "SCHEMAS", "LAW_NAMES", "VERIFIER_NAMES", "TREE_RULE_NAMES", "IMPLIED_LAWS", "DECODE_ROW_KINDS", "read_decode_rows", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir", "lock_results_file",
 ]
 
@@ -414,7 +418,7 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False, torn: lis
             got = obj.get("run_id")
             raise ValueError(f"{path}:{i}: row from another run (run id {got!r}, the file's meta says {rid!r})"
                              if got is not None else f"{path}:{i}: row without the run id {rid!r} of this file")
-        rows.append(decode_row_spelling(obj, meta))
+        rows.append(alpha_interval_fields(decode_row_spelling(obj, meta)))
         nums.append(i)
     return (meta, rows, nums) if line_numbers else (meta, rows)
 
@@ -542,6 +546,48 @@ def _legacy_decode_fields(row: dict, meta: dict | None) -> dict:
             fields["k"], fields["depth"] = size
         return {**out, **fields}
     return out
+
+
+EXACT_TOL = 1e-3  # an alpha* row is "exact at full V" when its certified interval is at most this wide
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def alpha_interval_fields(row: dict) -> dict:
+    """An ``alpha*`` row of ``experiment acceptance|temperature`` with its full-vocabulary
+    interval: rows written before the fields existed get ``alpha_full_lower``,
+    ``alpha_full_upper`` and ``alpha_exact`` from the fields they carry. Other rows, rows that
+    already have them, and rows without the numbers (no ``lump_bound_mean``: older runs, or a
+    damaged row the schema check names) pass unchanged.
+
+    With ``a`` the row's mean alpha* on the stored support, ``b`` its ``lump_bound_mean`` (the
+    mean over positions of the proved per-position bound, :func:`.store.alpha_bounds`) and
+    ``l`` its ``alpha_lower`` (the independent law's certified lower end; ``a`` elsewhere), the
+    mean over the same positions of alpha* at full V lies in
+
+    * ``[l - b, a]`` for iid, greedy and independent drafts and every law at K = 1 (Lemma 1:
+      ``0 <= alpha*_stored - alpha*_full <= p(T)`` per position),
+    * ``[a - b, a + b]`` for drafts without replacement at K >= 2
+      (``|alpha*_stored - alpha*_full| <= p(T) + TV`` per position),
+
+    cut to ``[0, 1]`` (the study's README, "What is stored, and the truncation bound"). A row
+    is exact when ``alpha_full_upper - alpha_full_lower <= EXACT_TOL``. The runner writes the
+    same fields from the per-position bounds (:func:`.acceptance.evaluate`), which can only be
+    narrower (each position cut to ``[0, 1]`` on its own)."""
+    if row.get("verifier") != "alpha*" or "alpha_exact" in row:
+        return row
+    a, b, law, k = row.get("acceptance"), row.get("lump_bound_mean"), row.get("law"), row.get("K")
+    low = row.get("alpha_lower", a)
+    if not (_finite(a) and _finite(b) and _finite(low) and 0.0 <= low <= a + 1e-9 and a <= 1.0 and b >= 0.0
+            and law in LAW_NAMES and isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        return row
+    lo, hi = (a - b, a + b) if law == "wor" and k >= 2 else (min(low, a) - b, a)
+    lo, hi = max(0.0, lo), min(1.0, hi)
+    row["alpha_full_lower"], row["alpha_full_upper"] = lo, hi
+    row["alpha_exact"] = hi - lo <= EXACT_TOL
+    return row
 
 
 def done_keys(path: str | os.PathLike, key_fields: Iterable[str]) -> set[tuple]:
@@ -674,6 +720,8 @@ def _cell_fields() -> tuple:
         Field("eval_support", "integer", lo=2, null=True), Field("eval_support_warning", "text"),
         Field("seconds", lo=0, null=True), Field("independent_temperatures", "numbers", lo=0),
         Field("alpha_lower", lo=0, hi=1, tol=1e-9, null=True), Field("bound_width_max", lo=0, null=True),
+        Field("alpha_full_lower", lo=0, hi=1, tol=1e-9, null=True), Field("alpha_full_upper", lo=0, hi=1, tol=1e-9, null=True),
+        Field("alpha_exact", "bool"),
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 
 from .. import _optional
@@ -22,10 +23,10 @@ from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, mean_ci
 from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
-from .records import SCHEMAS, ensure_dir, meta_problem, read_jsonl, results_path, target_alone_row, valid_rows, write_file
+from .records import EXACT_TOL, SCHEMAS, ensure_dir, meta_problem, read_jsonl, results_path, target_alone_row, valid_rows, write_file
 
 __all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "values_note", "summary", "paired_difference",
-           "tail_note"]
+           "tail_note", "alpha_note", "full_v_section"]
 
 FILES = ("acceptance.jsonl", "temperature.jsonl", "blocks.jsonl")
 KINDS = tuple(f.split(".")[0] for f in FILES)
@@ -132,16 +133,127 @@ def _pm(r, field="acceptance", err="se", nd=3, end=4) -> str:
     return f"{_num(r.get(field), nd)} ± {_num(r.get(err), end)}" + ("†" if old else "")
 
 
+def _interval(r) -> tuple[float, float] | None:
+    """``(lo, hi)`` of an alpha* row that is an interval at full V (``alpha_exact`` false,
+    :func:`.records.alpha_interval_fields`), else None."""
+    lo, hi = r.get("alpha_full_lower"), r.get("alpha_full_upper")
+    if r.get("alpha_exact") is False and isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        return float(lo), float(hi)
+    return None
+
+
+def _outward(lo: float, hi: float, nd: int = 3) -> str:
+    """``lo-hi`` rounded outward to ``nd`` decimals (from the binary values, so the printed
+    interval contains the certified one)."""
+    q = Decimal(1).scaleb(-nd)
+    return f"{Decimal(lo).quantize(q, rounding=ROUND_FLOOR)}-{Decimal(hi).quantize(q, rounding=ROUND_CEILING)}"
+
+
 def _alpha_cell(r) -> str:
-    """alpha* value ± its proved lump bound (``-`` when the row has no bound); for the
-    independent law also the width of its certified bounds."""
-    s = f"{_num(r.get('acceptance'))} ± {_num(r.get('lump_bound_max'), 4)}"
-    mean = r.get("lump_bound_mean")
-    if isinstance(mean, (int, float)) and isinstance(r.get("lump_bound_max"), (int, float)) and r["lump_bound_max"] > 10 * mean:
-        s += f" (mean {mean:.1e})"  # the without-replacement bound is loose at a few very peaked positions
-    if r.get("bound_width_max") is not None:
-        s += f" (width <= {r['bound_width_max']:.1e})"
-    return s
+    """An alpha* cell: the value where alpha* at full V is certified to within
+    ``records.EXACT_TOL`` (``alpha_exact``); the certified interval ``lo-hi`` (rounded outward)
+    where it is not; ``value ± -`` for a row of an older run with no bound."""
+    iv = _interval(r)
+    if iv is not None:
+        return _outward(*iv)
+    if r.get("alpha_exact") is True:
+        return _num(r.get("acceptance"))
+    return f"{_num(r.get('acceptance'))} ± {_num(r.get('lump_bound_max'), 4)}"
+
+
+def _widest(rows) -> tuple[float, dict] | None:
+    """The widest full-V interval among the alpha* rows that are intervals, with its row."""
+    ws = [(iv[1] - iv[0], r) for r in rows if r.get("verifier") == ALPHA and (iv := _interval(r)) is not None]
+    return max(ws, key=lambda t: t[0]) if ws else None
+
+
+ALPHA_RULE = ("alpha* cells: the mean over positions of alpha*, exact on the stored support, printed as a number where "
+              f"alpha* at full V is certified to an interval at most {EXACT_TOL:g} wide, else as that interval lo-hi "
+              "(rounded outward; from the proved lump bounds and, for the independent law, alpha*'s certified lower end)")
+
+
+def alpha_note(rows, where=lambda r: f"K = {r['K']}") -> str:
+    """One line on the alpha* cells of a table: all exact to ``EXACT_TOL`` at full V, or how
+    many are intervals and the widest (``where`` names its cell)."""
+    a = [r for r in rows if r.get("verifier") == ALPHA]
+    if not a:
+        return ""
+    if not any("alpha_exact" in r for r in a):
+        return "alpha* at full V: these rows record no lump bound (older run): - ."
+    w = _widest(a)
+    if w is None:
+        return f"alpha* at full V: every cell exact to {EXACT_TOL:g}."
+    n = sum(_interval(r) is not None for r in a)
+    lo, hi = _interval(w[1])
+    return (f"alpha* at full V: {n} of {len(a)} cells are certified intervals, not exact to {EXACT_TOL:g}; "
+            f"widest {w[0]:.3g} ({where(w[1])}: {_outward(lo, hi)}, stored-support value {w[1]['acceptance']:.3f}).")
+
+
+def full_v_section(run: dict) -> list[str]:
+    """``## alpha* at full vocabulary``: every alpha* row of the run that is an interval at full V,
+    widest first, with its certified interval, its width and the widest position's bound."""
+    rows = [(f, r) for f in ("acceptance.jsonl", "temperature.jsonl") if f in run
+            for r in run[f][1] if r.get("verifier") == ALPHA]
+    if not rows:
+        return []
+    out = ["## alpha* at full vocabulary\n"]
+    known = [(f, r) for f, r in rows if "alpha_exact" in r]
+    if len(known) < len(rows):
+        out.append(f"{len(rows) - len(known)} alpha* row(s) record no lump bound (older run): not certified at full V.\n")
+    out += _bounds_table(known)
+    ivs = sorted(((f, r) for f, r in known if _interval(r) is not None),
+                 key=lambda t: -(t[1]["alpha_full_upper"] - t[1]["alpha_full_lower"]))
+    if not ivs:
+        out.append(f"Every alpha* row ({len(known)}) is exact to {EXACT_TOL:g} at full V.\n")
+        return out
+    tail = max((r["p_tail_max"] for _, r in known if isinstance(r.get("p_tail_max"), (int, float))), default=None)
+    out.append(
+        f"alpha* is computed exactly on the stored support (the top-mass tokens, the rest lumped into one token); at full V "
+        f"it is certified to an interval (the study's README, \"What is stored, and the truncation bound\"). "
+        f"{len(known) - len(ivs)} of {len(known)} alpha* rows are exact to {EXACT_TOL:g} at full V; these {len(ivs)} are "
+        f"intervals, widest first (width = upper - lower of the mean over positions; widest position = the largest "
+        f"per-position bound in the cell"
+        + (f"; largest stored p tail {tail:.3g}" if tail is not None else "") + "):\n")
+    out.append("| file | data set | target T | draft T | law | K | stored-support value | at full V | width | widest position |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for f, r in ivs:
+        lo, hi = _interval(r)
+        out.append(f"| {f.split('.')[0]} | {r['dataset']} | {r['t_target']:g} | {r['t_draft']:g} | {r['law']} | {r['K']} | "
+                   f"{r['acceptance']:.4f} | {_outward(lo, hi)} | {hi - lo:.4f} | {_num(r.get('lump_bound_max'), 3)} |")
+    out.append("")
+    return out
+
+
+def _bounds_table(rows: list[tuple[str, dict]]) -> list[str]:
+    """The bounds behind the full-V intervals, per results file and data set, from the alpha* rows:
+    the largest tails, the largest per-position lump bound of the one-sided laws (iid, greedy,
+    independent, K = 1) and of drafts without replacement (with its largest mean over a cell),
+    the independent law's certified width (largest position, largest cell mean), and how many
+    cells are intervals."""
+    def mx(xs):
+        xs = [x for x in xs if isinstance(x, (int, float))]
+        return f"{max(xs):.3g}" if xs else "-"
+
+    out = ["Bounds per results file and data set, from the alpha* rows (largest over the file's cells; "
+           "position = the largest per-position value, mean = the largest cell mean over positions):\n",
+           "| file | data set | p tail | q tail | lump bound iid, greedy, independent (position) "
+           "| lump bound wor, K >= 2 (position / mean) | independent certified width (position / mean) "
+           "| cells that are intervals | widest |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for (f, ds), g in _group([{**r, "_file": f} for f, r in rows], ("_file", "dataset")).items():
+        wor = [r for r in g if r["law"] == "wor" and r["K"] >= 2]
+        one = [r for r in g if not (r["law"] == "wor" and r["K"] >= 2)]
+        ind = [r for r in g if r["law"] == "independent" and r["K"] >= 2]
+        ivs = [r for r in g if _interval(r) is not None]
+        w = _widest(g)
+        out.append(f"| {f.split('.')[0]} | {ds} | {mx(r.get('p_tail_max') for r in g)} | {mx(r.get('q_tail_max') for r in g)} | "
+                   f"{mx(r.get('lump_bound_max') for r in one)} | "
+                   f"{mx(r.get('lump_bound_max') for r in wor)} / {mx(r.get('lump_bound_mean') for r in wor)} | "
+                   f"{mx(r.get('bound_width_max') for r in ind)} / "
+                   f"{mx(r['acceptance'] - r['alpha_lower'] for r in ind if isinstance(r.get('alpha_lower'), (int, float)))} | "
+                   f"{len(ivs)} of {len(g)} | {'-' if w is None else format(w[0], '.3g')} |")
+    out.append("")
+    return out
 
 
 def tail_note(rows) -> str:
@@ -206,9 +318,8 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
         n_pos = max(r.get("n_positions", 0) for r in grp)
         lines.append(
             f"{n_pos} positions. Cells: mean acceptance ± standard error over positions "
-            f"(paired gap to alpha* in percent of alpha* ± its paired standard error); alpha* cells: value ± proved "
-            f"lump bound (its largest over positions; the mean too where the largest is 10x the mean; for the "
-            f"independent law also the width of alpha*'s certified bounds). Single-draft SD acceptance sum min(p, q) (= alpha* at K = 1): "
+            f"(paired gap to alpha* in percent of alpha* ± its paired standard error); {ALPHA_RULE}. "
+            f"Single-draft SD acceptance sum min(p, q) (= alpha* at K = 1): "
             f"{_num(sd['acceptance']) if sd else '-'}.\n"
         )
         for w in sorted({r["eval_support_warning"] for r in grp if r.get("eval_support_warning")}):
@@ -229,7 +340,7 @@ def _acceptance_section(rows, out_dir: Path, make_plots: bool, lines: list[str])
                 if any(cells):
                     lines.append(f"| {n} | " + " | ".join(cells) + " |")
             law_rows = [r for r in grp if r["law"] == law]
-            lines.append("\n" + tail_note(law_rows) + "\n")
+            lines.append("\n" + tail_note(law_rows) + " " + alpha_note(law_rows) + "\n")
             if any(r["verifier"] != ALPHA and "se_mc" not in r for r in law_rows):
                 lines.append("† row of an older run: its error is the Monte-Carlo error only (no error over positions; "
                              "paired gap errors -).\n")
@@ -397,7 +508,7 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                 fv, pts = best
                 get = (lambda v, n: by.get((fv, v, n))) if sweep == "draft" else (lambda v, n: by.get((v, fv, n)))
                 lines.append(f"### {ds}: {sweep} temperature sweep ({fixed_name} T = {fv:g}), {law} drafts, K = {k}\n")
-                lines.append("Cells: acceptance ± standard error over positions; alpha*: value ± proved lump bound.\n")
+                lines.append(f"Cells: acceptance ± standard error over positions; {ALPHA_RULE}.\n")
 
                 def table(cols, cell):  # one row per swept temperature, one column per name
                     lines.append(f"| {sweep} T | " + " | ".join(cols) + " |")
@@ -408,7 +519,9 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                 table(names, lambda r, n: "" if r is None else (_alpha_cell(r) if n == ALPHA else _pm(r)))
                 shown_here = [get(v, n) for v in pts for n in names if get(v, n)]
                 shown.update(id(r) for r in shown_here)
-                lines.append("\n" + tail_note(shown_here) + "\n")
+                lines.append("\n" + tail_note(shown_here) + " "
+                             + alpha_note(shown_here, lambda r: f"{sweep} T = {r['t_draft' if sweep == 'draft' else 't_target']:g}")
+                             + "\n")
                 gapped = [n for n in names[1:] if any(get(v, n) and get(v, n).get("gap_se") is not None for v in pts)]
                 if gapped:
                     lines.append("Gap to alpha* in points (100 x (alpha* - acceptance)), paired over the same positions, "
@@ -663,6 +776,7 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
             lines.append(f"_{msg}._\n")
             if notes is not None:
                 notes.append(msg)
+    lines += full_v_section(run)
     if "blocks.jsonl" in run:
         lines.append("## End-to-end block efficiency\n")
         _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines, reference)

@@ -311,6 +311,23 @@ def alpha_bounds(Q: torch.Tensor, p_tail: torch.Tensor, q_tail: torch.Tensor, la
     return (p_tail + tv).clamp(max=1.0)
 
 
+def full_interval(alpha: torch.Tensor, lower: torch.Tensor, bound: torch.Tensor, law: str, k: int):
+    """Per position, the certified interval ``(lo [n], hi [n])`` holding alpha* at full V.
+
+    ``alpha`` ``[n]`` is alpha* on the stored pair (for the independent law the upper end of its
+    certified bounds), ``lower`` ``[n]`` the lower end (``alpha`` for the exact laws), ``bound``
+    ``[n]`` :func:`alpha_bounds`. Lemma 1 gives ``0 <= alpha*_stored - alpha*_full <= p(T)``
+    for iid, greedy, independent drafts and every law at K = 1, so ``[lower - bound, alpha]``;
+    without replacement at K >= 2 the bound is two-sided, ``[alpha - bound, alpha + bound]``;
+    both cut to ``[0, 1]``. The same rule on row means is
+    :func:`.records.alpha_interval_fields`."""
+    if law == "wor" and k >= 2:
+        lo, hi = alpha - bound, alpha + bound
+    else:
+        lo, hi = torch.minimum(lower, alpha) - bound, alpha.clone()
+    return lo.clamp(0.0, 1.0), hi.clamp(0.0, 1.0)
+
+
 def save(ps: PositionSet, path: str | os.PathLike) -> None:
     """Write atomically (a temporary file renamed), so an interrupt never leaves a torn store."""
     path = Path(path)
