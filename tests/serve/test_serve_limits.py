@@ -173,3 +173,39 @@ def test_health_answers_while_a_prompt_is_being_tokenized():
     finally:
         release.set()
         srv.close()
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_the_tokenizer_runs():
+    """The tiny pair (context 256) with the tiny GGUFs' byte-level BPE tokenizer (no token longer
+    than B = 13 bytes): a prompt of 13 * 256 bytes or more cannot fit whatever its tokens, and is
+    refused naming the limit with the tokenizer never called; a shorter one that still does not
+    fit is refused by the exact count after tokenizing."""
+    import tiny_models as tm
+    from multidraft.serve import TextCodec
+
+    model = tiny_served()
+    model.codec = codec = TextCodec("transformers", model.target, tm.tiny_bpe_tokenizer(), model.draft)
+    assert codec.bound.bytes_per_token == 13 and codec.context == 256
+    calls = []
+    for name in ("encode", "encode_chat_text"):
+        inner = getattr(codec, name)
+        setattr(codec, name, lambda text, inner=inner, name=name: calls.append(name) or inner(text))
+    srv = start(model, queue_size=4, shutdown_grace_s=5)
+    try:
+        post = lambda path, body: httpx.post(srv.url + path, json={"model": MODEL, **body}, timeout=60)  # noqa: E731
+        for prompt in ("x" * (13 * 256), "<|endoftext|>" * 256, "\u00e9" * 13 * 128, "y" * 10 ** 6):
+            err = error(post("/v1/completions", {"prompt": prompt}), 400, "context_length_exceeded", "prompt")
+            assert "maximum context length is 256 tokens" in err["message"] and "at least" in err["message"]
+            assert "more than 13 bytes" in err["message"]
+        msgs = [{"role": "user", "content": "z" * 13 * 256}]
+        err = error(post("/v1/chat/completions", {"messages": msgs}), 400, "context_length_exceeded", "messages")
+        assert "at least" in err["message"]
+        assert calls == []  # nothing was tokenized
+        # under the bound but over the context: the exact count after tokenizing
+        err = error(post("/v1/completions", {"prompt": "x" * 300}), 400, "context_length_exceeded", "prompt")
+        assert "the prompt has 300 tokens" in err["message"] and calls == ["encode"]
+        err = error(post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 300}]}), 400,
+                    "context_length_exceeded", "messages")
+        assert "at least" not in err["message"] and calls == ["encode", "encode_chat_text"]
+    finally:
+        srv.close()

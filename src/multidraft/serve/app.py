@@ -220,12 +220,29 @@ class _Endpoints:
                            param=req.max_tokens_param, code="context_length_exceeded")
         return ids, req.max_tokens
 
+    def measure(self, text: str, param: str) -> None:
+        """APIError 400 'context_length_exceeded' when ``text`` cannot fit the context whatever the
+        tokenizer makes of it: its lower bound ``codec.min_tokens(text)`` (bytes / the most bytes
+        a token covers, ``datasets.ByteBound``) reaches the context. Checked before the tokenizer
+        runs; ``prepare`` checks the exact count after it."""
+        codec = self.model.codec
+        n, ctx = codec.min_tokens(text), codec.context
+        if n >= ctx:
+            bound = codec.bound
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens, but the prompt has at least {n} "
+                                f"tokens ({bound.text_bytes(text)} bytes of text; no token of this model covers more "
+                                f"than {bound.bytes_per_token} bytes). Please reduce the length of the prompt.",
+                           param=param, code="context_length_exceeded")
+
     def prompt_ids(self, req: SamplingRequest) -> tuple[list[int], str]:
         """``req``'s prompt as token ids, and the request field it came from ('messages' or 'prompt')."""
         codec = self.model.codec
         if req.endpoint == "chat":
-            return codec.chat(req.prompt), "messages"
+            text = codec.chat_text(req.prompt)
+            self.measure(text, "messages")
+            return codec.encode_chat_text(text), "messages"
         if isinstance(req.prompt, str):
+            self.measure(req.prompt, "prompt")
             return codec.encode(req.prompt), "prompt"
         if len(req.prompt) >= codec.context:  # measured before the ids are read: prepare refuses it
             return list(req.prompt), "prompt"
