@@ -209,3 +209,56 @@ def test_a_prompt_that_cannot_fit_is_refused_before_the_tokenizer_runs():
         assert "at least" not in err["message"] and calls == ["encode", "encode_chat_text"]
     finally:
         srv.close()
+
+
+def test_health_answers_while_a_large_prompt_and_a_long_generation_are_in_flight():
+    """A 256 KiB prompt (allowed: under the 4 MiB body limit; the tiny tokenizer has no byte bound,
+    so it is tokenized, then refused by the exact count) and a streamed generation in its lane
+    run at once; /health answers while both are in flight: the generation is held inside its
+    first step (the worker thread blocked) and the large request after its real tokenization, so
+    neither can have finished when /health's answer arrives."""
+    model = tiny_served(ignore_eos=True)
+    codec = model.codec
+    encode, decode = codec.encode, codec.decode
+    entered, tokenized, release = threading.Event(), threading.Event(), threading.Event()
+    stepping = threading.Event()
+    big = "in the beginning " * (256 * 1024 // 17)
+
+    def slow_encode(text):
+        if len(text) < len(big):
+            return encode(text)
+        entered.set()
+        ids = encode(text)  # the real work, in the tokenizing thread
+        tokenized.set()
+        assert release.wait(60)
+        return ids
+
+    def held_decode(ids):
+        if not stepping.is_set():
+            stepping.set()
+            assert release.wait(60)  # the worker thread is inside the generation's first step
+        return decode(ids)
+
+    codec.encode, codec.decode = slow_encode, held_decode
+    srv = start(model, queue_size=4, shutdown_grace_s=5)
+    answers = {}
+    try:
+        gen = threading.Thread(target=lambda: answers.update(gen=httpx.post(
+            srv.url + "/v1/completions", json={**GOOD, "max_tokens": 64, "stream": True}, timeout=60)))
+        gen.start()
+        assert stepping.wait(60)
+        large = threading.Thread(target=lambda: answers.update(large=httpx.post(
+            srv.url + "/v1/completions", json={**GOOD, "prompt": big}, timeout=60)))
+        large.start()
+        assert entered.wait(60)
+        h = httpx.get(srv.url + "/health", timeout=30)
+        assert h.status_code == 200 and h.json()["status"] == "ok" and h.json()["running"], h.text
+        assert large.is_alive() and gen.is_alive() and "large" not in answers and "gen" not in answers
+        release.set()
+        large.join(60)
+        gen.join(60)
+        error(answers["large"], 400, "context_length_exceeded", "prompt")
+        assert answers["gen"].status_code == 200 and "[DONE]" in answers["gen"].text
+    finally:
+        release.set()
+        srv.close()
