@@ -262,3 +262,73 @@ def test_health_answers_while_a_large_prompt_and_a_long_generation_are_in_flight
     finally:
         release.set()
         srv.close()
+
+
+def test_requests_in_flight_are_capped_with_a_503_and_retry_after():
+    """max_in_flight = 2: two requests held in the tokenizer fill it; a third POST is answered 503
+    with Retry-After and OpenAI's error body at once, its body unread, while /health still
+    answers; the count returns to 0 whatever way requests end (served, refused with a 400,
+    refused for load), and a 429 for a full queue carries Retry-After too."""
+    model = tiny_served()
+    codec = model.codec
+    encode = codec.encode
+    inside, release = threading.Semaphore(0), threading.Event()
+
+    def held_encode(text):
+        if text.startswith("hold"):
+            inside.release()
+            assert release.wait(60)
+        return encode(text)
+
+    codec.encode = held_encode
+    srv = start(model, queue_size=4, shutdown_grace_s=5, max_in_flight=2)
+    answers = []
+    try:
+        held = [threading.Thread(target=lambda p=p: answers.append(httpx.post(
+            srv.url + "/v1/completions", json={**GOOD, "prompt": p}, timeout=60))) for p in ("hold a", "hold b")]
+        for t in held:
+            t.start()
+        assert inside.acquire(timeout=60)  # one request in the tokenizer, the other waiting for it
+        h = httpx.get(srv.url + "/health", timeout=30).json()
+        while h["in_flight"] < 2:
+            h = httpx.get(srv.url + "/health", timeout=30).json()
+        assert h["max_in_flight"] == 2
+        r = httpx.post(srv.url + "/v1/completions", json=GOOD, timeout=30)
+        err = error(r, 503, "server_overloaded")
+        assert r.headers["retry-after"] == "1" and "2 requests are in flight" in err["message"]
+        error(post_raw(srv, b"{" + b" " * 10 ** 6), 503, "server_overloaded")  # refused before it is read
+        h = httpx.get(srv.url + "/health", timeout=30).json()
+        assert h["status"] == "ok" and h["in_flight"] == 2 and h["overloaded"] == 2
+        release.set()
+        for t in held:
+            t.join(60)
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        for _ in range(3):  # errors leave the count as they found it
+            error(post_raw(srv, b"{bad"), 400, "invalid_json")
+        ok(srv)
+        assert httpx.get(srv.url + "/health", timeout=30).json()["in_flight"] == 0
+    finally:
+        release.set()
+        srv.close()
+
+
+def test_a_full_queue_is_a_429_with_retry_after():
+    from multidraft.serve import APIError, Worker
+    from multidraft.serve.worker import Job
+
+    worker = Worker(tiny_served(), queue_size=1)
+    job = lambda: Job([1], None, 0, (), lambda ev: None)  # noqa: E731 (never decoded: the worker is not started)
+    worker.submit(job())
+    with pytest.raises(APIError) as info:
+        worker.submit(job())
+    exc = info.value
+    assert exc.status == 429 and exc.headers == {"Retry-After": "1"} and exc.code == "rate_limit_exceeded"
+
+
+def test_max_in_flight_is_checked():
+    pytest.importorskip("fastapi")
+    from multidraft.serve import create_app
+
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_in_flight"):
+            create_app(tiny_served(), max_in_flight=bad)

@@ -36,6 +36,10 @@ def register(sub) -> None:
                    help="the model id clients send (default: 'multidraft' + the target's name)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
                    help="requests waiting at most; more are refused with 429 (default 64)")
+    p.add_argument("--max-in-flight", type=int, default=None, metavar="N",
+                   help="requests in flight at most, from their first byte to the end of their answer (being read, "
+                        "parsed, tokenized, queued, decoded); more are answered 503 with Retry-After (default: "
+                        "--queue-size + --max-lanes + 16)")
     p.add_argument("--max-lanes", type=int, default=1, metavar="N",
                    help="requests decoded at once, sharing the models' forward passes (continuous batching; "
                         "default 1: one at a time, each token for token as `multidraft decode` with its seed; "
@@ -70,6 +74,8 @@ def run(args) -> int:
         raise ValueError(f"--queue-size must be >= 1, got {args.queue_size}")
     if not 1 <= args.max_lanes <= 64:
         raise ValueError(f"--max-lanes must be in [1, 64], got {args.max_lanes}")
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        raise ValueError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     if args.warmup_prompt is not None and args.tree != "auto":
@@ -126,7 +132,8 @@ def run(args) -> int:
                         codec=codec, settings=settings, draft_temperature=draft_temperature,
                         default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
-                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes)
+                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes,
+                      max_in_flight=args.max_in_flight)
 
 
 def check_listen(host: str, port: int) -> None:

@@ -12,6 +12,7 @@ nested past ``protocol.MAX_JSON_DEPTH``, NaN and strings that are not valid Unic
 bodies are parsed and prompts tokenized off the event loop, so ``/health`` answers at once;
 a text prompt that cannot fit the context (tokens >= bytes / B, ``datasets.ByteBound``) is
 refused before the tokenizer runs on it.
+At most ``max_in_flight`` requests are in flight (503 with Retry-After beyond it, see ``app``).
 One worker decodes the requests of a bounded queue (429 when full) in the lanes of a
 ``decoding.BatchDecoder`` (``max_lanes``; continuous batching, see ``worker``).
 

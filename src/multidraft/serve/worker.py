@@ -38,6 +38,7 @@ from .protocol import APIError
 __all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker"]
 
 log = logging.getLogger("multidraft.serve")
+RETRY_AFTER_S = 1  # the Retry-After (seconds) of a refusal for load: a full queue (429), too many in flight (503)
 
 
 class TextCodec:
@@ -239,7 +240,8 @@ class Worker:
             with self._lock:
                 self.counts["refused"] += 1
             raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
-                           type="rate_limit_error", code="rate_limit_exceeded") from None
+                           type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
 
     @property
     def running(self) -> bool:
