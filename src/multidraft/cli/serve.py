@@ -136,17 +136,18 @@ def run(args) -> int:
                       max_in_flight=args.max_in_flight)
 
 
+RESOLVE_TIMEOUT_S = 5.0  # how long ``check_listen`` waits for a --host name to resolve
+
+
 def check_listen(host: str, port: int) -> None:
     """ValueError naming ``--host`` / ``--port`` unless a listening socket can be bound there now
-    (tried and closed at once, with SO_REUSEADDR as uvicorn binds): a bad host name, an address
-    of no interface here, or a port another process listens on is refused before any model
-    loads. Port 0 (any free port) passes whenever the host does."""
+    (tried and closed at once, with SO_REUSEADDR as uvicorn binds): a bad host name, a name
+    that does not resolve within ``RESOLVE_TIMEOUT_S`` seconds (a resolver that does not
+    answer), an address of no interface here, or a port another process listens on is refused
+    before any model loads. Port 0 (any free port) passes whenever the host does."""
     import socket
 
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise ValueError(f"--host {host!r}: not an address to listen on ({getattr(exc, 'strerror', None) or exc})") from None
+    infos = _resolve(host, port, RESOLVE_TIMEOUT_S)
     family, kind, proto, _, addr = infos[0]
     try:
         with socket.socket(family, kind, proto) as sock:
@@ -154,6 +155,33 @@ def check_listen(host: str, port: int) -> None:
             sock.bind(addr)
     except OSError as exc:
         raise ValueError(f"--host {host} --port {port}: cannot listen there: {exc.strerror or exc}") from None
+
+
+def _resolve(host: str, port: int, timeout: float) -> list:
+    """``socket.getaddrinfo`` of the listening address, in a daemon thread given ``timeout``
+    seconds (a lookup cannot be cancelled: one that hangs is left behind and never delays the
+    exit); ValueError naming ``--host`` when it fails or takes longer."""
+    import socket
+    import threading
+
+    out: dict = {}
+
+    def lookup():
+        try:
+            out["infos"] = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (OSError, UnicodeError) as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=lookup, name="multidraft-resolve-host", daemon=True)
+    t.start()
+    t.join(timeout)
+    if "infos" in out and out["infos"]:
+        return out["infos"]
+    exc = out.get("error")
+    if exc is None:
+        raise ValueError(f"--host {host!r}: not resolved within {timeout:g} s (this machine's resolver does not answer "
+                         f"for it); give an address such as 127.0.0.1 or 0.0.0.0")
+    raise ValueError(f"--host {host!r}: not an address to listen on ({getattr(exc, 'strerror', None) or exc})")
 
 
 def _model_name(args) -> str:
