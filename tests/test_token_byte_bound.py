@@ -77,3 +77,25 @@ def test_byte_bound_is_checked():
     with pytest.raises(ValueError, match="bytes_per_token"):
         ByteBound(0)
     assert ByteBound(4).min_tokens("abcde") == 2 and ByteBound(4).min_tokens("") == 0
+
+
+QWEN_GGUF = Path.home() / ".cache/multidraft/models/gguf/qwen2.5-coder-0.5b-instruct.Q4_K_M.gguf"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not QWEN_GGUF.is_file(), reason="the Qwen2.5-Coder-0.5B GGUF is not cached")
+def test_qwen_gguf_through_llama_cpp():
+    """llama.cpp's tokenizer of the same vocabulary: B = 128 too, and no normalization (a
+    decomposed text round-trips byte for byte, so the bound counts the raw bytes)."""
+    pytest.importorskip("llama_cpp")
+    from multidraft.decoding.llamacpp import LlamaCppModel
+
+    m = LlamaCppModel(QWEN_GGUF, n_ctx=256, n_threads=1)
+    try:
+        bound = token_byte_bound(m)
+        assert bound is not None and bound.bytes_per_token == 128 and not bound.nfc
+        for x in ("e\u0301", "\u1100\u1161\u11a8" * 3):
+            assert m.detokenize_special(m.tokenize(x)) == x
+        check_bound(lambda x: len(m.tokenize(x)), bound, 3)
+    finally:
+        m.close()
