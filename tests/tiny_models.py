@@ -160,3 +160,25 @@ def tiny_llama_pair(directory, n_ctx: int):
     finally:
         for m in ms:
             m.close()
+
+
+def tiny_bpe_tokenizer():
+    """The tiny GGUFs' byte-level BPE vocabulary (``multidraft.testing``: 256 byte symbols, its
+    merges and special tokens, 269 ids) as a transformers fast tokenizer, as Qwen's is built
+    (NFC normalizer, ByteLevel pre-tokenizer and decoder), with the GGUFs' ChatML template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from multidraft import testing
+
+    tokens = testing.tiny_tokens()
+    vocab = {t: i for i, t in enumerate(tokens[: len(tokens) - len(testing.SPECIAL_TOKENS)])}
+    merges = [tuple(rule.split(" ")) for rule in testing.MERGES]
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in testing.SPECIAL_TOKENS])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.chat_template = testing.CHAT_TEMPLATE
+    return tok

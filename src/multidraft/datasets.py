@@ -43,7 +43,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode", "encode_prompt", "humaneval_path", "check_dataset",
-           "instruction_for", "prompt_ids", "CHAT_DATASETS", "mtbench_categories", "has_chat_template"]
+           "instruction_for", "prompt_ids", "CHAT_DATASETS", "mtbench_categories", "has_chat_template", "render_chat",
+           "token_byte_bound", "ByteBound"]
 
 DATASETS = ("humaneval", "kjv", "mtbench")
 INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
@@ -266,12 +267,7 @@ def encode(tokenizer, text, *, chat: bool = False, add_special_tokens: bool = Tr
     ``add_special_tokens=False`` leaves them out (a stretch of a corpus, not a prompt)."""
     llama = hasattr(tokenizer, "chat_prompt")
     if chat:
-        if llama:
-            return list(tokenizer.tokenize(tokenizer.chat_prompt(text)))
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template")
-        messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = render_chat(tokenizer, text)
         add_special_tokens = False
     elif not isinstance(text, str):
         raise ValueError(f"text must be a string without chat, got {type(text).__name__}")
@@ -280,6 +276,108 @@ def encode(tokenizer, text, *, chat: bool = False, add_special_tokens: bool = Tr
     if callable(tokenizer):
         return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
     return list(tokenizer.encode(text))  # a bare tokenizer object (tokenizers.Tokenizer-like)
+
+
+def render_chat(tokenizer, messages) -> str:
+    """The text :func:`encode` tokenizes for ``messages`` with ``chat``: the chat template applied
+    once, the assistant turn opened (transformers: ``apply_chat_template``; llama.cpp:
+    ``chat_prompt``); a string is one user message. ``ValueError`` without a chat template."""
+    if hasattr(tokenizer, "chat_prompt"):
+        return tokenizer.chat_prompt(messages)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template")
+    messages = [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+class ByteBound:
+    """A lower bound on the tokens :func:`encode` makes of a text, computed before tokenizing.
+
+    ``bytes_per_token`` is ``B``, the most bytes of (normalized) text that one token stands
+    for; ``nfc`` whether the tokenizer first puts the text in Unicode NFC. For every text ``x``,
+
+        len(encode(tokenizer, x)) >= ceil(len(utf8(N(x))) / B)  =  ``min_tokens(x)``
+
+    with ``N`` the tokenizer's normalization (NFC or none): a byte-level BPE tokenizer cuts the
+    bytes of ``N(x)`` (special tokens written in the text matched as they are) into tokens, each
+    at most ``B`` bytes long, and special tokens it adds only add to the count. ``N`` applied to
+    the whole text rather than to the stretches between special tokens is no longer in bytes
+    (composition across a cut only joins characters), so the bound stays a lower bound. Used to
+    refuse a prompt that cannot fit a context before the tokenizer runs on it (the server)."""
+
+    def __init__(self, bytes_per_token: int, nfc: bool = False):
+        if isinstance(bytes_per_token, bool) or not isinstance(bytes_per_token, int) or bytes_per_token < 1:
+            raise ValueError(f"bytes_per_token must be a positive integer, got {bytes_per_token!r}")
+        self.bytes_per_token, self.nfc = bytes_per_token, bool(nfc)
+
+    def text_bytes(self, text: str) -> int:
+        """``len(utf8(N(text)))``: the bytes the tokenizer cuts into tokens."""
+        if self.nfc and not text.isascii():
+            import unicodedata
+
+            text = unicodedata.normalize("NFC", text)
+        return len(text.encode("utf-8", "surrogatepass"))
+
+    def min_tokens(self, text: str) -> int:
+        """``ceil(text_bytes(text) / B)``: no tokenization of ``text`` has fewer tokens."""
+        return -(-self.text_bytes(text) // self.bytes_per_token)
+
+    def __repr__(self) -> str:
+        return f"ByteBound(bytes_per_token={self.bytes_per_token}, nfc={self.nfc})"
+
+
+def token_byte_bound(tokenizer) -> ByteBound | None:
+    """The :class:`ByteBound` of ``tokenizer`` (as :func:`encode` takes it), or None where no bound
+    is proven. Read once from the vocabulary (call it at load time, not per prompt):
+
+    * a llama.cpp model: its ``token_byte_bound()`` (byte-level BPE vocabularies; no normalization);
+    * a transformers fast tokenizer whose model is BPE with a ``ByteLevel`` pre-tokenizer, a
+      vocabulary holding all 256 byte symbols (so no byte is unknown), a normalizer that is none
+      or NFC, and no added token that strips the spaces beside it (``lstrip``/``rstrip`` would
+      let one token cover unboundedly many spaces): ``B`` is the longest vocabulary entry in
+      bytes (one GPT-2 byte symbol per byte) or added token (its UTF-8 content).
+
+    Anything else (WordPiece, SentencePiece, word-level models: an unknown token may stand for
+    a whole word or run of characters of any length) gives None."""
+    if hasattr(tokenizer, "token_byte_bound"):
+        b = tokenizer.token_byte_bound()
+        return None if b is None else ByteBound(int(b))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        return None
+    spec = json.loads(backend.to_str())
+    model, norm = spec.get("model") or {}, spec.get("normalizer")
+    if model.get("type") != "BPE" or not _has_type(spec.get("pre_tokenizer"), "ByteLevel"):
+        return None
+    if norm is not None and norm.get("type") != "NFC":
+        return None
+    symbols = set(_byte_symbols())
+    vocab = model.get("vocab") or {}
+    if not symbols <= vocab.keys():
+        return None
+    longest = max((len(t) if set(t) <= symbols else len(t.encode("utf-8")) for t in vocab), default=0)
+    for added in spec.get("added_tokens") or ():
+        if added.get("lstrip") or added.get("rstrip"):
+            return None
+        longest = max(longest, len(added["content"].encode("utf-8")))
+    return ByteBound(longest, nfc=norm is not None) if longest else None
+
+
+def _has_type(node, name: str) -> bool:
+    """Whether a tokenizer.json component (or one in its ``Sequence``) has type ``name``."""
+    if not isinstance(node, dict):
+        return False
+    if node.get("type") == name:
+        return True
+    return any(_has_type(n, name) for n in node.get("pretokenizers") or ())
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's ``bytes_to_unicode``: the printable symbol of each byte 0..255 (one symbol a byte)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
 def has_chat_template(tokenizer) -> bool:

@@ -248,6 +248,40 @@ def test_serve_refuses_an_address_of_no_interface_before_any_model(no_models, ca
     assert no_models == []
 
 
+def test_serve_refuses_an_unresolvable_host_before_any_model(no_models, capsys):
+    """A name under the reserved .invalid TLD (RFC 2606: it never resolves) is refused in one line."""
+    assert main(["serve", "--engine", "transformers", "--host", "no-such-host.invalid", "--port", "0"]) == 2
+    assert "not an address to listen on" in _one_line(capsys, "multidraft serve: error: --host 'no-such-host.invalid'")
+    assert no_models == []
+
+
+def test_serve_refuses_a_host_whose_lookup_does_not_answer(no_models, capsys, monkeypatch):
+    """A resolver that never answers (getaddrinfo blocked until the test ends) is given
+    RESOLVE_TIMEOUT_S (0.2 s here) and the command refuses the host in one line."""
+    import threading
+
+    from multidraft.cli import serve as serve_cli
+
+    answered, release = threading.Event(), threading.Event()
+    real = socket.getaddrinfo
+
+    def stuck(host, *a, **kw):
+        if host == "slow.example":
+            release.wait(60)
+            answered.set()
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    monkeypatch.setattr(serve_cli, "RESOLVE_TIMEOUT_S", 0.2)
+    try:
+        assert main(["serve", "--engine", "transformers", "--host", "slow.example", "--port", "0"]) == 2
+        assert not answered.is_set()  # refused while the lookup was still waiting
+    finally:
+        release.set()
+    assert "not resolved within 0.2 s" in _one_line(capsys, "multidraft serve: error: --host 'slow.example'")
+    assert no_models == []
+
+
 def _model_dir(path: Path, context: int) -> Path:
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"max_position_embeddings": context}))

@@ -12,8 +12,10 @@ httpx = pytest.importorskip("httpx")
 
 @pytest.fixture(scope="module")
 def busy():
-    """A server that never stops at eos (long decodes on demand) with a queue of 4."""
-    srv = start(tiny_served(ignore_eos=True), queue_size=4, shutdown_grace_s=5)
+    """A server that never stops at eos (long decodes on demand) with a queue of 4 (and room for
+    200 requests in flight: the queue, not the in-flight cap, refuses here; the cap's own test is
+    in test_serve_limits.py)."""
+    srv = start(tiny_served(ignore_eos=True), queue_size=4, shutdown_grace_s=5, max_in_flight=200)
     yield srv
     srv.close()
 

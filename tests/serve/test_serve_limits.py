@@ -173,3 +173,162 @@ def test_health_answers_while_a_prompt_is_being_tokenized():
     finally:
         release.set()
         srv.close()
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_the_tokenizer_runs():
+    """The tiny pair (context 256) with the tiny GGUFs' byte-level BPE tokenizer (no token longer
+    than B = 13 bytes): a prompt of 13 * 256 bytes or more cannot fit whatever its tokens, and is
+    refused naming the limit with the tokenizer never called; a shorter one that still does not
+    fit is refused by the exact count after tokenizing."""
+    import tiny_models as tm
+    from multidraft.serve import TextCodec
+
+    model = tiny_served()
+    model.codec = codec = TextCodec("transformers", model.target, tm.tiny_bpe_tokenizer(), model.draft)
+    assert codec.bound.bytes_per_token == 13 and codec.context == 256
+    calls = []
+    for name in ("encode", "encode_chat_text"):
+        inner = getattr(codec, name)
+        setattr(codec, name, lambda text, inner=inner, name=name: calls.append(name) or inner(text))
+    srv = start(model, queue_size=4, shutdown_grace_s=5)
+    try:
+        post = lambda path, body: httpx.post(srv.url + path, json={"model": MODEL, **body}, timeout=60)  # noqa: E731
+        for prompt in ("x" * (13 * 256), "<|endoftext|>" * 256, "\u00e9" * 13 * 128, "y" * 10 ** 6):
+            err = error(post("/v1/completions", {"prompt": prompt}), 400, "context_length_exceeded", "prompt")
+            assert "maximum context length is 256 tokens" in err["message"] and "at least" in err["message"]
+            assert "more than 13 bytes" in err["message"]
+        msgs = [{"role": "user", "content": "z" * 13 * 256}]
+        err = error(post("/v1/chat/completions", {"messages": msgs}), 400, "context_length_exceeded", "messages")
+        assert "at least" in err["message"]
+        assert calls == []  # nothing was tokenized
+        # under the bound but over the context: the exact count after tokenizing
+        err = error(post("/v1/completions", {"prompt": "x" * 300}), 400, "context_length_exceeded", "prompt")
+        assert "the prompt has 300 tokens" in err["message"] and calls == ["encode"]
+        err = error(post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 300}]}), 400,
+                    "context_length_exceeded", "messages")
+        assert "at least" not in err["message"] and calls == ["encode", "encode_chat_text"]
+    finally:
+        srv.close()
+
+
+def test_health_answers_while_a_large_prompt_and_a_long_generation_are_in_flight():
+    """A 256 KiB prompt (allowed: under the 4 MiB body limit; the tiny tokenizer has no byte bound,
+    so it is tokenized, then refused by the exact count) and a streamed generation in its lane
+    run at once; /health answers while both are in flight: the generation is held inside its
+    first step (the worker thread blocked) and the large request after its real tokenization, so
+    neither can have finished when /health's answer arrives."""
+    model = tiny_served(ignore_eos=True)
+    codec = model.codec
+    encode, decode = codec.encode, codec.decode
+    entered, tokenized, release = threading.Event(), threading.Event(), threading.Event()
+    stepping = threading.Event()
+    big = "in the beginning " * (256 * 1024 // 17)
+
+    def slow_encode(text):
+        if len(text) < len(big):
+            return encode(text)
+        entered.set()
+        ids = encode(text)  # the real work, in the tokenizing thread
+        tokenized.set()
+        assert release.wait(60)
+        return ids
+
+    def held_decode(ids):
+        if not stepping.is_set():
+            stepping.set()
+            assert release.wait(60)  # the worker thread is inside the generation's first step
+        return decode(ids)
+
+    codec.encode, codec.decode = slow_encode, held_decode
+    srv = start(model, queue_size=4, shutdown_grace_s=5)
+    answers = {}
+    try:
+        gen = threading.Thread(target=lambda: answers.update(gen=httpx.post(
+            srv.url + "/v1/completions", json={**GOOD, "max_tokens": 64, "stream": True}, timeout=60)))
+        gen.start()
+        assert stepping.wait(60)
+        large = threading.Thread(target=lambda: answers.update(large=httpx.post(
+            srv.url + "/v1/completions", json={**GOOD, "prompt": big}, timeout=60)))
+        large.start()
+        assert entered.wait(60)
+        h = httpx.get(srv.url + "/health", timeout=30)
+        assert h.status_code == 200 and h.json()["status"] == "ok" and h.json()["running"], h.text
+        assert large.is_alive() and gen.is_alive() and "large" not in answers and "gen" not in answers
+        release.set()
+        large.join(60)
+        gen.join(60)
+        error(answers["large"], 400, "context_length_exceeded", "prompt")
+        assert answers["gen"].status_code == 200 and "[DONE]" in answers["gen"].text
+    finally:
+        release.set()
+        srv.close()
+
+
+def test_requests_in_flight_are_capped_with_a_503_and_retry_after():
+    """max_in_flight = 2: two requests held in the tokenizer fill it; a third POST is answered 503
+    with Retry-After and OpenAI's error body at once, its body unread, while /health still
+    answers; the count returns to 0 whatever way requests end (served, refused with a 400,
+    refused for load), and a 429 for a full queue carries Retry-After too."""
+    model = tiny_served()
+    codec = model.codec
+    encode = codec.encode
+    inside, release = threading.Semaphore(0), threading.Event()
+
+    def held_encode(text):
+        if text.startswith("hold"):
+            inside.release()
+            assert release.wait(60)
+        return encode(text)
+
+    codec.encode = held_encode
+    srv = start(model, queue_size=4, shutdown_grace_s=5, max_in_flight=2)
+    answers = []
+    try:
+        held = [threading.Thread(target=lambda p=p: answers.append(httpx.post(
+            srv.url + "/v1/completions", json={**GOOD, "prompt": p}, timeout=60))) for p in ("hold a", "hold b")]
+        for t in held:
+            t.start()
+        assert inside.acquire(timeout=60)  # one request in the tokenizer, the other waiting for it
+        h = httpx.get(srv.url + "/health", timeout=30).json()
+        while h["in_flight"] < 2:
+            h = httpx.get(srv.url + "/health", timeout=30).json()
+        assert h["max_in_flight"] == 2
+        r = httpx.post(srv.url + "/v1/completions", json=GOOD, timeout=30)
+        err = error(r, 503, "server_overloaded")
+        assert r.headers["retry-after"] == "1" and "2 requests are in flight" in err["message"]
+        error(post_raw(srv, b"{" + b" " * 10 ** 6), 503, "server_overloaded")  # refused before it is read
+        h = httpx.get(srv.url + "/health", timeout=30).json()
+        assert h["status"] == "ok" and h["in_flight"] == 2 and h["overloaded"] == 2
+        release.set()
+        for t in held:
+            t.join(60)
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        for _ in range(3):  # errors leave the count as they found it
+            error(post_raw(srv, b"{bad"), 400, "invalid_json")
+        ok(srv)
+        assert httpx.get(srv.url + "/health", timeout=30).json()["in_flight"] == 0
+    finally:
+        release.set()
+        srv.close()
+
+
+def test_a_full_queue_is_a_429_with_retry_after():
+    from multidraft.serve import APIError, Worker
+    from multidraft.serve.worker import Job
+
+    worker = Worker(tiny_served(), queue_size=1)
+    job = lambda: Job([1], None, 0, (), lambda ev: None)  # noqa: E731 (never decoded: the worker is not started)
+    worker.submit(job())
+    with pytest.raises(APIError) as info:
+        worker.submit(job())
+    exc = info.value
+    assert exc.status == 429 and exc.headers == {"Retry-After": "1"} and exc.code == "rate_limit_exceeded"
+
+
+def test_max_in_flight_is_checked():
+    pytest.importorskip("fastapi")
+    from multidraft.serve import create_app
+
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_in_flight"):
+            create_app(tiny_served(), max_in_flight=bad)

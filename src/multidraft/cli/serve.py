@@ -36,6 +36,10 @@ def register(sub) -> None:
                    help="the model id clients send (default: 'multidraft' + the target's name)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
                    help="requests waiting at most; more are refused with 429 (default 64)")
+    p.add_argument("--max-in-flight", type=int, default=None, metavar="N",
+                   help="requests in flight at most, from their first byte to the end of their answer (being read, "
+                        "parsed, tokenized, queued, decoded); more are answered 503 with Retry-After (default: "
+                        "--queue-size + --max-lanes + 16)")
     p.add_argument("--max-lanes", type=int, default=1, metavar="N",
                    help="requests decoded at once, sharing the models' forward passes (continuous batching; "
                         "default 1: one at a time, each token for token as `multidraft decode` with its seed; "
@@ -70,6 +74,8 @@ def run(args) -> int:
         raise ValueError(f"--queue-size must be >= 1, got {args.queue_size}")
     if not 1 <= args.max_lanes <= 64:
         raise ValueError(f"--max-lanes must be in [1, 64], got {args.max_lanes}")
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        raise ValueError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     if args.warmup_prompt is not None and args.tree != "auto":
@@ -126,20 +132,22 @@ def run(args) -> int:
                         codec=codec, settings=settings, draft_temperature=draft_temperature,
                         default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
-                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes)
+                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes,
+                      max_in_flight=args.max_in_flight)
+
+
+RESOLVE_TIMEOUT_S = 5.0  # how long ``check_listen`` waits for a --host name to resolve
 
 
 def check_listen(host: str, port: int) -> None:
     """ValueError naming ``--host`` / ``--port`` unless a listening socket can be bound there now
-    (tried and closed at once, with SO_REUSEADDR as uvicorn binds): a bad host name, an address
-    of no interface here, or a port another process listens on is refused before any model
-    loads. Port 0 (any free port) passes whenever the host does."""
+    (tried and closed at once, with SO_REUSEADDR as uvicorn binds): a bad host name, a name
+    that does not resolve within ``RESOLVE_TIMEOUT_S`` seconds (a resolver that does not
+    answer), an address of no interface here, or a port another process listens on is refused
+    before any model loads. Port 0 (any free port) passes whenever the host does."""
     import socket
 
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise ValueError(f"--host {host!r}: not an address to listen on ({getattr(exc, 'strerror', None) or exc})") from None
+    infos = _resolve(host, port, RESOLVE_TIMEOUT_S)
     family, kind, proto, _, addr = infos[0]
     try:
         with socket.socket(family, kind, proto) as sock:
@@ -147,6 +155,33 @@ def check_listen(host: str, port: int) -> None:
             sock.bind(addr)
     except OSError as exc:
         raise ValueError(f"--host {host} --port {port}: cannot listen there: {exc.strerror or exc}") from None
+
+
+def _resolve(host: str, port: int, timeout: float) -> list:
+    """``socket.getaddrinfo`` of the listening address, in a daemon thread given ``timeout``
+    seconds (a lookup cannot be cancelled: one that hangs is left behind and never delays the
+    exit); ValueError naming ``--host`` when it fails or takes longer."""
+    import socket
+    import threading
+
+    out: dict = {}
+
+    def lookup():
+        try:
+            out["infos"] = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (OSError, UnicodeError) as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=lookup, name="multidraft-resolve-host", daemon=True)
+    t.start()
+    t.join(timeout)
+    if "infos" in out and out["infos"]:
+        return out["infos"]
+    exc = out.get("error")
+    if exc is None:
+        raise ValueError(f"--host {host!r}: not resolved within {timeout:g} s (this machine's resolver does not answer "
+                         f"for it); give an address such as 127.0.0.1 or 0.0.0.0")
+    raise ValueError(f"--host {host!r}: not an address to listen on ({getattr(exc, 'strerror', None) or exc})")
 
 
 def _model_name(args) -> str:

@@ -261,6 +261,35 @@ class LlamaCppModel:
         messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
         return fmt(messages=messages).prompt
 
+    def token_byte_bound(self) -> int | None:
+        """``B``, the most bytes of text one token of :meth:`tokenize` stands for, or None where
+        no such bound holds. For a byte-level BPE vocabulary (llama.cpp's ``LLAMA_VOCAB_TYPE_BPE``,
+        as Qwen's and the tiny GGUFs') that has a token for each of the 256 bytes, the tokens of a
+        text are pieces whose bytes, joined, are the text's bytes (no normalization; a special
+        token written in the text is its piece), so each token covers at most ``B = max piece
+        length`` bytes (special pieces included) and ``len(tokenize(text)) >= len(utf8(text)) / B``.
+        Other vocabularies (SentencePiece's prefix space and unknown token, WordPiece) give None.
+        Computed once (a pass over the vocabulary) and kept."""
+        if getattr(self, "_byte_bound", False) is not False:
+            return self._byte_bound
+        L = self._L
+        bound = None
+        if int(L.llama_vocab_type(self._vocab)) == int(L.LLAMA_VOCAB_TYPE_BPE):
+            buf = ctypes.create_string_buffer(4096)
+            longest, single = 0, set()
+            for t in range(self.vocab_size):
+                k = L.llama_token_to_piece(self._vocab, t, buf, len(buf), 0, True)
+                if k < 0:  # a piece longer than the buffer: no usable bound
+                    longest = None
+                    break
+                longest = max(longest, k)
+                if k == 1:
+                    single.add(buf.raw[0])
+            if longest and len(single) == 256:
+                bound = int(longest)
+        self._byte_bound = bound
+        return bound
+
     def detokenize_special(self, ids) -> str:
         """The text of ``ids`` with special tokens rendered (e.g. ``<|im_end|>``)."""
         return self._detok(ids, special=True)

@@ -9,7 +9,10 @@ and settings give the same text; without one a seed is drawn and returned as ``s
 tokens, block efficiency, the verifier and tree). Bad requests get a 4xx and OpenAI's error
 object, never a 500: a body over ``protocol.MAX_BODY_BYTES`` is 413 before it is parsed; JSON
 nested past ``protocol.MAX_JSON_DEPTH``, NaN and strings that are not valid Unicode are 400;
-bodies are parsed and prompts tokenized off the event loop, so ``/health`` answers at once.
+bodies are parsed and prompts tokenized off the event loop, so ``/health`` answers at once;
+a text prompt that cannot fit the context (tokens >= bytes / B, ``datasets.ByteBound``) is
+refused before the tokenizer runs on it.
+At most ``max_in_flight`` requests are in flight (503 with Retry-After beyond it, see ``app``).
 One worker decodes the requests of a bounded queue (429 when full) in the lanes of a
 ``decoding.BatchDecoder`` (``max_lanes``; continuous batching, see ``worker``).
 

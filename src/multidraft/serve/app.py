@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from .protocol import MAX_BODY_BYTES, APIError, SamplingRequest, error_body, parse_chat, parse_completion, parse_json
-from .worker import Job, ServedModel, Worker
+from .worker import RETRY_AFTER_S, Job, ServedModel, Worker
 
 __all__ = ["create_app", "run_server"]
 
@@ -32,20 +32,37 @@ _POLL_S = 0.25  # how often a waiting request checks that its client is still th
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+def default_max_in_flight(queue_size: int, max_lanes: int) -> int:
+    """The default cap on requests in flight: the queue, the lanes, and 16 more being read,
+    parsed or tokenized."""
+    return queue_size + max_lanes + 16
+
+
 def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES):
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None):
     """The ASGI app serving ``model``; ``app.state.worker`` is its worker. A request body longer
-    than ``max_body_bytes`` is answered 413 before it is parsed (see ``_body_of``)."""
+    than ``max_body_bytes`` is answered 413 before it is parsed (see ``_body_of``). At most
+    ``max_in_flight`` POST requests (default :func:`default_max_in_flight`) are in flight at once,
+    from their first byte to the end of their answer (reading, parsing, tokenizing, queued,
+    decoding, streaming); one more is answered 503 with ``Retry-After`` before its body is read
+    (``_InFlight``), so the memory held by requests is at most ``max_in_flight`` bodies."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
+    if max_in_flight is None:
+        max_in_flight = default_max_in_flight(queue_size, max_lanes)
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
     worker = Worker(model, queue_size, max_lanes)
     endpoints = _Endpoints(model, worker, shutdown_grace_s)
     app = FastAPI(title="multidraft serve", lifespan=endpoints.lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.worker = worker
     app.state.model = model
+    in_flight = app.state.in_flight = _InFlight(max_in_flight)
+    endpoints.in_flight = in_flight
+    app.add_middleware(_InFlightMiddleware, count=in_flight)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -71,7 +88,43 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
 async def _api_error(request, exc: APIError):
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+class _InFlight:
+    """The count of POST requests in flight and its cap (one event loop: no lock)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.now, self.refused = limit, 0, 0
+
+
+class _InFlightMiddleware:
+    """ASGI middleware: a POST request past ``count.limit`` in flight is answered 503
+    ('server_overloaded', ``Retry-After``) at once, its body unread; the others are counted
+    from their start to the end of their answer, whatever way it ends (an error, a client gone)."""
+
+    def __init__(self, app, count: _InFlight):
+        self.app, self.count = app, count
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        count = self.count
+        if count.now >= count.limit:
+            count.refused += 1
+            err = APIError(503, f"the server is overloaded: {count.limit} requests are in flight; retry later",
+                           type="server_error", code="server_overloaded")
+            body = json.dumps(err.body()).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(RETRY_AFTER_S).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        count.now += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            count.now -= 1
 
 
 async def _http_error(request, exc):  # starlette's HTTPException: no route, wrong method
@@ -133,6 +186,7 @@ class _Endpoints:
 
     def __init__(self, model: ServedModel, worker: Worker, shutdown_grace_s: float):
         self.model, self.worker, self.shutdown_grace_s = model, worker, shutdown_grace_s
+        self.in_flight: _InFlight | None = None
         self.created = int(time.time())
         # prompts are tokenized in this thread (the lifespan's), off the event loop, one at a time
         # (a tokenizer is not safe to share between threads: transformers' fast ones raise
@@ -155,8 +209,11 @@ class _Endpoints:
             log.info("worker stopped: %s", json.dumps(worker.status()))
 
     async def health(self):
+        flight = self.in_flight
         return {"status": "shutting_down" if self.worker.draining.is_set() else "ok", "model": self.model.name,
-                **self.worker.status()}
+                **self.worker.status(),
+                **({} if flight is None else {"in_flight": flight.now, "max_in_flight": flight.limit,
+                                              "overloaded": flight.refused})}
 
     async def models(self):
         model = self.model
@@ -220,12 +277,29 @@ class _Endpoints:
                            param=req.max_tokens_param, code="context_length_exceeded")
         return ids, req.max_tokens
 
+    def measure(self, text: str, param: str) -> None:
+        """APIError 400 'context_length_exceeded' when ``text`` cannot fit the context whatever the
+        tokenizer makes of it: its lower bound ``codec.min_tokens(text)`` (bytes / the most bytes
+        a token covers, ``datasets.ByteBound``) reaches the context. Checked before the tokenizer
+        runs; ``prepare`` checks the exact count after it."""
+        codec = self.model.codec
+        n, ctx = codec.min_tokens(text), codec.context
+        if n >= ctx:
+            bound = codec.bound
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens, but the prompt has at least {n} "
+                                f"tokens ({bound.text_bytes(text)} bytes of text; no token of this model covers more "
+                                f"than {bound.bytes_per_token} bytes). Please reduce the length of the prompt.",
+                           param=param, code="context_length_exceeded")
+
     def prompt_ids(self, req: SamplingRequest) -> tuple[list[int], str]:
         """``req``'s prompt as token ids, and the request field it came from ('messages' or 'prompt')."""
         codec = self.model.codec
         if req.endpoint == "chat":
-            return codec.chat(req.prompt), "messages"
+            text = codec.chat_text(req.prompt)
+            self.measure(text, "messages")
+            return codec.encode_chat_text(text), "messages"
         if isinstance(req.prompt, str):
+            self.measure(req.prompt, "prompt")
             return codec.encode(req.prompt), "prompt"
         if len(req.prompt) >= codec.context:  # measured before the ids are read: prepare refuses it
             return list(req.prompt), "prompt"
@@ -354,14 +428,19 @@ def _chunk(req: SamplingRequest, text, finish) -> dict:
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
                shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES) -> int:
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None) -> int:
     """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
-    (uvicorn's own configuration is not installed)."""
+    (uvicorn's own configuration is not installed). Requests in flight are capped by the app
+    (``create_app``: 503 with Retry-After); open connections by uvicorn's ``limit_concurrency``
+    at ``2 * max_in_flight + 32`` (its own plain 503, a backstop: idle keep-alive connections
+    close after 5 s)."""
     import uvicorn
 
+    if max_in_flight is None:
+        max_in_flight = default_max_in_flight(queue_size, max_lanes)
     app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes,
-                     max_body_bytes=max_body_bytes)
+                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):
@@ -370,7 +449,8 @@ def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000,
             worker.drain(shutdown_grace_s)  # refuse and answer the queue now; the running request has the grace
 
     cfg = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, lifespan="on",
-                         timeout_graceful_shutdown=shutdown_grace_s + 5, access_log=log_level == "debug")
+                         timeout_graceful_shutdown=shutdown_grace_s + 5, access_log=log_level == "debug",
+                         limit_concurrency=2 * max_in_flight + 32)
     server = _Server(cfg)
     # uvicorn re-raises the signal that stopped it once it has shut down; for SIGTERM (a
     # service manager's stop) that would end the process by the signal after a clean shutdown,

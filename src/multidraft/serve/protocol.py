@@ -34,9 +34,10 @@ class APIError(Exception):
     """A request answered with ``status`` and OpenAI's error object."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers  # extra response headers (Retry-After on 429 and 503 overload)
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._errors import ArgumentError
-from ..datasets import encode, has_chat_template
+from ..datasets import encode, has_chat_template, render_chat, token_byte_bound
 from ..decoding import Settings
 from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
@@ -38,11 +38,16 @@ from .protocol import APIError
 __all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker"]
 
 log = logging.getLogger("multidraft.serve")
+RETRY_AFTER_S = 1  # the Retry-After (seconds) of a refusal for load: a full queue (429), too many in flight (503)
 
 
 class TextCodec:
     """Text <-> token ids for the served pair: the llama.cpp target's own tokenizer, or the
-    transformers tokenizer; ``chat(messages)`` renders the model's chat template."""
+    transformers tokenizer; ``chat(messages)`` renders the model's chat template.
+
+    ``bound`` is the tokenizer's ``datasets.ByteBound`` (None where none is proven), read once
+    here: ``min_tokens(text)`` is a lower bound on ``len(encode(text))`` computed without the
+    tokenizer, so a prompt that cannot fit ``context`` is refused before it is tokenized."""
 
     def __init__(self, engine: str, target, tokenizer, draft=None):
         self.engine = engine
@@ -56,22 +61,37 @@ class TextCodec:
         else:
             eos = getattr(tokenizer, "eos_token_id", None)
             self.eos = None if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.bound = token_byte_bound(self._encoder())
 
     def _encoder(self):
         return self.target if self.engine == "llama.cpp" else self.tok
 
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` (and on the tokens of a rendered chat text), found
+        without tokenizing (``datasets.ByteBound``); 0 where the tokenizer has no proven bound."""
+        return 0 if self.bound is None else self.bound.min_tokens(text)
+
     def encode(self, text: str) -> list[int]:
         return encode(self._encoder(), text)  # the one encoder (datasets.encode), as ``decode``
 
-    def chat(self, messages: list[dict]) -> list[int]:
+    def chat_text(self, messages: list[dict]) -> str:
+        """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes)."""
         if not has_chat_template(self._encoder()):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", param="messages",
                            code="no_chat_template")
         try:
-            return encode(self._encoder(), messages, chat=True)  # as ``decode --chat`` encodes one message
+            return render_chat(self._encoder(), messages)
         except ValueError as exc:  # a GGUF without a chat template
             raise APIError(400, f"this model cannot chat: {exc}; use /v1/completions", param="messages",
                            code="no_chat_template") from None
+
+    def encode_chat_text(self, text: str) -> list[int]:
+        """The ids of a rendered chat ``text`` (no special token added: the template wrote them)."""
+        return encode(self._encoder(), text, add_special_tokens=False)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        """``messages`` as ``decode --chat`` encodes one message (``datasets.encode`` with ``chat``)."""
+        return self.encode_chat_text(self.chat_text(messages))
 
     def decode(self, ids: list[int]) -> str:
         if self.engine == "llama.cpp":
@@ -220,7 +240,8 @@ class Worker:
             with self._lock:
                 self.counts["refused"] += 1
             raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
-                           type="rate_limit_error", code="rate_limit_exceeded") from None
+                           type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
 
     @property
     def running(self) -> bool:
