@@ -1,22 +1,41 @@
 """Draft sources: what proposes the drafts of a step's tree, each stating the law it drew from.
 
 A decode's ``Settings.sources`` is an ordered tuple of sources (the columns of the step's tree
-come from them in that order). Today there is one, the draft model (:class:`DraftModel`): at
-every node its processed distribution ``q`` (one per draft column, at that column's
-temperature) is the law the node's drafts are drawn from, by the settings' draft law. A source
-here is a model-free description (checked once, before any model loads); the drafting itself
-is the engine's (``decoding.engine``).
+come from them in that order). A source here is a model-free description (a frozen dataclass,
+checked once, before any model loads):
+
+- :class:`DraftModel` (``"model"``): at every node its processed distribution ``q`` (one per
+  draft column, at that column's temperature) is the law the node's drafts are drawn from, by
+  the settings' draft law; the drafting itself is the engine's (``decoding.engine``).
+- :class:`PromptLookup` (``"lookup"``, :mod:`.lookup`) and :class:`SuffixSource` (``"suffix"``,
+  :mod:`.suffix`) are *free* (``free = True``: proposing costs about nothing next to a model
+  pass). Each ``proposer(index=None)`` is a fresh per-decode object with ``extend(tokens)``
+  (committed tokens, in order: the prompt first, then each step's emitted tokens),
+  ``propose(depth) -> list[tuple[int, ...]]`` (chains of at most ``depth`` tokens continuing
+  the committed text; they form a trie, no chain twice; ``[]`` when nothing matches) and
+  ``finish()`` (end of the decode). Proposals are deterministic: a proposed token ``x`` is
+  drawn from the one-hot law ``q = one-hot(x)`` (DESIGN "Draft sources"), which every verifier
+  taking per-draft laws takes as it is.
 
 ``SOURCE_NAMES`` lists the names a user may give (``--sources``, a request's ``sources``,
 ``generate(sources=...)``); :func:`parse_sources` reads them, once, at the edge.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..._errors import ArgumentError
+from .lookup import LookupProposer
+from .suffix import SuffixIndex, SuffixProposer
 
-__all__ = ["DraftModel", "SOURCE_NAMES", "parse_sources"]
+__all__ = ["DraftModel", "PromptLookup", "SuffixSource", "SuffixIndex", "SOURCE_NAMES", "free_source",
+           "parse_sources"]
+
+
+def _positive(owner: str, name: str, value, lo: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise ValueError(f"{owner}: {name} must be an int >= {lo}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -28,12 +47,95 @@ class DraftModel:
 
     temperatures: tuple
     name = "model"
+    free = False
 
     def describe(self) -> str:
         return self.name
 
+    def proposer(self, index=None):
+        """The draft model drafts in the engine (its q rows need the model): no proposer here."""
+        raise ValueError("the draft model's drafts are the engine's: it has no model-free proposer")
 
-SOURCE_NAMES = (DraftModel.name,)
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """Prompt lookup (:mod:`.lookup`): the longest n-gram suffix of the committed tokens
+    (``n`` from ``max_ngram`` down to ``min_ngram``) that occurred earlier in the context; its
+    most recent earlier occurrence's continuation, up to ``depth`` tokens, is the one chain.
+    Defaults as transformers' and vLLM's prompt lookup (n-grams up to 4; depth 8)."""
+
+    max_ngram: int = 4
+    min_ngram: int = 1
+    depth: int = 8
+    name = "lookup"
+    free = True
+
+    def __post_init__(self):
+        _positive("lookup", "min_ngram", self.min_ngram)
+        _positive("lookup", "max_ngram", self.max_ngram, self.min_ngram)
+        _positive("lookup", "depth", self.depth)
+
+    def describe(self) -> str:
+        return self.name
+
+    def proposer(self, index=None) -> LookupProposer:
+        """A fresh per-decode proposer (``index`` is ignored: lookup reads this decode's text only)."""
+        return LookupProposer(self.max_ngram, self.min_ngram, self.depth)
+
+
+@dataclass(frozen=True)
+class SuffixSource:
+    """SuffixDecoding (Oliaro et al., arXiv 2411.04975; :mod:`.suffix`): a trie of the most
+    frequent continuations of the longest matched suffix (at most ``max_match`` tokens, length
+    ``m``) in the request's own text or in earlier outputs (a shared :class:`SuffixIndex`),
+    of ``min(ceil(alpha * m), depth)`` nodes, at most ``width`` children a node, each with at
+    least ``min_count`` occurrences and path probability ``>= min_prob``.
+
+    Defaults (no setting to tune before it helps): ``alpha = 1`` and ``min_prob = 0.1`` are
+    Arctic Inference's ``max_spec_factor`` and ``min_token_prob``; ``depth = 16``, ``width = 2``
+    keep the tree a long chain with a fork where the counts disagree; ``max_match = 64``."""
+
+    depth: int = 16
+    width: int = 2
+    min_count: int = 1
+    alpha: float = 1.0
+    min_prob: float = 0.1
+    max_match: int = 64
+    name = "suffix"
+    free = True
+
+    def __post_init__(self):
+        for field in ("depth", "width", "min_count", "max_match"):
+            _positive("suffix", field, getattr(self, field))
+        if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not self.alpha > 0 \
+                or not math.isfinite(self.alpha):
+            raise ValueError(f"suffix: alpha must be a finite number > 0, got {self.alpha!r}")
+        if not isinstance(self.min_prob, (int, float)) or isinstance(self.min_prob, bool) \
+                or not 0 <= self.min_prob <= 1:
+            raise ValueError(f"suffix: min_prob must be a number in [0, 1], got {self.min_prob!r}")
+
+    def describe(self) -> str:
+        return self.name
+
+    def proposer(self, index: SuffixIndex | None = None) -> SuffixProposer:
+        """A fresh per-decode proposer over the request's text and, when given, the shared
+        ``index`` of earlier outputs (which its ``finish`` extends)."""
+        if index is not None and not isinstance(index, SuffixIndex):
+            raise ValueError(f"suffix: index must be a SuffixIndex or None, got {type(index).__name__}")
+        return SuffixProposer(self.depth, self.width, self.min_count, float(self.alpha), float(self.min_prob),
+                              self.max_match, index)
+
+
+SOURCE_NAMES = (DraftModel.name, PromptLookup.name, SuffixSource.name)
+_FREE = {PromptLookup.name: PromptLookup, SuffixSource.name: SuffixSource}
+
+
+def free_source(name: str):
+    """The default description of the free source ``name`` (``"lookup"`` or ``"suffix"``);
+    ``ValueError`` for any other name."""
+    if name not in _FREE:
+        raise ValueError(f"not a free draft source: {name!r}; free sources: {', '.join(_FREE)}")
+    return _FREE[name]()
 
 
 def parse_sources(value) -> tuple[str, ...]:
