@@ -270,9 +270,9 @@ class LlamaBatchRunner:
 
     @staticmethod
     def handles(settings: Settings) -> int:
-        """Most uncommitted entries a lane holds in one step on either model: the target's tree,
-        or the draft's pending chain (up to depth + 1 tokens) and the nodes it feeds."""
-        return 1 if settings.shape is None else settings.shape.max_nodes() + settings.shape.depth + 1
+        """Most uncommitted entries a lane holds in one step on either model: the target's tree
+        (free sources' chains included: ``Settings.max_nodes``), or the draft's pending chain (up to depth + 1 tokens) and the nodes it feeds."""
+        return 1 if settings.shape is None else settings.max_nodes + settings.shape.depth + 1
 
     def reserve(self, lane: int, settings: Settings) -> None:
         """Give ``lane`` the sequence ids its settings need (``handles`` + 1; before ``open``)."""
