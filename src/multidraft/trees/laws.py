@@ -243,7 +243,12 @@ class MixedLaw(TreeLaw):
     and its model drafts are a fresh draw of the model's law: the node's drafts are independent
     columns with known rows, which is what the walk of a verifier under the 'independent' law is
     lossless for (Khisti et al. 2025; Sun et al. 2023's independent drafts). ``depth`` is the
-    deeper of the model's depth and the longest chain."""
+    deeper of the model's depth and the longest chain.
+
+    The sequence-level rules refuse these laws (their ``refusal`` says why): 'block' reads one
+    chain; 'traversal', 'gbv', 'spectr_gbv' and 'univer' are proven lossless where one q row
+    covers every draft of a node (i.i.d. or without-replacement siblings), and a one-hot copy
+    beside the model's draws is a column of another law (``decoding.settings.MIXED_REFUSALS``)."""
 
     def __init__(self, base: TreeLaw, chains):
         base = as_tree_law(base, "base")
