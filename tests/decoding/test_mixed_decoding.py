@@ -175,3 +175,22 @@ def test_two_token_law_mixed_lookup(small_pair):
 def test_two_token_law_mixed_lookup_slow(small_pair, verifier, kw):
     """~15 s each on a loaded 2-core machine."""
     _mixed_law_case(small_pair, 500, 22, verifier=verifier, draft_temperature=1.3, **kw)
+
+
+def test_batch_lanes_share_a_suffix_index(pair):
+    """``BatchDecoder(index=SuffixIndex())``: each finished lane's output joins the shared index
+    (the server's cross-request suffix source); the text stays the target's greedy text."""
+    from multidraft.decoding.batch import BatchDecoder
+    from multidraft.decoding.sources import SuffixIndex
+
+    t, d = pair
+    index = SuffixIndex()
+    bd = BatchDecoder(t, d, max_lanes=1, index=index)
+    s = Settings.from_args(verifier="specinfer", k=2, depth=2, temperature=0, max_new_tokens=10,
+                           sources="model,suffix")
+    ref = tm.greedy_reference(t, REPEATS, 10).tolist()
+    for _ in range(2):
+        lane = bd.add(REPEATS, s, generator=0)
+        res = bd.run()
+        assert res[lane].tokens.tolist() == ref
+    assert len(index) > 0
