@@ -194,3 +194,19 @@ def test_batch_lanes_share_a_suffix_index(pair):
         res = bd.run()
         assert res[lane].tokens.tolist() == ref
     assert len(index) > 0
+
+
+def test_no_match_keeps_the_models_tree_and_law(pair):
+    """A step whose free sources propose nothing verifies the model's tree under the model's own law
+    (the walk as without sources, cheaper than the independent law's), when the verifier takes it."""
+    t, d = pair
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 9]])  # no repeated n-gram: prompt lookup proposes nothing
+    for verifier, law, plain in (("specinfer", "iid", True), ("khisti_is", "greedy", False)):
+        s = Settings.from_args(verifier=verifier, k=2, depth=2, draft_law=law, temperature=1.0, sources="model,lookup")
+        step = engine.DecoderStep(runners.runner_for(t), runners.runner_for(d), s, torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            step.prefill(ids)
+            tree = step.serve(step.draft(int(ids[0, -1]), 2, limit=8))
+        assert all(nd.free == 0 for nd in tree.nodes)
+        assert tree.law == (law if plain else "independent")
+        assert s.rule.law == "independent"

@@ -167,6 +167,8 @@ def build_tree(runners, settings, root: int, generator: torch.Generator, committ
         step.observe(committed, fresh=True)
     tree = step.serve(step.draft(root, settings.shape.depth))
     step.finish()
+    if getattr(settings, "mixed", False):
+        tree.as_independent()  # a step without free drafts keeps the model's law; the study's walks read columns
     logits = step.serve(step.score(tree))  # [N, V]
     step.discard()
     p = process_logits(logits.float(), settings.temperature, settings.top_k, settings.top_p, dtype=torch.float64)  # [N, V]
