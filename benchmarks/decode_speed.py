@@ -226,7 +226,7 @@ def llama_speculative(bin_dir: Path, target: Path, draft: Path, prompt_file: Pat
     secs = num(r"decoded\s+\d+\s+tokens in\s+([\d.]+)\s+seconds")
     new = int(num(r"decoded\s+(\d+)\s+tokens in"))
     calls = max(1, n_pred - n_acc)  # every target pass yields one token that was not a draft
-    return {"new_tokens": new, "target_calls": calls, "draft_calls": -1, "seconds": secs,
+    return {"new_tokens": new, "target_calls": calls, "draft_calls": None, "seconds": secs,  # not reported
             "block_efficiency": n_pred / calls, "acceptance_rate": n_acc / n_drafted if n_drafted else float("nan")}
 
 
@@ -344,8 +344,10 @@ def report(rows: list[dict], methods, header: str, markdown: str | None) -> list
     print()
     print("\n".join(lines))
     if markdown:
-        Path(markdown).write_text(header + "\n\n" + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n",
-                                  encoding="utf-8")
+        from multidraft.experiments.records import write_file
+
+        write_file(markdown, header + "\n\n" + table + "\n\n" + "\n".join(f"- {x.strip()}" for x in lines) + "\n",
+                   "write the --markdown file")
     return summary
 
 
@@ -361,27 +363,18 @@ def run_header(engine, prompts, max_new_tokens, rounds, temperature, threads, se
 
 
 def summarize_file(path: Path, markdown: str | None) -> int:
-    """The table and headline of an earlier run, from its JSONL alone (nothing is rerun)."""
-    import json
+    """The table and headline of an earlier run, from its JSONL alone (nothing is rerun). Every run
+    row is read in the one spelling and checked against the row schema
+    (``records.read_decode_rows``: rows of older runs completed from their labels); the first
+    damaged row ends the command with one line naming ``file:line``."""
+    from multidraft.experiments.records import read_decode_rows, read_jsonl
 
-    from multidraft.experiments.records import decode_row_spelling
-
-    meta, end, rows = None, None, []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            raise SystemExit(f"{path}:{i}: not a JSON line")
-        if obj.get("type") == "meta" or obj.get("kind") == "decode_speed":
-            meta = meta or obj
-        if obj.get("kind") == "run":
-            rows.append(decode_row_spelling(obj))  # rows written before Settings.describe, in its spelling
-        if obj.get("kind") == "end":
-            end = obj
-    if not rows:
-        raise SystemExit(f"{path}: no run rows")
+    try:
+        meta, rows, _ = read_decode_rows(path)
+        end = next((r for r in read_jsonl(path)[1] if r.get("kind") == "end"), None)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(str(exc) if isinstance(exc, ValueError) or not exc.filename
+                         else f"{exc.filename}: {exc.strerror or exc}") from None
     methods = list(dict.fromkeys(r["method"] for r in rows))
     cfg = (meta or {}).get("config", {})
     header = run_header(cfg.get("engine"), len({r["prompt"] for r in rows}), cfg.get("max_new_tokens"),

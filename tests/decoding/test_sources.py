@@ -69,7 +69,7 @@ def ref_tree(docs, ctx, skip_end, depth, width, min_count, alpha, min_prob, max_
     nodes, score = [], 0.0
     while heap and len(nodes) < budget:
         neg, path, k = heapq.heappop(heap)
-        nodes.append((path, k))
+        nodes.append((path, k, -neg))
         score -= neg
         push(path, -neg)
     return m, nodes, score
@@ -173,7 +173,7 @@ def test_lookup_incremental_equals_brute_force(seed):
 
 def check_trie(chains, nodes, depth):
     assert len(set(chains)) == len(chains)
-    paths = [p for p, _ in nodes]
+    paths = [n[0] for n in nodes]
     assert len(set(paths)) == len(paths) and all(p[:-1] in set(paths) | {()} for p in paths)
     assert sorted(chains) == sorted(p for p in paths if not any(q[:-1] == p for q in paths))
     assert all(1 <= len(c) <= depth for c in chains)
@@ -183,7 +183,7 @@ def check_trie(chains, nodes, depth):
 def test_suffix_request_index_equals_brute_force(seed):
     rng = random.Random(100 + seed)
     for _ in range(5):
-        V, N = rng.randint(2, 4), rng.randint(1, 45)
+        V, N = rng.randint(1, 4), rng.randint(1, 45)
         xs = [rng.randrange(V) for _ in range(N)]
         src = SuffixSource(depth=rng.randint(1, 8), width=rng.randint(1, 3), min_count=rng.randint(1, 2),
                            alpha=rng.choice([0.5, 1.0, 2.0]), min_prob=rng.choice([0.0, 0.1, 0.4]),
@@ -205,7 +205,7 @@ def test_suffix_shared_index_equals_brute_force(seed):
     incremental match equals a fresh proposer's (rematched) one after every extend."""
     rng = random.Random(200 + seed)
     src = SuffixSource(depth=6, width=2, min_prob=0.0, max_match=5)
-    index = SuffixIndex()
+    index = SuffixIndex(max_span=11)  # counts kept for strings of at most max_match + depth tokens
     outputs, where = [], set()
     for _ in range(6):
         prompt = [rng.randrange(8) for _ in range(rng.randint(1, 12))]
@@ -230,7 +230,7 @@ def test_suffix_shared_index_equals_brute_force(seed):
 
 
 def test_suffix_shares_earlier_outputs_and_deepens_with_the_match():
-    src = SuffixSource()
+    src = SuffixSource(alpha=1.0)
     index = SuffixIndex()
     first, second = src.proposer(index), src.proposer(index)  # both live at once
     first.extend([50, 51])
@@ -240,7 +240,7 @@ def test_suffix_shares_earlier_outputs_and_deepens_with_the_match():
     assert second.propose(16) == []
     first.finish()  # the index changed under second's incremental match
     second.extend([10, 11, 12])
-    assert second.explain(16) == ("shared", 3, [(tuple(range(13, 14 + i)), 1) for i in range(3)])
+    assert second.explain(16) == ("shared", 3, [(tuple(range(13, 14 + i)), 1, 1.0) for i in range(3)])
     second.extend(range(13, 20))  # a longer match speculates deeper (alpha * m nodes, capped by depth)
     assert second.propose(16) == [tuple(range(20, 30))]
     second.finish()
@@ -249,16 +249,16 @@ def test_suffix_shares_earlier_outputs_and_deepens_with_the_match():
 
 def test_suffix_most_frequent_continuations_form_a_small_trie():
     text = [1, 2, 3, 4, 7, 5, 1, 2, 3, 4, 7, 6, 1, 2, 3, 4, 7, 9, 1, 2, 3, 4, 8, 0, 1, 2, 3, 4, 8, 0, 11, 1, 2, 3]
-    p = SuffixSource(width=2, min_prob=0.0).proposer()
+    p = SuffixSource(width=2, min_prob=0.0, alpha=1.0).proposer()
     p.extend(text)
     # match "1 2 3" (m = 3: three nodes): then 4 five times (1); after it 7 thrice (3/5), 8 twice
     # (2/5); after "4 7" 5, 6, 9 once each (1/5)
-    assert p.explain(16) == ("request", 3, [((4,), 5), ((4, 7), 3), ((4, 8), 2)])
+    assert p.explain(16) == ("request", 3, [((4,), 5, 1.0), ((4, 7), 3, 3 / 5), ((4, 8), 2, 2 / 5)])
     assert p.propose(16) == [(4, 7), (4, 8)]
-    q = SuffixSource(width=1, min_prob=0.0).proposer()
+    q = SuffixSource(width=1, min_prob=0.0, alpha=1.0).proposer()
     q.extend(text)  # one branch a node: the most frequent (then smallest) token
     assert q.propose(16) == [(4, 7, 5)]
-    r = SuffixSource(width=1, min_prob=0.5).proposer()
+    r = SuffixSource(width=1, min_prob=0.5, alpha=1.0).proposer()
     r.extend(text)  # the 1/5 nodes are dropped
     assert r.propose(16) == [(4, 7)]
     assert SuffixSource(min_count=2).proposer().propose(4) == []
@@ -270,7 +270,7 @@ def test_suffix_match_at_an_outputs_end_falls_back_to_a_shorter_one():
     index.add([2, 3])
     p = SuffixSource().proposer(index)
     p.extend([0, 1, 2])  # "1 2" only ends an output: "2" is followed by 3 in the other
-    assert p.explain(8) == ("shared", 1, [((3,), 1)])
+    assert p.explain(8) == ("shared", 1, [((3,), 1, 0.5)])  # one of "2"'s two occurrences ends an output
     q = SuffixSource().proposer(index)
     q.extend([0, 3])  # "3" only ends an output: nothing to propose
     assert q.explain(8) == (None, 0, []) and q.propose(8) == []
@@ -293,3 +293,41 @@ def test_suffix_index_cap_evicts_oldest():
     assert q.propose(8) == [(11, 12)]
     index.add(range(100, 125))  # one output over the cap keeps its last max_tokens tokens
     assert list(index.outputs) == [tuple(range(115, 125))] and len(index) == 10
+
+
+def test_suffix_index_shared_by_threads():
+    """Requests finishing on several threads while another proposes: the index ends consistent
+    (its kept outputs, under the cap, are what a fresh proposer matches against)."""
+    import threading
+
+    index = SuffixIndex(max_tokens=120)
+    src = SuffixSource(depth=6, min_prob=0.0, max_match=5)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(8):
+                p = src.proposer(index)
+                p.extend([rng.randrange(3) for _ in range(5)])
+                for _ in range(10):
+                    p.propose(6)
+                    p.extend([rng.randrange(3)])
+                p.finish()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    outputs = [list(o) for o in index.outputs]
+    assert len(index) == sum(map(len, outputs)) <= 120 and all(len(o) == 10 for o in outputs)
+    rng = random.Random(9)
+    for _ in range(5):
+        ctx = [rng.randrange(3) for _ in range(8)]
+        p = src.proposer(index)
+        p.extend(ctx)
+        assert p.explain(6) == ref_suffix(outputs, ctx, 6, src)

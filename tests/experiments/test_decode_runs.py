@@ -126,7 +126,7 @@ def test_a_peer_runs_in_the_interleaving_with_its_own_seed(pair):
 
     def peer(pid, ids, seed):
         calls.append((pid, int(ids.shape[1]), seed))
-        return {"new_tokens": 6, "target_calls": 3, "draft_calls": -1, "seconds": 0.5, "block_efficiency": 2.0,
+        return {"new_tokens": 6, "target_calls": 3, "draft_calls": None, "seconds": 0.5, "block_efficiency": 2.0,
                 "acceptance_rate": float("nan")}
 
     methods = [dr.target_alone(), dr.peer_method("peer D=4 NP=2", "llama-spec", peer, k=2, depth=4)]
@@ -138,3 +138,4 @@ def test_a_peer_runs_in_the_interleaving_with_its_own_seed(pair):
     assert row["tokens_per_s"] == 12.0 and row["block_efficiency"] == 2.0
     s = dr.summarize(out.rows)[1]
     assert s["method_kind"] == "llama-spec" and s["tokens_per_s"] == 12.0 and s["acceptance_rate"] != s["acceptance_rate"]
+    assert s["draft_calls"] is None and dr.summarize(out.rows)[0]["draft_calls"] == 0  # not counted, not 0 (or -2)

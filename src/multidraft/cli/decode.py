@@ -422,10 +422,12 @@ def run(args) -> int:
             obj["auto"] = auto_info
         line = json.dumps(obj)
         if out is not None:
+            from ..experiments.records import write_file
+
             try:
-                out.write_text(line + "\n", encoding="utf-8")
+                write_file(out, line + "\n", "write the --out file")  # the whole line or nothing
             except OSError as exc:
-                raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
+                raise ValueError(f"--out: {out}: {exc.strerror or exc}") from None  # nothing written
     if args.json:
         print(line)
     else:

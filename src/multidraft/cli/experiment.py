@@ -233,7 +233,9 @@ def run_realtrees_report(args) -> int:
 
     text = report(args.files)
     if md is not None:
-        md.write_text(text, encoding="utf-8")
+        from ..experiments.records import write_file
+
+        write_file(md, text, "write the --markdown file")
     print(text)
     return 0
 
@@ -321,7 +323,9 @@ def run_seqrules(args) -> int:
         paths = sorted([*Path(args.run_dir).glob("*.jsonl"), *Path(args.run_dir).glob("*.jsonl.gz")])  # committed cells are .gz
         table = seqrules.report(paths)
         dest = md if md is not None else Path(args.run_dir) / "table.md"
-        dest.write_text(table, encoding="utf-8")
+        from ..experiments.records import write_file
+
+        write_file(dest, table, "write the table")
         print(f"wrote {dest} ({len(paths)} cells)", file=sys.stderr)
     return 0
 

@@ -241,10 +241,12 @@ def run(args) -> int:
                                  "target": args.target or default_target,
                                  "draft": args.draft or ("default" + (f" ({args.draft_ftype.upper()} GGUF)"
                                                                        if args.draft_ftype else ""))})
+    from ..experiments.records import write_file
+
     try:
-        out.write_text(prof.to_json() + "\n", encoding="utf-8")
+        write_file(out, prof.to_json() + "\n", "write the --out file")  # the whole profile or nothing
     except OSError as exc:
-        raise ValueError(f"--out: cannot write {out}: {exc.strerror or exc}") from None
+        raise ValueError(f"--out: {out}: {exc.strerror or exc}") from None  # nothing written
     one = prof.target_seconds(1)
     m = prof.meta
     if m["engine"] == "llama.cpp":
@@ -365,8 +367,10 @@ def compare(args) -> int:
     text = "\n".join(lines)
     print(text)
     if md_out is not None:
+        from ..experiments.records import write_file
+
         try:
-            md_out.write_text(text + "\n", encoding="utf-8")
+            write_file(md_out, text + "\n", "write the --markdown file")  # the whole table or nothing
         except OSError as exc:
-            raise ValueError(f"--markdown: cannot write {md_out}: {exc.strerror or exc}") from None
+            raise ValueError(f"--markdown: {md_out}: {exc.strerror or exc}") from None  # nothing written
     return 0

@@ -364,8 +364,8 @@ def merge_rounds(rows: Sequence[dict]) -> list[dict]:
             continue
         m = dict(rs[0])
         for k in ("new_tokens", "target_calls", "draft_calls", "seconds"):
-            if all(k in r for r in rs):
-                m[k] = sum(r[k] for r in rs)
+            if all(k in r for r in rs):  # a peer's draft_calls may be None (not counted): None pooled
+                m[k] = None if any(r[k] is None for r in rs) else sum(r[k] for r in rs)
         m["tree_tokens"] = sum(r["tree_tokens"] for r in rs) if all(r.get("tree_tokens") for r in rs) else 0
         m["block_efficiency"] = m["new_tokens"] / m["target_calls"] if m["target_calls"] else float("nan")
         acc = [r["acceptance_rate"] for r in rs if _finite(r.get("acceptance_rate"))]
@@ -534,7 +534,8 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
         s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "rule": r0.get("rule"),
              "law": r0.get("law"), "k": r0.get("k", 0), "depth": r0.get("depth", 0),
              "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
-             "draft_calls": sum(r.get("draft_calls") or 0 for r in rs), "seconds": secs,
+             "draft_calls": None if any(r.get("draft_calls") is None for r in rs)  # a peer that does not count them
+             else sum(r["draft_calls"] for r in rs), "seconds": secs,
              "block_efficiency": tokens / calls if calls else float("nan"),
              "acceptance_rate": sum(acc) / len(acc) if acc else float("nan"),
              "tokens_per_s": tps,

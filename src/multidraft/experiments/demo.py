@@ -49,7 +49,7 @@ from ..decoding.settings import WALK, decoder_rules
 from . import decode_runs, plots
 from .decode_runs import MethodSpec, format_table, summarize, target_alone, tree_method
 from .progress import progress as _progress
-from .records import JsonlWriter
+from .records import JsonlWriter, write_file
 
 __all__ = ["DEFAULT_VERIFIERS", "DemoConfig", "plan_methods", "plan_rule_methods", "run_demo", "summarize", "format_table", "plot_summary"]
 
@@ -305,14 +305,12 @@ def run_demo(cfg: DemoConfig, *, log: Callable[[str], None] = _eprint, show_prog
              f"T={cfg.temperature:g}, depth {cfg.depth}")
     table = decode_runs.format_table(summary)
     md_path = out_dir / "demo.md"
-    md_path.write_text(
-        f"# {title}\n\n"
-        + "\n".join(f"- {k}: {v}" for k, v in settings.items())
-        + f"\n- wall time: {elapsed:.0f} s (loading included)\n"
-        + ("".join(f"- skipped {s}\n" for s in skipped))
-        + "\n" + table + "\n",
-        encoding="utf-8",
-    )
+    write_file(md_path,  # the whole file or nothing (records.write_file)
+               f"# {title}\n\n"
+               + "\n".join(f"- {k}: {v}" for k, v in settings.items())
+               + f"\n- wall time: {elapsed:.0f} s (loading included)\n"
+               + ("".join(f"- skipped {s}\n" for s in skipped))
+               + "\n" + table + "\n", "write the demo table")
     png = plot_summary(summary, out_dir / "demo.png", title=title)
     return {"summary": summary, "rows": rows, "skipped": skipped, "jsonl": jsonl, "markdown": md_path,
             "png": png, "settings": settings, "title": title, "table": table, "seconds": elapsed}

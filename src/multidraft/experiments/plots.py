@@ -50,12 +50,20 @@ def lines(
 
 
 def save(fig, path: str | Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` (folders made as needed), close it; the path."""
+    """Lay out ``fig``, write it to ``path`` (folders made as needed; the whole file or nothing,
+    ``records.write_file``), close it; the path."""
     import matplotlib.pyplot as plt
+
+    import io
+
+    from .records import ensure_dir, write_file
 
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    ensure_dir(path.parent, "plot directory")
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
+    return write_file(path, buf.getvalue(), "write the plot")  # all or nothing (a full disk leaves no half PNG)

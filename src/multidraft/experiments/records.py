@@ -20,9 +20,12 @@ measurement rows. This module is the ONE place that decides whether rows belong 
 * **Foreign rows.** :func:`read_jsonl` refuses a second meta row, a row whose ``run_id``
   is not the meta's, and (in a file whose meta has a run id) a row without one, naming
   ``file:line``; such rows are never counted as done.
-* **Interrupts.** Each row is ONE ``write`` of a complete line on an unbuffered file, so
-  Ctrl-C leaves complete rows only, or at worst a torn last line after a failed write
-  (disk full): readers skip it and a writer cuts it before appending (``_drop_torn_tail``).
+* **Interrupts, full disks.** Each row is ONE ``write`` of a complete line on an unbuffered
+  file; a write that fails or comes up short (disk full) is cut back and raises ``OSError``
+  saying the row was not written, so the file keeps whole rows. A torn last line (a process
+  killed mid-write) is skipped by readers, who name it (``torn``), and cut by a writer before
+  appending (``_drop_torn_tail``). Whole files (reports, plots, Markdown) are written by
+  :func:`write_file`: a temporary file, then ``os.replace``: all or nothing.
 * **I/O errors** are ``OSError`` with ``filename`` set to the path (:func:`ensure_dir`,
   the writer), which ``multidraft.cli.main`` prints as one line.
 * **Refusals in full.** A refused reopening names each differing config key (nested objects
@@ -45,6 +48,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 import zlib
@@ -56,9 +60,9 @@ from typing import Any
 from .. import _machine
 
 __all__ = [
-    "versions", "code_version", "meta_row", "run_id", "io_error", "ensure_dir", "check_binding", "resume", "JsonlWriter",
+    "versions", "code_version", "meta_row", "run_id", "io_error", "write_file", "ensure_dir", "check_binding", "resume", "JsonlWriter",
     "read_jsonl", "results_path", "decode_row_spelling", "target_alone_row", "done_keys", "row_key", "require_fields",
-    "Field", "Schema", "SCHEMAS", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir", "lock_results_file",
+    "Field", "Schema", "SCHEMAS", "LAW_NAMES", "VERIFIER_NAMES", "TREE_RULE_NAMES", "IMPLIED_LAWS", "DECODE_ROW_KINDS", "read_decode_rows", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir", "lock_results_file",
 ]
 
 
@@ -141,6 +145,39 @@ def io_error(exc: OSError, path: Path, what: str) -> OSError:
     """The same error, with the path and what we were doing in one line."""
     reason = exc.strerror or str(exc)
     return type(exc)(exc.errno, f"cannot {what} ({reason})", str(path)) if exc.errno else OSError(f"{path}: cannot {what} ({reason})")
+
+
+def write_file(path: str | os.PathLike, data: str | bytes, what: str = "write the file") -> Path:
+    """Write the whole of ``data`` to ``path``, or nothing: into a temporary file beside it
+    (``.NAME.PID.tmp``), flushed to disk, then ``os.replace``d over ``path`` (atomic on POSIX), so
+    that a full disk or an interrupt never leaves a half-written file; an earlier file at ``path``
+    stays as it was. ``OSError`` (the path as ``filename``) saying what could not be done and that
+    nothing was written; the temporary file is removed. ``str`` data is written as UTF-8."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)  # a buffered file writes all of it or raises
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not isinstance(exc, OSError):
+            raise
+        kept = "the earlier file is unchanged" if path.exists() else "no file was made"
+        raise _not_written(exc, path, what, f"nothing was written, {kept}") from None
+    return path
+
+
+def _not_written(exc: OSError, path: Path, what: str, outcome: str) -> OSError:
+    """:func:`io_error` with what became of the data: ``cannot write results (No space left on
+    device): the row was not written``."""
+    reason = exc.strerror or str(exc)
+    code = exc.errno or errno.EIO
+    return OSError(code, f"cannot {what} ({reason}): {outcome}", str(path))
 
 
 def ensure_dir(path: str | os.PathLike, what: str = "run directory") -> Path:
@@ -291,14 +328,26 @@ class JsonlWriter:
         return {row_key(r, key_fields) for r in self.rows}
 
     def _write(self, obj: dict) -> None:
+        """One ``write`` of one whole line. A write that fails (``ENOSPC``: disk full) or writes
+        only part of the line (a short write: the disk filled up) is cut back to the file's size
+        before it, so the file keeps whole rows only, and raises ``OSError`` naming the file and
+        saying the row was not written."""
         data = (json.dumps(_clean(obj), sort_keys=False) + "\n").encode("utf-8")
         try:
-            view = memoryview(data)
-            while view:  # one write for a regular file; loop only on a short write
-                n = self._f.write(view)
-                view = view[n:]
+            start = os.stat(self.path).st_size
         except OSError as exc:
-            raise io_error(exc, self.path, "write results") from None
+            raise _not_written(exc, self.path, "write results", "the row was not written") from None
+        try:
+            n = self._f.write(data)
+            if n is not None and n != len(data):
+                raise OSError(errno.ENOSPC, f"short write, {n} of {len(data)} bytes; disk full?")
+        except OSError as exc:
+            try:
+                os.truncate(self.path, start)  # no torn line left behind
+                outcome = "the row was not written"
+            except OSError:
+                outcome = "the row was not written; its torn line is cut before the next append"
+            raise _not_written(exc, self.path, "write results", outcome) from None
 
     def write(self, **row) -> None:
         full = {"type": "row", "run_id": self.run_id, **row, "code": code_version()}
@@ -315,10 +364,11 @@ class JsonlWriter:
         self.close()
 
 
-def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
+def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False, torn: list | None = None):
     """``(meta or None, rows)``, or ``(meta, rows, line numbers)`` with ``line_numbers=True``.
 
-    A torn last line (interrupted write) is skipped. Any other unreadable line, a second
+    A torn last line (interrupted write) is skipped; with a list ``torn``, one ``file:line``
+    line saying so is added to it (a reader that must not drop rows without a word). Any other unreadable line, a second
     meta row, or a row from another run (``run_id`` not the meta's, or missing where the
     meta has one) raises ``ValueError`` naming ``file:line``. A ``.gz`` file is decompressed;
     a missing ``rows.jsonl`` whose ``rows.jsonl.gz`` exists is read from that (:func:`results_path`)."""
@@ -337,7 +387,7 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
         except (OSError, EOFError, zlib.error):
             raise ValueError(f"{path}: not a complete gzip file (corrupt results file)") from None
     lines = data.split(b"\n")
-    torn = not data.endswith(b"\n")
+    cut = not data.endswith(b"\n")
     meta, rows, nums = None, [], []
     for i, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -345,8 +395,11 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            if torn and i == len(lines):
-                break  # torn final line from an interrupted run
+            if cut and i == len(lines):  # torn final line from an interrupted run
+                if torn is not None:
+                    torn.append(f"{path}:{i}: a torn last line ({len(raw)} bytes, no newline: an interrupted or "
+                                "failed write), not read")
+                break
             raise ValueError(f"{path}:{i}: not valid JSON (corrupt results file)") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{i}: not a JSON object (corrupt results file)")
@@ -361,7 +414,7 @@ def read_jsonl(path: str | os.PathLike, *, line_numbers: bool = False):
             got = obj.get("run_id")
             raise ValueError(f"{path}:{i}: row from another run (run id {got!r}, the file's meta says {rid!r})"
                              if got is not None else f"{path}:{i}: row without the run id {rid!r} of this file")
-        rows.append(decode_row_spelling(obj))
+        rows.append(decode_row_spelling(obj, meta))
         nums.append(i)
     return (meta, rows, nums) if line_numbers else (meta, rows)
 
@@ -388,11 +441,16 @@ def target_alone_row(row: dict) -> bool:
     return row.get("method_kind", "target") == "target" and row.get("rule") is None and row.get("verifier") is None
 
 
-def decode_row_spelling(row: dict) -> dict:
+def decode_row_spelling(row: dict, meta: dict | None = None) -> dict:
     """A decode row (one with ``block_efficiency``) in the one spelling of ``Settings.describe``:
     rows written before it carry ``K`` for ``k``, ``verifier`` 'autoregressive' (the target alone)
-    or '-' (a sequence-level rule) for None, ``law`` '-' for None, and an automatically chosen
-    tree's facts in ``tree`` (now ``auto``, with ``tree`` its paths). Other rows pass unchanged."""
+    or '-' (a sequence-level rule) for None, ``law`` '-' for None, ``draft_calls`` -1 (not counted,
+    a peer's) for None, and an automatically chosen tree's facts in ``tree`` (now ``auto``, with
+    ``tree`` its paths). Rows written before the one
+    description have no ``verifier``, ``rule``, ``law``, ``k``, ``depth`` or ``temperature`` at
+    all: what their method label, ``method_kind`` and the file's ``meta`` config determine is
+    filled in (:func:`_legacy_decode_fields`), nothing present is changed, and what cannot be
+    derived stays missing (the schema then refuses the row). Other rows pass unchanged."""
     if "block_efficiency" not in row:
         return row
     if "K" in row and "k" not in row:
@@ -401,10 +459,89 @@ def decode_row_spelling(row: dict) -> dict:
         row["verifier"] = None
     if row.get("law") == "-":
         row["law"] = None
+    if row.get("draft_calls") == -1:  # a peer that does not count them (llama-speculative), before None
+        row["draft_calls"] = None
     if isinstance(row.get("tree"), dict) and "auto" not in row:
         row["auto"] = row["tree"]
         row["tree"] = row["auto"].get("paths")
+    if "method" in row and not {"verifier", "rule", "law", "k", "depth", "temperature"} <= set(row):
+        for f, v in _legacy_decode_fields(row, meta).items():
+            row.setdefault(f, v)
     return row
+
+
+# A verifier's law when none is named (``Verifier.implied_law``), spelled here so that reading rows
+# needs no torch; every other verifier's is 'iid' (a test keeps this equal to the verifiers').
+IMPLIED_LAWS = {"rrs_wor": "wor", "greedy_optimal": "greedy", "spechub": "greedy"}
+_PEER_KINDS = ("hf", "llama-target", "llama-spec")  # benchmarks/decode_speed.py's peers (no verifier, no law)
+_TREE_LABELS = (  # the labels of decode_runs.parse_method, as rows before Settings.describe carry them
+    (re.compile(r"SD depth (?P<depth>\d+)"), {"name": "naive", "k": 1}),
+    (re.compile(r"(?P<name>\w+) (?P<seq>seq )?K=(?P<k>\d+) depth (?P<depth>\d+)"), {}),
+    (re.compile(r"(?P<name>\w+) dynamic K<=(?P<k>\d+) (?P<max_nodes>\d+) nodes depth<=(?P<depth>\d+)"
+                r"(?: gain>=(?P<min_gain>[0-9.]+))?"), {"tree": "dynamic"}),
+    (re.compile(r"(?P<name>\w+) auto K<=(?P<k>\d+)"), {}),
+)
+
+
+def _tree_size(paths) -> tuple[int, int] | None:
+    """``(k, depth)`` of an explicit tree given by its root-to-node ``paths``: the most children of
+    one node and the longest path (``Settings.describe`` of the chosen tree); None if not paths."""
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, list) and p for p in paths):
+        return None
+    children: dict[tuple, int] = {}
+    for p in paths:
+        children[tuple(p[:-1])] = children.get(tuple(p[:-1]), 0) + 1
+    return max(children.values()), max(len(p) for p in paths)
+
+
+def _legacy_decode_fields(row: dict, meta: dict | None) -> dict:
+    """What a decode row written before ``Settings.describe`` implies of its description:
+    ``temperature`` from the file's meta config; for the target alone and the peers of
+    ``benchmarks/decode_speed.py`` no verifier, rule or law and their own ``k``, ``depth``
+    (``llama-speculative D=d [NP=n]``: k = n, depth = d); for a tree method the verifier (the
+    walk ``token_walk``), ``k`` and ``depth`` of its label (an automatically chosen tree's from
+    its paths) and the verifier's implied law (:data:`IMPLIED_LAWS`). A label of no known form
+    gives only the temperature."""
+    out: dict = {}
+    cfg = (meta or {}).get("config")
+    t = cfg.get("temperature") if isinstance(cfg, dict) else None
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        out["temperature"] = t
+    kind, label = row.get("method_kind"), row.get("method")
+    if not isinstance(label, str):
+        return out
+    if kind == "target" or kind in _PEER_KINDS:
+        out.update(rule=None, verifier=None, law=None, k=0, depth=0)
+        m = re.fullmatch(r"llama-speculative D=(\d+)(?: NP=(\d+))?", label) if kind == "llama-spec" else None
+        if kind == "llama-spec" and m is None:
+            return {"temperature": out["temperature"]} if "temperature" in out else {}
+        if m is not None:
+            out.update(k=int(m.group(2) or 1), depth=int(m.group(1)))
+        return out
+    if kind not in ("tree", "auto"):
+        return out
+    for pattern, fixed in _TREE_LABELS:
+        m = pattern.fullmatch(label)
+        if m is None:
+            continue
+        got = {**{f: v for f, v in m.groupdict().items() if v is not None}, **fixed}
+        name = got.pop("name")
+        if name not in VERIFIER_NAMES:  # labels before the one description name verifiers only
+            return out
+        fields = {"rule": "token_walk", "verifier": name, "law": IMPLIED_LAWS.get(name, "iid"), "k": int(got["k"])}
+        if "depth" in got:
+            fields["depth"] = int(got["depth"])
+        if got.pop("seq", None):
+            fields["tree"] = "sequences"
+        if "max_nodes" in got:
+            fields.update(tree=got["tree"], max_nodes=int(got["max_nodes"]), min_gain=float(got.get("min_gain", 0.0)))
+        if kind == "auto":
+            size = _tree_size(row.get("tree"))
+            if size is None:
+                return out  # the chosen tree is not in the row: its k and depth are unknown
+            fields["k"], fields["depth"] = size
+        return {**out, **fields}
+    return out
 
 
 def done_keys(path: str | os.PathLike, key_fields: Iterable[str]) -> set[tuple]:
@@ -506,6 +643,10 @@ class Schema:
 
 
 LAW_NAMES = ("iid", "wor", "greedy", "independent")  # drafts.LAW_KINDS, spelled here so reading rows needs no torch (a test keeps them equal)
+# verifiers.names() and decoding.settings.decoder_rules(), spelled here for the same reason (a test keeps them equal)
+VERIFIER_NAMES = ("naive", "nss", "specinfer", "rrs_wor", "spectr", "greedy_optimal", "spechub", "khisti_is",
+                  "lp_optimal", "optimal")
+TREE_RULE_NAMES = ("token_walk", "block", "traversal", "gbv", "spectr_gbv", "univer")
 
 
 def _verifier_row(row: dict) -> bool:
@@ -545,8 +686,8 @@ SCHEMAS: dict[str, Schema] = {
     "temperature": Schema(_CELL, ("dataset", "t_target", "t_draft", "top_k", "top_p", "law", "K", "verifier")),
     # decode runs (:func:`.decode_runs.run_row`); the blocks table reads the required ones
     "blocks": Schema((
-        Field("verifier", "text", null=True, required=True), Field("law", "text", null=True, required=True),
-        Field("k", "integer", lo=0, required=True), Field("depth", "integer", lo=0, required=True),
+        Field("verifier", "text", null=True, required=True, choices=VERIFIER_NAMES),
+        Field("law", "text", null=True, required=True, choices=LAW_NAMES), Field("k", "integer", lo=0, required=True), Field("depth", "integer", lo=0, required=True),
         Field("temperature", lo=0, required=True), Field("prompt", "text", required=True),
         Field("block_efficiency", lo=0, required=True), Field("tokens_per_s", lo=0, null=True, required=True),
         Field("acceptance_rate", lo=0, hi=1, tol=1e-9, null=True), Field("draft_temperature", lo=0, null=True),
@@ -555,7 +696,7 @@ SCHEMAS: dict[str, Schema] = {
         Field("draft_calls", "integer", lo=0, null=True), Field("tree_tokens", "integer", lo=0, null=True),
         Field("prompt_tokens", "integer", lo=0), Field("round", "integer", lo=0), Field("seed", "integer"),
         Field("seconds", lo=0, null=True), Field("prefill_seconds", lo=0, null=True),
-        Field("tokens", "integers", lo=0, null=True), Field("method", "text"), Field("rule", "text", null=True),
+        Field("tokens", "integers", lo=0, null=True), Field("method", "text"), Field("rule", "text", null=True, choices=TREE_RULE_NAMES),
     ), ("verifier", "rule", "law", "k", "depth", "temperature", "prompt", "round", "method", "tree", "draft_temperature",
         "top_k", "top_p")),
     # ``experiment paper``'s stage timings (stages.jsonl)
@@ -618,6 +759,36 @@ def valid_rows(path, rows: Sequence[dict], lines: Sequence[int], kind: str,
         else:
             skipped.append(f"{path}:{line}: {msg}; row skipped")
     return good, skipped
+
+
+DECODE_ROW_KINDS = ("run", "summary", "end")  # the rows of decode_runs' files (demo, decode_speed, blocks)
+
+
+def read_decode_rows(path: str | os.PathLike) -> tuple[dict | None, list[dict], list[int]]:
+    """``(meta, run rows, their line numbers)`` of a decode runner's results file (``multidraft demo``,
+    ``benchmarks/decode_speed.py``): every row read in the one spelling (:func:`decode_row_spelling`,
+    legacy rows completed from their label and the meta config) and every run row checked against
+    ``SCHEMAS["blocks"]``. ``ValueError`` naming ``file:line`` for the first row of another kind than
+    :data:`DECODE_ROW_KINDS`, the first run row that breaks the schema or repeats an earlier run, and
+    for a file without run rows."""
+    meta, rows, lines = read_jsonl(path, line_numbers=True)
+    path = results_path(path)
+    runs, run_lines = [], []
+    for row, line in zip(rows, lines):
+        kind = row.get("kind", "run" if "block_efficiency" in row else None)
+        if kind not in DECODE_ROW_KINDS:
+            what = f"a row of kind {_fmt(kind)}" if "kind" in row else "a row without a kind or block_efficiency"
+            raise ValueError(f"{path}:{line}: {what}, not a decode row ({', '.join(DECODE_ROW_KINDS)}): "
+                             "not a demo or decode-speed results file")
+        if kind == "run":
+            runs.append(row)
+            run_lines.append(line)
+    _, bad = valid_rows(path, runs, run_lines, "blocks")
+    if bad:
+        raise ValueError(bad[0].removesuffix("; row skipped") + (f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""))
+    if not runs:
+        raise ValueError(f"{path}: no run rows (kind 'run'): nothing to summarize")
+    return meta, runs, run_lines
 
 
 # --- one process per run directory ---------------------------------------------------------

@@ -22,7 +22,7 @@ from ..drafts import SHARED_Q_KINDS
 from . import plots
 from .findings import claims_table, mean_ci
 from .findings import paired as paired_difference  # noqa: F401 (public name of this module)
-from .records import SCHEMAS, ensure_dir, io_error, meta_problem, read_jsonl, results_path, target_alone_row, valid_rows
+from .records import SCHEMAS, ensure_dir, meta_problem, read_jsonl, results_path, target_alone_row, valid_rows, write_file
 
 __all__ = ["FILES", "KINDS", "build", "load_run", "check_rows", "values_note", "summary", "paired_difference",
            "tail_note"]
@@ -66,12 +66,14 @@ def _meta(path, meta, skipped: list | None) -> dict | None:
     return None
 
 
-def load_run(run_dir: str | Path, skipped: list | None = None) -> dict[str, tuple[dict | None, list[dict]]]:
+def load_run(run_dir: str | Path, skipped: list | None = None,
+             line_of: dict | None = None) -> dict[str, tuple[dict | None, list[dict]]]:
     """``{file name: (meta, rows)}`` for the results files of a run, each row checked against
-    the schema (:func:`check_rows`). With a list ``skipped``, damaged rows are left out and
-    one line per row (``file:line``, the field, what was expected) is added to it; without one,
-    the first damaged row is a ``ValueError`` naming ``file:line``. A file that is not JSONL
-    (an unreadable line) is always a ``ValueError``."""
+    the schema (:func:`check_rows`). With a list ``skipped``, damaged rows (and rows of another
+    ``type`` than ``row``) are left out and one line per row (``file:line``, the field, what was
+    expected) is added to it; without one, the first damaged row is a ``ValueError`` naming
+    ``file:line``. A file that is not JSONL (an unreadable line) is always a ``ValueError``.
+    ``line_of``: filled with ``{file name: {id(row): line}}`` for the rows returned."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise FileNotFoundError(2, "run directory does not exist", str(run_dir))
@@ -80,11 +82,24 @@ def load_run(run_dir: str | Path, skipped: list | None = None) -> dict[str, tupl
     out = {}
     for f in FILES:
         if results_path(run_dir / f).exists():  # or its .gz sibling
-            meta, rows, lines = read_jsonl(run_dir / f, line_numbers=True)
+            torn: list = []
+            meta, rows, lines = read_jsonl(run_dir / f, line_numbers=True, torn=torn)
+            if torn and skipped is None:
+                raise ValueError(torn[0])
+            if torn:
+                skipped += torn
+            other = [f"{results_path(run_dir / f)}:{n}: a row of type {_fmt_value(r.get('type'))}, not a measurement "
+                     "row (type 'row'); row skipped" for r, n in zip(rows, lines) if r.get("type", "row") != "row"]
+            if other and skipped is None:
+                raise ValueError(other[0])
+            if other:
+                skipped += other
             keep = [i for i, r in enumerate(rows) if r.get("type", "row") == "row"]
             rows, lines = [rows[i] for i in keep], [lines[i] for i in keep]
             meta = _meta(run_dir / f, meta, skipped)
             rows = check_rows(run_dir / f, rows, lines, f.split(".")[0], skipped)
+            if line_of is not None:
+                line_of[f] = {id(r): n for r, n in zip(rows, lines)}
             if rows:
                 out[f] = (meta, rows)
     if not out and skipped:
@@ -318,7 +333,48 @@ def _findings(label, by, laws, ks, names, sd) -> list[str]:
     return out + [""]
 
 
-def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> None:
+def _fmt_value(v) -> str:
+    return "null" if v is None else repr(v)
+
+
+def _line_ranges(nums) -> str:
+    """``3-10, 15``: sorted line numbers as ranges (the first eight, then the count)."""
+    nums, out = sorted(nums), []
+    for n in nums:
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in out]
+    return ", ".join(text[:8]) + (f", ... ({len(nums)} lines in all)" if len(text) > 8 else "")
+
+
+def _left_out_temperature(rows, shown: set) -> dict[str, list[dict]]:
+    """``{why: rows}`` for the valid rows of a temperature file that no sweep table shows
+    (:func:`_temperature_section` shows, per data set, top-k/top-p and law, the largest K on the
+    two sweep lines through the fixed temperatures)."""
+    why: dict[str, list[dict]] = defaultdict(list)
+    for (_ds, _tk, _tp, _law), g in _group(rows, ("dataset", "top_k", "top_p", "law")).items():
+        k = max(r["K"] for r in g)
+        pairs = {(r["t_target"], r["t_draft"]) for r in g if r["K"] == k}
+        for r in g:
+            if id(r) in shown:
+                continue
+            if r["K"] != k:
+                why[f"K = {r['K']}: the sweep tables show the largest K of each law, {k}"].append(r)
+            elif len(pairs) == 1:
+                (tt, td), = pairs
+                why[f"one temperature pair only (target T = {tt:g}, draft T = {td:g}): acceptance rows, not a sweep "
+                    "(`multidraft experiment acceptance` writes them to acceptance.jsonl)"].append(r)
+            else:
+                why["off both sweep lines (neither its target nor its draft temperature is the fixed one of a sweep, "
+                    "or the sweep has under two points with an alpha* row)"].append(r)
+    return why
+
+
+def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]) -> set:
+    """The sweep tables of a temperature file; returns the ids of the rows they show."""
+    shown: set = set()
     for (ds, tk, tp), grp in _group(rows, ("dataset", "top_k", "top_p")).items():
         for law, lg in _group(grp, ("law",)).items():
             law = law[0]
@@ -350,8 +406,9 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                         lines.append(f"| {v:g} | " + " | ".join(cell(get(v, n), n) for n in cols) + " |")
 
                 table(names, lambda r, n: "" if r is None else (_alpha_cell(r) if n == ALPHA else _pm(r)))
-                shown = [get(v, n) for v in pts for n in names if get(v, n)]
-                lines.append("\n" + tail_note(shown) + "\n")
+                shown_here = [get(v, n) for v in pts for n in names if get(v, n)]
+                shown.update(id(r) for r in shown_here)
+                lines.append("\n" + tail_note(shown_here) + "\n")
                 gapped = [n for n in names[1:] if any(get(v, n) and get(v, n).get("gap_se") is not None for v in pts)]
                 if gapped:
                     lines.append("Gap to alpha* in points (100 x (alpha* - acceptance)), paired over the same positions, "
@@ -359,7 +416,7 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                     table(gapped, lambda r, n: "" if r is None or r.get("gap_se") is None
                           else f"{100 * r['gap']:.2f} ± {100 * r['gap_se']:.2f}")
                     lines.append("")
-                if any(r["verifier"] != ALPHA and "se_mc" not in r for r in shown):
+                if any(r["verifier"] != ALPHA and "se_mc" not in r for r in shown_here):
                     lines.append("† row of an older run: its error is the Monte-Carlo error only.\n")
                 if make_plots:
                     series = {}
@@ -370,6 +427,7 @@ def _temperature_section(rows, out_dir: Path, make_plots: bool, lines: list[str]
                                     title=f"{ds}: acceptance vs {sweep} temperature ({fixed_name} T={fv:g}, {law}, K={k})",
                                     xlabel=f"{sweep} temperature", ylabel="acceptance", emphasize=[ALPHA])
                     lines.append(f"![{sweep} temperature sweep](plots/{p.name})\n")
+    return shown
 
 
 def _blocks_section(rows, out_dir: Path, make_plots: bool, lines: list[str], reference: tuple[str, list[dict]] | None = None) -> None:
@@ -449,7 +507,9 @@ def summary(rows: list[dict], kind: str, *, out_dir: str | Path | None = None, m
         findings = _acceptance_section(rows, out, make_plots, lines)
         return "\n".join(["## Findings", ""] + findings + lines)
     if kind == "temperature":
-        _temperature_section(rows, out, make_plots, lines)
+        shown = _temperature_section(rows, out, make_plots, lines)
+        for why, left in _left_out_temperature(rows, shown).items():
+            lines.append(f"({len(left)} row(s) in no table: {why})")
     else:
         _blocks_section(rows, out, make_plots, lines)
     return "\n".join(lines)
@@ -525,9 +585,13 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
     Every row is checked against the schema the runners write (``records.SCHEMAS``): with a
     list ``skipped``, damaged and duplicated rows are left out, one ``file:line: ...; row
     skipped`` line each is added to it and listed in the report, and the good rows are
-    rendered; without one, the first is a ``ValueError``. ``notes`` gets lines about rows that
-    are valid but incomplete (no per-position ``values``)."""
-    run = load_run(run_dir, skipped)
+    rendered; without one, the first is a ``ValueError``. Rows of ``temperature.jsonl`` on no sweep
+    table are named in one line per reason (which lines, why) in the report and in ``notes``; a
+    temperature file with no sweep at all (e.g. acceptance rows, one temperature pair) is refused
+    the same way as damaged rows. ``notes`` also gets lines about rows that are valid but
+    incomplete (no per-position ``values``)."""
+    line_of: dict = {}
+    run = load_run(run_dir, skipped, line_of)
     reference = None
     if blocks_baseline is not None:
         bpath = results_path(blocks_baseline)
@@ -580,7 +644,25 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
         lines += _cost_section(run["acceptance.jsonl"][1])
     if "temperature.jsonl" in run:
         lines.append("## Temperature sweeps\n")
-        _temperature_section(run["temperature.jsonl"][1], out, make_plots, lines)
+        trows = run["temperature.jsonl"][1]
+        shown = _temperature_section(trows, out, make_plots, lines)
+        tpath, where = results_path(Path(run_dir) / "temperature.jsonl"), line_of.get("temperature.jsonl", {})
+        if not shown:  # not a sweep at all: refused (named with the damaged rows; exit status 2)
+            pairs = sorted({(r["t_target"], r["t_draft"]) for r in trows})
+            why = ("one temperature pair only (target T = {:g}, draft T = {:g}): acceptance rows, not a sweep "
+                   "(`multidraft experiment acceptance` writes them to acceptance.jsonl)".format(*pairs[0])
+                   if len(pairs) == 1 else "no sweep line has two temperatures with an alpha* row")
+            msg = (f"{tpath}: none of its {len(trows)} rows is on a temperature sweep: {why} "
+                   f"(lines {_line_ranges(where[id(r)] for r in trows)}); rows skipped")
+            if skipped is None:
+                raise ValueError(msg)
+            skipped.append(msg)
+            lines.append(f"_No temperature sweep in `{tpath.name}`: its rows are listed under Rows left out._\n")
+        for why, left in _left_out_temperature(trows, shown).items() if shown else ():
+            msg = f"{tpath}: {len(left)} of {len(trows)} rows in no table: {why} (lines {_line_ranges(where[id(r)] for r in left)})"
+            lines.append(f"_{msg}._\n")
+            if notes is not None:
+                notes.append(msg)
     if "blocks.jsonl" in run:
         lines.append("## End-to-end block efficiency\n")
         _blocks_section(run["blocks.jsonl"][1], out, make_plots, lines, reference)
@@ -591,9 +673,4 @@ def build(run_dir: str | Path, out_dir: str | Path | None = None, *, make_plots:
         lines += [f"- `{m}`" for m in skipped] + [""]
     if no_mpl:
         lines.append(f"_(plots skipped: matplotlib is not installed; `{_optional.hint('matplotlib')}`)_\n")
-    path = out / "report.md"
-    try:
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise io_error(exc, path, "write the report") from None
-    return path
+    return write_file(out / "report.md", "\n".join(lines) + "\n", "write the report")  # all or nothing

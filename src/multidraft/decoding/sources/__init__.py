@@ -62,7 +62,10 @@ class PromptLookup:
     """Prompt lookup (:mod:`.lookup`): the longest n-gram suffix of the committed tokens
     (``n`` from ``max_ngram`` down to ``min_ngram``) that occurred earlier in the context; its
     most recent earlier occurrence's continuation, up to ``depth`` tokens, is the one chain.
-    Defaults as transformers' and vLLM's prompt lookup (n-grams up to 4; depth 8)."""
+    Defaults: n-grams of 1 to 4 tokens (vLLM's ``prompt_lookup_max`` in its examples;
+    transformers' ``max_matching_ngram_size`` is 2) and depth 8. On the simulated code-editing
+    set of :class:`SuffixSource`'s note, depth 16 copied 9.2 tokens a step against 6.4 at 8
+    (14.3 drafted tokens a step against 7.5)."""
 
     max_ngram: int = 4
     min_ngram: int = 1
@@ -91,14 +94,18 @@ class SuffixSource:
     of ``min(ceil(alpha * m), depth)`` nodes, at most ``width`` children a node, each with at
     least ``min_count`` occurrences and path probability ``>= min_prob``.
 
-    Defaults (no setting to tune before it helps): ``alpha = 1`` and ``min_prob = 0.1`` are
-    Arctic Inference's ``max_spec_factor`` and ``min_token_prob``; ``depth = 16``, ``width = 2``
-    keep the tree a long chain with a fork where the counts disagree; ``max_match = 64``."""
+    Defaults (no setting to tune before it helps): ``min_prob = 0.1`` is Arctic Inference's
+    ``min_token_prob``; ``alpha = 2`` (Arctic Inference's ``max_spec_factor`` is 1): on a
+    simulated code-editing set (20 functions of this package, a variable renamed, Qwen2.5
+    tokens, every correct draft token accepted) 2 copied 8.3 tokens a step against 7.3 at 1
+    (3.0 and 4.0: 8.9), for 1.0 drafted token a step instead of 0.5 on text with nothing to
+    copy; ``depth = 16``, ``width = 2`` keep the tree a long chain with a fork where the counts
+    disagree; ``max_match = 64``."""
 
     depth: int = 16
     width: int = 2
     min_count: int = 1
-    alpha: float = 1.0
+    alpha: float = 2.0
     min_prob: float = 0.1
     max_match: int = 64
     name = "suffix"

@@ -13,10 +13,10 @@ counts. The rules, precisely:
 - **Counts.** For a string ``u``, ``C(u)`` is its number of occurrences in the indexed text
   (the request's tokens, or the earlier outputs, each its own document: no occurrence crosses
   two). A state's strings share their end positions, so ``C(u) = |endpos(state(u))|``;
-  appending a token adds one end position to every state on the suffix-link path of the new
-  state, which is how the counts are kept (that path is as long as the number of distinct
-  end-position classes among the text's suffixes: short on natural text, long only on a run
-  of one repeated token).
+  appending a token adds one end position to the states on the suffix-link path of the new
+  text's suffixes, which is how the counts are kept, for the strings of at most
+  ``max_match + depth`` tokens only (the only ones a proposal reads): at most that many
+  states a token, whatever the text.
 - **Match.** ``w`` is the longest suffix of the context, at most ``max_match`` tokens, that
   occurs in the index with a follower: in the request's own index, an occurrence other than
   the one ending the context (the suffix link of the last state); in the shared index, the
@@ -24,12 +24,14 @@ counts. The rules, precisely:
   ``max_match`` tokens when the index changed). A match whose occurrences have no proposable
   follower (an output's end) falls back along suffix links to a shorter one. ``m = |w|``.
 - **Tree.** Child ``c`` of a node ``u`` (``u`` extends ``w``) has count ``C(u c)`` and
-  probability ``P(c | u) = C(u c) / sum_c' C(u c')``; a node's score is the product of the
-  probabilities on its path from ``w``. Best-first (SuffixDecoding's greedy expansion), the
-  highest-scoring candidate is added until the tree has ``min(ceil(alpha * m), depth)`` nodes;
-  a node is a candidate only if it is among its parent's ``width`` most frequent children
-  (ties: the smaller token), ``C(u c) >= min_count`` and its score ``>= min_prob`` (Arctic
-  Inference's ``min_token_prob``). The chains proposed are the tree's root-to-leaf paths.
+  probability ``P(c | u) = C(u c) / sum_c' C(u c')``, the sum over every follower of ``u``,
+  an output's end included (the occurrence ending the request's text has none); a node's
+  score is the product of the probabilities on its path from ``w``. Best-first
+  (SuffixDecoding's greedy expansion), the highest-scoring candidate is added (ties: the
+  smaller path) until the tree has ``min(ceil(alpha * m), depth)`` nodes; a node is a
+  candidate only if it is among its parent's ``width`` most frequent children (ties: the
+  smaller token), ``C(u c) >= min_count`` and its score ``>= min_prob`` (Arctic Inference's
+  ``min_token_prob``). The chains proposed are the tree's root-to-leaf paths.
 - **Which index.** Both indexes' trees are built; the one with the larger total score (the
   expected number of accepted tokens under the counts' law) is proposed (ties: the request's),
   as SuffixDecoding does.
@@ -53,19 +55,29 @@ class _Automaton:
     """A suffix automaton over a token sequence with occurrence counts (state 0 is the root).
 
     ``nxt[s]`` the transitions, ``link[s]`` the suffix link, ``length[s]`` the longest string's
-    length, ``cnt[s] = |endpos(s)|``. Negative tokens are separators (never proposed)."""
+    length, ``cnt[s] = |endpos(s)|`` for every state with a string of at most ``span`` tokens
+    (the only ones a query reaches: a match of at most ``max_match`` tokens and ``depth``
+    transitions below it). Appending a token adds its end position to the states on the
+    suffix-link path of the new text's suffix of length ``min(n, span)``, kept by matching
+    statistics (``(sb, mb)``): at most ``span + 1`` states a token, whatever the text (a run of
+    one repeated token included). States with only longer strings are never counted and never
+    read: a state's shortest length only grows (a split keeps the longer strings; a clone copies
+    a count kept exactly). Negative tokens are separators (never proposed)."""
 
-    __slots__ = ("nxt", "link", "length", "cnt", "last", "n")
+    __slots__ = ("nxt", "link", "length", "cnt", "last", "n", "span", "sb", "mb")
 
-    def __init__(self):
+    def __init__(self, span: int):
         self.nxt: list[dict] = [{}]
         self.link = [-1]
         self.length = [0]
         self.cnt = [0]
         self.last = 0
         self.n = 0
+        self.span = span
+        self.sb, self.mb = 0, 0  # the state and length of the text's suffix of min(n, span) tokens
 
     def add(self, t: int) -> None:
+        """Blumer et al.'s online construction, then the counts (see the class docstring)."""
         nxt, link, length, cnt = self.nxt, self.link, self.length, self.cnt
         cur = len(nxt)
         nxt.append({})
@@ -92,7 +104,15 @@ class _Automaton:
                 link[q] = link[cur] = clone
         self.last = cur
         self.n += 1
-        s = cur
+        s, m = self.sb, self.mb
+        # the old suffix followed by t occurs: the transition exists (if the add split the old
+        # suffix's state, the clone took its transitions: either lands on the same state)
+        s, m = nxt[s][t], m + 1
+        if m > self.span:
+            m = self.span
+            while length[link[s]] >= m:
+                s = link[s]
+        self.sb, self.mb = s, m
         while s > 0:
             cnt[s] += 1
             s = link[s]
@@ -114,10 +134,13 @@ class _Automaton:
                 state = link[state]
         return state, m
 
-    def tree(self, state: int, m: int, cap: int, alpha: float, width: int, min_count: int, min_prob: float):
+    def tree(self, state: int, m: int, cap: int, alpha: float, width: int, min_count: int, min_prob: float,
+             text=None):
         """The best-first continuation trie of the match (state, m): ``(m, nodes, score)``, ``m``
-        the match length used, nodes a list of ``(path, count)`` in the order added, at most
-        ``min(cap, ceil(alpha * m))`` of them; see the module docstring."""
+        the match length used, nodes a list of ``(path, count, score)`` in the order added, at most
+        ``min(cap, ceil(alpha * m))`` of them; see the module docstring. ``text``: the indexed
+        tokens when the match ends them (a request's own index: the occurrence ending the text
+        has no follower); None for the shared index (every occurrence has one)."""
         nxt, cnt, link, length = self.nxt, self.cnt, self.link, self.length
         # fall back along suffix links while the match has no proposable follower
         while state > 0 and not any(c >= 0 for c in nxt[state]):
@@ -127,75 +150,96 @@ class _Automaton:
             return 0, [], 0.0
         budget = min(cap, math.ceil(alpha * m))
         heap: list = []
+        L = len(text) if text is not None else 0
 
         def push(s, path, prob):
             kids = nxt[s]
-            total = sum(cnt[v] for v in kids.values())
-            best = sorted(((cnt[v], c, v) for c, v in kids.items() if c >= 0), key=lambda e: (-e[0], e[1]))
-            for k, c, v in best[:width]:
-                pr = prob * k / total
-                if k >= min_count and pr >= min_prob:
-                    heapq.heappush(heap, (-pr, path + (c,), v, k))
+            total = cnt[s]  # occurrences of the node's string, less the one ending the text
+            if text is not None:
+                d = len(path)
+                if d == 0 or (text[L - d:] == list(path) and text[L - d - m:L - d] == text[L - m:]):
+                    total -= 1
+            if len(kids) == 1:
+                ((c, v),) = kids.items()
+                best = [(-cnt[v], c, v)] if c >= 0 else []
+            else:  # count descending, then the smaller token
+                best = sorted([(-cnt[v], c, v) for c, v in kids.items() if c >= 0])[:width]
+            for k, c, v in best:
+                pr = prob * -k / total
+                if -k >= min_count and pr >= min_prob:
+                    heapq.heappush(heap, (-pr, path + (c,), v, -k))
 
         push(state, (), 1.0)
         nodes, score = [], 0.0
         while heap and len(nodes) < budget:
             neg, path, v, k = heapq.heappop(heap)
-            nodes.append((path, k))
+            nodes.append((path, k, -neg))
             score -= neg
-            push(v, path, -neg)
+            if len(nodes) < budget:
+                push(v, path, -neg)
         return m, nodes, score
 
 
 def _leaves(nodes) -> list[tuple[int, ...]]:
     """The root-to-leaf paths of a trie given by its node paths (each node's parent present)."""
-    inner = {p[:-1] for p, _ in nodes}
-    return [p for p, _ in nodes if p not in inner]
+    inner = {n[0][:-1] for n in nodes}
+    return [n[0] for n in nodes if n[0] not in inner]
 
 
 class SuffixIndex:
     """The shared suffix index over earlier outputs (one per process; the server holds one).
 
-    ``max_tokens`` the most output tokens kept (default 65536: about 30 MB of Python objects);
-    an ``add`` past the cap evicts the oldest outputs until at most ``3 * max_tokens // 4``
-    remain (one output longer than the cap keeps its last ``max_tokens`` tokens) and rebuilds
-    the automaton. Thread-safe (one lock); ``version`` changes with every change."""
+    ``max_tokens`` the most output tokens kept (default 65536: about 30 MB of Python objects,
+    measured on Zipf-distributed tokens); an ``add`` past the cap evicts the oldest outputs
+    until at most ``3 * max_tokens // 4`` remain (one output longer than the cap keeps its last
+    ``max_tokens`` tokens) and rebuilds the automaton (amortized ``O(1)`` a token), outside the
+    readers' lock. ``max_span`` the longest string whose count is kept (a proposer's
+    ``max_match + depth`` must not exceed it). Thread-safe: ``lock`` guards what proposers read
+    (an in-place add holds it while it appends one output), ``add`` calls run one at a time;
+    ``version`` changes with every change."""
 
-    def __init__(self, max_tokens: int = 65536):
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ValueError(f"SuffixIndex: max_tokens must be a positive int, got {max_tokens!r}")
-        self.max_tokens = max_tokens
-        self.lock = threading.Lock()
+    def __init__(self, max_tokens: int = 65536, max_span: int = 256):
+        for name, v in (("max_tokens", max_tokens), ("max_span", max_span)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"SuffixIndex: {name} must be a positive int, got {v!r}")
+        self.max_tokens, self.max_span = max_tokens, max_span
+        self.lock = threading.Lock()  # the readers' (proposers') lock
+        self._writer = threading.Lock()  # one add at a time
         self.outputs: deque = deque()
         self.tokens = 0
         self.version = 0
         self._sep = 0
-        self.automaton = _Automaton()
+        self.automaton = _Automaton(self.max_span)
 
-    def _append(self, out) -> None:
+    def _append(self, automaton: _Automaton, out) -> None:
         for t in out:
-            self.automaton.add(t)
+            automaton.add(t)
         self._sep += 1
-        self.automaton.add(-self._sep)  # a separator of its own: no match crosses two outputs
+        automaton.add(-self._sep)  # a separator of its own: no match crosses two outputs
 
     def add(self, tokens) -> None:
         """Index one finished output (token ids), evicting the oldest past the cap."""
         out = tuple(int(t) for t in tokens)[-self.max_tokens:]
         if not out:
             return
-        with self.lock:
-            self.outputs.append(out)
-            self.tokens += len(out)
-            self.version += 1
-            if self.tokens <= self.max_tokens:
-                self._append(out)
+        with self._writer:
+            if self.tokens + len(out) <= self.max_tokens:
+                with self.lock:
+                    self._append(self.automaton, out)
+                    self.outputs.append(out)
+                    self.tokens += len(out)
+                    self.version += 1
                 return
-            keep = (3 * self.max_tokens) // 4
-            while self.tokens > keep and len(self.outputs) > 1:
-                self.tokens -= len(self.outputs.popleft())
-            self.automaton = _Automaton()
-            for o in self.outputs:
-                self._append(o)
+            kept, total, keep = deque(self.outputs), self.tokens + len(out), (3 * self.max_tokens) // 4
+            kept.append(out)
+            while total > keep and len(kept) > 1:
+                total -= len(kept.popleft())
+            automaton = _Automaton(self.max_span)
+            for o in kept:
+                self._append(automaton, o)
+            with self.lock:
+                self.automaton, self.outputs, self.tokens = automaton, kept, total
+                self.version += 1
 
     def __len__(self) -> int:
         return self.tokens
@@ -205,13 +249,16 @@ class SuffixProposer:
     """One decode's suffix drafts: its own index over the prompt and the text so far, plus the
     shared ``index`` (None: none) over earlier outputs, to which ``finish`` adds this output."""
 
-    def __init__(self, depth: int = 16, width: int = 2, min_count: int = 1, alpha: float = 1.0,
+    def __init__(self, depth: int = 16, width: int = 2, min_count: int = 1, alpha: float = 2.0,
                  min_prob: float = 0.1, max_match: int = 64, index: SuffixIndex | None = None):
         self.depth, self.width, self.min_count = depth, width, min_count
         self.alpha, self.min_prob, self.max_match = alpha, min_prob, max_match
+        if index is not None and max_match + depth > index.max_span:
+            raise ValueError(f"suffix: max_match + depth = {max_match + depth} exceeds the index's max_span "
+                             f"{index.max_span}")
         self.index = index
         self.tokens: list[int] = []
-        self.local = _Automaton()
+        self.local = _Automaton(max_match + depth)
         self._prompt = None  # the prompt's length, set by the first extend
         self._g = (0, 0, None)  # (state, m, version) of the match in the shared index
         self._done = False
@@ -235,23 +282,25 @@ class SuffixProposer:
                     self._g = (state, m, ver)
 
     def _local_match(self) -> tuple[int, int]:
+        """(state, m) of the longest suffix of at most ``max_match`` tokens occurring earlier in
+        the request's text: the suffix link of the last state when it is short enough, else the
+        suffix of ``max_match`` tokens, found below the automaton's span suffix (``sb``)."""
         a = self.local
         s = a.link[a.last] if a.last > 0 else 0
-        if s <= 0:
-            return 0, 0
-        m = a.length[s]
-        if m > self.max_match:
-            m = self.max_match
-            while a.length[a.link[s]] >= m:
-                s = a.link[s]
-        return s, m
+        if s <= 0 or a.length[s] <= self.max_match:
+            return max(s, 0), a.length[s] if s > 0 else 0
+        s = a.sb  # its string of min(n, span) >= max_match tokens is a suffix of the text
+        while a.length[a.link[s]] >= self.max_match:
+            s = a.link[s]
+        return s, self.max_match
 
     def explain(self, depth: int):
         """``(where, m, nodes)``: the index proposed from (``"request"``, ``"shared"`` or None),
-        the match length and the trie's nodes ``(path, count)`` (count = occurrences of the
-        match followed by the path in that index), in the order added."""
+        the match length ``m`` and the trie's nodes ``(path, count, score)`` in the order added:
+        ``count = C(w path)`` in that index and ``score`` the product of ``P(c | u)`` along the
+        path (the probability, under the counts' law, that the path follows the match)."""
         args = (min(depth, self.depth), self.alpha, self.width, self.min_count, self.min_prob)
-        best = ("request", *self.local.tree(*self._local_match(), *args))
+        best = ("request", *self.local.tree(*self._local_match(), *args, text=self.tokens))
         ix = self.index
         if ix is not None:
             with ix.lock:
