@@ -164,7 +164,8 @@ class DecoderStep:
         if self.draft_runner is not None:
             secs += self.draft_runner.prefill(input_ids[:, :-1])
         self.pending = []
-        self.observe(input_ids[0].tolist(), fresh=True)
+        if self._free:
+            self.observe(input_ids[0].tolist(), fresh=True)
         return secs
 
     def observe(self, tokens: list[int], fresh: bool = False) -> None:
