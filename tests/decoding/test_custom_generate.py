@@ -22,7 +22,8 @@ PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
 
 
 @pytest.mark.parametrize("spec", [dict(verifier="specinfer", k=2, depth=3), dict(rule="traversal", k=2, depth=3),
-                                  dict(rule="block", k=1, depth=3)])
+                                  dict(rule="block", k=1, depth=3),
+                                  dict(verifier="specinfer", k=2, depth=2, sources="model,lookup,suffix")])
 def test_greedy_equals_the_targets_own_greedy_generate_row_by_row(pair, spec):
     t, d = pair
     ids, mask = _batch(PROMPTS, pad=0)

@@ -225,3 +225,17 @@ def test_small_n_batch_is_an_error_or_works_never_an_abort(files):
     finally:
         for m in ms:
             m.close()
+
+
+@pytest.mark.parametrize("kw", [dict(k=2, depth=2)])
+def test_greedy_mixed_sources_equal_llama_cpp_greedy(greedy_ref, models, kw):
+    """Free sources' chains beside the draft model (mixed trees) on llama.cpp: the target's greedy
+    text, from both drafts (one that agrees, one unrelated), and on the batch decoder's lanes."""
+    t, same, other = models
+    for d in (same, other):
+        r = md.generate(t, d, torch.tensor([PROMPT]), verifier="specinfer", temperature=0.0, max_new_tokens=40,
+                        generator=0, sources="model,lookup,suffix", **kw)
+        assert r.tokens.tolist() == greedy_ref
+    got = md.generate_batch(t, other, [torch.tensor([PROMPT])] * 2, verifier="specinfer", temperature=0.0,
+                            max_new_tokens=40, generator=0, sources="model,lookup,suffix", **kw)
+    assert all(g.tokens.tolist() == greedy_ref for g in got)

@@ -264,3 +264,43 @@ def test_trees_written_before_a_rule_are_filled_exactly(pair_tok, prompt_file, t
     text = realtrees.report([out])
     assert "| gbv |" in text and "rebuilt from their seeds" in text
     assert "### " + ds + ", seq2, budget 4: 4 trees" in text
+
+
+def test_mixed_trees_built_are_the_decoders(pair_tok, one_thread):
+    """With free sources the study's ``build_tree`` (the committed text given) is the tree ``generate``
+    drafts at its first step: the model's drafts and the lookup chain, every q row a distribution."""
+    t, d, _ = pair_tok
+    ids = torch.tensor([[1, 5, 7, 2, 1, 5, 7]])
+    st = md.decoding.Settings.from_args(verifier="specinfer", k=2, depth=2, sources="model,lookup")
+    seen = []
+    real = step.score_call
+
+    class Stop(Exception):
+        pass
+
+    def spy(tree):
+        seen.append(tree)
+        raise Stop
+
+    step.score_call = spy
+    try:
+        with pytest.raises(Stop):
+            md.generate(t, d, ids, st, generator=11)
+    finally:
+        step.score_call = real
+    want = seen[0]
+    with torch.inference_mode():
+        rs = (runners.runner_for(t), runners.runner_for(d))
+        for r in rs:
+            r.prefill(ids[:, :-1])
+        got = realtrees.build_tree(rs, st, int(ids[0, -1]), torch.Generator().manual_seed(11), ids[0].tolist())
+    assert got.law == "independent" and any(nd.slot is None for nd in got.nodes[1:])  # free-only nodes
+    assert [(a.token, a.parent, a.drafts) for a in got.nodes] == [(b.token, b.parent, b.drafts) for b in want.nodes]
+    for nd in got.nodes:
+        if nd.drafts:
+            assert nd.q.shape[0] == len(nd.drafts) and torch.allclose(nd.q.sum(-1), torch.ones(len(nd.drafts),
+                                                                                                dtype=torch.float64))
+    assert realtrees.tree_law(st).kind == "independent"
+    rules, _ = realtrees.tree_rules(realtrees.tree_law(st))
+    assert rules and all(name.startswith("walk:") for name, _ in rules)
+    assert all(v > 0 for v in realtrees.evaluate_tree(got, rules).values())

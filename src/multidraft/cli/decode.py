@@ -312,8 +312,9 @@ def check_settings(args):
     if args.engine == "llama.cpp" and settings.shape is not None:
         from ..trees import LLAMA_CPP_TREE_NODES
 
-        if settings.shape.max_nodes() > LLAMA_CPP_TREE_NODES:
-            raise ArgumentError("depth", f": the tree has {settings.shape.max_nodes() - 1} drafted nodes a step; "
+        if settings.max_nodes > LLAMA_CPP_TREE_NODES:
+            raise ArgumentError("depth", f": the tree has {settings.max_nodes - 1} drafted nodes a step "
+                                         "(free sources' chains included); "
                                          f"--engine llama.cpp takes at most {LLAMA_CPP_TREE_NODES - 1} (one batch)")
     check_common(args)  # --seed, --target / --draft
     for msg in warnings:

@@ -270,9 +270,9 @@ class LlamaBatchRunner:
 
     @staticmethod
     def handles(settings: Settings) -> int:
-        """Most uncommitted entries a lane holds in one step on either model: the target's tree,
-        or the draft's pending chain (up to depth + 1 tokens) and the nodes it feeds."""
-        return 1 if settings.shape is None else settings.shape.max_nodes() + settings.shape.depth + 1
+        """Most uncommitted entries a lane holds in one step on either model: the target's tree
+        (free sources' chains included: ``Settings.max_nodes``), or the draft's pending chain (up to depth + 1 tokens) and the nodes it feeds."""
+        return 1 if settings.shape is None else settings.max_nodes + settings.shape.depth + 1
 
     def reserve(self, lane: int, settings: Settings) -> None:
         """Give ``lane`` the sequence ids its settings need (``handles`` + 1; before ``open``)."""
@@ -406,9 +406,13 @@ class BatchDecoder:
 
     The models serve this decoder alone while it has lanes (a llama.cpp model's context is
     cleared when the decoder is made; a single ``generate`` on it clears it again).
+
+    ``index``: the free sources' shared state across lanes (``sources.SuffixIndex``: the suffix
+    source reads the earlier lanes' outputs, each lane's indexed when it finishes; None: each
+    lane's suffix source reads its own text only).
     """
 
-    def __init__(self, target, draft=None, *, max_lanes: int = DEFAULT_MAX_LANES):
+    def __init__(self, target, draft=None, *, max_lanes: int = DEFAULT_MAX_LANES, index=None):
         if isinstance(max_lanes, bool) or not isinstance(max_lanes, int) or max_lanes < 1:
             raise ArgumentError("max_lanes", f"must be a positive integer, got {max_lanes!r}")
         from .runners import is_model
@@ -418,6 +422,7 @@ class BatchDecoder:
         if draft is not None and not is_model(draft):
             raise ArgumentError("draft", "must be None or a loaded transformers causal LM or LlamaCppModel")
         self.target, self.draft, self.max_lanes = target, draft, max_lanes
+        self.index = index
         self.tr = batch_runner(target, max_lanes)
         self.dr = batch_runner(draft, max_lanes) if draft is not None else None
         self.lanes: dict[int, dict] = {}  # lane -> {dec, gen, call, cells}
@@ -475,7 +480,7 @@ class BatchDecoder:
             if views[1] is not None:
                 self.dr.reserve(lane, settings)
             with torch.inference_mode():
-                step = DecoderStep(views[0], views[1], settings, g)
+                step = DecoderStep(views[0], views[1], settings, g, index=self.index)
                 dec = _Decoder(step, decode_context(self.target, views[1] and self.draft), eos=eos, on_step=on_step)
                 gen = dec.decode(input_ids)
                 call = next(gen)  # prefills the lane; a decode always runs at least one forward

@@ -283,8 +283,9 @@ class _Decoder:
                 stop = "context"
                 break
             remaining = s.max_new_tokens - len(out)
-            cap = 0 if s.target_alone else min(s.shape.depth, remaining - 1, room)
-            new, m, dd = yield from st.step(root, cap)
+            limit = min(remaining - 1, room)  # the deepest draft worth scoring (free chains go past the shape's depth)
+            cap = 0 if s.target_alone else min(s.shape.depth, limit)
+            new, m, dd = yield from st.step(root, cap, limit=limit)
             accepted.append(m)
             depths.append(dd)
             hit = next((j for j, tk in enumerate(new) if tk in self.eos), None)
@@ -303,6 +304,7 @@ class _Decoder:
                 stop = "stopped"
                 break
         out = out[: s.max_new_tokens]
+        st.finish()  # the free sources' proposers (a shared suffix index keeps this output)
         secs = time.perf_counter() - t0
         rates = [a / d for a, d in zip(accepted, depths) if d > 0]
         n = len(out)

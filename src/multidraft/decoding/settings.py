@@ -24,7 +24,7 @@ from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
 from ..trees import TreeShape, node_ks
-from .sources import DraftModel, parse_sources
+from .sources import DraftModel, free_source, parse_sources
 
 __all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law",
            "settings_or_kwargs"]
@@ -183,6 +183,44 @@ def _verifier(verifier):
         raise ArgumentError("verifier", f": {exc}, none") from None
 
 
+# Why each sequence-level rule refuses mixed trees (one line each; DESIGN.md "Draft sources"). A
+# mixed tree's node drafts are independent columns of different laws (the model's rows beside
+# one-hot copies); each rule below is proven lossless only where one q row covers every draft of
+# a node, and its refusal(tree_law) says so on trees.mixed(...) laws (tests/trees/test_mixed.py).
+MIXED_REFUSALS = {
+    "block": "block verification reads one chain with one q row a position; a mixed tree has a model draft "
+             "and a copied draft at one node",
+    "traversal": "traversal verification's residual update after a refused child subtracts the node's one q "
+                 "row from every sibling's state: it needs i.i.d. siblings, not a one-hot copy beside model draws",
+    "gbv": "greedy block verification selects among i.i.d. sequences by one q per node; independent columns "
+           "of different laws are not exchangeable",
+    "spectr_gbv": "its SpecTr selection and greedy block stage both read one q row per node (i.i.d. sequences)",
+    "univer": "its slot weights and state updates read one q row per node ('iid' or 'wor' drafts); "
+              "independent columns are refused",
+}
+
+
+def _mixed_rule(rule: str, v, kind: str, ks: set):
+    """The rule of a decode with free sources (DESIGN.md "Draft sources"): the walk of ``v`` under
+    the 'independent' law (every node's drafts written as independent columns, free copies as
+    one-hot rows). ``ArgumentError`` for a sequence-level rule (``MIXED_REFUSALS``), a verifier
+    without the independent law, or the model's 'wor' law with two drafts or more at a node."""
+    if rule != WALK:
+        raise ArgumentError("rule", f": {rule!r} does not verify mixed trees (free sources' copies beside the "
+                                    f"model's drafts): {MIXED_REFUSALS.get(rule, 'it needs one q row per node')}; "
+                                    f"use rule {WALK!r} with verifier 'specinfer' or 'khisti_is', or sources 'model'")
+    ok = node_ks(v, "independent", max(ks, default=1))
+    if "independent" not in v.laws or any(n not in ok for n in ks):
+        takes = [n for n in _verifiers.names() if _verifiers.get(n).supports("independent", 2)]
+        raise ArgumentError("verifier", f": {v.name!r} does not take the independent law that mixed trees (free "
+                                        f"sources beside the model) are verified under; verifiers that do: "
+                                        f"{', '.join(takes)}")
+    if kind == "wor" and max(ks, default=1) >= 2:
+        raise ArgumentError("draft_law", ": 'wor' drafts (without replacement) are not independent columns, which "
+                                         "mixed trees (free sources beside the model) need; use 'iid' or 'greedy'")
+    return _trees.TokenWalk(v, "independent")
+
+
 _SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens")  # fields a change checks alone
 
 
@@ -233,9 +271,38 @@ class Settings:
         return getattr(self.rule, "verifier", None) if self.rule_name == WALK else None
 
     @property
+    def draft_model(self):
+        """The draft model's source (``sources.DraftModel``; None for the target alone)."""
+        return next((src for src in self.sources if src.name == DraftModel.name), None)
+
+    @property
     def draft_temps(self) -> tuple:
         """One draft temperature per draft column (empty for the target alone)."""
-        return self.sources[0].temperatures if self.sources else ()
+        dm = self.draft_model
+        return dm.temperatures if dm is not None else ()
+
+    @property
+    def free_sources(self) -> tuple:
+        """The free sources (``free = True``: prompt lookup, the suffix index), in order."""
+        return tuple(src for src in self.sources if getattr(src, "free", False))
+
+    @property
+    def mixed(self) -> bool:
+        """Whether each step's tree is a mixed tree: the model's tree plus free sources' chains
+        (``trees.DraftTree.add_chains``), verified under the 'independent' law."""
+        return bool(self.free_sources)
+
+    @property
+    def free_nodes(self) -> int:
+        """The most nodes the free sources add to one step's tree (each source at most its
+        ``depth``: lookup one chain, the suffix index a trie of at most ``depth`` nodes)."""
+        return sum(src.depth for src in self.free_sources)
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes of one step's tree, root included (0 for the target alone): the shape's
+        and the free sources'."""
+        return 0 if self.shape is None else self.shape.max_nodes() + self.free_nodes
 
     @property
     def tree_law(self):
@@ -396,7 +463,10 @@ class Settings:
             ks = set(range(1, shape.k + 1))  # the allocator may choose any k <= K
         else:
             ks = {n for n in shape.children.values() if n > 0}
-        if v is None:
+        srcs = tuple(DraftModel(tuple(temps)) if n == DraftModel.name else free_source(n) for n in names)
+        if any(src.free for src in srcs):
+            obj = _mixed_rule(rule, v, kind, ks)
+        elif v is None:
             _check_rule(rule, shape, kind, len(temps))
             obj = _trees.get(rule)
         else:
@@ -405,7 +475,6 @@ class Settings:
                 if n not in allowed:
                     raise _unsupported(v, kind, n)
             obj = _trees.TokenWalk(v, kind)
-        srcs = tuple(DraftModel(tuple(temps)) for _ in names)  # today one source: the draft model
         return cls(obj, kind, shape, K, L, temperature, top_k, top_p, max_new_tokens, srcs)
 
     @staticmethod
@@ -445,7 +514,7 @@ class Settings:
             if "draft_temperature" in changes and self.sources:  # None: the draft follows the temperature, as in from_args
                 t = new.get("temperature", self.temperature) if dt is None else as_temperature(dt, "draft_temperature")
                 new["sources"] = tuple(dataclasses.replace(src, temperatures=(t,) * len(src.temperatures))
-                                       for src in self.sources)
+                                       if src.name == DraftModel.name else src for src in self.sources)
             return dataclasses.replace(self, **new)
         args = self.args_of(self.describe())
         if "verifier" in changes and "rule" not in changes:

@@ -109,7 +109,10 @@ def shape_settings(shape: str, budget: int):
 
 
 def tree_law(settings) -> "trees.TreeLaw":
-    return trees.TreeLaw(settings.shape, settings.law, repr(settings.shape))
+    """The tree law of ``settings``' trees; with free sources a mixed law (the walks under the
+    'independent' law; its chains are the step's own, so none are fixed here)."""
+    base = trees.TreeLaw(settings.shape, settings.law, repr(settings.shape))
+    return trees.mixed(base, []) if getattr(settings, "mixed", False) else base
 
 
 def _walk_verifier(name: str):
@@ -151,22 +154,29 @@ def tree_rules(law) -> tuple[list, dict]:
     return todo, skipped
 
 
-def build_tree(runners, settings, root: int, generator: torch.Generator):
+def build_tree(runners, settings, root: int, generator: torch.Generator, committed: list[int] | None = None):
     """Draft and score one tree with the decoder's step over ``runners`` (the target's and the draft's,
     both holding the committed prefix) exactly as ``generate`` does at a step; the runners are left as
-    they were. Returns the filled ``DraftTree`` (float64 p rows over the vocabulary, q rows renormalised)."""
+    they were. ``committed``: the committed tokens, root last (the free sources' proposers read them;
+    None: no free drafts). Returns the filled ``DraftTree`` (float64 p rows over the vocabulary, q
+    rows renormalised, each row of an 'independent' node's ``[k, V]``)."""
     from ..decoding import DecoderStep
 
     step = DecoderStep(*runners, settings, generator)
+    if committed is not None:
+        step.observe(committed, fresh=True)
     tree = step.serve(step.draft(root, settings.shape.depth))
+    step.finish()
+    if getattr(settings, "mixed", False):
+        tree.as_independent()  # a step without free drafts keeps the model's law; the study's walks read columns
     logits = step.serve(step.score(tree))  # [N, V]
     step.discard()
     p = process_logits(logits.float(), settings.temperature, settings.top_k, settings.top_p, dtype=torch.float64)  # [N, V]
     for i, nd in enumerate(tree.nodes):
         nd.p = p[i]
         if nd.q is not None:
-            q = nd.q.double()
-            nd.q = q / q.sum()
+            q = nd.q.double()  # [V], or [k, V] (independent columns)
+            nd.q = q / q.sum(-1, keepdim=True)
     tree.checked = True  # drafted by the decoder's step, every row a distribution: rules skip their input check
     return tree
 
@@ -407,7 +417,8 @@ class _Run:
                 while cur < r:  # the positions' chunks, stride tokens at a time
                     _advance(runners, full, cur, min(r, cur + self.stride))
                     cur = min(r, cur + self.stride)
-                tree = build_tree(runners, self.settings[(s, b)], full[r], torch.Generator().manual_seed(tseed))
+                tree = build_tree(runners, self.settings[(s, b)], full[r], torch.Generator().manual_seed(tseed),
+                                  full[:r + 1])
             t1 = time.perf_counter()
             if old is None:
                 self.write_tree(pid, j, s, b, r, tree, tseed, t0, t1)

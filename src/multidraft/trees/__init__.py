@@ -35,12 +35,12 @@ True
 from __future__ import annotations
 
 from .certify import TreeCertificate, certify_tree, emitted_law
-from .laws import MAX_TREES, TreeLaw, chain, dynamic, explicit, kary, sequences
+from .laws import MAX_TREES, MixedLaw, TreeLaw, chain, dynamic, explicit, kary, mixed, sequences
 from .rules import TreeRule, TreeVerdict, get, has_fast_expected_tokens, names, register, small_v_only
 from .shapes import (DEFAULT_MAX_NODES, LLAMA_CPP_TREE_NODES, MAX_DYNAMIC_NODES, MAX_TREE_NODES, TreeShape, allocate, coverage, full_tree,
                      parse_tree, tree_nodes)
 from .tables import MAX_SEQUENCE_LAW, MAX_V, STYLES, TableModel
-from .tree import DraftTree, Node
+from .tree import DraftTree, Node, one_hot_rows
 from .walk import TokenWalk, node_ks
 from .block import BlockVerification, block_tokens
 from .traversal import TraversalVerification
@@ -53,7 +53,7 @@ from .ceiling import MAX_LP_VARIABLES, CeilingSolution, RootTradeoff, TreeLP, lp
 __all__ = [
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
     "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
-    "DraftTree", "Node", "TableModel", "STYLES", "MAX_V", "MAX_SEQUENCE_LAW", "TreeLaw", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
+    "DraftTree", "Node", "one_hot_rows", "TableModel", "STYLES", "MAX_V", "MAX_SEQUENCE_LAW", "TreeLaw", "MixedLaw", "mixed", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",
     "TreeRule", "TreeVerdict", "register", "get", "names", "small_v_only", "has_fast_expected_tokens", "TokenWalk", "node_ks",
     "TreeCertificate", "certify_tree", "emitted_law",
     "BlockVerification", "block_tokens", "TraversalVerification",

@@ -106,7 +106,8 @@ def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False, 
         else:
             q = nd.q if trusted else _row(nd.q, f"q row at node {i}", V)
         k = tree.n_children(i)
-        if len(nd.drafts) != k and not (tree.law in ("wor", "greedy") and len(nd.drafts) < k):
+        short_ok = getattr(tree, "model_law", tree.law) in ("wor", "greedy")  # the model's law, in a mixed tree too
+        if len(nd.drafts) != k and not (short_ok and len(nd.drafts) < k):
             raise ValueError(f"tree: node {i} has {len(nd.drafts)} drafts, its shape gives it {k}")
         for j, t in enumerate(nd.drafts):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:

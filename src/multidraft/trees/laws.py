@@ -45,7 +45,7 @@ from .shapes import TreeShape, allocate
 from .tables import as_sequence_model
 from .tree import DraftTree
 
-__all__ = ["MAX_TREES", "TreeLaw", "as_tree_law", "chain", "dynamic", "explicit", "kary", "sequences"]
+__all__ = ["MAX_TREES", "MixedLaw", "TreeLaw", "as_tree_law", "chain", "dynamic", "explicit", "kary", "mixed", "sequences"]
 
 MAX_TREES = 200_000  # enumerate() refuses to list more trees
 
@@ -231,6 +231,63 @@ class TreeLaw:
         else:
             rec(root, 0, 1.0)
         return out
+
+
+class MixedLaw(TreeLaw):
+    """A mixed tree law (DESIGN.md "Draft sources"): every tree of ``base`` (any shape and law
+    but 'wor' with two drafts or more at a node) with the free ``chains`` appended after it is
+    drafted (``DraftTree.as_independent`` then ``DraftTree.add_chains``: one-hot columns).
+
+    The chains are fixed: a free source's proposals depend only on the committed context (here
+    the root), never on the model's draws, so given the path to a node its free drafts are fixed
+    and its model drafts are a fresh draw of the model's law: the node's drafts are independent
+    columns with known rows, which is what the walk of a verifier under the 'independent' law is
+    lossless for (Khisti et al. 2025; Sun et al. 2023's independent drafts). ``depth`` is the
+    deeper of the model's depth and the longest chain.
+
+    The sequence-level rules refuse these laws (their ``refusal`` says why): 'block' reads one
+    chain; 'traversal', 'gbv', 'spectr_gbv' and 'univer' are proven lossless where one q row
+    covers every draft of a node (i.i.d. or without-replacement siblings), and a one-hot copy
+    beside the model's draws is a column of another law (``decoding.settings.MIXED_REFUSALS``)."""
+
+    def __init__(self, base: TreeLaw, chains):
+        base = as_tree_law(base, "base")
+        self.base = base
+        self.chains = [tuple(int(t) for t in ch) for ch in chains]
+        if not all(self.chains):
+            raise ValueError("chains: every chain must hold at least one token")
+        self.shape, self.kind, self.cols = base.shape, "independent", base.cols
+        self.name = f"mixed({base.name}, chains={[list(c) for c in self.chains]})"
+
+    @property
+    def depth(self) -> int:
+        return max([self.base.depth] + [len(c) for c in self.chains])
+
+    def node_ks(self) -> set[int]:
+        """Every number of drafts a node may get: the model's (or none) plus up to the most free
+        drafts the chains give one node."""
+        nxt: dict[tuple, set] = {}
+        for ch in self.chains:
+            for d in range(len(ch)):
+                nxt.setdefault(ch[:d], set()).add(ch[d])
+        f = max((len(v) for v in nxt.values()), default=0)
+        return {k + j for k in self.base.node_ks() | {0} for j in range(f + 1)} - {0}
+
+    def _mix(self, tree: DraftTree, model) -> DraftTree:
+        tree.as_independent()
+        tree.add_chains(self.chains, model.V)
+        return self.base._fill_p(tree, model)
+
+    def sample(self, model, generator, root_token: int = 0) -> DraftTree:
+        return self._mix(self.base.sample(model, generator, root_token), model)
+
+    def enumerate(self, model, root_token: int = 0, limit: int = MAX_TREES) -> list[tuple[DraftTree, float]]:
+        return [(self._mix(t, model), w) for t, w in self.base.enumerate(model, root_token, limit)]
+
+
+def mixed(base: TreeLaw, chains) -> MixedLaw:
+    """The trees of ``base`` with the free ``chains`` appended (:class:`MixedLaw`)."""
+    return MixedLaw(base, chains)
 
 
 def as_tree_law(tree_law, name: str = "tree_law") -> TreeLaw:

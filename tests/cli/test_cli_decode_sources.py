@@ -1,0 +1,48 @@
+"""``multidraft decode --sources model,lookup``: mixed trees end to end on the tiny pair (the
+target's greedy text at T = 0, acceptance reported), and the one-line refusals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multidraft import models
+from multidraft.cli import main
+
+PROMPT = "abcdabcdabcdabc"  # prompt lookup has matches
+
+
+def _tiny(monkeypatch):
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    tok = tm.tiny_tokenizer()
+    monkeypatch.setattr(models, "resolve_pair", lambda *a, **kw: (t, d, tok))
+    return tm, t, tok
+
+
+@pytest.mark.parametrize("sources", ["model,lookup"])
+def test_decode_with_free_sources_is_the_greedy_text_and_reports_acceptance(monkeypatch, capsys, sources):
+    tm, t, tok = _tiny(monkeypatch)
+    argv = ["decode", "--prompt", PROMPT, "--ignore-eos", "--max-new-tokens", "16", "--verifier", "specinfer",
+            "--k", "2", "--depth", "2", "--temperature", "0", "--sources", sources, "--json"]
+    assert main(argv) == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    assert obj["tokens"] == tm.greedy_reference(t, ids, 16).tolist()
+    assert obj["settings"]["sources"] == sources.split(",")
+    assert 0 <= obj["acceptance_rate"] <= 1 and obj["block_efficiency"] >= 1
+    assert max(obj["draft_depths"]) > 2  # the copied chain went past the model's depth
+    assert main(argv[:-1]) == 0
+    err = capsys.readouterr().err
+    assert "acceptance" in err and "block efficiency" in err
+
+
+@pytest.mark.parametrize("extra,flag", [(["--rule", "traversal"], "--rule"), (["--verifier", "optimal"], "--verifier"),
+                                        (["--verifier", "specinfer", "--draft-law", "wor"], "--draft-law")])
+def test_decode_refuses_what_cannot_verify_mixed_trees(no_models, capsys, extra, flag):
+    assert main(["decode", "--prompt", PROMPT, "--quiet", "--sources", "model,lookup", *extra]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and lines[0].startswith("multidraft decode: error:")
+    assert no_models == []
