@@ -239,3 +239,17 @@ def test_greedy_mixed_sources_equal_llama_cpp_greedy(greedy_ref, models, kw):
     got = md.generate_batch(t, other, [torch.tensor([PROMPT])] * 2, verifier="specinfer", temperature=0.0,
                             max_new_tokens=40, generator=0, sources="model,lookup,suffix", **kw)
     assert all(g.tokens.tolist() == greedy_ref for g in got)
+
+
+def test_a_context_below_the_sequence_count_is_a_value_error_not_an_abort(files, tmp_path):
+    # llama.cpp cuts its batch to n_ctx; below its 256 parallel sequences it aborts the whole
+    # process (GGML_ASSERT). Run in a child so that a regression fails this test, not the suite.
+    import subprocess
+    code = ("import sys\nfrom multidraft.decoding.llamacpp import LlamaCppModel\n"
+            "try:\n    LlamaCppModel(sys.argv[1], n_ctx=64, n_threads=1)\n"
+            "except ValueError as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(files[0])], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-500:])
+    assert "refused: n_ctx must be at least 256" in out.stdout
+    m = LlamaCppModel(files[0], n_ctx=256, n_threads=1)  # the smallest context allowed works
+    assert m.context == 256

@@ -144,7 +144,9 @@ class LlamaCppModel:
 
     path        a ``.gguf`` file.
     n_ctx       context size in tokens (KV cells; the prompt, the output and one step's tree
-                must fit); capped by the model's training context.
+                must fit); capped by the model's training context; at least llama.cpp's
+                parallel sequence count (256: llama.cpp cuts its batch to n_ctx and aborts
+                the process when that batch is below its sequence count).
     n_threads   CPU threads for decoding (default: ``os.cpu_count()``).
     n_batch     most tokens per llama_decode call (prompt prefill is chunked by it). The context
                 itself is created with a batch of at least ``n_seq_max`` (llama.cpp aborts the
@@ -172,6 +174,10 @@ class LlamaCppModel:
         n_threads = (os.cpu_count() or 1) if n_threads is None else n_threads
         if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
+        n_seq_max = int(L.llama_max_parallel_sequences())
+        if n_ctx < n_seq_max:  # llama.cpp cuts its batch to n_ctx, below n_seq_max: GGML_ASSERT, a SIGABRT
+            raise ValueError(f"n_ctx must be at least {n_seq_max} (llama.cpp's parallel sequences: a smaller "
+                             f"context makes it abort the process), got {n_ctx}")
         _install_log(L)
         L.llama_backend_init()
         self.path = path
@@ -181,7 +187,7 @@ class LlamaCppModel:
             self._model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}: " + " | ".join(_LOG[-3:]))
-        self.n_seq_max = int(L.llama_max_parallel_sequences())
+        self.n_seq_max = n_seq_max
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx
         cp.n_batch = cp.n_ubatch = max(n_batch, self.n_seq_max)  # smaller: GGML_ASSERT in llama.cpp, a SIGABRT
