@@ -250,7 +250,7 @@ def test_codeedit_instruction_applies_to_each_problems_code():
     assert [i for i, _ in prompts] == [p["task_id"].replace("HumanEval/", "codeedit/") for p in probs]
     kinds = []
     for i, (p, (_, msg), (_, text)) in enumerate(zip(probs, prompts, texts)):
-        code = (p["prompt"] + p["canonical_solution"]).rstrip("\n") + "\n"
+        code = (p["prompt"] + p["canonical_solution"]).strip("\n") + "\n"
         assert f"```python\n{code}```" in msg and text == msg + "\n\n" + code  # the whole function, to copy
         assert msg.endswith(("Return the whole function.", "Return the whole code."))
         kind, instruction, old = D.codeedit_edit(code, p["entry_point"], i)

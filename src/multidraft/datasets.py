@@ -21,7 +21,8 @@ Sets (``DATASETS``):
   reference answers are part of FastChat, Apache-2.0 (its LICENSE ships in the same wheel,
   whose own license is Apache-2.0); the reference answers are GPT-4 outputs.
 * ``codeedit`` (copy-heavy): per HumanEval problem (same package as ``humaneval``), the whole
-  solved code (prompt + canonical solution: imports, helpers, signature, docstring, body) in a
+  solved code (prompt + canonical solution: imports, helpers, signature, docstring, body; blank
+  lines around it stripped) in a
   fenced block and ONE edit instruction whose answer is mostly a copy, chosen deterministically
   by the problem's index ``i`` (:func:`codeedit_edit`): ``i % 4`` picks (0) rename a local
   variable of the entry-point function (the first name assigned in its body, found with ``ast``),
@@ -289,7 +290,7 @@ def _codeedit() -> list[tuple[str, str, str]]:
     out = []
     for i, p in enumerate(load_problems()):
         code = p["prompt"] + p.get("canonical_solution", "")
-        code = code.rstrip("\n") + "\n"
+        code = code.strip("\n") + "\n"
         _, instruction, _ = codeedit_edit(code, p["entry_point"], i)
         defs = sum(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(code).body)
         what = "function" if defs == 1 else "code"
