@@ -23,8 +23,7 @@ Sets (``DATASETS``):
 * ``codeedit`` (copy-heavy): per HumanEval problem (same package as ``humaneval``), the whole
   solved code (prompt + canonical solution: imports, helpers, signature, docstring, body; blank
   lines around it stripped) in a fenced block and ONE edit instruction whose answer is mostly a
-  copy, chosen deterministically
-  by the problem's index ``i`` (:func:`codeedit_edit`): ``i % 4`` picks (0) rename a local
+  copy, chosen deterministically by the problem's index ``i`` (:func:`codeedit_edit`): ``i % 4`` picks (0) rename a local
   variable of the entry-point function (the first name assigned in its body, found with ``ast``),
   (1) rename its first parameter, (2) remove its type hints (add them when it has none),
   (3) rewrite its first ``for`` loop as a ``while`` loop; a kind that does not apply (no local,
