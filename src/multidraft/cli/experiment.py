@@ -30,7 +30,7 @@ from ._args import progress_bar as _progress
 
 ENGINES = ("transformers", "llama.cpp")  # decoding.pair.ENGINES, spelled here so --help imports no torch
 # datasets.DATASETS and experiments.collect.POSITIONS_FROM, spelled here for the same reason (a test pins them equal)
-DATASETS = ("humaneval", "kjv", "mtbench")
+DATASETS = ("humaneval", "kjv", "mtbench", "codeedit", "mtbench2", "aclsum")
 POSITIONS_FROM = ("continuation", "teacher-forcing")
 
 
