@@ -20,6 +20,8 @@ from multidraft.cli import main
     (["--queue-size", "0"], "--queue-size"),
     (["--shutdown-grace", "-1"], "--shutdown-grace"),
     (["--warmup-prompt", "x"], "--tree auto only"),
+    (["--sources", "model,bogus"], "unknown draft source"),
+    (["--sources", "lookup"], "must include"),
 ])
 def test_serve_misuse_is_one_line_before_any_model(no_models, capsys, bad, words):
     assert main(["serve", "--engine", "transformers"] + bad if "--engine" not in bad else ["serve"] + bad) == 2
@@ -38,3 +40,23 @@ def test_serve_is_listed_with_the_decode_flags(capsys):
     for flag in ("--verifier", "--tree", "--engine", "--port", "--queue-size", "--shutdown-grace", "--model-name"):
         assert flag in out
     assert "default llama.cpp" in out
+
+
+def test_serve_sources_are_the_served_settings(monkeypatch):
+    """``serve --sources model,lookup,suffix``: the served settings' sources, parsed at the edge as
+    ``decode`` parses them (the models and the server replaced by stand-ins)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import multidraft.serve as serve
+    from multidraft.cli import _args
+
+    served = {}
+    monkeypatch.setattr(_args, "load_models", lambda *a, **kw: (object(), object(), object()))
+    monkeypatch.setattr(serve, "TextCodec", lambda *a, **kw: object())
+    monkeypatch.setattr(serve, "run_server", lambda model, **kw: served.setdefault("model", model) and 0)
+    assert main(["serve", "--engine", "transformers", "--port", "0", "--sources", "model,lookup,suffix",
+                 "--model-name", "m"]) == 0
+    model = served["model"]
+    assert [s.name for s in model.settings.sources] == ["model", "lookup", "suffix"]
+    assert model.describe()["sources"] == ["model", "lookup", "suffix"] and model.name == "m"
+    assert len(model.index) == 0  # the server's one shared suffix index

@@ -33,6 +33,7 @@ from ..datasets import encode, has_chat_template, render_chat, token_byte_bound
 from ..decoding import Settings
 from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
+from ..decoding.sources import SuffixIndex
 from .protocol import APIError
 
 __all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker"]
@@ -107,7 +108,11 @@ class ServedModel:
     each request's settings are these with the request's changes (:meth:`request_settings`):
     its temperature, top_p, top_k, max_tokens and decode extensions (``sources``), applied to
     the resolved object (the draft temperature follows the request's temperature unless the
-    server fixed it: ``draft_temperature``)."""
+    server fixed it: ``draft_temperature``).
+
+    ``index`` the one ``decoding.sources.SuffixIndex`` of the server, shared by every request
+    (bounded by its own ``max_tokens``): a request with the ``suffix`` source reads the earlier
+    requests' outputs from it, and every finished output of such a request joins it."""
 
     name: str
     engine: str
@@ -118,6 +123,7 @@ class ServedModel:
     draft_temperature: object = None
     default_max_tokens: int = 128
     ignore_eos: bool = False
+    index: SuffixIndex = field(default_factory=SuffixIndex)
 
     def request_settings(self, changes: dict, max_tokens: int) -> Settings:
         """The settings of one request: ``changes`` (keyword arguments of ``Settings.derive``, as
@@ -250,9 +256,12 @@ class Worker:
 
     def status(self) -> dict:
         with self._lock:
-            return {"queued": self.queue.qsize() + (self._held is not None), "running": bool(self.active),
-                    "lanes": len(self.active), "max_lanes": self.max_lanes, **self.counts,
-                    "draining": self.draining.is_set()}
+            out = {"queued": self.queue.qsize() + (self._held is not None), "running": bool(self.active),
+                   "lanes": len(self.active), "max_lanes": self.max_lanes, **self.counts,
+                   "draining": self.draining.is_set()}
+        ix = self.model.index
+        out["suffix_index"] = {"outputs": len(ix.outputs), "tokens": len(ix), "max_tokens": ix.max_tokens}
+        return out
 
     def drain(self, grace_s: float) -> None:
         """Shutting down: refuse new jobs, answer every queued one with 503, let the running ones
@@ -285,7 +294,7 @@ class Worker:
         m = self.model
         while not self._stop.is_set() or self.active:  # lanes running at stop finish (halted past the grace)
             if self._decoder is None:
-                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes)
+                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes, index=m.index)
             self._admit()
             if not self.active:
                 continue
@@ -399,7 +408,8 @@ class Worker:
         spec.update(target_calls=res.target_calls, draft_calls=res.draft_calls,
                     accepted_tokens=int(sum(res.accepted_lengths)), block_efficiency=res.block_efficiency,
                     acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
-                    prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued)
+                    prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued,
+                    source_stats=res.source_stats)
         job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": res.new_tokens,
                            "tokens": res.tokens.tolist(), "speculative": spec}))
         log.info("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
