@@ -76,12 +76,21 @@ class TextCodec:
         return encode(self._encoder(), text)  # the one encoder (datasets.encode), as ``decode``
 
     def chat_text(self, messages: list[dict]) -> str:
-        """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes)."""
+        """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes); a
+        message's ``name`` is given to the template, and refused (400 naming it) when the rendered
+        text is the same without the names (the template does not use them)."""
         if not has_chat_template(self._encoder()):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", param="messages",
                            code="no_chat_template")
         try:
-            return render_chat(self._encoder(), messages)
+            text = render_chat(self._encoder(), messages)
+            named = [i for i, m in enumerate(messages) if "name" in m]
+            if named and text == render_chat(self._encoder(), [{k: v for k, v in m.items() if k != "name"}
+                                                               for m in messages]):
+                where = f"messages.[{named[0]}].name"
+                raise APIError(400, f"{where}: this model's chat template does not render a message's name (it "
+                                    f"would be ignored); leave it out", param=where, code="unsupported_parameter")
+            return text
         except ValueError as exc:  # a GGUF without a chat template
             raise APIError(400, f"this model cannot chat: {exc}; use /v1/completions", param="messages",
                            code="no_chat_template") from None
@@ -146,7 +155,9 @@ class TextStream:
     trailing U+FFFD (bytes of a character not yet complete) and minus the longest suffix that
     is a proper prefix of a stop sequence. When a stop sequence appears, the text is cut before
     it, ``stopped`` is set and the rest up to the cut is released. ``finish()`` releases what
-    was held back (a decode that ended without a stop sequence)."""
+    was held back (a decode that ended without a stop sequence). ``used`` counts the tokens the
+    returned text stands for: all pushed tokens, or after a stop sequence the fewest whose text
+    holds it (the completion's tokens; a draft step's tokens after the stop are not)."""
 
     def __init__(self, decode, stop: tuple = ()):
         self._decode, self.stop = decode, tuple(s for s in stop if s)
@@ -154,16 +165,23 @@ class TextStream:
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self.used = 0  # the tokens the returned text stands for (the completion's tokens)
 
     def push(self, tokens) -> str:
         if self.stopped:
             return ""
+        before = len(self.ids)
         self.ids.extend(int(t) for t in tokens)
+        self.used = len(self.ids)
         text = self._decode(self.ids)
         cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if cuts:
             self.text = text[: min(cuts)]
             self.stopped = True
+            # the fewest tokens whose text holds the stop sequence (the rest of the draft step's
+            # tokens are not the completion's); the text before this push held none
+            self.used = next((n for n in range(before + 1, len(self.ids))
+                              if any(s in self._decode(self.ids[:n]) for s in self.stop)), len(self.ids))
             return self._release(len(self.text))
         self.text = text
         safe = len(text)
@@ -191,7 +209,8 @@ class TextStream:
 @dataclass
 class Job:
     """One request in the queue: its prompt ids, settings and seed; the worker answers through
-    ``emit`` (called from the worker thread): ``("delta", text)``, ``("done", result)`` or
+    ``emit`` (called from the worker thread): ``("delta", text, tokens)`` (``tokens`` the
+    completion's tokens so far), ``("done", result)`` or
     ``("error", APIError)``. ``cancel`` is set by the HTTP side when the client goes away."""
 
     prompt_ids: list[int]
@@ -350,7 +369,7 @@ class Worker:
             def on_step(tokens, act=act):
                 delta = act.text.push(tokens)
                 if delta:
-                    act.job.emit(("delta", delta))
+                    act.job.emit(("delta", delta, act.text.used))
                 return act.text.stopped or self._halt(act.job)
 
             try:
@@ -393,8 +412,9 @@ class Worker:
             act = self.active.pop(lane)
         job, text = act.job, act.text
         tail = text.finish()
+        n = text.used if text.stopped else res.new_tokens
         if tail:
-            job.emit(("delta", tail))
+            job.emit(("delta", tail, n))
         cancelled = job.cancel.is_set()
         if res.stop_reason == "eos" or text.stopped:
             finish = "stop"
@@ -410,10 +430,10 @@ class Worker:
                     acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
                     prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued,
                     source_stats=res.source_stats)
-        job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": res.new_tokens,
-                           "tokens": res.tokens.tolist(), "speculative": spec}))
+        job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": n,
+                           "tokens": res.tokens.tolist()[:n], "speculative": spec}))
         log.info("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
-                 len(job.prompt_ids), res.new_tokens, res.target_calls, finish, time.perf_counter() - act.started)
+                 len(job.prompt_ids), n, res.target_calls, finish, time.perf_counter() - act.started)
 
 
 def _internal(exc: BaseException) -> APIError:
