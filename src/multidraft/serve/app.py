@@ -241,7 +241,7 @@ class _Endpoints:
             raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down") \
                 from None
         ids, max_tokens = await prepared
-        settings = self.settings(req, max_tokens)
+        settings = self.fit(req, ids, self.settings(req, max_tokens))
         call = _Call(request, req, ids, settings)
         self.worker.submit(call.job)  # 429 / 503 raised here, before any byte is sent
         rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex[:24]
@@ -259,6 +259,31 @@ class _Endpoints:
             arg = getattr(exc, "arg", None)
             param = {"max_new_tokens": req.max_tokens_param}.get(arg, arg)
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
+
+    def fit(self, req: SamplingRequest, ids: list[int], settings):
+        """``settings`` where a lane of them fits the context alone, else APIError 400
+        'context_length_exceeded' now, before anything is sent (a stream is not answered 200 and
+        then an error event). On llama.cpp a lane holds its prompt, ``max_tokens`` and one step's
+        uncommitted tree in the KV cells (``LlamaBatchRunner.cells``); a request without
+        ``max_tokens`` has its default cut to the room left."""
+        if self.model.engine != "llama.cpp":
+            return settings
+        from ..decoding.batch import LlamaBatchRunner
+
+        ctx, tree = self.model.codec.context, LlamaBatchRunner.handles(settings)
+        room = ctx - len(ids) - tree
+        if settings.max_new_tokens <= room:
+            return settings
+        if req.max_tokens is None and room >= 1:
+            return self.settings(req, room)
+        param = req.max_tokens_param
+        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, this request may need "
+                            f"{len(ids) + settings.max_new_tokens + tree} ({len(ids)} in the prompt, "
+                            f"{settings.max_new_tokens} in the completion, {tree} for one speculative step's draft "
+                            f"tree). Please reduce the prompt or {param}"
+                            + (f" (at most {room} here)." if room >= 1 else "."),
+                       param=param if room >= 1 else ("messages" if req.endpoint == "chat" else "prompt"),
+                       code="context_length_exceeded")
 
     def prepare(self, req: SamplingRequest) -> tuple[list[int], int]:
         """The prompt's token ids and the completion's token budget; APIError 404/400 when ``req`` can't be served.

@@ -376,8 +376,8 @@ class Worker:
                 lane = dec.add(ids, job.settings, generator=job.seed, on_step=on_step,
                                eos_token_id=None if m.ignore_eos else m.codec.eos)
             except ArgumentError as exc:  # e.g. prompt + max_tokens + a tree beyond the llama.cpp context
-                with self._lock:
-                    self.counts["failed"] += 1
+                with self._lock:  # the request's fault, not the server's (the HTTP side checks this first)
+                    self.counts["refused"] += 1
                 job.emit(("error", APIError(400, f"{exc}", param="max_tokens", code="context_length_exceeded")))
                 continue
             except Exception as exc:  # the prefill or the admission failed: answered, the others go on
