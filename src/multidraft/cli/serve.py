@@ -21,10 +21,8 @@ import logging
 import sys
 
 from ._args import quiet_loading
-from .decode import add_settings_flags, auto_request, check_settings
+from .decode import DEFAULT_CTX, add_settings_flags, auto_request, check_settings
 
-DEFAULT_CTX = 4096  # llama.cpp's n_ctx of the served models (decoding.pair.load_pair's default)
-MAX_CTX = 131072  # the largest --ctx-size (Qwen2.5's longest context with YaRN; the KV cells are allocated at load)
 WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
@@ -42,10 +40,6 @@ def register(sub) -> None:
                    help="the model id /v1/models lists and every request must send (another id is answered 404; "
                         "default: the --target file or directory name without .gguf, for the default pair "
                         "'qwen2.5-coder-1.5b-instruct')")
-    p.add_argument("--ctx-size", type=int, default=None, metavar="N",
-                   help=f"--engine llama.cpp: each model's context in tokens (its KV cells, shared by the lanes: "
-                        f"a request's prompt, max_tokens and one step's draft tree must fit; default {DEFAULT_CTX}, "
-                        f"at most {MAX_CTX}, capped by the model's training context)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
                    help="requests waiting at most; more are refused with 429 (default 64)")
     p.add_argument("--max-in-flight", type=int, default=None, metavar="N",
@@ -90,12 +84,6 @@ def run(args) -> int:
         raise ValueError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    if args.ctx_size is not None:
-        if args.engine != "llama.cpp":
-            raise ValueError("--ctx-size applies to --engine llama.cpp only (a transformers model's context is its "
-                             "configuration's)")
-        if not 16 <= args.ctx_size <= MAX_CTX:
-            raise ValueError(f"--ctx-size must be in [16, {MAX_CTX}], got {args.ctx_size}")
     if args.warmup_prompt is not None and args.tree != "auto":
         raise ValueError("--warmup-prompt applies to --tree auto only")
     settings, draft_temperature, tree = check_settings(args)
