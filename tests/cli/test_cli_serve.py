@@ -20,6 +20,11 @@ from multidraft.cli import main
     (["--queue-size", "0"], "--queue-size"),
     (["--shutdown-grace", "-1"], "--shutdown-grace"),
     (["--warmup-prompt", "x"], "--tree auto only"),
+    (["--sources", "model,bogus"], "unknown draft source"),
+    (["--sources", "lookup"], "must include"),
+    (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
+    (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [16, 131072]"),
+    (["--engine", "llama.cpp", "--ctx-size", "1000000"], "--ctx-size must be in [16, 131072]"),
 ])
 def test_serve_misuse_is_one_line_before_any_model(no_models, capsys, bad, words):
     assert main(["serve", "--engine", "transformers"] + bad if "--engine" not in bad else ["serve"] + bad) == 2
@@ -38,3 +43,41 @@ def test_serve_is_listed_with_the_decode_flags(capsys):
     for flag in ("--verifier", "--tree", "--engine", "--port", "--queue-size", "--shutdown-grace", "--model-name"):
         assert flag in out
     assert "default llama.cpp" in out
+
+
+def test_serve_sources_are_the_served_settings(monkeypatch):
+    """``serve --sources model,lookup,suffix``: the served settings' sources, parsed at the edge as
+    ``decode`` parses them (the models and the server replaced by stand-ins)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import multidraft.serve as serve
+    from multidraft.cli import _args
+
+    served = {}
+    monkeypatch.setattr(_args, "load_models", lambda *a, **kw: (object(), object(), object()))
+    monkeypatch.setattr(serve, "TextCodec", lambda *a, **kw: object())
+    monkeypatch.setattr(serve, "run_server", lambda model, **kw: served.setdefault("model", model) and 0)
+    assert main(["serve", "--engine", "transformers", "--port", "0", "--sources", "model,lookup,suffix",
+                 "--model-name", "m"]) == 0
+    model = served["model"]
+    assert [s.name for s in model.settings.sources] == ["model", "lookup", "suffix"]
+    assert model.describe()["sources"] == ["model", "lookup", "suffix"] and model.name == "m"
+    assert len(model.index) == 0  # the server's one shared suffix index
+
+
+@pytest.mark.parametrize("flags,n_ctx", [([], 4096), (["--ctx-size", "512"], 512)])
+def test_serve_ctx_size_is_the_llama_cpp_context(monkeypatch, tmp_path, flags, n_ctx):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import multidraft.serve as serve
+    from multidraft.cli import _args
+
+    loaded = {}
+    monkeypatch.setattr(_args, "load_models", lambda *a, **kw: loaded.update(kw) or (object(), object(), object()))
+    monkeypatch.setattr(serve, "TextCodec", lambda *a, **kw: object())
+    monkeypatch.setattr(serve, "run_server", lambda model, **kw: 0)
+    for name in ("t.gguf", "d.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    assert main(["serve", "--engine", "llama.cpp", "--port", "0", "--target", str(tmp_path / "t.gguf"),
+                 "--draft", str(tmp_path / "d.gguf")] + flags) == 0
+    assert loaded["n_ctx"] == n_ctx

@@ -12,6 +12,17 @@ from live_server import start  # noqa: E402
 
 @pytest.fixture(scope="module")
 def llama_live(tmp_path_factory):
+    yield from _llama_live(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fresh_live(tmp_path_factory):
+    """A server of its own: no decode outside it (as ``generate`` on its models in the tests
+    above) holds KV cells of its context."""
+    yield from _llama_live(tmp_path_factory)
+
+
+def _llama_live(tmp_path_factory):
     from multidraft.decoding import Settings
     from multidraft.decoding.llamacpp import LlamaCppModel
     from multidraft.serve import ServedModel, TextCodec
@@ -60,3 +71,42 @@ def test_chat_renders_the_conversation_with_the_gguf_template(llama_live):
     text = m.target.chat_prompt(msgs)
     assert all(x["content"] in text for x in msgs)
     assert r.json()["usage"]["prompt_tokens"] == len(m.target.tokenize(text))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_tree_cannot_fit_the_context_is_a_400_at_admission(fresh_live, stream):
+    """prompt + max_tokens fit the context, with one step's draft tree they do not: refused with
+    a 400 before the stream starts (not HTTP 200 and an error event), not counted as a failure."""
+    import httpx
+
+    from multidraft.decoding.batch import LlamaBatchRunner
+
+    m = fresh_live.app.state.model
+    ctx, tree = m.codec.context, LlamaBatchRunner.handles(m.settings)
+    prompt = [5, 9, 12, 40, 7]
+    body = {"model": "tiny-gguf", "prompt": prompt, "max_tokens": ctx - len(prompt), "temperature": 0,
+            "stream": stream}
+    before = httpx.get(fresh_live.url + "/health").json()
+    r = httpx.post(fresh_live.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert f"at most {ctx - len(prompt) - tree} here" in err["message"]
+    ok = httpx.post(fresh_live.url + "/v1/completions", timeout=60, json={**body, "max_tokens": 8, "stream": False})
+    assert ok.status_code == 200, ok.text
+    after = httpx.get(fresh_live.url + "/health").json()
+    assert after["failed"] == before["failed"] == 0 and after["served"] == before["served"] + 1
+
+
+def test_a_default_max_tokens_is_cut_to_the_room_the_tree_leaves(fresh_live):
+    import httpx
+
+    from multidraft.decoding.batch import LlamaBatchRunner
+
+    m = fresh_live.app.state.model
+    ctx, tree = m.codec.context, LlamaBatchRunner.handles(m.settings)
+    prompt = list(range(1, ctx - tree - 3 + 1))  # room for 3 tokens beside the tree (default max_tokens 16)
+    r = httpx.post(fresh_live.url + "/v1/completions", timeout=60,
+                   json={"model": "tiny-gguf", "prompt": prompt, "temperature": 0, "stop": None})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 3

@@ -46,7 +46,8 @@ def test_sigterm_mid_request_exits_cleanly(saved_pair):
             assert time.monotonic() - t0 < 120, "".join(lines)
             time.sleep(0.05)
         base = url[0]
-        body = {"model": "tiny", "prompt": "in the", "max_tokens": 200, "stream": True, "seed": 3}
+        body = {"model": "tiny", "prompt": "in the", "max_tokens": 200, "stream": True, "seed": 3,
+                "stream_options": {"include_usage": True}}
         queued = []
 
         def second():  # waits in the queue behind the streamed one
@@ -85,7 +86,7 @@ def test_sigterm_mid_request_exits_cleanly(saved_pair):
     assert rc == 0, err
     assert "Traceback" not in err, err
     assert chunks[-1] == "DONE"  # the request in flight was finished, not cut off
-    last = chunks[-2]
-    assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 200
-    assert "".join(c["choices"][0]["text"] for c in chunks[:-1])
+    last, usage = chunks[-3], chunks[-2]  # the finish_reason chunk, then the usage chunk
+    assert last["choices"][0]["finish_reason"] == "length" and usage["usage"]["completion_tokens"] == 200
+    assert usage["choices"] == [] and "".join(c["choices"][0]["text"] for c in chunks[:-2])
     assert queued and queued[0].status_code == 503 and queued[0].json()["error"]["code"] == "server_shutting_down"

@@ -66,6 +66,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+DEFAULT_CTX = 4096  # llama.cpp's n_ctx of the models (decoding.pair.load_pair's default)
+MAX_CTX = 131072  # the largest --ctx-size (Qwen2.5's longest context with YaRN; the KV cells are allocated at load)
+
+
 def add_settings_flags(p, engine: str = "transformers") -> None:
     """The models, engine and decoding settings flags of ``decode``, shared with ``serve`` (one
     table of flags; checked by :func:`check_settings`); ``engine`` the default engine."""
@@ -137,6 +141,10 @@ def add_settings_flags(p, engine: str = "transformers") -> None:
     p.add_argument("--draft-ftype", default=None, metavar="FTYPE",
                    help="llama.cpp: the default draft requantized to FTYPE (q4_0: about a third cheaper per draft "
                         "token on AVX2 / AVX-512 CPUs; made once from the Q4_K_M file)")
+    p.add_argument("--ctx-size", type=int, default=None, metavar="N",
+                   help=f"--engine llama.cpp: each model's context in tokens (KV cells; the prompt, the output and one "
+                        f"step's draft tree must fit; serve's lanes share them; default {DEFAULT_CTX}, at most "
+                        f"{MAX_CTX}, capped by the model's training context)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="llama.cpp threads (default: all cores)")
 
@@ -269,9 +277,11 @@ def check_settings(args):
         args.draft_ftype = draft_ftype(args.draft_ftype, args.draft)
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        if args.ctx_size is not None and not 16 <= args.ctx_size <= MAX_CTX:
+            raise ValueError(f"--ctx-size must be in [16, {MAX_CTX}], got {args.ctx_size}")
     else:
         for flag, val in (("--bf16-target", args.bf16_target or None), ("--draft-ftype", args.draft_ftype),
-                          ("--threads", args.threads)):
+                          ("--threads", args.threads), ("--ctx-size", args.ctx_size)):
             if val is not None:  # --threads 0 included
                 raise ValueError(f"{flag} applies to --engine llama.cpp only")
     draft_temperature = _draft_temperature(args.draft_temperature)
@@ -373,7 +383,8 @@ def run(args) -> int:
     target, draft, tok = load_models(
         args.engine, target=args.target, draft=args.draft if not settings.target_alone else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-        draft_ftype=args.draft_ftype if not settings.target_alone else None, n_threads=args.threads, log=log)
+        draft_ftype=args.draft_ftype if not settings.target_alone else None, n_threads=args.threads, log=log,
+        **({"n_ctx": args.ctx_size or DEFAULT_CTX} if llama else {}))
     coder = target if llama else tok  # the one encoder: the server's chat endpoint encodes a message the same way
     input_ids = torch.tensor([encode(coder, args.prompt, chat=args.chat and has_chat_template(coder))],
                              dtype=torch.long)  # [1, T]

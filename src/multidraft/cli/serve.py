@@ -9,7 +9,11 @@ files; ``--engine transformers`` for model directories. ``--tree auto --profile 
 the tree once at start-up (from ``--accept-stats`` or a warm-up decode of ``--warmup-prompt``).
 Each request's temperature, top_p, top_k and max_tokens replace ``--temperature`` etc.;
 ``--max-new-tokens`` is the default ``max_tokens`` of a chat request (a completion's is 16, as
-OpenAI's). Logs go to stderr through ``logging`` (``--log-level``).
+OpenAI's). ``--sources`` (a comma list, ``decoding.sources.parse_sources``) is the default draft
+sources of every request, a request's ``sources`` field replaces it; the server holds one
+``decoding.sources.SuffixIndex`` (bounded) that the ``suffix`` source of every request reads
+and that every finished output of such a request joins. Logs go to stderr through ``logging``
+(``--log-level``).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import logging
 import sys
 
 from ._args import quiet_loading
-from .decode import add_settings_flags, auto_request, check_settings
+from .decode import DEFAULT_CTX, add_settings_flags, auto_request, check_settings
 
 WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
@@ -33,7 +37,9 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, logged)")
     p.add_argument("--model-name", default=None, metavar="NAME",
-                   help="the model id clients send (default: 'multidraft' + the target's name)")
+                   help="the model id /v1/models lists and every request must send (another id is answered 404; "
+                        "default: the --target file or directory name without .gguf, for the default pair "
+                        "'qwen2.5-coder-1.5b-instruct')")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
                    help="requests waiting at most; more are refused with 429 (default 64)")
     p.add_argument("--max-in-flight", type=int, default=None, metavar="N",
@@ -111,7 +117,8 @@ def run(args) -> int:
     target, draft, tok = load_models(
         args.engine, target=args.target, draft=args.draft if spec else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-        draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say)
+        draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say,
+        **({"n_ctx": args.ctx_size or DEFAULT_CTX} if llama else {}))
     codec = TextCodec(args.engine, target, tok, draft if spec else None)
     if auto is not None:
         text = args.warmup_prompt or WARMUP_PROMPT

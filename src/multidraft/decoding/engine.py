@@ -90,6 +90,9 @@ class GenerationResult:
                           ``tokens_per_s = new_tokens / seconds`` (decoding speed).
     ``prefill_seconds``   model time of the prompt prefill (target and draft); 0.0 when a
                           ``PromptCache`` supplied it.
+    ``source_stats``      per free draft source, ``{"proposed": nodes it added to the trees,
+                          "accepted": accepted tokens it proposed}`` (``step.DecoderStep``);
+                          empty without free sources.
     """
 
     tokens: torch.Tensor
@@ -105,6 +108,7 @@ class GenerationResult:
     stop_reason: str = "max_new_tokens"
     prefill_seconds: float = 0.0
     tree_tokens: int = 0
+    source_stats: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "tokens"}
@@ -322,4 +326,6 @@ class _Decoder:
             stop_reason=stop,
             prefill_seconds=prefill_s,
             tree_tokens=st.tree_tokens,
+            source_stats={name: {"proposed": p, "accepted": a}
+                          for name, (p, a) in getattr(st, "source_stats", {}).items()},
         )

@@ -44,6 +44,10 @@ the tree's node drafts are independent columns given the path and the rule (the 
 'independent' law, ``Settings.from_args``) is lossless. Free-only nodes are not fed to the draft
 model (``fed`` -1): along any path the fed nodes are a prefix (a free-only node's children are
 free-only), which ``commit`` relies on. A step drafted to depth 0 has no free drafts either.
+``source_stats[name] = [proposed, accepted]`` counts, per free source over the decode, the trie
+nodes it added to the steps' trees (before the merge with the model's tree) and, per step, the
+longest prefix of the accepted path that one of its chains holds (the accepted tokens it proposed;
+the model may have proposed them too).
 """
 from __future__ import annotations
 
@@ -101,6 +105,15 @@ def score_tree(runner, tree: DraftTree) -> torch.Tensor:
     return runner.extend(call.tokens, call.parents)
 
 
+def _common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class StepResult(NamedTuple):
     """What :meth:`DecoderStep.step` returns: ``tokens`` the emitted tokens (the accepted path's,
     then the recovered or bonus token), ``accepted`` the accepted path's length and ``depth`` the
@@ -139,6 +152,9 @@ class DecoderStep:
         self.index = index  # shared state of the free sources' proposers (the suffix source's SuffixIndex), or None
         self._free = tuple(getattr(settings, "free_sources", ()))
         self._proposers: list = []  # (source, proposer) of each free source, from prefill on
+        # per free source: [nodes proposed, accepted tokens it proposed] over the decode (StepResult notes)
+        self.source_stats: dict = {src.name: [0, 0] for src in self._free}
+        self._step_chains: dict = {}  # source name -> its chains on the in-flight tree
         self._rows = None  # (V, dtype, device) of the in-flight tree's q rows (the draft logits')
         self._plain = self._plain_rule() if self._free else None
 
@@ -206,6 +222,7 @@ class DecoderStep:
         to its ``depth`` nodes (``Settings.free_nodes``); a tree that gets none stays under the
         model's law when the verifier takes it (``_plain_rule``)."""
         chains = []
+        self._step_chains = {}
         for src, prop in (self._proposers if cap > 0 and self._rows is not None else ()):
             d = src.depth if limit is None else min(src.depth, limit)
             if d <= 0:
@@ -218,6 +235,8 @@ class DecoderStep:
                     continue
                 seen |= grown
                 chains.append(ch)
+                self._step_chains.setdefault(src.name, []).append(ch)
+            self.source_stats[src.name][0] += len(seen)
         if not chains and self._plain is not None:
             return
         tree.as_independent()
@@ -279,6 +298,11 @@ class DecoderStep:
                 self.pending = self.pending + [tree.nodes[0].token]
         self._tree = None
         out = [tree.nodes[j].token for j in path] + [int(verdict.token)]
+        if self._step_chains:  # a source's accepted tokens: the accepted path's prefix one of its chains holds
+            kept = out[:-1]
+            for name, chains in self._step_chains.items():
+                self.source_stats[name][1] += max(_common_prefix(ch, kept) for ch in chains)
+            self._step_chains = {}
         if self._proposers:
             self.observe(out)
         return out
@@ -290,6 +314,7 @@ class DecoderStep:
         if self.draft_runner is not None:
             self.draft_runner.commit([])
         self._tree = None
+        self._step_chains = {}
 
     def step(self, root: int, cap: int, rule=None, limit: int | None = None):
         """Generator (yields every ``Call``): draft (free chains at most ``limit`` deep), score,

@@ -69,6 +69,7 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     app.add_exception_handler(Exception, _internal)
     app.get("/health")(endpoints.health)
     app.get("/v1/models")(endpoints.models)
+    app.get("/v1/models/{model_id:path}")(endpoints.retrieve)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -215,11 +216,20 @@ class _Endpoints:
                 **({} if flight is None else {"in_flight": flight.now, "max_in_flight": flight.limit,
                                               "overloaded": flight.refused})}
 
-    async def models(self):
+    def _card(self) -> dict:
         model = self.model
-        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": self.created,
-                                            "owned_by": "multidraft", "speculative": model.describe(),
-                                            "context_length": model.codec.context}]}
+        return {"id": model.name, "object": "model", "created": self.created, "owned_by": "multidraft",
+                "speculative": model.describe(), "context_length": model.codec.context}
+
+    async def models(self):
+        return {"object": "list", "data": [self._card()]}
+
+    async def retrieve(self, model_id: str):
+        """``GET /v1/models/{id}`` (the client's ``models.retrieve``): the model object; 404 for another id."""
+        if model_id != self.model.name:
+            raise APIError(404, f"The model `{model_id}` does not exist; this server serves `{self.model.name}`",
+                           param="model", code="model_not_found")
+        return self._card()
 
     async def serve(self, request, req: SamplingRequest):
         """Answer ``req`` (parsed from ``request``): one JSON body, or an SSE stream when ``req.stream``."""
@@ -231,7 +241,7 @@ class _Endpoints:
             raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down") \
                 from None
         ids, max_tokens = await prepared
-        settings = self.settings(req, max_tokens)
+        settings = self.fit(req, ids, self.settings(req, max_tokens))
         call = _Call(request, req, ids, settings)
         self.worker.submit(call.job)  # 429 / 503 raised here, before any byte is sent
         rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex[:24]
@@ -249,6 +259,31 @@ class _Endpoints:
             arg = getattr(exc, "arg", None)
             param = {"max_new_tokens": req.max_tokens_param}.get(arg, arg)
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
+
+    def fit(self, req: SamplingRequest, ids: list[int], settings):
+        """``settings`` where a lane of them fits the context alone, else APIError 400
+        'context_length_exceeded' now, before anything is sent (a stream is not answered 200 and
+        then an error event). On llama.cpp a lane holds its prompt, ``max_tokens`` and one step's
+        uncommitted tree in the KV cells (``LlamaBatchRunner.cells``); a request without
+        ``max_tokens`` has its default cut to the room left."""
+        if self.model.engine != "llama.cpp":
+            return settings
+        from ..decoding.batch import LlamaBatchRunner
+
+        ctx, tree = self.model.codec.context, LlamaBatchRunner.handles(settings)
+        room = ctx - len(ids) - tree
+        if settings.max_new_tokens <= room:
+            return settings
+        if req.max_tokens is None and room >= 1:
+            return self.settings(req, room)
+        param = req.max_tokens_param
+        raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, this request may need "
+                            f"{len(ids) + settings.max_new_tokens + tree} ({len(ids)} in the prompt, "
+                            f"{settings.max_new_tokens} in the completion, {tree} for one speculative step's draft "
+                            f"tree). Please reduce the prompt or {param}"
+                            + (f" (at most {room} here)." if room >= 1 else "."),
+                       param=param if room >= 1 else ("messages" if req.endpoint == "chat" else "prompt"),
+                       code="context_length_exceeded")
 
     def prepare(self, req: SamplingRequest) -> tuple[list[int], int]:
         """The prompt's token ids and the completion's token budget; APIError 404/400 when ``req`` can't be served.
@@ -340,7 +375,9 @@ class _Call:
                     return None
 
     def usage(self, done) -> dict:
-        n = done["completion_tokens"]
+        return self._usage(done["completion_tokens"])
+
+    def _usage(self, n: int) -> dict:
         return {"prompt_tokens": len(self.ids), "completion_tokens": n, "total_tokens": len(self.ids) + n}
 
     async def whole(self, head: dict):
@@ -366,28 +403,38 @@ class _Call:
                              "speculative": done["speculative"]})
 
     async def sse(self, head: dict):
-        """The server-sent events: (chat) the role chunk, a chunk per delta, the last chunk with usage,
-        (include_usage) the usage chunk, then [DONE]; an error event is sent as its body, then [DONE]."""
+        """The server-sent events: (chat) the role chunk, a chunk per delta, the finish_reason chunk
+        (with the ``speculative`` statistics), (include_usage) the usage chunk (no choices), then
+        [DONE]; an error event is sent as its body, then [DONE]. As OpenAI's, the usage is in the
+        usage chunk only (a client adding up the chunks' usage counts it once), unless
+        ``continuous_usage_stats`` (vLLM's) asks for the usage so far in every chunk."""
         req = self.req
+        every = req.continuous_usage
+
+        def so_far(n: int) -> dict:
+            return {"usage": self._usage(n)} if every else {}
+
         try:
             if req.endpoint == "chat":
                 yield _sse({**head, "object": "chat.completion.chunk", "choices": [
                     {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None}]})
+                     "finish_reason": None}], **so_far(0)})
+            n = 0
             while True:
                 ev = await self.next_event()
                 if ev is None:
                     return
                 if ev[0] == "delta":
-                    yield _sse({**head, **_chunk(req, ev[1], None)})
+                    n = ev[2]
+                    yield _sse({**head, **_chunk(req, ev[1], None), **so_far(n)})
                 elif ev[0] == "error":
                     yield _sse(ev[1].body())
                     yield "data: [DONE]\n\n"
                     return
                 else:
                     done = ev[1]
-                    last = {**head, **_chunk(req, None, done["finish_reason"]), "usage": self.usage(done),
-                            "speculative": done["speculative"]}
+                    last = {**head, **_chunk(req, None, done["finish_reason"]),
+                            **so_far(done["completion_tokens"]), "speculative": done["speculative"]}
                     yield _sse(last)
                     if req.include_usage:
                         yield _sse({**head, "object": last["object"], "choices": [], "usage": self.usage(done),

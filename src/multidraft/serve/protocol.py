@@ -147,12 +147,13 @@ class SamplingRequest:
     top_p: float | None
     top_k: int | None
     stream: bool
-    include_usage: bool
+    include_usage: bool      # stream_options.include_usage: a last chunk with the usage (and no choices)
     stop: tuple
     seed: int
     seed_given: bool
     decode: dict = field(default_factory=dict)  # the request's multidraft decode fields (_DECODE) as given
     max_tokens_param: str = "max_tokens"  # the field max_tokens came from ('max_completion_tokens' in a chat)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): the usage so far in every chunk
 
     def settings_changes(self) -> dict:
         """The request's changes of the server's decode settings (``Settings.derive`` keywords)."""
@@ -203,7 +204,7 @@ def _common(body, allowed: set, endpoint: str) -> dict:
         raise _bad("stream", f"stream must be a boolean, got {_show(stream)}", "invalid_type")
     stream = bool(stream)
     opts = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if opts is not None:
         if not stream:
             raise _bad("stream_options", "stream_options is only allowed when stream is true", "invalid_value")
@@ -211,7 +212,12 @@ def _common(body, allowed: set, endpoint: str) -> dict:
                                                        "include_obfuscation") for k in opts):
             raise _bad("stream_options", f"stream_options must be an object with include_usage, got {_show(opts)}",
                        "invalid_value")
+        for k in ("include_usage", "continuous_usage_stats", "include_obfuscation"):
+            if opts.get(k) is not None and not isinstance(opts[k], bool):
+                raise _bad(f"stream_options.{k}", f"stream_options.{k} must be a boolean, got {_show(opts[k])}",
+                           "invalid_type")
         include_usage = bool(opts.get("include_usage", False))
+        continuous_usage = bool(opts.get("continuous_usage_stats", False))
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is not None:
@@ -247,6 +253,7 @@ def _common(body, allowed: set, endpoint: str) -> dict:
         raise _bad("user", f"user must be a string, got {_show(user)}", "invalid_type")
     return dict(endpoint=endpoint, model=model, max_tokens=max_tokens, temperature=temperature,
                 top_p=None if top_p >= 1.0 else top_p, top_k=top_k, stream=stream, include_usage=include_usage,
+                continuous_usage=continuous_usage,
                 stop=stops, seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None,
                 decode={k: body[k] for k in _DECODE if body.get(k) is not None}, max_tokens_param=key)
 
@@ -275,7 +282,8 @@ _ROLES = ("system", "developer", "user", "assistant")
 def parse_chat(body) -> SamplingRequest:
     """A ``/v1/chat/completions`` body: ``messages`` a non-empty list of ``{"role", "content"}``
     (content a string or a list of text parts); returned as plain ``{"role", "content": str}``
-    dicts for the chat template ('developer' is rendered as 'system')."""
+    dicts for the chat template ('developer' is rendered as 'system'), with the message's
+    ``name`` where given (the template renders it, or the request is refused)."""
     c = _common(body, _CHAT, "chat")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -305,5 +313,11 @@ def parse_chat(body) -> SamplingRequest:
             content = ""
         if not isinstance(content, str):
             raise _bad(f"{where}.content", f"{where}.content must be a string or a list of text parts", "invalid_type")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        msg = {"role": "system" if role == "developer" else role, "content": content}
+        if m.get("name") is not None:  # given to the chat template (TextCodec.chat_text refuses it if unused)
+            if not isinstance(m["name"], str) or not m["name"]:
+                raise _bad(f"{where}.name", f"{where}.name must be a non-empty string, got {_show(m['name'])}",
+                           "invalid_type")
+            msg["name"] = m["name"]
+        out.append(msg)
     return SamplingRequest(prompt=out, **c)

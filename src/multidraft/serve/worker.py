@@ -33,6 +33,7 @@ from ..datasets import encode, has_chat_template, render_chat, token_byte_bound
 from ..decoding import Settings
 from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
+from ..decoding.sources import SuffixIndex
 from .protocol import APIError
 
 __all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker"]
@@ -75,12 +76,21 @@ class TextCodec:
         return encode(self._encoder(), text)  # the one encoder (datasets.encode), as ``decode``
 
     def chat_text(self, messages: list[dict]) -> str:
-        """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes)."""
+        """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes); a
+        message's ``name`` is given to the template, and refused (400 naming it) when the rendered
+        text is the same without the names (the template does not use them)."""
         if not has_chat_template(self._encoder()):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", param="messages",
                            code="no_chat_template")
         try:
-            return render_chat(self._encoder(), messages)
+            text = render_chat(self._encoder(), messages)
+            named = [i for i, m in enumerate(messages) if "name" in m]
+            if named and text == render_chat(self._encoder(), [{k: v for k, v in m.items() if k != "name"}
+                                                               for m in messages]):
+                where = f"messages.[{named[0]}].name"
+                raise APIError(400, f"{where}: this model's chat template does not render a message's name (it "
+                                    f"would be ignored); leave it out", param=where, code="unsupported_parameter")
+            return text
         except ValueError as exc:  # a GGUF without a chat template
             raise APIError(400, f"this model cannot chat: {exc}; use /v1/completions", param="messages",
                            code="no_chat_template") from None
@@ -107,7 +117,11 @@ class ServedModel:
     each request's settings are these with the request's changes (:meth:`request_settings`):
     its temperature, top_p, top_k, max_tokens and decode extensions (``sources``), applied to
     the resolved object (the draft temperature follows the request's temperature unless the
-    server fixed it: ``draft_temperature``)."""
+    server fixed it: ``draft_temperature``).
+
+    ``index`` the one ``decoding.sources.SuffixIndex`` of the server, shared by every request
+    (bounded by its own ``max_tokens``): a request with the ``suffix`` source reads the earlier
+    requests' outputs from it, and every finished output of such a request joins it."""
 
     name: str
     engine: str
@@ -118,6 +132,7 @@ class ServedModel:
     draft_temperature: object = None
     default_max_tokens: int = 128
     ignore_eos: bool = False
+    index: SuffixIndex = field(default_factory=SuffixIndex)
 
     def request_settings(self, changes: dict, max_tokens: int) -> Settings:
         """The settings of one request: ``changes`` (keyword arguments of ``Settings.derive``, as
@@ -140,7 +155,9 @@ class TextStream:
     trailing U+FFFD (bytes of a character not yet complete) and minus the longest suffix that
     is a proper prefix of a stop sequence. When a stop sequence appears, the text is cut before
     it, ``stopped`` is set and the rest up to the cut is released. ``finish()`` releases what
-    was held back (a decode that ended without a stop sequence)."""
+    was held back (a decode that ended without a stop sequence). ``used`` counts the tokens the
+    returned text stands for: all pushed tokens, or after a stop sequence the fewest whose text
+    holds it (the completion's tokens; a draft step's tokens after the stop are not)."""
 
     def __init__(self, decode, stop: tuple = ()):
         self._decode, self.stop = decode, tuple(s for s in stop if s)
@@ -148,16 +165,23 @@ class TextStream:
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self.used = 0  # the tokens the returned text stands for (the completion's tokens)
 
     def push(self, tokens) -> str:
         if self.stopped:
             return ""
+        before = len(self.ids)
         self.ids.extend(int(t) for t in tokens)
+        self.used = len(self.ids)
         text = self._decode(self.ids)
         cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if cuts:
             self.text = text[: min(cuts)]
             self.stopped = True
+            # the fewest tokens whose text holds the stop sequence (the rest of the draft step's
+            # tokens are not the completion's); the text before this push held none
+            self.used = next((n for n in range(before + 1, len(self.ids))
+                              if any(s in self._decode(self.ids[:n]) for s in self.stop)), len(self.ids))
             return self._release(len(self.text))
         self.text = text
         safe = len(text)
@@ -185,7 +209,8 @@ class TextStream:
 @dataclass
 class Job:
     """One request in the queue: its prompt ids, settings and seed; the worker answers through
-    ``emit`` (called from the worker thread): ``("delta", text)``, ``("done", result)`` or
+    ``emit`` (called from the worker thread): ``("delta", text, tokens)`` (``tokens`` the
+    completion's tokens so far), ``("done", result)`` or
     ``("error", APIError)``. ``cancel`` is set by the HTTP side when the client goes away."""
 
     prompt_ids: list[int]
@@ -250,9 +275,12 @@ class Worker:
 
     def status(self) -> dict:
         with self._lock:
-            return {"queued": self.queue.qsize() + (self._held is not None), "running": bool(self.active),
-                    "lanes": len(self.active), "max_lanes": self.max_lanes, **self.counts,
-                    "draining": self.draining.is_set()}
+            out = {"queued": self.queue.qsize() + (self._held is not None), "running": bool(self.active),
+                   "lanes": len(self.active), "max_lanes": self.max_lanes, **self.counts,
+                   "draining": self.draining.is_set()}
+        ix = self.model.index
+        out["suffix_index"] = {"outputs": len(ix.outputs), "tokens": len(ix), "max_tokens": ix.max_tokens}
+        return out
 
     def drain(self, grace_s: float) -> None:
         """Shutting down: refuse new jobs, answer every queued one with 503, let the running ones
@@ -285,7 +313,7 @@ class Worker:
         m = self.model
         while not self._stop.is_set() or self.active:  # lanes running at stop finish (halted past the grace)
             if self._decoder is None:
-                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes)
+                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes, index=m.index)
             self._admit()
             if not self.active:
                 continue
@@ -341,15 +369,15 @@ class Worker:
             def on_step(tokens, act=act):
                 delta = act.text.push(tokens)
                 if delta:
-                    act.job.emit(("delta", delta))
+                    act.job.emit(("delta", delta, act.text.used))
                 return act.text.stopped or self._halt(act.job)
 
             try:
                 lane = dec.add(ids, job.settings, generator=job.seed, on_step=on_step,
                                eos_token_id=None if m.ignore_eos else m.codec.eos)
             except ArgumentError as exc:  # e.g. prompt + max_tokens + a tree beyond the llama.cpp context
-                with self._lock:
-                    self.counts["failed"] += 1
+                with self._lock:  # the request's fault, not the server's (the HTTP side checks this first)
+                    self.counts["refused"] += 1
                 job.emit(("error", APIError(400, f"{exc}", param="max_tokens", code="context_length_exceeded")))
                 continue
             except Exception as exc:  # the prefill or the admission failed: answered, the others go on
@@ -384,8 +412,9 @@ class Worker:
             act = self.active.pop(lane)
         job, text = act.job, act.text
         tail = text.finish()
+        n = text.used if text.stopped else res.new_tokens
         if tail:
-            job.emit(("delta", tail))
+            job.emit(("delta", tail, n))
         cancelled = job.cancel.is_set()
         if res.stop_reason == "eos" or text.stopped:
             finish = "stop"
@@ -399,11 +428,12 @@ class Worker:
         spec.update(target_calls=res.target_calls, draft_calls=res.draft_calls,
                     accepted_tokens=int(sum(res.accepted_lengths)), block_efficiency=res.block_efficiency,
                     acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
-                    prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued)
-        job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": res.new_tokens,
-                           "tokens": res.tokens.tolist(), "speculative": spec}))
+                    prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued,
+                    source_stats=res.source_stats)
+        job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": n,
+                           "tokens": res.tokens.tolist()[:n], "speculative": spec}))
         log.info("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
-                 len(job.prompt_ids), res.new_tokens, res.target_calls, finish, time.perf_counter() - act.started)
+                 len(job.prompt_ids), n, res.target_calls, finish, time.perf_counter() - act.started)
 
 
 def _internal(exc: BaseException) -> APIError:

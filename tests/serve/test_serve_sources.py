@@ -1,0 +1,91 @@
+"""Free draft sources in ``multidraft serve`` (issue 39): a request's ``sources`` (prompt lookup,
+the suffix index) keeps the target's greedy text at T = 0; the server's one ``SuffixIndex`` is
+shared by the requests (a second identical request proposes the first one's output from it),
+bounded by its own cap; the response names the sources and counts each one's proposals."""
+import json
+
+import httpx
+import pytest
+import torch
+
+from live_server import MODEL, start, tiny_served
+
+PROMPT = "in the beginning god"
+
+
+@pytest.fixture(scope="module")
+def live():
+    """A server of its own: its suffix index starts empty here."""
+    srv = start(tiny_served(), queue_size=8, shutdown_grace_s=5)
+    yield srv
+    srv.close()
+
+
+def post(live, **kw):
+    body = dict(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, **kw)
+    r = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def index_of(live) -> dict:
+    return httpx.get(live.url + "/health").json()["suffix_index"]
+
+
+def test_sources_keep_the_greedy_text_and_the_shared_index_proposes_an_earlier_output(live):
+    import tiny_models as tm
+
+    m = live.app.state.model
+    ids = m.codec.encode(PROMPT)
+    want = m.codec.decode(tm.greedy_reference(m.target, torch.tensor([ids]), 40, eos_token_id=0).tolist())
+    plain = post(live)
+    assert plain["choices"][0]["text"] == want and plain["speculative"]["source_stats"] == {}
+    looked = post(live, sources=["model", "lookup"])
+    assert looked["choices"][0]["text"] == want
+    assert looked["speculative"]["sources"] == ["model", "lookup"]
+    assert set(looked["speculative"]["source_stats"]) == {"lookup"}
+    assert index_of(live)["outputs"] == 0  # lookup reads the request's own text only
+    first = post(live, sources="model,suffix")
+    assert first["choices"][0]["text"] == want and first["speculative"]["sources"] == ["model", "suffix"]
+    n = first["usage"]["completion_tokens"]
+    assert index_of(live) == {"outputs": 1, "tokens": n, "max_tokens": m.index.max_tokens}
+    second = post(live, sources=["model", "suffix"])
+    assert second["choices"][0]["text"] == want
+    a, b = first["speculative"]["source_stats"]["suffix"], second["speculative"]["source_stats"]["suffix"]
+    # the second request copies the first one's output from the shared index: every proposed
+    # token of the copy is the greedy text's, and far fewer target calls are needed
+    assert b["accepted"] > a["accepted"] and b["accepted"] >= n - 8
+    assert second["speculative"]["target_calls"] < first["speculative"]["target_calls"] // 2
+    assert index_of(live)["outputs"] == 2
+
+
+def test_a_stream_with_sources_gives_the_same_text(live):
+    body = dict(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+                sources=["model", "lookup", "suffix"])
+    text = []
+    with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                text.append(json.loads(line[6:])["choices"][0]["text"])
+    assert "".join(text) == post(live)["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("sources,words", [(["model", "bogus"], "unknown draft source"),
+                                           (["lookup"], "must include"), ("model,model", "twice")])
+def test_bad_sources_are_a_400_naming_the_field(live, sources, words):
+    r = httpx.post(live.url + "/v1/completions", json=dict(model=MODEL, prompt=PROMPT, sources=sources), timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sources"
+    assert words in r.json()["error"]["message"]
+
+
+def test_the_shared_index_is_bounded_by_its_cap():
+    from multidraft.decoding.sources import SuffixIndex
+
+    srv = start(tiny_served(index=SuffixIndex(max_tokens=50)), queue_size=4, shutdown_grace_s=5)
+    try:
+        for _ in range(3):
+            post(srv, sources=["model", "suffix"])
+        ix = index_of(srv)
+        assert ix["max_tokens"] == 50 and 0 < ix["tokens"] <= 50 and ix["outputs"] == 1
+    finally:
+        srv.close()
