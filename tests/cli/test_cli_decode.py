@@ -41,7 +41,8 @@ BASE = ["decode", "--prompt", "def f(x):", "--quiet"]
     (["--draft-ftype", "q4_0"], "--draft-ftype applies to --engine llama.cpp only"),
     (["--threads", "2"], "--engine llama.cpp only"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
-    (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [16, 131072]"),
+    (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [256, 131072]"),
+    (["--engine", "llama.cpp", "--ctx-size", "100"], "--ctx-size must be in [256, 131072]"),
 ])
 def test_misuse_is_one_line_before_any_model(no_models, capsys, bad, words):
     assert main(BASE + bad) == 2

@@ -23,8 +23,8 @@ from multidraft.cli import main
     (["--sources", "model,bogus"], "unknown draft source"),
     (["--sources", "lookup"], "must include"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
-    (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [16, 131072]"),
-    (["--engine", "llama.cpp", "--ctx-size", "1000000"], "--ctx-size must be in [16, 131072]"),
+    (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [256, 131072]"),
+    (["--engine", "llama.cpp", "--ctx-size", "1000000"], "--ctx-size must be in [256, 131072]"),
 ])
 def test_serve_misuse_is_one_line_before_any_model(no_models, capsys, bad, words):
     assert main(["serve", "--engine", "transformers"] + bad if "--engine" not in bad else ["serve"] + bad) == 2

@@ -67,6 +67,7 @@ def register(sub) -> None:
 
 
 DEFAULT_CTX = 4096  # llama.cpp's n_ctx of the models (decoding.pair.load_pair's default)
+MIN_CTX = 256  # llama.cpp's parallel sequence count: a smaller context aborts it (decoding.llamacpp.LlamaCppModel)
 MAX_CTX = 131072  # the largest --ctx-size (Qwen2.5's longest context with YaRN; the KV cells are allocated at load)
 
 
@@ -143,7 +144,7 @@ def add_settings_flags(p, engine: str = "transformers") -> None:
                         "token on AVX2 / AVX-512 CPUs; made once from the Q4_K_M file)")
     p.add_argument("--ctx-size", type=int, default=None, metavar="N",
                    help=f"--engine llama.cpp: each model's context in tokens (KV cells; the prompt, the output and one "
-                        f"step's draft tree must fit; serve's lanes share them; default {DEFAULT_CTX}, at most "
+                        f"step's draft tree must fit; serve's lanes share them; default {DEFAULT_CTX}, at least {MIN_CTX}, at most "
                         f"{MAX_CTX}, capped by the model's training context)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="llama.cpp threads (default: all cores)")
@@ -277,8 +278,8 @@ def check_settings(args):
         args.draft_ftype = draft_ftype(args.draft_ftype, args.draft)
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        if args.ctx_size is not None and not 16 <= args.ctx_size <= MAX_CTX:
-            raise ValueError(f"--ctx-size must be in [16, {MAX_CTX}], got {args.ctx_size}")
+        if args.ctx_size is not None and not MIN_CTX <= args.ctx_size <= MAX_CTX:
+            raise ValueError(f"--ctx-size must be in [{MIN_CTX}, {MAX_CTX}], got {args.ctx_size}")
     else:
         for flag, val in (("--bf16-target", args.bf16_target or None), ("--draft-ftype", args.draft_ftype),
                           ("--threads", args.threads), ("--ctx-size", args.ctx_size)):
