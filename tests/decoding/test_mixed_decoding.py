@@ -192,7 +192,8 @@ def test_two_token_law_mixed_lookup(small_pair):
 @pytest.mark.slow
 @pytest.mark.parametrize("verifier,kw", [("khisti_is", dict(k=2, depth=1)), ("specinfer", dict(k=2, depth=1,
                                                                                                tree="sequences")),
-                                         ("lp_optimal", dict(k=2, depth=1, draft_law="greedy"))])
+                                         ("lp_optimal", dict(k=2, depth=1, draft_law="greedy")),
+                                         ("optimal", dict(k=2, depth=1)), ("rrs_wor", dict(k=2, depth=1, draft_law="wor"))])
 def test_two_token_law_mixed_lookup_slow(small_pair, verifier, kw):
     """~15 s each on a loaded 2-core machine."""
     _mixed_law_case(small_pair, 500, 22, verifier=verifier, draft_temperature=1.3, **kw)
