@@ -151,12 +151,12 @@ class TokenWalk(TreeRule):
         """The output token of node ``nd`` with target ``p`` ``[V]`` (free drafts first, module notes)."""
         k = len(nd.drafts) - nd.free
         if nd.free:
-            xs, acc, r = _free_first(p, nd.drafts[k:])
+            xs, acc, r, R = _free_first(p, nd.drafts[k:])
             u = torch.rand(len(xs), dtype=torch.float64, generator=g, device=g.device).cpu().tolist()  # [m]
             for x, a, ui in zip(xs, acc, u):
                 if ui < a:
                     return x
-            p = r  # [V] the residual r_m, float64 normalised
+            p = r / R  # [V] the residual r_m, float64 (R > 0: the last copy was refused with probability > 0)
             if k == 0:
                 return int(sample_token(p, g))
         dr = torch.tensor(nd.drafts[:k], dtype=torch.long, device=p.device)  # [k]
@@ -186,13 +186,14 @@ class TokenWalk(TreeRule):
         if not free:
             dr = torch.tensor(drafts, dtype=torch.long, device=p.device)
             return self.verifier_for(k).output_distribution(p, q, dr, law=self.law).double().cpu()
-        xs, acc, r = _free_first(p, drafts[k:])
+        xs, acc, r, R = _free_first(p, drafts[k:])
         out = torch.zeros(p.shape[-1], dtype=torch.float64)  # [V]
         w = 1.0
         for x, a in zip(xs, acc):
             out[x] += w * a
             w *= 1.0 - a
         if w > 0.0:
+            r = r / R  # [V] r_m
             if k:
                 dr = torch.tensor(drafts[:k], dtype=torch.long, device=p.device)
                 sub = self.verifier_for(k).output_distribution(r, q, dr, law=self.law).double().cpu()
@@ -257,12 +258,13 @@ class TokenWalk(TreeRule):
         return total
 
 
-def _free_first(p: torch.Tensor, free: list) -> tuple[list, list, torch.Tensor]:
+def _free_first(p: torch.Tensor, free: list) -> tuple[list, list, torch.Tensor, float]:
     """The free-first rule's numbers at a node with target ``p`` ``[V]`` and free drafts ``free``
     (module notes): the distinct free tokens x_1..x_m in order, their acceptance probabilities
-    r_(i-1)(x_i) (float64; 0 for a token the target gives 0), and the residual r_m ``[V]`` (float64,
-    on p's device; normalised, zeros when nothing is left, which only follows an acceptance of
-    probability 1). One O(V) copy and sum, one transfer of m + 1 scalars."""
+    r_(i-1)(x_i) (float64; 0 for a token the target gives 0), the residual's unnormalised mass
+    ``[V]`` (float64, on p's device: p with the free tokens zeroed) and its sum R (r_m is mass / R;
+    R = 0 only when some copy is accepted with probability 1). One O(V) copy and sum, one transfer
+    of m + 1 scalars."""
     xs = list(dict.fromkeys(int(t) for t in free))
     r = p.double()
     if r is p:
@@ -279,9 +281,7 @@ def _free_first(p: torch.Tensor, free: list) -> tuple[list, list, torch.Tensor]:
         den = v[i] + tail
         acc[i] = v[i] / den if den > 0.0 else 0.0
         tail = den
-    if R > 0.0:
-        r = r / R
-    return xs, acc, r
+    return xs, acc, r, R
 
 
 register("token_walk", TokenWalk)
