@@ -156,9 +156,9 @@ class TokenWalk(TreeRule):
             for x, a, ui in zip(xs, acc, u):
                 if ui < a:
                     return x
-            p = r / R  # [V] the residual r_m, float64 (R > 0: the last copy was refused with probability > 0)
+            p = r  # [V] the residual r_m, unnormalised (R > 0: some copy was refused with probability > 0)
             if k == 0:
-                return int(sample_token(p, g))
+                return int(sample_token(p, g))  # inverse CDF of the row's own cumulative sum
         dr = torch.tensor(nd.drafts[:k], dtype=torch.long, device=p.device)  # [k]
         v = self.verifier_for(k)
         return int(v.verify(p, nd.q, dr, generator=g, law=self.law, validate=False).token)
@@ -193,7 +193,7 @@ class TokenWalk(TreeRule):
             out[x] += w * a
             w *= 1.0 - a
         if w > 0.0:
-            r = r / R  # [V] r_m
+            r = r.double() / R  # [V] r_m, float64
             if k:
                 dr = torch.tensor(drafts[:k], dtype=torch.long, device=p.device)
                 sub = self.verifier_for(k).output_distribution(r, q, dr, law=self.law).double().cpu()
@@ -262,18 +262,14 @@ def _free_first(p: torch.Tensor, free: list) -> tuple[list, list, torch.Tensor, 
     """The free-first rule's numbers at a node with target ``p`` ``[V]`` and free drafts ``free``
     (module notes): the distinct free tokens x_1..x_m in order, their acceptance probabilities
     r_(i-1)(x_i) (float64; 0 for a token the target gives 0), the residual's unnormalised mass
-    ``[V]`` (float64, on p's device: p with the free tokens zeroed) and its sum R (r_m is mass / R;
-    R = 0 only when some copy is accepted with probability 1). One O(V) copy and sum, one transfer
-    of m + 1 scalars."""
+    ``[V]`` (p with the free tokens zeroed, in p's own dtype and device: zeroing is exact, and every
+    verifier reads a row as the float64 law it represents, row / its float64 sum) and its float64
+    sum R (r_m is mass / R; R = 0 only when some copy is accepted with probability 1). One O(V)
+    copy and sum, one transfer of m + 1 scalars."""
     xs = list(dict.fromkeys(int(t) for t in free))
-    r = p.double()
-    if r is p:
-        r = r.clone()
-    idx = torch.tensor(xs, dtype=torch.long, device=r.device)  # [m]
-    vals = r[idx]  # [m]
-    r.index_fill_(0, idx, 0.0)
-    rest = r.sum()
-    host = torch.cat([vals, rest.reshape(1)]).cpu().tolist()  # [m + 1]
+    idx = torch.tensor(xs, dtype=torch.long, device=p.device)  # [m]
+    r = p.index_fill(0, idx, 0.0)  # [V]
+    host = torch.cat([p[idx].double(), r.sum(dtype=torch.float64).reshape(1)]).cpu().tolist()  # [m + 1]
     v, R = host[:-1], host[-1]
     acc = [0.0] * len(xs)
     tail = R  # sum of p outside x_1..x_i, from the last i down
