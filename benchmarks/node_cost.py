@@ -58,6 +58,17 @@ one target/draft pair. ``--trees`` draws ``--tree-count`` trees per law (fixed s
 before timing) and times ``rule.verify(tree, g)`` per tree (median over ``--repeats`` of the
 summed time / trees); a rule that does not support a law prints its refusal.
 
+Mixed nodes (``--mixed``; issue 39 item 4): the verify cost of one node of a mixed tree at the
+same rows, through ``trees.TokenWalk.verify`` on a one-level tree (the accepted child is a leaf,
+so every case pays the same bonus sample from p): ``model`` a node with ``--mixed-k`` iid drafts
+and no copy (what a node without free drafts pays); ``independent`` the same drafts plus one
+one-hot copy under the 'independent' law (``[k + 1, V]`` q rows: how main verified mixed nodes
+before the free-first rule; only verifiers that take that law); ``free_first`` the same node
+verified free drafts first (the copy, then the model's verifier on the residual); ``free_only``
+a node with the copy alone. The copy is the target's most probable token (``hit``: mostly
+accepted) or its least probable one (``miss``: refused, the residual and the model verifier
+run). ``--mixed-verifiers`` (default specinfer,optimal).
+
 Allocator note: glibc hands freed multi-MB temporaries back to the OS and the next call pays
 page faults for them (about 1 ms per MB on the 2-core VM). The decoder keeps them in the process
 (``multidraft._alloc.keep_freed_memory``, called when a decoder is built) and so does this script
@@ -252,6 +263,63 @@ def tree_costs(TL, DL, k, depth, count, repeats, seed, T=1.0, verifier="optimal"
 
 # ---------------------------------------------------------------------------------------
 # one node, as the engine does it
+def mixed_costs(TL, DL, T, k, draws, repeats, seed, names):
+    """Per-node verify cost of mixed nodes (module notes, ``--mixed``): rows of dicts."""
+    from multidraft import trees as _trees
+
+    V = TL.shape[-1]
+    shape = _trees.TreeShape.from_args(None, k + 1, 1)  # room for k drafts and a copy
+    P = [process_logits(TL[i], T) for i in range(TL.shape[0])]  # [V] each
+    Q = [process_logits(DL[i], T) for i in range(DL.shape[0])]  # [V] each
+    copies = {"hit": [int(p.argmax()) for p in P], "miss": [int(p.argmin()) for p in P]}
+
+    def tree_for(case, i, copy, g):
+        p, q = P[i], Q[i]
+        toks = _drafts.make("iid", q.unsqueeze(0), k).sample(g)[0].tolist() if case != "free_only" else []
+        law = "independent" if case == "independent" else "iid"
+        t = _trees.DraftTree(shape, 0, 1, 1, law)
+        if case == "independent":
+            t.nodes[0].q = torch.cat([q.expand(k, V), _trees.one_hot_rows([copy], V, q.dtype)])  # [k + 1, V]
+            t.add_drafts(0, toks + [copy])
+        else:
+            if toks:
+                t.nodes[0].q = q
+                t.add_drafts(0, toks)
+            if case != "model":
+                t.add_chains([(copy,)])
+        t.set_target(lambda j: p)
+        t.checked = True
+        return t
+
+    out = []
+    for name in names:
+        v = _verifiers.get(name)
+        for case, which in (("model", None), ("independent", "hit"), ("independent", "miss"), ("free_first", "hit"),
+                            ("free_first", "miss"), ("free_only", "hit"), ("free_only", "miss")):
+            if case == "independent" and not v.supports("independent", k + 1):
+                out.append({"kind": "mixed_node", "verifier": name, "case": case, "copy": which,
+                            "refused": f"{name} does not take the independent law"})
+                print(f"{name:<15}{case:<12}{which or '':<5} refused ({name} does not take the independent law)", flush=True)
+                continue
+            rule = _trees.TokenWalk(v, "independent" if case == "independent" else "iid")
+            per_rep = []
+            for rep in range(repeats + 1):
+                tot = 0.0
+                for i in range(len(P)):
+                    for d in range(draws):
+                        g = torch.Generator().manual_seed(derive_seed(seed, i, d, rule="linear", weights=(1_000_003, 1009, 1)))
+                        t = tree_for(case, i, copies[which][i] if which else None, g)
+                        t0 = _clock()
+                        rule.verify(t, g)
+                        tot += _clock() - t0
+                if rep:
+                    per_rep.append(tot)
+            ms = 1e3 * statistics.median(per_rep) / (len(P) * draws)
+            out.append({"kind": "mixed_node", "verifier": name, "case": case, "copy": which, "k": k, "verify_ms": ms})
+            print(f"{name:<15}{case:<12}{which or '':<5} k={k} verify {ms:8.2f} ms", flush=True)
+    return out
+
+
 def run_node(v, kind, k, tl, dl, T, g, clock, top_k=None, top_p=None):
     """Draft a node with k drafts from draft logits dl [V] and verify at target logits tl [V]."""
     t0 = _clock()
@@ -338,6 +406,10 @@ def main(argv=None):
     ap.add_argument("--tree-k", type=int, default=2)
     ap.add_argument("--tree-depth", type=int, default=3)
     ap.add_argument("--tree-count", type=int, default=8, help="trees per law")
+    ap.add_argument("--mixed", action="store_true", help="mixed nodes (free drafts beside the model's): verify costs")
+    ap.add_argument("--mixed-only", action="store_true", help="--mixed and skip the per-node table")
+    ap.add_argument("--mixed-k", type=int, default=4, help="model drafts at a --mixed node")
+    ap.add_argument("--mixed-verifiers", default="specinfer,optimal")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -379,7 +451,7 @@ def main(argv=None):
     print(hdr)
     rows_out = []
     flagged = []
-    for name in (names if not args.trees_only else []):
+    for name in (names if not (args.trees_only or args.mixed_only) else []):
         v = _verifiers.get(name)
         for kind in v.laws:
             if laws_filter and kind not in laws_filter:
@@ -405,6 +477,9 @@ def main(argv=None):
         over = [r for r in rows_out if ref["name"] in r["over_budget"]]
         print(f"  over {100 * args.budget:.0f}% of {ref['name']} ({1e3 * args.budget * ref['seconds']:.1f} ms): {len(over)}"
               + (": " + ", ".join(f"{r['verifier']}/{r['law']}/K={r['k']} {r['total_ms']:.1f}" for r in over) if over else ""))
+    if args.mixed or args.mixed_only:
+        rows_out += mixed_costs(TL, DL, args.temperature, args.mixed_k, args.draws, args.repeats, args.seed,
+                                args.mixed_verifiers.split(","))
     if args.trees or args.trees_only:
         rows_out += tree_costs(TL, DL, args.tree_k, args.tree_depth, args.tree_count, args.repeats, args.seed, args.temperature)
     if args.out:

@@ -39,7 +39,7 @@ def test_decode_with_free_sources_is_the_greedy_text_and_reports_acceptance(monk
     assert "acceptance" in err and "block efficiency" in err
 
 
-@pytest.mark.parametrize("extra,flag", [(["--rule", "traversal"], "--rule"), (["--verifier", "optimal"], "--verifier"),
+@pytest.mark.parametrize("extra,flag", [(["--rule", "traversal"], "--rule"), (["--rule", "gbv"], "--rule"),
                                         (["--verifier", "specinfer", "--draft-law", "wor"], "--draft-law")])
 def test_decode_refuses_what_cannot_verify_mixed_trees(no_models, capsys, extra, flag):
     assert main(["decode", "--prompt", PROMPT, "--quiet", "--sources", "model,lookup", *extra]) == 2

@@ -1,7 +1,7 @@
 """Mixed trees in the decoder (issue 39 items 2 and 5): free sources' chains beside the draft
-model's tree, verified by the walk under the 'independent' law. T = 0 equals the target's greedy
-text; T = 1 the two-token law is the target's (chi-square); the caches stay the committed text's;
-the settings refuse what cannot verify a mixed tree."""
+model's tree, verified by the walk free drafts first under the model's own law (any verifier). T = 0
+equals the target's greedy text; T = 1 the two-token law is the target's (chi-square); the caches
+stay the committed text's; the settings refuse the sequence-level rules."""
 from __future__ import annotations
 
 import pytest
@@ -22,11 +22,11 @@ REPEATS = torch.tensor([[3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8, 3, 4, 5]])  # promp
 
 
 # --- settings ------------------------------------------------------------------------------------
-def test_settings_sources_and_the_independent_walk():
+def test_settings_sources_and_the_models_walk():
     s = Settings.from_args(verifier="khisti_is", k=2, depth=3, sources="model,lookup,suffix")
     assert [src.name for src in s.sources] == ["model", "lookup", "suffix"]
     assert s.describe()["sources"] == ["model", "lookup", "suffix"] and s.mixed
-    assert s.rule.law == "independent" and s.law == "iid"  # the walk's law; the model's own draft law
+    assert s.rule.law == "iid" and s.law == "iid"  # the walk's law is the model's own draft law
     assert s.max_nodes == s.shape.max_nodes() + s.free_nodes and s.free_nodes == 8 + 16
     assert Settings.from_args(**Settings.args_of(s.describe())) == s
     assert s.derive(temperature=0.5, draft_temperature=0.7).draft_temps == (0.7,)
@@ -39,8 +39,7 @@ def test_settings_sources_and_the_independent_walk():
 
 @pytest.mark.parametrize("kw,arg", [
     (dict(rule="traversal"), "rule"), (dict(rule="block", k=1), "rule"), (dict(rule="univer"), "rule"),
-    (dict(verifier="optimal"), "verifier"), (dict(verifier="spectr"), "verifier"),
-    (dict(verifier="lp_optimal", draft_law="wor"), "draft_law"),
+    (dict(rule="gbv"), "rule"), (dict(verifier="optimal", draft_law="wor"), "draft_law"),
 ])
 def test_settings_refuse_what_cannot_verify_mixed_trees(kw, arg):
     with pytest.raises(ArgumentError) as info:
@@ -48,9 +47,18 @@ def test_settings_refuse_what_cannot_verify_mixed_trees(kw, arg):
     assert info.value.arg == arg and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("verifier,law,k", [("optimal", "iid", 4), ("spectr", "iid", 2), ("rrs_wor", "wor", 3),
+                                            ("greedy_optimal", "greedy", 2), ("spechub", "greedy", 2),
+                                            ("lp_optimal", "wor", 2), ("khisti_is", "independent", 2)])
+def test_settings_take_every_walk_with_sources(verifier, law, k):
+    """Free drafts first: every token-level verifier verifies mixed trees under its own law."""
+    s = Settings.from_args(verifier=verifier, k=k, depth=2, draft_law=law, sources="model,lookup")
+    assert s.mixed and s.rule.law == law and s.verifier.name == verifier
+
+
 # --- T = 0: the target's greedy text ----------------------------------------------------------------
 @pytest.mark.parametrize("kw", [dict(k=2, depth=3), dict(k=2, depth=2, tree="sequences"), dict(k=1, depth=2),
-                                dict(k=2, depth=3, tree="dynamic"), dict(k=2, depth=2, draft_law="greedy"),
+                                dict(k=2, depth=3, tree="dynamic"),
                                 dict(k=2, depth=2, draft_temperature=[0.5, 1.5])])
 def test_greedy_mixed_equals_target_greedy(pair, kw):
     t, d = pair
@@ -59,6 +67,19 @@ def test_greedy_mixed_equals_target_greedy(pair, kw):
         r = md.generate(t, d, REPEATS, verifier=v, temperature=0, max_new_tokens=20, generator=0, sources=src, **kw)
         assert r.tokens.tolist() == ref, (kw, src)
         assert max(r.draft_depths) > kw["depth"]  # the copied chain went past the model's depth
+
+
+@pytest.mark.parametrize("verifier,kw", [("optimal", dict(k=2, depth=3)), ("optimal", dict(k=2, depth=2, tree="sequences")),
+                                         ("rrs_wor", dict(k=2, depth=2, draft_law="wor")),
+                                         ("greedy_optimal", dict(k=2, depth=2, draft_law="greedy"))])
+def test_greedy_mixed_equals_target_greedy_every_walk(pair, verifier, kw):
+    """T = 0 with prompt lookup under the walks the independent law could not take (optimal, wor)."""
+    t, d = pair
+    ref = tm.greedy_reference(t, REPEATS, 20).tolist()
+    r = md.generate(t, d, REPEATS, verifier=verifier, temperature=0, max_new_tokens=20, generator=0,
+                    sources="model,lookup", **kw)
+    assert r.tokens.tolist() == ref
+    assert max(r.draft_depths) > kw["depth"]  # the copied chain went past the model's depth
 
 
 def test_mixed_batch_lanes_equal_generate(pair):
@@ -104,12 +125,12 @@ def test_step_tree_has_free_only_nodes_unfed(pair):
     with torch.inference_mode():
         step.prefill(REPEATS)
         tree = step.serve(step.draft(int(REPEATS[0, -1]), 1, limit=4))
-    assert tree.law == "independent" and tree.model_law == "iid"
+    assert tree.law == "iid"  # the model's law: free drafts need no q rows
     free = [nd for nd in tree.nodes[1:] if nd.slot is None]
     deepest = max(range(len(tree)), key=lambda i: tree.nodes[i].depth)
     assert tree.prefix(deepest) == (6, 7, 8, 3)  # the lookup chain, lookup's depth 8 cut by the step's limit
     assert all(nd.fed == -1 for nd in free) and tree.nodes[0].free >= 1
-    assert tree.nodes[0].q.shape[0] == len(tree.nodes[0].drafts)
+    assert tree.nodes[0].q.ndim == 1 and len(tree.nodes[0].drafts) == 1 + tree.nodes[0].free
 
 
 # --- T = 1: the law of the first two tokens ------------------------------------------------------------
@@ -171,7 +192,8 @@ def test_two_token_law_mixed_lookup(small_pair):
 @pytest.mark.slow
 @pytest.mark.parametrize("verifier,kw", [("khisti_is", dict(k=2, depth=1)), ("specinfer", dict(k=2, depth=1,
                                                                                                tree="sequences")),
-                                         ("lp_optimal", dict(k=2, depth=1, draft_law="greedy"))])
+                                         ("lp_optimal", dict(k=2, depth=1, draft_law="greedy")),
+                                         ("optimal", dict(k=2, depth=1)), ("rrs_wor", dict(k=2, depth=1, draft_law="wor"))])
 def test_two_token_law_mixed_lookup_slow(small_pair, verifier, kw):
     """~15 s each on a loaded 2-core machine."""
     _mixed_law_case(small_pair, 500, 22, verifier=verifier, draft_temperature=1.3, **kw)
@@ -198,15 +220,14 @@ def test_batch_lanes_share_a_suffix_index(pair):
 
 def test_no_match_keeps_the_models_tree_and_law(pair):
     """A step whose free sources propose nothing verifies the model's tree under the model's own law
-    (the walk as without sources, cheaper than the independent law's), when the verifier takes it."""
+    (the walk as without sources)."""
     t, d = pair
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 9]])  # no repeated n-gram: prompt lookup proposes nothing
-    for verifier, law, plain in (("specinfer", "iid", True), ("khisti_is", "greedy", False)):
+    for verifier, law in (("specinfer", "iid"), ("rrs_wor", "wor")):
         s = Settings.from_args(verifier=verifier, k=2, depth=2, draft_law=law, temperature=1.0, sources="model,lookup")
         step = engine.DecoderStep(runners.runner_for(t), runners.runner_for(d), s, torch.Generator().manual_seed(0))
         with torch.inference_mode():
             step.prefill(ids)
             tree = step.serve(step.draft(int(ids[0, -1]), 2, limit=8))
         assert all(nd.free == 0 for nd in tree.nodes)
-        assert tree.law == (law if plain else "independent")
-        assert s.rule.law == "independent"
+        assert tree.law == law and s.rule.law == law

@@ -184,9 +184,10 @@ def _verifier(verifier):
 
 
 # Why each sequence-level rule refuses mixed trees (one line each; DESIGN.md "Draft sources"). A
-# mixed tree's node drafts are independent columns of different laws (the model's rows beside
-# one-hot copies); each rule below is proven lossless only where one q row covers every draft of
-# a node, and its refusal(tree_law) says so on trees.mixed(...) laws (tests/trees/test_mixed.py).
+# mixed tree's node has one-hot copies beside the model's draws; each rule below is proven
+# lossless only where one q row covers every draft of a node, and its refusal(tree_law) says so
+# on trees.mixed(...) laws (tests/trees/test_mixed.py). The token walk takes every verifier:
+# free drafts first at a node, then the model's verifier on the residual (trees.TokenWalk).
 MIXED_REFUSALS = {
     "block": "block verification reads one chain with one q row a position; a mixed tree has a model draft "
              "and a copied draft at one node",
@@ -200,25 +201,14 @@ MIXED_REFUSALS = {
 }
 
 
-def _mixed_rule(rule: str, v, kind: str, ks: set):
-    """The rule of a decode with free sources (DESIGN.md "Draft sources"): the walk of ``v`` under
-    the 'independent' law (every node's drafts written as independent columns, free copies as
-    one-hot rows). ``ArgumentError`` for a sequence-level rule (``MIXED_REFUSALS``), a verifier
-    without the independent law, or the model's 'wor' law with two drafts or more at a node."""
+def _mixed_rule(rule: str) -> None:
+    """A decode with free sources (DESIGN.md "Draft sources") takes the token walk of any verifier
+    lossless for the model's law (free drafts first at a node, ``trees.TokenWalk``); ``ArgumentError``
+    for a sequence-level rule (``MIXED_REFUSALS``)."""
     if rule != WALK:
         raise ArgumentError("rule", f": {rule!r} does not verify mixed trees (free sources' copies beside the "
                                     f"model's drafts): {MIXED_REFUSALS.get(rule, 'it needs one q row per node')}; "
-                                    f"use rule {WALK!r} with verifier 'specinfer' or 'khisti_is', or sources 'model'")
-    ok = node_ks(v, "independent", max(ks, default=1))
-    if "independent" not in v.laws or any(n not in ok for n in ks):
-        takes = [n for n in _verifiers.names() if _verifiers.get(n).supports("independent", 2)]
-        raise ArgumentError("verifier", f": {v.name!r} does not take the independent law that mixed trees (free "
-                                        f"sources beside the model) are verified under; verifiers that do: "
-                                        f"{', '.join(takes)}")
-    if kind == "wor" and max(ks, default=1) >= 2:
-        raise ArgumentError("draft_law", ": 'wor' drafts (without replacement) are not independent columns, which "
-                                         "mixed trees (free sources beside the model) need; use 'iid' or 'greedy'")
-    return _trees.TokenWalk(v, "independent")
+                                    f"use rule {WALK!r} (any verifier), or sources 'model'")
 
 
 _SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens")  # fields a change checks alone
@@ -289,7 +279,7 @@ class Settings:
     @property
     def mixed(self) -> bool:
         """Whether each step's tree is a mixed tree: the model's tree plus free sources' chains
-        (``trees.DraftTree.add_chains``), verified under the 'independent' law."""
+        (``trees.DraftTree.add_chains``), verified by the walk free drafts first (``trees.TokenWalk``)."""
         return bool(self.free_sources)
 
     @property
@@ -465,8 +455,8 @@ class Settings:
             ks = {n for n in shape.children.values() if n > 0}
         srcs = tuple(DraftModel(tuple(temps)) if n == DraftModel.name else free_source(n) for n in names)
         if any(src.free for src in srcs):
-            obj = _mixed_rule(rule, v, kind, ks)
-        elif v is None:
+            _mixed_rule(rule)
+        if v is None:
             _check_rule(rule, shape, kind, len(temps))
             obj = _trees.get(rule)
         else:

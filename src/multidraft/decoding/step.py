@@ -38,10 +38,10 @@ sources"). Each has a per-decode proposer that sees the committed text: ``prefil
 with the prompt, ``commit`` with the emitted tokens, ``finish`` ends it (the engine's decode
 calls it). After the draft model drafted a step's tree, ``draft`` appends each source's chains
 (``propose(depth)``, depth the source's own, capped by the step's ``limit``: the tokens left to
-emit and the context's room) as one-hot columns (``DraftTree.as_independent`` then
-``add_chains``): the chains depend only on the committed text, never on the model's draws, so
-the tree's node drafts are independent columns given the path and the rule (the walk under the
-'independent' law, ``Settings.from_args``) is lossless. Free-only nodes are not fed to the draft
+emit and the context's room) as deterministic drafts (``DraftTree.add_chains``): the chains
+depend only on the committed text, never on the model's draws, so the walk of the settings'
+verifier under the model's law verifies each node free drafts first and then the model's drafts
+on the residual target, losslessly (``trees.TokenWalk``). Free-only nodes are not fed to the draft
 model (``fed`` -1): along any path the fed nodes are a prefix (a free-only node's children are
 free-only), which ``commit`` relies on. A step drafted to depth 0 has no free drafts either.
 ``source_stats[name] = [proposed, accepted]`` counts, per free source over the decode, the trie
@@ -59,7 +59,7 @@ import torch
 
 from .. import drafts as _drafts
 from ..sampling import process_logits, sample_token
-from ..trees import DraftTree, TokenWalk, TreeShape, TreeVerdict, allocate, node_ks
+from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
 
 __all__ = ["DecoderStep", "StepResult", "Call", "drive", "score_call", "score_tree"]
 
@@ -156,21 +156,6 @@ class DecoderStep:
         self.source_stats: dict = {src.name: [0, 0] for src in self._free}
         self._step_chains: dict = {}  # source name -> its chains on the in-flight tree
         self._rows = None  # (V, dtype, device) of the in-flight tree's q rows (the draft logits')
-        self._plain = self._plain_rule() if self._free else None
-
-    def _plain_rule(self):
-        """The walk under the model's own law, for a step whose free sources propose nothing (its
-        tree is the model's alone): the walk of the same verifier when it takes that law at every
-        number of drafts the shape gives a node (as without sources), else None (the tree is then
-        verified under the 'independent' law as any mixed tree). The independent law's walk costs
-        more a node (specinfer at V = 151,936: ~30 ms against ~8 ms under 'iid', loaded 2-core CPU)."""
-        rule, plan = self.rule, self.settings
-        if not isinstance(rule, TokenWalk) or rule.law != "independent" or plan.law == "independent":
-            return None
-        law = plan.tree_law
-        ks = law.node_ks() if law is not None else set()
-        ok = node_ks(rule.verifier, plan.law, max(ks, default=1))
-        return TokenWalk(rule.verifier, plan.law) if all(k in ok for k in ks) else None
 
     # the four parts -------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor) -> float:
@@ -219,8 +204,7 @@ class DecoderStep:
 
     def _add_free(self, tree: DraftTree, cap: int, limit: int | None) -> None:
         """The free sources' chains on the drafted ``tree`` (module notes), each source's trie cut
-        to its ``depth`` nodes (``Settings.free_nodes``); a tree that gets none stays under the
-        model's law when the verifier takes it (``_plain_rule``)."""
+        to its ``depth`` nodes (``Settings.free_nodes``)."""
         chains = []
         self._step_chains = {}
         for src, prop in (self._proposers if cap > 0 and self._rows is not None else ()):
@@ -237,12 +221,8 @@ class DecoderStep:
                 chains.append(ch)
                 self._step_chains.setdefault(src.name, []).append(ch)
             self.source_stats[src.name][0] += len(seen)
-        if not chains and self._plain is not None:
-            return
-        tree.as_independent()
         if chains:
-            V, dtype, device = self._rows
-            tree.add_chains(chains, V, dtype, device)
+            tree.add_chains(chains)
 
     def score(self, tree: DraftTree):
         """Generator (yields the target's ``Call``): one target pass over ``[root] + tree``;
@@ -256,8 +236,6 @@ class DecoderStep:
         """The verdict of ``rule`` (default ``self.rule``) on ``tree`` scored by ``logits`` ``[N, V]``
         (module notes: rows as the rule reads them; no drafts: one token from p at the root)."""
         rule = self.rule if rule is None else rule
-        if rule is self.rule and self._plain is not None and tree.law != "independent":
-            rule = self._plain  # no free drafts this step: the model's tree under its own law (_plain_rule)
         plan = self.settings
         if tree is self._tree:  # drafted by this step: rules skip their input check (DraftTree notes)
             tree.checked = True

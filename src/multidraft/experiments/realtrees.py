@@ -109,8 +109,8 @@ def shape_settings(shape: str, budget: int):
 
 
 def tree_law(settings) -> "trees.TreeLaw":
-    """The tree law of ``settings``' trees; with free sources a mixed law (the walks under the
-    'independent' law; its chains are the step's own, so none are fixed here)."""
+    """The tree law of ``settings``' trees; with free sources a mixed law (the walks verify free drafts
+    first under the model's law; its chains are the step's own, so none are fixed here)."""
     base = trees.TreeLaw(settings.shape, settings.law, repr(settings.shape))
     return trees.mixed(base, []) if getattr(settings, "mixed", False) else base
 
@@ -159,7 +159,7 @@ def build_tree(runners, settings, root: int, generator: torch.Generator, committ
     both holding the committed prefix) exactly as ``generate`` does at a step; the runners are left as
     they were. ``committed``: the committed tokens, root last (the free sources' proposers read them;
     None: no free drafts). Returns the filled ``DraftTree`` (float64 p rows over the vocabulary, q
-    rows renormalised, each row of an 'independent' node's ``[k, V]``)."""
+    rows renormalised, each row of an 'independent' node's ``[k, V]``; free-only nodes have none)."""
     from ..decoding import DecoderStep
 
     step = DecoderStep(*runners, settings, generator)
@@ -167,8 +167,6 @@ def build_tree(runners, settings, root: int, generator: torch.Generator, committ
         step.observe(committed, fresh=True)
     tree = step.serve(step.draft(root, settings.shape.depth))
     step.finish()
-    if getattr(settings, "mixed", False):
-        tree.as_independent()  # a step without free drafts keeps the model's law; the study's walks read columns
     logits = step.serve(step.score(tree))  # [N, V]
     step.discard()
     p = process_logits(logits.float(), settings.temperature, settings.top_k, settings.top_p, dtype=torch.float64)  # [N, V]

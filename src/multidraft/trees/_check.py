@@ -17,7 +17,16 @@ import torch
 from .._validate import as_probs, as_probs64
 from .tree import DraftTree
 
-__all__ = ["check_tree", "is_chain_law", "row64"]
+__all__ = ["MIXED", "check_tree", "is_chain_law", "is_mixed_law", "row64"]
+
+MIXED = ("free-source drafts (one-hot copies) beside the model's draws at a node: a mixed tree; "
+         "{rule} is proven lossless for one q row per node, so it is refused (the token walk verifies "
+         "mixed trees, free drafts first)")
+
+
+def is_mixed_law(tree_law) -> bool:
+    """Whether ``tree_law`` is a mixed law (``laws.MixedLaw``: free sources' chains appended)."""
+    return bool(getattr(tree_law, "mixed", False))
 
 
 def is_chain_law(tree_law) -> bool:
@@ -66,9 +75,10 @@ def _rows_valid(tree: DraftTree) -> bool:
             if not isinstance(p, torch.Tensor) or p.ndim != 1:
                 return False
             rows.append(p.reshape(1, -1))
-            if nd.drafts:
+            km = len(nd.drafts) - nd.free  # the model's drafts (a mixed tree's free drafts have no q row)
+            if km > 0:
                 q, want = nd.q, (2 if tree.law == "independent" else 1)
-                if not isinstance(q, torch.Tensor) or q.ndim != want or (want == 2 and q.shape[0] != len(nd.drafts)):
+                if not isinstance(q, torch.Tensor) or q.ndim != want or (want == 2 and q.shape[0] != km):
                     return False
                 rows.append(q.reshape(-1, q.shape[-1]))
         as_probs(torch.cat(rows), "tree")  # [rows, V]
@@ -77,15 +87,22 @@ def _rows_valid(tree: DraftTree) -> bool:
     return True
 
 
-def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False, empty_ok: bool = False) -> None:
+def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False, empty_ok: bool = False,
+               free_ok: bool = False) -> None:
     """Validate a filled draft tree for a tree rule (see the module notes); ``empty_ok``: a tree
-    without drafts is taken (the token walk emits one token from p at its root)."""
+    without drafts is taken (the token walk emits one token from p at its root); ``free_ok``: a
+    mixed tree (free-source drafts, ``Node.free``) is taken (the token walk), else refused."""
     if not isinstance(tree, DraftTree):
         raise ValueError(f"tree: must be a DraftTree, got {type(tree).__name__}")
     if not empty_ok and (tree.depth_cap < 1 or not tree.nodes[0].drafts):
         raise ValueError("tree: depth 0 (no drafts below the root); a tree rule needs depth >= 1")
     if tree.law not in kinds and not (chain and tree.law in ("iid", "wor", "greedy")):
         raise ValueError(f"tree: drafted by the {tree.law!r} law; {rule} verifies {' or '.join(map(repr, kinds))} drafts")
+    if not free_ok:
+        for i, nd in enumerate(tree.nodes):
+            if nd.free:
+                raise ValueError(f"tree: node {i} has free-source drafts (a mixed tree); {rule} verifies the model's "
+                                 "drafts alone (the token walk verifies mixed trees)")
     if getattr(tree, "checked", False):  # the decoder built it: rows and structure valid by construction
         return
     # the builder vouches for the rows (DraftTree notes), or one batched check finds them all valid
@@ -101,18 +118,21 @@ def check_tree(tree, kinds: tuple[str, ...], rule: str, *, chain: bool = False, 
             continue
         if chain and len(nd.drafts) != 1:
             raise ValueError(f"tree: {rule} verifies one chain, node {i} has {len(nd.drafts)} drafts")
-        if tree.law == "independent":  # one q row per draft, [k, V]
-            q = nd.q if trusted else _q_rows(nd.q, f"q rows at node {i}", V, len(nd.drafts))
+        km = len(nd.drafts) - nd.free  # the model's drafts; the free ones (one-hot, implied) follow
+        if km == 0:
+            q = None
+        elif tree.law == "independent":  # one q row per model draft, [km, V]
+            q = nd.q if trusted else _q_rows(nd.q, f"q rows at node {i}", V, km)
         else:
             q = nd.q if trusted else _row(nd.q, f"q row at node {i}", V)
-        k = tree.n_children(i)
-        short_ok = getattr(tree, "model_law", tree.law) in ("wor", "greedy")  # the model's law, in a mixed tree too
-        if len(nd.drafts) != k and not (short_ok and len(nd.drafts) < k):
-            raise ValueError(f"tree: node {i} has {len(nd.drafts)} drafts, its shape gives it {k}")
+        k = tree.n_children(i) - nd.free
+        short_ok = tree.law in ("wor", "greedy")
+        if km != k and not (short_ok and km < k):
+            raise ValueError(f"tree: node {i} has {km} model drafts, its shape gives it {k}")
         for j, t in enumerate(nd.drafts):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
                 raise ValueError(f"tree: draft {t!r} at node {i} is not a token id in [0, {V})")
-            if not float(q[j, t] if q.ndim == 2 else q[t]) > 0:
+            if j < km and not float(q[j, t] if q.ndim == 2 else q[t]) > 0:
                 raise ValueError(f"tree: draft {t} at node {i} has probability 0 under the node's q row "
                                  "(the drafts do not match the tree's law)")
         if set(nd.child) != set(nd.drafts):

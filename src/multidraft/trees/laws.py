@@ -234,21 +234,25 @@ class TreeLaw:
 
 
 class MixedLaw(TreeLaw):
-    """A mixed tree law (DESIGN.md "Draft sources"): every tree of ``base`` (any shape and law
-    but 'wor' with two drafts or more at a node) with the free ``chains`` appended after it is
-    drafted (``DraftTree.as_independent`` then ``DraftTree.add_chains``: one-hot columns).
+    """A mixed tree law (DESIGN.md "Draft sources"): every tree of ``base`` (any shape and law)
+    with the free ``chains`` appended after it is drafted (``DraftTree.add_chains``: deterministic
+    drafts, one-hot laws, after each node's model drafts).
 
     The chains are fixed: a free source's proposals depend only on the committed context (here
     the root), never on the model's draws, so given the path to a node its free drafts are fixed
-    and its model drafts are a fresh draw of the model's law: the node's drafts are independent
-    columns with known rows, which is what the walk of a verifier under the 'independent' law is
-    lossless for (Khisti et al. 2025; Sun et al. 2023's independent drafts). ``depth`` is the
-    deeper of the model's depth and the longest chain.
+    and its model drafts are a fresh draw of the model's law. The token walk verifies such a node
+    free drafts first, then the model's drafts with the model's verifier on the residual target
+    (``walk.TokenWalk``: lossless for every verifier lossless for the model's law, SpecInfer's
+    multi-round residual rule for one-hot drafts). So ``kind``, ``cols`` and ``node_ks`` are the
+    base law's (the model's drafts a node gets; free drafts need no verifier of their own).
+    ``depth`` is the deeper of the model's depth and the longest chain.
 
-    The sequence-level rules refuse these laws (their ``refusal`` says why): 'block' reads one
-    chain; 'traversal', 'gbv', 'spectr_gbv' and 'univer' are proven lossless where one q row
-    covers every draft of a node (i.i.d. or without-replacement siblings), and a one-hot copy
-    beside the model's draws is a column of another law (``decoding.settings.MIXED_REFUSALS``)."""
+    The sequence-level rules refuse these laws (their ``refusal`` says why, ``_check.is_mixed_law``):
+    'block' reads one chain; 'traversal', 'gbv', 'spectr_gbv' and 'univer' are proven lossless where
+    one q row covers every draft of a node (i.i.d. or without-replacement siblings), and a one-hot
+    copy beside the model's draws is a draft of another law (``decoding.settings.MIXED_REFUSALS``)."""
+
+    mixed = True
 
     def __init__(self, base: TreeLaw, chains):
         base = as_tree_law(base, "base")
@@ -256,7 +260,7 @@ class MixedLaw(TreeLaw):
         self.chains = [tuple(int(t) for t in ch) for ch in chains]
         if not all(self.chains):
             raise ValueError("chains: every chain must hold at least one token")
-        self.shape, self.kind, self.cols = base.shape, "independent", base.cols
+        self.shape, self.kind, self.cols = base.shape, base.kind, base.cols
         self.name = f"mixed({base.name}, chains={[list(c) for c in self.chains]})"
 
     @property
@@ -264,18 +268,11 @@ class MixedLaw(TreeLaw):
         return max([self.base.depth] + [len(c) for c in self.chains])
 
     def node_ks(self) -> set[int]:
-        """Every number of drafts a node may get: the model's (or none) plus up to the most free
-        drafts the chains give one node."""
-        nxt: dict[tuple, set] = {}
-        for ch in self.chains:
-            for d in range(len(ch)):
-                nxt.setdefault(ch[:d], set()).add(ch[d])
-        f = max((len(v) for v in nxt.values()), default=0)
-        return {k + j for k in self.base.node_ks() | {0} for j in range(f + 1)} - {0}
+        """Every number of model drafts a node may get (the base law's; free drafts come on top)."""
+        return self.base.node_ks()
 
     def _mix(self, tree: DraftTree, model) -> DraftTree:
-        tree.as_independent()
-        tree.add_chains(self.chains, model.V)
+        tree.add_chains(self.chains)
         return self.base._fill_p(tree, model)
 
     def sample(self, model, generator, root_token: int = 0) -> DraftTree:

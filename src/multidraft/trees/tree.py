@@ -16,13 +16,14 @@ so that a rule can check the drafts came from a law it is lossless for.
 
 Mixed trees (DESIGN.md "Draft sources"). After the draft model drafted the tree, free sources
 (prompt lookup, a suffix index: deterministic proposals that depend only on the committed
-context) append their drafts: :meth:`as_independent` first writes every node's drafts as
-independent columns (the 'independent' law: ``q`` ``[k, V]``, one row per draft in draft
-order; ``model_law`` keeps the model's own law), then :meth:`add_free_drafts` appends drafts
-with their own rows (one-hot ``e_x`` for a deterministic proposal x) at any node, creating
-*free-only* nodes (no model drafts, never fed to the draft model, ``slot`` None) where no node
-holds the token, at any depth (the depth cap is the model's). ``Node.free`` counts the free
-drafts at the end of a node's ``drafts``; ``n_children`` counts them too.
+context) append their drafts with :meth:`add_free_drafts` / :meth:`add_chains`, at any node,
+creating *free-only* nodes (no model drafts, never fed to the draft model, ``slot`` None) where
+no node holds the token, at any depth (the depth cap is the model's). ``Node.free`` counts the
+free drafts at the end of a node's ``drafts``; ``n_children`` counts them too. The node's ``q``
+stays the model's row(s) for its first ``len(drafts) - free`` drafts (its model drafts; a
+free-only node has none and ``q`` None) and ``law`` the model's: a free draft's law is the
+one-hot row of its token, implied; the token walk verifies free drafts first
+(``walk.TokenWalk``, the free-first node rule).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class Node:
     fed: int = -1             # index among the tree entries fed to the draft cache, -1 if not fed
     k: int = 0                # dynamic mode: drafts allotted by ``allocate`` (0 = leaf)
     reach: float = 1.0        # dynamic mode: product of q along the path (root 1)
-    free: int = 0             # mixed trees: free-source drafts at the end of ``drafts``
+    free: int = 0             # mixed trees: free-source (one-hot) drafts at the end of ``drafts``
 
 
 class DraftTree:
@@ -85,7 +86,6 @@ class DraftTree:
         self.depth_cap = depth_cap
         self.n_cols = n_cols
         self.law = law
-        self.model_law = law  # the draft model's law (``law`` becomes 'independent' in a mixed tree)
         self._free_cols = 0   # free draft columns handed out (sequences mode: ids shape.k, shape.k + 1, ...)
         self._target: Callable[[int], torch.Tensor] | None = None
         self.rows_checked = False
@@ -146,50 +146,21 @@ class DraftTree:
         return new
 
     # mixed trees ----------------------------------------------------------------------------
-    def as_independent(self) -> None:
-        """Write every node's drafts as independent columns (the module notes): ``q`` becomes
-        ``[k, V]``, one row per draft in draft order, and ``law`` 'independent'.
-
-        The model law's drafts at a node, given the path, are k independent columns: 'iid' k
-        draws of q (the row repeated: a stride-0 view ``q.expand(k, V)``), 'independent' its
-        own rows, 'greedy' the k most probable tokens (deterministic: the one-hot rows of the
-        drafted tokens), 'wor' with one draft one draw of q. 'wor' with k >= 2 draws is not a
-        product of per-draft laws (the second draw depends on the first): ``ValueError``."""
-        law = self.law
-        if law == "independent":
-            return
-        for i, nd in enumerate(self.nodes):
-            if not nd.drafts:
-                continue
-            k = len(nd.drafts)
-            if law == "iid" or (law == "wor" and k == 1):
-                nd.q = nd.q.expand(k, nd.q.shape[-1])  # [k, V], stride 0
-            elif law == "greedy":
-                nd.q = one_hot_rows(nd.drafts, nd.q.shape[-1], nd.q.dtype, nd.q.device)  # [k, V]
-            else:
-                raise ValueError(f"tree: node {i} has {k} drafts drawn without replacement; they are not "
-                                 "independent columns (a mixed tree takes the iid, independent or greedy law)")
-        self.law = "independent"
-
-    def add_free_drafts(self, i: int, tokens: list[int], rows: torch.Tensor) -> list[int]:
-        """Append free-source drafts ``tokens`` at node i with their q rows ``rows`` ``[m, V]``
-        (after :meth:`as_independent`): a token that already has a child shares it (as
-        :meth:`add_drafts`), any other creates a free-only child. Returns the new node ids.
-        Sequences mode: each free draft is a column of its own, numbered after the model's."""
-        if self.law != "independent":
-            raise ValueError("tree: add_free_drafts needs independent columns (call as_independent first)")
+    def add_free_drafts(self, i: int, tokens: list[int]) -> list[int]:
+        """Append free-source (deterministic) drafts ``tokens`` at node i, after its model drafts: a
+        token that already has a child shares it (as :meth:`add_drafts`), any other creates a
+        free-only child. Returns the new node ids. Sequences mode: each free draft is a column of
+        its own, numbered after the model's."""
         nd = self.nodes[i]
         m = len(tokens)
-        if rows.ndim != 2 or rows.shape[0] != m:
-            raise ValueError(f"rows: must be [{m}, V] (one row per free draft), got {tuple(rows.shape)}")
         if m == 0:
             return []
-        nd.q = rows if nd.q is None or not nd.drafts else torch.cat([nd.q, rows.to(nd.q.dtype)])  # [k + m, V]
-        nd.drafts = nd.drafts + list(tokens)
+        nd.drafts = nd.drafts + [int(t) for t in tokens]
         nd.free += m
         new: list[int] = []
         seq = self.shape.mode == "sequences"
         for t in tokens:
+            t = int(t)
             col = (self.shape.k + self._free_cols,) if seq else ()
             self._free_cols += 1
             if t in nd.child:
@@ -207,13 +178,13 @@ class DraftTree:
             new.append(nid)
         return new
 
-    def add_chains(self, chains, V: int, dtype=torch.float64, device=None) -> list[int]:
+    def add_chains(self, chains) -> list[int]:
         """Append the free sources' ``chains`` (token tuples continuing the root) as deterministic
-        drafts, after :meth:`as_independent`: walking each chain from the root, at the node of
-        its prefix its next token x is a draft with the one-hot row ``e_x`` ``[V]``. The chains
-        form a trie: a token proposed by several chains at one node is one draft there (the
-        node's free drafts are the distinct next tokens, in order of first appearance), so each
-        node's free drafts are a function of the path alone. Returns the new node ids."""
+        drafts: walking each chain from the root, at the node of its prefix its next token x is a
+        free draft (law the one-hot row ``e_x``). The chains form a trie: a token proposed by
+        several chains at one node is one draft there (the node's free drafts are the distinct
+        next tokens, in order of first appearance), so each node's free drafts are a function of
+        the path alone. Returns the new node ids."""
         nxt: dict[tuple, list[int]] = {}
         for ch in chains:
             ch = tuple(int(t) for t in ch)
@@ -226,7 +197,7 @@ class DraftTree:
         for prefix in sorted(nxt, key=len):  # a prefix's node exists before its extensions are drafted
             i = at[prefix]
             toks = nxt[prefix]
-            new.extend(self.add_free_drafts(i, toks, one_hot_rows(toks, V, dtype, device)))
+            new.extend(self.add_free_drafts(i, toks))
             for t in toks:
                 at[prefix + (t,)] = self.nodes[i].child[t]
         return new

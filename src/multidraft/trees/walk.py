@@ -21,6 +21,35 @@ path, m draws from q at that node (iid, or each from its own temperature for the
 with a law it is lossless for. In ``dynamic`` mode a node's k is fixed before its drafts are
 drawn (``shapes.allocate``). By induction the walk outputs each token with the target's law
 given the path; ``certify.certify_tree`` checks the whole emitted sequence by enumeration.
+
+Mixed nodes: free drafts first (DESIGN.md "Draft sources"). A node of a mixed tree has its
+model drafts D (``drafts[:k]``, drawn by the model's law L with the node's q, as without free
+sources) followed by ``free`` deterministic drafts x_1..x_m from the free sources (a function of
+the path alone; law the one-hot row e_x). The node is verified by the *free-first* rule:
+
+    r_0 = p;  for i = 1..m: output x_i with probability r_(i-1)(x_i) (u_i < r_(i-1)(x_i), u_i one
+    uniform of the generator), else r_i = r_(i-1) with x_i set to 0, renormalised;
+    if no free draft was output: the verifier V of the walk (lossless for L) on target r_m with
+    the model's drafts D and q as drawn (a node without model drafts: y ~ r_m).
+
+Proof of losslessness. Write P_i = prod_(j<i) (1 - r_(j-1)(x_j)) for the probability that x_1..x_(i-1)
+were all refused. Since r_i = r_(i-1) (1 - e_(x_i)) / (1 - r_(i-1)(x_i)), induction gives
+P_(i+1) r_i = P_i (r_(i-1) - r_(i-1)(x_i) e_(x_i)), i.e. P_(i+1) r_i + P_i r_(i-1)(x_i) e_(x_i) = P_i r_(i-1).
+The output law is sum_i P_i r_(i-1)(x_i) e_(x_i) + P_(m+1) r_m (the second term because V is
+lossless for the target r_m whatever that target is: D is a draw of L given the path, independent
+of the x's and of the uniforms), which telescopes to P_1 r_0 = p. For one-hot drafts this is
+SpecInfer's multi-round residual rule (Miao et al., ASPLOS 2024): the acceptance
+min(1, r(x)/q(x)) with q = e_x is r(x), and the residual norm(max(0, r - e_x)) is r with x
+zeroed. Repeated free tokens: r(x) = 0 after the first refusal, never output. The p = 0
+guarantee: a free token with r(x) = 0 is never output (u < 0 never holds) and is 0 in r_m, so a
+lossless V never emits it. r_(i-1)(x_i) is computed as p(x_i) / (p(x_i) + sum_(j>i) p(x_j) + R),
+R = the float64 sum of p with every free token zeroed (p as float64, any dtype: the ratio does
+not read p's normalisation), so it is exactly 1 when no other mass remains (always accepted).
+
+Cost: a node without free drafts is verified as before; a node with free drafts pays one O(V)
+float64 copy and sum on p's device (R and r_m, one transfer of m + 1 scalars and m uniforms), and
+the model's verifier on r_m only when every free draft is refused. The node's law stays the
+model's: no per-draft q rows are built for the free drafts.
 """
 from __future__ import annotations
 
@@ -97,7 +126,7 @@ class TokenWalk(TreeRule):
         """The one input check of the tree rules (``_check.check_tree``: rows, drafts in range,
         parents; every per-node check skipped for a tree the decoder marked ``checked``), taking a
         tree without drafts (one token from p at the root)."""
-        check_tree(tree, (self.law,), "token_walk", empty_ok=True)
+        check_tree(tree, (self.law,), "token_walk", empty_ok=True, free_ok=True)
 
     # sampling path --------------------------------------------------------------------------
     def verify(self, tree: DraftTree, generator) -> TreeVerdict:
@@ -109,9 +138,7 @@ class TokenWalk(TreeRule):
             nd = tree.nodes[i]
             p = tree.p(i)  # [V]
             if nd.drafts:
-                dr = torch.tensor(nd.drafts, dtype=torch.long, device=p.device)  # [k]
-                v = self.verifier_for(len(nd.drafts))
-                y = int(v.verify(p, nd.q, dr, generator=g, law=self.law, validate=False).token)
+                y = self._verify_node(p, nd, g)
                 c = nd.child.get(y)
                 if c is not None:
                     path.append(c)
@@ -119,6 +146,22 @@ class TokenWalk(TreeRule):
                     continue
                 return TreeVerdict(tuple(path), y)
             return TreeVerdict(tuple(path), int(sample_token(p, g)))
+
+    def _verify_node(self, p: torch.Tensor, nd, g) -> int:
+        """The output token of node ``nd`` with target ``p`` ``[V]`` (free drafts first, module notes)."""
+        k = len(nd.drafts) - nd.free
+        if nd.free:
+            xs, acc, r, R = _free_first(p, nd.drafts[k:])
+            u = torch.rand(len(xs), dtype=torch.float64, generator=g, device=g.device).cpu().tolist()  # [m]
+            for x, a, ui in zip(xs, acc, u):
+                if ui < a:
+                    return x
+            p = r  # [V] the residual r_m, unnormalised (R > 0: some copy was refused with probability > 0)
+            if k == 0:
+                return int(sample_token(p, g))  # inverse CDF of the row's own cumulative sum
+        dr = torch.tensor(nd.drafts[:k], dtype=torch.long, device=p.device)  # [k]
+        v = self.verifier_for(k)
+        return int(v.verify(p, nd.q, dr, generator=g, law=self.law, validate=False).token)
 
     def node_records(self, tree: DraftTree, verdict: TreeVerdict) -> list[tuple]:
         """``(k, slot, depth)`` of every node the walk verified: its number of drafts, the first
@@ -134,16 +177,39 @@ class TokenWalk(TreeRule):
         return out
 
     # exact path -----------------------------------------------------------------------------
-    def _node_law(self, p: torch.Tensor, q: torch.Tensor, drafts: list) -> torch.Tensor:
-        """Exact float64 law ``[V]`` of the verifier's output at a node (memoised by the identity
-        of the p and q rows, which are kept alive with the entry)."""
-        key = (id(p), id(q), tuple(drafts))
+    def _exact_node_law(self, p: torch.Tensor, q, drafts: list, free: int) -> torch.Tensor:
+        """Exact float64 law ``[V]`` (CPU) of a node's output: the verifier's on (p, q, drafts), or with
+        ``free`` free drafts at the end the free-first composition (module notes):
+        ``sum_i P_i a_i e_(x_i) + P_(m+1) out_V(r_m)``, out_V the model verifier's exact output law on
+        the target r_m (r_m itself at a node without model drafts)."""
+        k = len(drafts) - free
+        if not free:
+            dr = torch.tensor(drafts, dtype=torch.long, device=p.device)
+            return self.verifier_for(k).output_distribution(p, q, dr, law=self.law).double().cpu()
+        xs, acc, r, R = _free_first(p, drafts[k:])
+        out = torch.zeros(p.shape[-1], dtype=torch.float64)  # [V]
+        w = 1.0
+        for x, a in zip(xs, acc):
+            out[x] += w * a
+            w *= 1.0 - a
+        if w > 0.0:
+            r = r.double() / R  # [V] r_m, float64
+            if k:
+                dr = torch.tensor(drafts[:k], dtype=torch.long, device=p.device)
+                sub = self.verifier_for(k).output_distribution(r, q, dr, law=self.law).double().cpu()
+            else:
+                sub = r.cpu()
+            out += w * sub
+        return out
+
+    def _node_law(self, p: torch.Tensor, q, drafts: list, free: int = 0) -> torch.Tensor:
+        """Exact float64 law ``[V]`` of a node's output (``_exact_node_law``; memoised by the
+        identity of the p and q rows, which are kept alive with the entry)."""
+        key = (id(p), id(q), tuple(drafts), free)
         hit = self._memo.get(key)
         if hit is not None and hit[0] is p and hit[1] is q:
             return hit[2]
-        v = self.verifier_for(len(drafts))
-        dr = torch.tensor(drafts, dtype=torch.long, device=p.device)
-        out = v.output_distribution(p, q, dr, law=self.law).double().cpu()
+        out = self._exact_node_law(p, q, drafts, free)
         size = 3 * out.numel()
         if len(self._memo) >= self._MEMO or self._memo_elems + size > self._MEMO_ELEMS:
             self._memo.clear()
@@ -159,7 +225,7 @@ class TokenWalk(TreeRule):
         def walk(i: int, prefix: tuple, w: float) -> None:
             nd = tree.nodes[i]
             p = tree.p(i)
-            out = self._node_law(p, nd.q, nd.drafts) if nd.drafts else row64(p.cpu())  # a leaf: p as the law it represents
+            out = self._node_law(p, nd.q, nd.drafts, nd.free) if nd.drafts else row64(p.cpu())  # a leaf: p as the law it represents
             for y in torch.nonzero(out > 0).flatten().tolist():
                 m = w * float(out[y])
                 c = nd.child.get(y) if nd.drafts else None
@@ -184,12 +250,34 @@ class TokenWalk(TreeRule):
             w = reach.get(i, 0.0)
             if not nd.drafts or w <= 0.0:
                 continue
-            out = self._node_law(tree.p(i), nd.q, nd.drafts)  # [V] float64
+            out = self._node_law(tree.p(i), nd.q, nd.drafts, nd.free)  # [V] float64
             for t, c in nd.child.items():
                 rc = w * float(out[t])
                 reach[c] = rc
                 total += rc
         return total
+
+
+def _free_first(p: torch.Tensor, free: list) -> tuple[list, list, torch.Tensor, float]:
+    """The free-first rule's numbers at a node with target ``p`` ``[V]`` and free drafts ``free``
+    (module notes): the distinct free tokens x_1..x_m in order, their acceptance probabilities
+    r_(i-1)(x_i) (float64; 0 for a token the target gives 0), the residual's unnormalised mass
+    ``[V]`` (p with the free tokens zeroed, in p's own dtype and device: zeroing is exact, and every
+    verifier reads a row as the float64 law it represents, row / its float64 sum) and its float64
+    sum R (r_m is mass / R; R = 0 only when some copy is accepted with probability 1). One O(V)
+    copy and sum, one transfer of m + 1 scalars."""
+    xs = list(dict.fromkeys(int(t) for t in free))
+    idx = torch.tensor(xs, dtype=torch.long, device=p.device)  # [m]
+    r = p.index_fill(0, idx, 0.0)  # [V]
+    host = torch.cat([p[idx].double(), r.sum(dtype=torch.float64).reshape(1)]).cpu().tolist()  # [m + 1]
+    v, R = host[:-1], host[-1]
+    acc = [0.0] * len(xs)
+    tail = R  # sum of p outside x_1..x_i, from the last i down
+    for i in range(len(xs) - 1, -1, -1):
+        den = v[i] + tail
+        acc[i] = v[i] / den if den > 0.0 else 0.0
+        tail = den
+    return xs, acc, r, R
 
 
 register("token_walk", TokenWalk)

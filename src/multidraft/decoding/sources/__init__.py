@@ -14,8 +14,9 @@ checked once, before any model loads):
   ``propose(depth) -> list[tuple[int, ...]]`` (chains of at most ``depth`` tokens continuing
   the committed text; they form a trie, no chain twice; ``[]`` when nothing matches) and
   ``finish()`` (end of the decode). Proposals are deterministic: a proposed token ``x`` is
-  drawn from the one-hot law ``q = one-hot(x)`` (DESIGN "Draft sources"), which every verifier
-  taking per-draft laws takes as it is.
+  drawn from the one-hot law ``q = one-hot(x)`` (DESIGN "Draft sources"), which the token walk
+  verifies free drafts first at a node, then the model's drafts with any verifier of the model's
+  law on the residual target (``trees.TokenWalk``).
 
 ``SOURCE_NAMES`` lists the names a user may give (``--sources``, a request's ``sources``,
 ``generate(sources=...)``); :func:`parse_sources` reads them, once, at the edge.
