@@ -52,3 +52,52 @@ def test_hf_lookup_is_the_target_greedy_text_at_t0(ds):
     assert got["draft_calls"] == 0 and got["seconds"] > 0 and math.isnan(got["acceptance_rate"])
     # its hook is removed: a later forward is not counted by a stale counter
     assert not target._forward_pre_hooks
+
+
+# llama-lookup's closing lines at llama.cpp 0c1e57098, formatted by the LOG_INF format strings of
+# examples/lookup/lookup.cpp ("decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s", then
+# "n_draft      = %d" ...): NOT a captured run (the binary was not built on the VM in time; the test
+# below parses a real run wherever it is built)
+LOOKUP_TAIL = """
+encoded  187 tokens in    1.284 seconds, speed:  145.639 t/s
+decoded   33 tokens in    6.512 seconds, speed:    5.068 t/s
+
+n_draft      = 10
+n_predict    = 33
+n_drafted    = 24
+t_draft_flat = 0.05 ms
+t_draft      = 0.41 ms, 17.08 us per token, 58536.59 tokens per second
+n_accept     = 9
+accept       = 37.500%
+
+target:
+"""
+
+
+def test_llama_lookup_output_parser(ds):
+    got = ds.parse_spec_output(LOOKUP_TAIL, "llama-lookup")
+    assert (got["new_tokens"], got["target_calls"], got["drafted"], got["accepted"]) == (33, 33 - 9, 24, 9)
+    assert got["seconds"] == 6.512 and got["acceptance_rate"] == 9 / 24 and got["draft_calls"] is None
+    assert got["block_efficiency"] == 33 / 24
+    nothing = LOOKUP_TAIL.replace("n_drafted    = 24", "n_drafted    = 0")
+    nothing = nothing.replace("n_accept     = 9", "n_accept     = 0")
+    assert math.isnan(ds.parse_spec_output(nothing, "llama-lookup")["acceptance_rate"])
+    with pytest.raises(RuntimeError, match="llama-lookup: no .*n_accept"):
+        ds.parse_spec_output(LOOKUP_TAIL.replace("n_accept", "n_acc"), "llama-lookup")
+
+
+def test_llama_lookup_binary_runs_on_a_tiny_gguf(ds, tmp_path):
+    """The built binary end to end on a tiny GGUF (skipped where scripts/build_llama_tools.sh has
+    not built it): its real output parses, with counters that agree with each other."""
+    exe = ds.LLAMA_BIN / "llama-lookup"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (scripts/build_llama_tools.sh)")
+    from multidraft.testing import tiny_gguf
+
+    model = tiny_gguf(tmp_path / "t.gguf", seed=1)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("a b c d a b c d a b c d a b c d a b", encoding="utf-8")
+    got = ds.llama_lookup(ds.LLAMA_BIN, model, prompt, max_new_tokens=16, temperature=0.0, seed=1, threads=1,
+                          draft_max=4, eos=False)
+    assert got["new_tokens"] >= 16 and 1 <= got["target_calls"] <= got["new_tokens"]
+    assert 0 <= got["accepted"] <= got["drafted"] and got["seconds"] > 0
