@@ -261,7 +261,8 @@ def _sampling_flags(temperature: float, seed: int, threads: int) -> list[str]:
 
 def _run(cmd: list[str], timeout: float) -> str:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        # errors="replace": a token may print half a UTF-8 character (a tiny model prints any bytes)
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{Path(cmd[0]).name} did not finish in {timeout:.0f} s") from None
     if p.returncode != 0:

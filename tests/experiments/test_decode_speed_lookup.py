@@ -5,6 +5,7 @@ captured output of the real binary, and the binary itself where it is built."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,36 +55,23 @@ def test_hf_lookup_is_the_target_greedy_text_at_t0(ds):
     assert not target._forward_pre_hooks
 
 
-# llama-lookup's closing lines at llama.cpp 0c1e57098, formatted by the LOG_INF format strings of
-# examples/lookup/lookup.cpp ("decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s", then
-# "n_draft      = %d" ...): NOT a captured run (the binary was not built on the VM in time; the test
-# below parses a real run wherever it is built)
-LOOKUP_TAIL = """
-encoded  187 tokens in    1.284 seconds, speed:  145.639 t/s
-decoded   33 tokens in    6.512 seconds, speed:    5.068 t/s
-
-n_draft      = 10
-n_predict    = 33
-n_drafted    = 24
-t_draft_flat = 0.05 ms
-t_draft      = 0.41 ms, 17.08 us per token, 58536.59 tokens per second
-n_accept     = 9
-accept       = 37.500%
-
-target:
-"""
+# the closing lines of a real llama-lookup run (llama.cpp 0c1e57098, scripts/build_llama_tools.sh):
+# Qwen2.5-Coder 1.5B Q4_K_M, HumanEval/0 in the chat template, -n 64 --spec-draft-n-max 10 --temp 0
+FIXTURE = Path(__file__).resolve().parent / "llama_lookup_output.txt"
 
 
-def test_llama_lookup_output_parser(ds):
-    got = ds.parse_spec_output(LOOKUP_TAIL, "llama-lookup")
-    assert (got["new_tokens"], got["target_calls"], got["drafted"], got["accepted"]) == (33, 33 - 9, 24, 9)
-    assert got["seconds"] == 6.512 and got["acceptance_rate"] == 9 / 24 and got["draft_calls"] is None
-    assert got["block_efficiency"] == 33 / 24
-    nothing = LOOKUP_TAIL.replace("n_drafted    = 24", "n_drafted    = 0")
-    nothing = nothing.replace("n_accept     = 9", "n_accept     = 0")
+def test_llama_lookup_output_parser_on_a_captured_run(ds):
+    text = FIXTURE.read_text(encoding="utf-8")
+    got = ds.parse_spec_output(text, "llama-lookup")
+    assert (got["new_tokens"], got["target_calls"], got["drafted"], got["accepted"]) == (65, 65 - 15, 91, 15)
+    assert got["seconds"] == 9.114 and got["acceptance_rate"] == 15 / 91 and got["draft_calls"] is None
+    assert got["block_efficiency"] == 65 / 50
+    # its target passes after the prompt: 39 single-token runs + one batch per non-empty draft
+    # (prompt eval 259 tokens = 158 prompt + 91 drafted + 10 sampled heads): 49 = 50 - the prompt pass
+    nothing = text.replace("n_drafted    = 91", "n_drafted    = 0").replace("n_accept     = 15", "n_accept     = 0")
     assert math.isnan(ds.parse_spec_output(nothing, "llama-lookup")["acceptance_rate"])
     with pytest.raises(RuntimeError, match="llama-lookup: no .*n_accept"):
-        ds.parse_spec_output(LOOKUP_TAIL.replace("n_accept", "n_acc"), "llama-lookup")
+        ds.parse_spec_output(text.replace("n_accept", "n_acc"), "llama-lookup")
 
 
 def test_llama_lookup_binary_runs_on_a_tiny_gguf(ds, tmp_path):
