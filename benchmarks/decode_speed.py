@@ -8,18 +8,28 @@ prefill excluded), for every method and peer alike.
 
 Engines (``--engine``):
 
-* ``transformers`` (default pair converted to safetensors, ``--dtype``): the peer is
+* ``transformers`` (default pair converted to safetensors, ``--dtype``): the peers are
   transformers' own assisted generation (``hf``: ``target.generate(assistant_model=draft,
-  do_sample=True)``, its default dynamic number of draft tokens).
+  do_sample=True)``, its default dynamic number of draft tokens) and its prompt lookup decoding
+  (``hf-lookup[:N]``: ``target.generate(prompt_lookup_num_tokens=N)``, default N = 10 as
+  transformers' docs suggest, n-grams of at most ``max_matching_ngram_size`` = 2 tokens, its
+  default; no draft model: the target samples every verified position and a copied token is kept
+  while they agree, so its law is the target's at every T). Both count every target forward pass
+  as a target call (prefill included); at T = 0 both decode greedily.
 * ``llama.cpp`` (the GGUF files read directly; ``--bf16-target`` for the BF16 target made
   from the same weights; ``--draft-ftype q4_0`` for the draft requantized to Q4_0, the fast CPU
   draft, else the draft stays Q4_K_M): the peers are llama.cpp's own binaries,
   built by ``scripts/build_llama_tools.sh`` from the llama.cpp commit the Python binding
-  vendors: ``llama-target`` (``llama-completion``, target alone) and ``llama-spec:D[:NP]``
+  vendors: ``llama-target`` (``llama-completion``, target alone), ``llama-spec:D[:NP]``
   (``llama-speculative`` with ``--spec-draft-n-max D`` and NP parallel draft sequences; NP > 1
-  is its tree mode). Neither mode is exactly the target's law at T > 0: it drafts the draft's
-  top-ranked tokens and verifies them as if sampled (docs/guide/llama_cpp_peer.md: a total
-  variation of about 0.045 per token at T = 1 on HumanEval positions).
+  is its tree mode) and ``llama-lookup[:D]`` (``llama-lookup``, examples/lookup: prompt lookup
+  from an n-gram cache of 1 to 4 tokens over the prompt and the text so far, up to D = 10 drafted
+  tokens a step by default, no draft model; its rows' acceptance is n_accept / n_drafted and its
+  target calls n_predict - n_accept, as llama-speculative's). Neither llama-speculative mode is
+  exactly the target's law at T > 0: it drafts the draft's top-ranked tokens and verifies them as
+  if sampled (docs/guide/llama_cpp_peer.md: a total variation of about 0.045 per token at T = 1 on
+  HumanEval positions); llama-lookup keeps the target's sampled token where the copy agrees, the
+  target's law.
 
 Methods (``--methods``, comma separated):
 
@@ -41,7 +51,8 @@ Methods (``--methods``, comma separated):
                       the best tree even where it is predicted slower than the target alone;
                       for a rule, among the node sizes it supports, rated with the specinfer
                       walk's acceptances
-``hf`` / ``llama-target`` / ``llama-spec:D[:NP]``   the peers above
+``hf`` / ``hf-lookup[:N]``   the transformers peers above
+``llama-target`` / ``llama-spec:D[:NP]`` / ``llama-lookup[:D]``   the llama.cpp peers above
 
 The runs, their seeds, rows and summary table are the one decode runner's
 (``multidraft.experiments.decode_runs``: interleaved prompts x methods, one ``PromptCache`` per
@@ -116,13 +127,18 @@ def _eprint(msg: str) -> None:
 
 
 # --- methods -----------------------------------------------------------------------------------
-PEERS = ("hf", "llama-target", "llama-spec")
+PEERS = ("hf", "hf-lookup", "llama-target", "llama-spec", "llama-lookup")
+# prompt lookup's default sizes: transformers' docs suggest prompt_lookup_num_tokens=10 (their
+# PromptLookupCandidateGenerator's default, with max_matching_ngram_size 2); llama-lookup the same
+# 10 drafted tokens at most (llama.cpp's own --spec-draft-n-max default is 3, made for draft models)
+HF_LOOKUP_TOKENS = 10
+LLAMA_LOOKUP_DRAFT = 10
 
 
 def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodSpec:
     """A method of ``--methods``: a peer here, the library's own methods by ``decode_runs.parse_method``.
     A peer's callable is bound once the models are loaded (``bind_peer``); ``llama-spec:D[:NP]``
-    carries D as its depth and NP as its K."""
+    carries D as its depth and NP as its K, ``hf-lookup:N`` and ``llama-lookup:D`` N and D as their depth."""
     s = spec.strip()
     t = float(temperature)
     if s == "hf":
@@ -133,6 +149,22 @@ def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodS
         if engine != "llama.cpp":
             raise ValueError("method llama-target needs --engine llama.cpp")
         return dr.peer_method("llama.cpp target-only (llama-completion)", "llama-target", temperature=t)
+    m = re.fullmatch(r"hf-lookup(?::(\d+))?", s)
+    if m:
+        if engine != "transformers":
+            raise ValueError("method hf-lookup (prompt lookup) needs --engine transformers")
+        n = int(m.group(1) or HF_LOOKUP_TOKENS)
+        if n < 1:
+            raise ValueError(f"method {spec!r}: hf-lookup:N needs N >= 1 tokens a lookup, got {n}")
+        return dr.peer_method(f"hf prompt lookup N={n}", "hf-lookup", temperature=t, depth=n)
+    m = re.fullmatch(r"llama-lookup(?::(\d+))?", s)
+    if m:
+        if engine != "llama.cpp":
+            raise ValueError("method llama-lookup needs --engine llama.cpp")
+        d = int(m.group(1) or LLAMA_LOOKUP_DRAFT)
+        if d < 1:
+            raise ValueError(f"method {spec!r}: llama-lookup:D needs D >= 1 drafted tokens, got {d}")
+        return dr.peer_method(f"llama-lookup D={d}", "llama-lookup", temperature=t, depth=d)
     m = re.fullmatch(r"llama-spec:(\d+)(?::(\d+))?", s)
     if m:
         if engine != "llama.cpp":
@@ -144,7 +176,7 @@ def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodS
         return dr.parse_method(s, temperature=t)
     except ValueError:
         raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K, "
-                         "hf, llama-target, llama-spec:D[:NP])") from None
+                         "hf, hf-lookup[:N], llama-target, llama-spec:D[:NP], llama-lookup[:D])") from None
 
 
 # --- peers -------------------------------------------------------------------------------------
@@ -169,9 +201,8 @@ def hf_assisted(target, draft, ids, *, max_new_tokens, temperature, eos, pad, se
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = target.generate(
-                ids, attention_mask=torch.ones_like(ids), assistant_model=draft, do_sample=True,
-                temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                eos_token_id=eos, pad_token_id=pad,
+                ids, attention_mask=torch.ones_like(ids), assistant_model=draft, **_hf_sampling(temperature),
+                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
             )
         secs = time.perf_counter() - t0
     finally:
@@ -186,6 +217,42 @@ def hf_assisted(target, draft, ids, *, max_new_tokens, temperature, eos, pad, se
             "block_efficiency": new / calls, "acceptance_rate": float("nan")}
 
 
+def _hf_sampling(temperature: float) -> dict:
+    """transformers' sampling arguments: pure sampling at T > 0 (no top-k / top-p), greedy at T = 0."""
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+
+
+def hf_lookup(target, ids, *, num_tokens, max_new_tokens, temperature, eos, pad, seed,
+              max_matching_ngram_size: int | None = None) -> dict:
+    """transformers' prompt lookup decoding (``target.generate(prompt_lookup_num_tokens=N)``, Saxena
+    2023): at each step the latest n-gram of the text (n from ``max_matching_ngram_size``, default 2,
+    down to 1) is matched earlier in the prompt and the text so far, and the N tokens that followed
+    it are verified by one target pass. No draft model and no draft law: the target's token is
+    sampled at every verified position and the copy is kept while they agree, so the output law is
+    the target's at every T (greedy at T = 0). Timed and counted like ``hf_assisted``: every target
+    forward pass counts, the prefill pass included (it also verifies the first candidates)."""
+    torch.manual_seed(seed)  # transformers samples from the global RNG
+    t_calls = CallCounter(target)
+    extra = {} if max_matching_ngram_size is None else {"max_matching_ngram_size": max_matching_ngram_size}
+    try:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = target.generate(
+                ids, attention_mask=torch.ones_like(ids), prompt_lookup_num_tokens=num_tokens,
+                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **_hf_sampling(temperature), **extra,
+            )
+        secs = time.perf_counter() - t0
+    finally:
+        t_calls.close()
+    new = int(out.shape[1] - ids.shape[1])
+    calls = max(t_calls.n, 1)
+    # no draft model: 0 draft calls; the drafted / accepted counts are not exposed by generate
+    return {"new_tokens": new, "target_calls": calls, "draft_calls": 0, "seconds": secs,
+            "block_efficiency": new / calls, "acceptance_rate": float("nan"), "tokens": out[0, ids.shape[1]:].tolist()}
+
+
 def _sampling_flags(temperature: float, seed: int, threads: int) -> list[str]:
     # pure sampling like every other row: llama.cpp's default chain has top-k 40, top-p 0.95, min-p 0.05
     return ["--temp", f"{temperature:g}", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0",
@@ -194,7 +261,8 @@ def _sampling_flags(temperature: float, seed: int, threads: int) -> list[str]:
 
 def _run(cmd: list[str], timeout: float) -> str:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        # errors="replace": a token may print half a UTF-8 character (a tiny model prints any bytes)
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{Path(cmd[0]).name} did not finish in {timeout:.0f} s") from None
     if p.returncode != 0:
@@ -212,12 +280,21 @@ def llama_speculative(bin_dir: Path, target: Path, draft: Path, prompt_file: Pat
         cmd.append("-kvu")  # (accepted by the build of scripts/build_llama_tools.sh, see docs/guide/llama_cpp_peer.md)
     if not eos:
         cmd.append("--ignore-eos")
-    out = _run(cmd, 900)
+    return parse_spec_output(_run(cmd, 900), "llama-speculative")
 
+
+def parse_spec_output(out: str, name: str) -> dict:
+    """The measurements of llama-speculative's or llama-lookup's output (both print, at this commit,
+    ``decoded N tokens in S seconds`` for the decoding phase and the counters ``n_predict``,
+    ``n_drafted``, ``n_accept``): N new tokens in S seconds, target calls = n_predict - n_accept
+    (every target pass yields one token that was not a draft; the first is the prompt pass's),
+    acceptance n_accept / n_drafted (NaN where nothing was drafted). Draft calls are not reported:
+    None (llama-lookup has no draft model, but its rows keep the one convention of the binaries).
+    RuntimeError naming the missing counter."""
     def num(pat):
         m = re.search(pat, out)
         if not m:
-            raise RuntimeError(f"llama-speculative: no {pat!r} in its output")
+            raise RuntimeError(f"{name}: no {pat!r} in its output")
         return float(m.group(1))
 
     n_pred = int(num(r"n_predict\s*=\s*(\d+)"))
@@ -227,7 +304,23 @@ def llama_speculative(bin_dir: Path, target: Path, draft: Path, prompt_file: Pat
     new = int(num(r"decoded\s+(\d+)\s+tokens in"))
     calls = max(1, n_pred - n_acc)  # every target pass yields one token that was not a draft
     return {"new_tokens": new, "target_calls": calls, "draft_calls": None, "seconds": secs,  # not reported
-            "block_efficiency": n_pred / calls, "acceptance_rate": n_acc / n_drafted if n_drafted else float("nan")}
+            "block_efficiency": n_pred / calls, "acceptance_rate": n_acc / n_drafted if n_drafted else float("nan"),
+            "drafted": n_drafted, "accepted": n_acc}
+
+
+def llama_lookup(bin_dir: Path, target: Path, prompt_file: Path, *, max_new_tokens, temperature, seed, threads,
+                 draft_max, eos: bool) -> dict:
+    """llama.cpp's prompt lookup example (examples/lookup): n-grams of 1 to 4 tokens
+    (LLAMA_NGRAM_MIN..MAX) of the prompt and the text so far, in an n-gram cache; each step drafts
+    up to ``draft_max`` tokens (``--spec-draft-n-max``) while the cache's continuation counts are
+    confident, and one target pass verifies them: the target samples at each position (the same
+    sampler chain as the other binaries) and the copy is kept while they agree. No dynamic or static
+    cache files (nothing is carried between prompts)."""
+    cmd = [str(bin_dir / "llama-lookup"), "-m", str(target), "-f", str(prompt_file), "-n", str(max_new_tokens),
+           "--spec-draft-n-max", str(draft_max), *_sampling_flags(temperature, seed, threads)]
+    if not eos:
+        cmd.append("--ignore-eos")
+    return parse_spec_output(_run(cmd, 900), "llama-lookup")
 
 
 def llama_completion(bin_dir: Path, target: Path, prompt_file: Path, *, max_new_tokens, temperature, seed, threads,
@@ -452,7 +545,8 @@ def main(argv=None) -> int:
                     help="stop before a prompt whose rounds of every method would overrun this many minutes "
                          "(projected from the prompts done): a run that must end by a deadline keeps whole prompts")
     ap.add_argument("--no-eos", action="store_true", help="always generate max-new-tokens tokens")
-    ap.add_argument("--llama-bin", default=str(LLAMA_BIN), help="directory of llama-speculative / llama-completion")
+    ap.add_argument("--llama-bin", default=str(LLAMA_BIN),
+                    help="directory of llama-speculative / llama-completion / llama-lookup")
     common_args(ap, threads=None, seed=0, out=None, out_type=str,
                 helps={"threads": "llama.cpp threads (default: all cores)"})
     ap.add_argument("--markdown", default=None, help="also write the table and headline to this Markdown file")
@@ -501,7 +595,8 @@ def main(argv=None) -> int:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     bin_dir = Path(args.llama_bin)
     for m in methods:
-        exe = {"llama-spec": "llama-speculative", "llama-target": "llama-completion"}.get(m.method_kind)
+        exe = {"llama-spec": "llama-speculative", "llama-target": "llama-completion",
+               "llama-lookup": "llama-lookup"}.get(m.method_kind)
         if exe and not (bin_dir / exe).is_file():
             ap.error(f"{m.label}: {bin_dir / exe} not found (build it with scripts/build_llama_tools.sh)")
     if not any(m.method_kind == "target" for m in methods):
@@ -616,6 +711,14 @@ def bind_peer(m: dr.MethodSpec, args, target, draft, tok, eos, files: dict, bin_
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         peer = lambda pid, ids, seed: hf_assisted(target, draft, ids, max_new_tokens=n, temperature=temp,  # noqa: E731
                                                   eos=eos, pad=pad, seed=seed)
+    elif kind == "hf-lookup":
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        peer = lambda pid, ids, seed: hf_lookup(target, ids, num_tokens=dict(m.facts)["depth"],  # noqa: E731
+                                                max_new_tokens=n, temperature=temp, eos=eos, pad=pad, seed=seed)
+    elif kind == "llama-lookup":
+        peer = lambda pid, ids, seed: llama_lookup(  # noqa: E731
+            bin_dir, target.path, files[pid], max_new_tokens=n, temperature=temp, seed=seed % 0xFFFFFFFF,
+            threads=threads, draft_max=dict(m.facts)["depth"], eos=use_eos)
     elif kind == "llama-spec":
         peer = lambda pid, ids, seed: llama_speculative(  # noqa: E731
             bin_dir, target.path, draft.path, files[pid], max_new_tokens=n, temperature=temp, seed=seed % 0xFFFFFFFF,

@@ -3,6 +3,8 @@
 #   llama-speculative  (examples/speculative: draft-model speculative decoding, chain or tree)
 #   llama-completion   (tools/completion: target-only decoding with the same sampler chain,
 #                       prints its own timings)
+#   llama-lookup       (examples/lookup: prompt lookup decoding, n-gram drafts copied from the
+#                       prompt and the text so far, verified by the target; issue 39)
 # from the llama.cpp source vendored in the llama-cpp-python sdist that the project's
 # optional llama.cpp engine uses (the same llama.cpp commit as the Python binding).
 #
@@ -20,7 +22,8 @@
 #   PYTHON                  interpreter whose pip downloads the sdist (default: .venv/bin/python
 #                           if present, else python3)
 #   JOBS                    parallel compile jobs (default 2)
-#   LLAMA_TOOLS_TARGETS     space-separated cmake targets (default "llama-speculative llama-completion";
+#   LLAMA_TOOLS_TARGETS     space-separated cmake targets (default "llama-speculative llama-completion
+#                           llama-lookup";
 #                           add "llama-server" for benchmarks/serve_load.py: the server is then configured too)
 #   MULTIDRAFT_LLAMA_PATCH_KVU  1 (default): let llama-speculative take -kvu (needed by its tree
 #                           mode, see step 2b); 0: the pristine source
@@ -34,7 +37,7 @@ SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${MULTIDRAFT_LLAMA_CACHE:-$HOME/.cache/multidraft/llama.cpp}"
 jobs="${JOBS:-2}"
-targets="${LLAMA_TOOLS_TARGETS:-llama-speculative llama-completion}"
+targets="${LLAMA_TOOLS_TARGETS:-llama-speculative llama-completion llama-lookup}"
 if [[ -n "${PYTHON:-}" ]]; then
     py="$PYTHON"
 elif [[ -x "$here/.venv/bin/python" ]]; then

@@ -1,0 +1,91 @@
+"""The prompt-lookup peers of benchmarks/decode_speed.py (issue 39 item 7): transformers'
+``generate(prompt_lookup_num_tokens=N)`` (``hf-lookup[:N]``) and llama.cpp's lookup example
+(``llama-lookup[:D]``): the method grammar, the transformers peer on the tiny pair, the parser on a
+captured output of the real binary, and the binary itself where it is built."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench_loader import benchmark_module
+from tiny_models import greedy_reference, tiny_model
+
+
+
+@pytest.fixture(scope="module")
+def ds():
+    with benchmark_module("decode_speed") as mod:
+        yield mod
+
+
+def test_method_grammar_reads_the_lookup_peers_and_refuses_bad_ones(ds):
+    m = ds.parse_method("hf-lookup", "transformers", temperature=0.0)
+    assert (m.method_kind, m.label, dict(m.facts)) == ("hf-lookup", "hf prompt lookup N=10", {"k": 0, "depth": 10})
+    assert dict(ds.parse_method("hf-lookup:4", "transformers").facts)["depth"] == 4
+    m = ds.parse_method("llama-lookup:6", "llama.cpp")
+    assert (m.method_kind, m.label, dict(m.facts)["depth"]) == ("llama-lookup", "llama-lookup D=6", 6)
+    assert ds.parse_method("llama-lookup", "llama.cpp").label == "llama-lookup D=10"
+    assert m.describe()["verifier"] is None and m.peer is None  # bound once the models load
+    for bad, engine, words in (("hf-lookup", "llama.cpp", "needs --engine transformers"),
+                               ("llama-lookup", "transformers", "needs --engine llama.cpp"),
+                               ("hf-lookup:0", "transformers", "N >= 1"), ("llama-lookup:0", "llama.cpp", "D >= 1"),
+                               ("hf-lookup:x", "transformers", "cannot read"),
+                               ("llama-lookup:2:2", "llama.cpp", "cannot read")):
+        with pytest.raises(ValueError, match=words) as e:
+            ds.parse_method(bad, engine)
+        assert "\n" not in str(e.value)
+
+
+def test_hf_lookup_is_the_target_greedy_text_at_t0(ds):
+    target = tiny_model(vocab_size=32, seed=3)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])  # [1, 14]: repeated n-grams to copy
+    ref = greedy_reference(target, ids, 24, eos_token_id=0)
+    got = ds.hf_lookup(target, ids, num_tokens=4, max_new_tokens=24, temperature=0.0, eos=0, pad=0, seed=1)
+    assert got["tokens"] == ref.tolist()
+    assert got["new_tokens"] == len(ref)
+    # every target forward counts (prefill included); the repeats of this text are copied, so
+    # fewer passes than tokens (one a token without the lookup)
+    assert 1 <= got["target_calls"] < got["new_tokens"]
+    assert got["block_efficiency"] == got["new_tokens"] / got["target_calls"]
+    assert got["draft_calls"] == 0 and got["seconds"] > 0 and math.isnan(got["acceptance_rate"])
+    # its hook is removed: a later forward is not counted by a stale counter
+    assert not target._forward_pre_hooks
+
+
+# the closing lines of a real llama-lookup run (llama.cpp 0c1e57098, scripts/build_llama_tools.sh):
+# Qwen2.5-Coder 1.5B Q4_K_M, HumanEval/0 in the chat template, -n 64 --spec-draft-n-max 10 --temp 0
+FIXTURE = Path(__file__).resolve().parent / "llama_lookup_output.txt"
+
+
+def test_llama_lookup_output_parser_on_a_captured_run(ds):
+    text = FIXTURE.read_text(encoding="utf-8")
+    got = ds.parse_spec_output(text, "llama-lookup")
+    assert (got["new_tokens"], got["target_calls"], got["drafted"], got["accepted"]) == (65, 65 - 15, 91, 15)
+    assert got["seconds"] == 9.114 and got["acceptance_rate"] == 15 / 91 and got["draft_calls"] is None
+    assert got["block_efficiency"] == 65 / 50
+    # its target passes after the prompt: 39 single-token runs + one batch per non-empty draft
+    # (prompt eval 259 tokens = 158 prompt + 91 drafted + 10 sampled heads): 49 = 50 - the prompt pass
+    nothing = text.replace("n_drafted    = 91", "n_drafted    = 0").replace("n_accept     = 15", "n_accept     = 0")
+    assert math.isnan(ds.parse_spec_output(nothing, "llama-lookup")["acceptance_rate"])
+    with pytest.raises(RuntimeError, match="llama-lookup: no .*n_accept"):
+        ds.parse_spec_output(text.replace("n_accept", "n_acc"), "llama-lookup")
+
+
+def test_llama_lookup_binary_runs_on_a_tiny_gguf(ds, tmp_path):
+    """The built binary end to end on a tiny GGUF (skipped where scripts/build_llama_tools.sh has
+    not built it): its real output parses, with counters that agree with each other."""
+    exe = ds.LLAMA_BIN / "llama-lookup"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (scripts/build_llama_tools.sh)")
+    from multidraft.testing import tiny_gguf
+
+    model = tiny_gguf(tmp_path / "t.gguf", seed=1)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("a b c d a b c d a b c d a b c d a b", encoding="utf-8")
+    got = ds.llama_lookup(ds.LLAMA_BIN, model, prompt, max_new_tokens=16, temperature=0.0, seed=1, threads=1,
+                          draft_max=4, eos=False)
+    assert got["new_tokens"] >= 16 and 1 <= got["target_calls"] <= got["new_tokens"]
+    assert 0 <= got["accepted"] <= got["drafted"] and got["seconds"] > 0
