@@ -149,22 +149,18 @@ def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodS
         if engine != "llama.cpp":
             raise ValueError("method llama-target needs --engine llama.cpp")
         return dr.peer_method("llama.cpp target-only (llama-completion)", "llama-target", temperature=t)
-    m = re.fullmatch(r"hf-lookup(?::(\d+))?", s)
-    if m:
-        if engine != "transformers":
-            raise ValueError("method hf-lookup (prompt lookup) needs --engine transformers")
-        n = int(m.group(1) or HF_LOOKUP_TOKENS)
-        if n < 1:
-            raise ValueError(f"method {spec!r}: hf-lookup:N needs N >= 1 tokens a lookup, got {n}")
-        return dr.peer_method(f"hf prompt lookup N={n}", "hf-lookup", temperature=t, depth=n)
-    m = re.fullmatch(r"llama-lookup(?::(\d+))?", s)
-    if m:
-        if engine != "llama.cpp":
-            raise ValueError("method llama-lookup needs --engine llama.cpp")
-        d = int(m.group(1) or LLAMA_LOOKUP_DRAFT)
-        if d < 1:
-            raise ValueError(f"method {spec!r}: llama-lookup:D needs D >= 1 drafted tokens, got {d}")
-        return dr.peer_method(f"llama-lookup D={d}", "llama-lookup", temperature=t, depth=d)
+    for kind, needs, default, size, label in (
+            ("hf-lookup", "transformers", HF_LOOKUP_TOKENS, "N needs N >= 1 tokens a lookup", "hf prompt lookup N={}"),
+            ("llama-lookup", "llama.cpp", LLAMA_LOOKUP_DRAFT, "D needs D >= 1 drafted tokens", "llama-lookup D={}")):
+        m = re.fullmatch(kind + r"(?::(\d+))?", s)
+        if m:
+            if engine != needs:
+                raise ValueError(f"method {kind}" + (" (prompt lookup)" if kind == "hf-lookup" else "")
+                                 + f" needs --engine {needs}")
+            n = int(m.group(1) or default)
+            if n < 1:
+                raise ValueError(f"method {spec!r}: {kind}:{size}, got {n}")
+            return dr.peer_method(label.format(n), kind, temperature=t, depth=n)
     m = re.fullmatch(r"llama-spec:(\d+)(?::(\d+))?", s)
     if m:
         if engine != "llama.cpp":

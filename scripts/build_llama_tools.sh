@@ -102,6 +102,22 @@ else
     patched=no
 fi
 
+# 2c. the statistics the benchmark reads are the examples' last log lines, and llama.cpp's logger is a
+# singleton that is never deleted, so its worker thread is not drained at exit (llama.cpp issue 22142):
+# on a loaded machine the last lines are lost (measured: 7 of 12 concurrent llama-lookup runs printed
+# no n_predict). Both examples end main with common_log_pause(common_log_main()), which queues an end
+# mark and joins the worker once every earlier line is printed. Output is otherwise unchanged.
+flush='    common_log_pause(common_log_main());  // multidraft: drain the logger before exit'
+for ex in speculative/speculative.cpp lookup/lookup.cpp; do
+    f="$src/examples/$ex"
+    grep -qF "$flush" "$f" && continue
+    ln="$(grep -n '^    return 0;$' "$f" | tail -1 | cut -d: -f1)"
+    [[ -n "$ln" ]] || die "no final 'return 0;' in $f (another llama.cpp version?)"
+    sed -i "${ln}i\\$flush" "$f"
+    grep -qF "$flush" "$f" || die "patching $f failed"
+    echo "build_llama_tools: patched $f: the log is drained before exit" >&2
+done
+
 # 3. configure (cmake reruns only what changed); llama-server only when it is asked for
 server=OFF
 [[ " $targets " == *" llama-server "* ]] && server=ON

@@ -126,24 +126,29 @@ class DraftTree:
         nd = self.nodes[i]
         nd.drafts = list(drafts)
         new: list[int] = []
+        seq = self.shape.mode == "sequences"
         for j, t in enumerate(drafts):
-            if t in nd.child:
-                if self.shape.mode == "sequences":
-                    c = self.nodes[nd.child[t]]
-                    c.cols = c.cols + (nd.cols[j],)
-                continue
-            nid = len(self.nodes)
-            if self.shape.mode == "sequences":
-                child = Node(t, i, nd.depth + 1, (), (nd.cols[j],))
-            else:
-                child = Node(t, i, nd.depth + 1, nd.slot + (j,), ())
-            self.nodes.append(child)
-            nd.child[t] = nid
-            row = self._anc[i].clone()
-            row[nid] = True
-            self._anc[nid] = row
-            new.append(nid)
+            nid = self._child(i, t, () if seq else nd.slot + (j,), (nd.cols[j],) if seq else ())
+            if nid is not None:
+                new.append(nid)
         return new
+
+    def _child(self, i: int, t: int, slot, cols: tuple) -> int | None:
+        """Node i's child for token t: a new node (``slot``, ``cols``; its id returned), or the
+        existing one, which gains ``cols`` (sequences mode; None returned)."""
+        nd = self.nodes[i]
+        if t in nd.child:
+            c = self.nodes[nd.child[t]]
+            c.cols = c.cols + cols
+            return None
+        nid = len(self.nodes)
+        self._grow(nid + 1)
+        self.nodes.append(Node(t, i, nd.depth + 1, slot, cols))
+        nd.child[t] = nid
+        row = self._anc[i].clone()
+        row[nid] = True
+        self._anc[nid] = row
+        return nid
 
     # mixed trees ----------------------------------------------------------------------------
     def add_free_drafts(self, i: int, tokens: list[int]) -> list[int]:
@@ -163,19 +168,9 @@ class DraftTree:
             t = int(t)
             col = (self.shape.k + self._free_cols,) if seq else ()
             self._free_cols += 1
-            if t in nd.child:
-                if seq:
-                    c = self.nodes[nd.child[t]]
-                    c.cols = c.cols + col
-                continue
-            nid = len(self.nodes)
-            self._grow(nid + 1)
-            self.nodes.append(Node(t, i, nd.depth + 1, None, col))
-            nd.child[t] = nid
-            row = self._anc[i].clone()
-            row[nid] = True
-            self._anc[nid] = row
-            new.append(nid)
+            nid = self._child(i, t, None, col)
+            if nid is not None:
+                new.append(nid)
         return new
 
     def add_chains(self, chains) -> list[int]:
