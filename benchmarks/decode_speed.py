@@ -51,6 +51,9 @@ Methods (``--methods``, comma separated):
                       the best tree even where it is predicted slower than the target alone;
                       for a rule, among the node sizes it supports, rated with the specinfer
                       walk's acceptances
+``M+SOURCE[+SOURCE]`` a drafted method M above (not ``target`` nor ``V:auto:K``) with free draft
+                      sources joining its tree (``lookup``, ``suffix``; ``decoding.sources``):
+                      ``sd:4+lookup``, ``optimal:2x3+lookup+suffix``
 ``hf`` / ``hf-lookup[:N]``   the transformers peers above
 ``llama-target`` / ``llama-spec:D[:NP]`` / ``llama-lookup[:D]``   the llama.cpp peers above
 

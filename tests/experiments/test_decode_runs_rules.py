@@ -141,3 +141,19 @@ def test_demo_runs_rule_rows(tmp_path, pair):
     assert all(s["new_tokens"] == 5 for s in res["summary"])
     assert "| traversal K=2 |" in res["markdown"].read_text()
     assert main(["demo", "--out", str(tmp_path / "x"), "--no-progress", "--rules", "tree_lp"]) == 2
+
+
+def test_parse_method_joins_free_sources_to_a_drafted_method():
+    m = dr.parse_method("optimal:2x3+lookup+suffix", temperature=0.0)
+    d = m.describe()
+    assert (m.label, d["sources"], d["k"], d["depth"], d["verifier"]) == \
+        ("optimal K=2 depth 3 + lookup + suffix", ["model", "lookup", "suffix"], 2, 3, "optimal")
+    plain = dr.parse_method("optimal:2x3", temperature=0.0).describe()
+    assert {f: v for f, v in d.items() if f not in ("method", "sources")} == \
+        {f: v for f, v in plain.items() if f not in ("method", "sources")}  # only the sources differ
+    assert dr.parse_method("sd:4+lookup").describe()["sources"] == ["model", "lookup"]
+    for bad, words in (("target+lookup", "join a drafted method"), ("specinfer:auto:3+lookup", "join a drafted method"),
+                       ("sd:4+nosuch", "unknown draft source 'nosuch'"), ("sd:4+model", "twice"),
+                       ("traversal:seq2x4+lookup", "traversal")):
+        with pytest.raises(ValueError, match=words):
+            dr.parse_method(bad)

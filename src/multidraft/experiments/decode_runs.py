@@ -169,8 +169,17 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     ``V:auto:K`` a tree chosen later from a cost profile (``kind="auto"``; the caller gives the
     tree by ``MethodSpec.chosen``). V is a verifier (its walk) or a sequence-level tree rule such
     as ``block`` (``block:1xD``) or ``traversal`` (``traversal:seq2x6``); the label names it
-    either way (``traversal seq K=2 depth 6``). ValueError for anything else."""
-    s = spec.strip()
+    either way (``traversal seq K=2 depth 6``). A drafted method may end in ``+SOURCE`` once per
+    free draft source (``sd:4+lookup``, ``optimal:2x3+lookup+suffix``): the free sources' chains join
+    the model's tree (``Settings.sources``; label ``... + lookup``). ValueError for anything else."""
+    s, *free = [part.strip() for part in spec.strip().split("+")]
+    if free:
+        m = parse_method(s, temperature=temperature)
+        if m.settings.target_alone or m.kind == "auto":
+            raise ValueError(f"method {spec!r}: free draft sources join a drafted method's tree "
+                             f"(sd:D, V:KxD, V:seqKxD, V:dyn:...), not {s!r}")
+        settings = Settings.from_args(**{**Settings.args_of(m.settings.describe()), "sources": ("model", *free)})
+        return MethodSpec(m.label + "".join(f" + {f}" for f in free), settings)
     t = float(temperature)
     if s == "target":
         return target_alone(temperature=t)
@@ -199,7 +208,8 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
         return MethodSpec(f"{v} auto K<={k}", Settings.from_args(**who, k=k, depth=1, tree=placeholder,
                                                                  temperature=t, max_new_tokens=_MAX_NEW_TOKENS),
                           kind="auto")
-    raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K)")
+    raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K; "
+                     "a drafted one + a free source: sd:4+lookup)")
 
 
 def check_methods(methods: Sequence[MethodSpec], *, max_new_tokens: int) -> None:
