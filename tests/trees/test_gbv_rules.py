@@ -220,7 +220,7 @@ def test_bad_trees_are_one_value_error(name):
         rule.verify(bad, g)
     bad = tree.copy()
     bad.nodes[0].drafts = bad.nodes[0].drafts[:1]
-    with pytest.raises(ValueError, match="^tree: node 0 has 1 drafts, its shape gives it 2"):
+    with pytest.raises(ValueError, match="^tree: node 0 has 1 model drafts, its shape gives it 2"):
         rule.verify(bad, g)
     empty = trees.sequences(2, 2).new_tree()
     empty.set_target(lambda i: model.p(()))
