@@ -187,7 +187,7 @@ class TokenWalk(TreeRule):
             dr = torch.tensor(drafts, dtype=torch.long, device=p.device)
             return self.verifier_for(k).output_distribution(p, q, dr, law=self.law).double().cpu()
         xs, acc, r, R = _free_first(p, drafts[k:])
-        out = torch.zeros(p.shape[-1], dtype=torch.float64)  # [V]
+        out = torch.zeros(p.shape[-1], dtype=torch.float64, device="cpu")  # [V], the law is on the CPU
         w = 1.0
         for x, a in zip(xs, acc):
             out[x] += w * a
