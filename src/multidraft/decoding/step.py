@@ -155,7 +155,6 @@ class DecoderStep:
         # per free source: [nodes proposed, accepted tokens it proposed] over the decode (StepResult notes)
         self.source_stats: dict = {src.name: [0, 0] for src in self._free}
         self._step_chains: dict = {}  # source name -> its chains on the in-flight tree
-        self._rows = None  # (V, dtype, device) of the in-flight tree's q rows (the draft logits')
 
     # the four parts -------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor) -> float:
@@ -195,7 +194,7 @@ class DecoderStep:
         ``cap``, then the free sources' chains to their own depth, at most ``limit`` (None: no
         bound); returns it (no drafts when ``cap`` is 0)."""
         tree = self.new_tree(root, cap)
-        self._tree, self._chain, self._rows = tree, 0, None
+        self._tree, self._chain = tree, 0
         if cap > 0:
             yield from self._draft_calls(tree)
         if self._free:
@@ -207,7 +206,7 @@ class DecoderStep:
         to its ``depth`` nodes (``Settings.free_nodes``)."""
         chains = []
         self._step_chains = {}
-        for src, prop in (self._proposers if cap > 0 and self._rows is not None else ()):
+        for src, prop in (self._proposers if cap > 0 else ()):
             d = src.depth if limit is None else min(src.depth, limit)
             if d <= 0:
                 continue
@@ -315,7 +314,6 @@ class DecoderStep:
         c = self._chain = len(chain)
         logits = yield Call("d", chain, list(range(-1, c - 1)), True)
         self.draft_calls += 1
-        self._rows = (int(logits.shape[-1]), torch.float32, logits.device)  # process_logits' rows
         fed: list[int] = []
         level = [0]
         dynamic = tree.shape.mode == "dynamic"
