@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..._errors import ArgumentError
+from ..._validate import as_int
 from .lookup import LookupProposer
 from .suffix import SuffixIndex, SuffixProposer
 
@@ -34,9 +35,10 @@ __all__ = ["DraftModel", "PromptLookup", "SuffixSource", "SuffixIndex", "SOURCE_
            "parse_sources"]
 
 
-def _positive(owner: str, name: str, value, lo: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-        raise ValueError(f"{owner}: {name} must be an int >= {lo}, got {value!r}")
+def _positive(src, name: str, lo: int = 1) -> None:
+    """Source ``src``'s field ``name`` as an int >= ``lo`` (``_validate.as_int``; ArgumentError
+    naming ``<source>.<field>``), stored back as a Python int."""
+    object.__setattr__(src, name, as_int(getattr(src, name), f"{src.name}.{name}", minimum=lo))
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,9 @@ class PromptLookup:
     free = True
 
     def __post_init__(self):
-        _positive("lookup", "min_ngram", self.min_ngram)
-        _positive("lookup", "max_ngram", self.max_ngram, self.min_ngram)
-        _positive("lookup", "depth", self.depth)
+        _positive(self, "min_ngram")
+        _positive(self, "max_ngram", self.min_ngram)
+        _positive(self, "depth")
 
     def describe(self) -> str:
         return self.name
@@ -114,7 +116,7 @@ class SuffixSource:
 
     def __post_init__(self):
         for field in ("depth", "width", "min_count", "max_match"):
-            _positive("suffix", field, getattr(self, field))
+            _positive(self, field)
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not self.alpha > 0 \
                 or not math.isfinite(self.alpha):
             raise ValueError(f"suffix: alpha must be a finite number > 0, got {self.alpha!r}")

@@ -48,6 +48,8 @@ import math
 import threading
 from collections import deque
 
+from ..._validate import as_int
+
 __all__ = ["SuffixIndex", "SuffixProposer"]
 
 
@@ -199,10 +201,8 @@ class SuffixIndex:
     ``version`` changes with every change."""
 
     def __init__(self, max_tokens: int = 65536, max_span: int = 256):
-        for name, v in (("max_tokens", max_tokens), ("max_span", max_span)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"SuffixIndex: {name} must be a positive int, got {v!r}")
-        self.max_tokens, self.max_span = max_tokens, max_span
+        self.max_tokens = as_int(max_tokens, "SuffixIndex.max_tokens", minimum=1)
+        self.max_span = as_int(max_span, "SuffixIndex.max_span", minimum=1)
         self.lock = threading.Lock()  # the readers' (proposers') lock
         self._writer = threading.Lock()  # one add at a time
         self.outputs: deque = deque()
