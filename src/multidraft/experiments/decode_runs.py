@@ -49,7 +49,6 @@ pooled and paired per prompt with its 95% interval, tree tokens per pass and ms 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from .. import verifiers as _verifiers
 from ..decoding import PromptCache, Settings, generate
 from ..decoding.settings import WALK, decoder_rules
 from .findings import mean_ci  # the one summary of rows (also the report's)
+from .records import finite_number
 from .._validate import derive_seed
 
 __all__ = [
@@ -353,10 +353,6 @@ def warm_up(target, draft, ids: torch.Tensor, *, depth: int = 2, temperature: fl
 
 
 # --- statistics ------------------------------------------------------------------------------
-def _finite(x) -> bool:
-    return x is not None and isinstance(x, (int, float)) and x == x and not math.isinf(x)
-
-
 def merge_rounds(rows: Sequence[dict]) -> list[dict]:
     """One row per (method, prompt): the rounds of a run pooled (tokens, seconds, target calls and
     tree tokens summed, block efficiency and tokens/s recomputed from the sums, acceptance
@@ -378,7 +374,7 @@ def merge_rounds(rows: Sequence[dict]) -> list[dict]:
                 m[k] = None if any(r[k] is None for r in rs) else sum(r[k] for r in rs)
         m["tree_tokens"] = sum(r["tree_tokens"] for r in rs) if all(r.get("tree_tokens") for r in rs) else 0
         m["block_efficiency"] = m["new_tokens"] / m["target_calls"] if m["target_calls"] else float("nan")
-        acc = [r["acceptance_rate"] for r in rs if _finite(r.get("acceptance_rate"))]
+        acc = [r["acceptance_rate"] for r in rs if finite_number(r.get("acceptance_rate"))]
         m["acceptance_rate"] = sum(acc) / len(acc) if acc else float("nan")
         m["tokens_per_s"] = m["new_tokens"] / m["seconds"] if m["seconds"] > 0 else float("nan")
         m["round_tokens_per_s"] = [r["new_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]
@@ -429,7 +425,7 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
                 others.append({"method": lab, "block_efficiency": pooled[lab][0], "ratio": om, "ci95": oci,
                                "block_ratio": bm, "block_ci95": bci})
         m, ci, n = (1.0, float("nan"), len(by[best])) if best == fastest else paired[best]
-        verdict = "fastest" if best == fastest else ("undetermined" if not _finite(ci) else
+        verdict = "fastest" if best == fastest else ("undetermined" if not finite_number(ci) else
                                                      "within" if m + ci >= 1.0 else "slower")
         out.append({"tree": tree, "methods": list(by), "best_block": best,
                     "block_efficiency": pooled[best][0], "fastest": fastest, "tokens_per_s": pooled[fastest][1],
@@ -539,7 +535,7 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
         calls = sum(r["target_calls"] for r in rs)
         secs = sum(r["seconds"] for r in rs)
         tps = tokens / secs if secs > 0 else float("nan")
-        acc = [r["acceptance_rate"] for r in rs if kind != "target" and _finite(r.get("acceptance_rate"))]
+        acc = [r["acceptance_rate"] for r in rs if kind != "target" and finite_number(r.get("acceptance_rate"))]
         scored = [r.get("tree_tokens") for r in rs if r.get("tree_tokens")]
         s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "rule": r0.get("rule"),
              "law": r0.get("law"), "k": r0.get("k", 0), "depth": r0.get("depth", 0),

@@ -65,7 +65,7 @@ from .. import _machine
 
 __all__ = [
     "versions", "code_version", "meta_row", "run_id", "io_error", "write_file", "ensure_dir", "check_binding", "resume", "JsonlWriter",
-    "read_jsonl", "results_path", "decode_row_spelling", "alpha_interval_fields", "EXACT_TOL", "target_alone_row", "done_keys", "row_key", "require_fields",
+    "read_jsonl", "results_path", "decode_row_spelling", "alpha_interval_fields", "EXACT_TOL", "finite_number", "target_alone_row", "done_keys", "row_key", "require_fields",
     "Field", "Schema", "SCHEMAS", "LAW_NAMES", "VERIFIER_NAMES", "TREE_RULE_NAMES", "IMPLIED_LAWS", "DECODE_ROW_KINDS", "read_decode_rows", "row_problem", "meta_problem", "valid_rows", "RunDirLocked", "lock_run_dir", "lock_results_file",
 ]
 
@@ -551,7 +551,8 @@ def _legacy_decode_fields(row: dict, meta: dict | None) -> dict:
 EXACT_TOL = 1e-3  # an alpha* row is "exact at full V" when its certified interval is at most this wide
 
 
-def _finite(x) -> bool:
+def finite_number(x) -> bool:
+    """Whether a row's value ``x`` is a finite number (int or float, not a bool, not NaN or inf)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -580,7 +581,7 @@ def alpha_interval_fields(row: dict) -> dict:
         return row
     a, b, law, k = row.get("acceptance"), row.get("lump_bound_mean"), row.get("law"), row.get("K")
     low = row.get("alpha_lower", a)
-    if not (_finite(a) and _finite(b) and _finite(low) and 0.0 <= low <= a + 1e-9 and a <= 1.0 and b >= 0.0
+    if not (finite_number(a) and finite_number(b) and finite_number(low) and 0.0 <= low <= a + 1e-9 and a <= 1.0 and b >= 0.0
             and law in LAW_NAMES and isinstance(k, int) and not isinstance(k, bool) and k >= 1):
         return row
     lo, hi = (a - b, a + b) if law == "wor" and k >= 2 else (min(low, a) - b, a)
