@@ -407,7 +407,8 @@ def run(args) -> int:
     cb, close = _progress(not args.quiet)
     try:
         res = generate(target, draft if drafting else None, input_ids, settings,
-                       generator=args.seed, eos_token_id=eos, progress=cb)
+                       generator=args.seed, eos_token_id=eos, progress=cb,
+                       cost_profile=auto.profile if auto is not None and settings.free_sources else None)
     finally:
         close()
     text = detok(res.tokens.tolist())

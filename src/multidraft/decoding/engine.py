@@ -61,6 +61,7 @@ from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
 from .settings import Settings, node_ks, settings_or_kwargs
 from .step import Call, DecoderStep, drive, score_call, score_tree
+from .treeopt import CostProfile
 
 __all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "DecoderStep", "score_tree", "score_call", "Call",
            "drive", "node_ks", "decode_context"]
@@ -165,7 +166,7 @@ def _check_models(target, draft, input_ids, settings: Settings, eos_token_id) ->
 
 def generate(target, draft, input_ids, settings: Settings | None = None, *, generator=None, eos_token_id=None,
              progress=None, prompt_cache: PromptCache | None = None, node_log: list | None = None,
-             on_step=None, **kwargs) -> GenerationResult:
+             on_step=None, cost_profile=None, **kwargs) -> GenerationResult:
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
@@ -192,6 +193,11 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
                     step emitted (a list of ints, already cut after an eos; streaming). A true
                     return value stops decoding after that step (``stop_reason`` 'stopped', the
                     statistics of the steps run); the tokens emitted are unchanged by it.
+    cost_profile    optional ``treeopt.CostProfile`` (``multidraft profile``): with free sources,
+                    each step cuts each source's chains where one more token no longer pays by
+                    the profile's costs and the acceptances measured so far
+                    (``decoding.sources.budget``); None: every source proposes its own depth.
+                    Exact either way.
 
     Keyword settings (``Settings.from_args``):
 
@@ -233,6 +239,9 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
     if on_step is not None and not callable(on_step):
         raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
+    if cost_profile is not None and not isinstance(cost_profile, CostProfile):
+        raise ArgumentError("cost_profile", f"must be None or a multidraft.decoding.treeopt.CostProfile, got "
+                                            f"{type(cost_profile).__name__}")
     rule = settings.rule
     if node_log is not None and rule is not None and not rule.node_wise:
         raise ArgumentError("node_log", f": per-node records belong to a rule that decides node after node (the token "
@@ -241,7 +250,7 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     draft = None if settings.target_alone else draft
     with torch.inference_mode():
         step = DecoderStep(runner_for(target, prompt_cache), runner_for(draft, prompt_cache) if draft is not None else None,
-                           settings, g, rule=rule, node_log=node_log)
+                           settings, g, rule=rule, node_log=node_log, cost=cost_profile)
         return _Decoder(step, decode_context(target, draft), eos=eos, progress=progress, on_step=on_step).run(input_ids)
 
 

@@ -60,6 +60,7 @@ import torch
 from .. import drafts as _drafts
 from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
+from .sources.budget import FreeBudget
 
 __all__ = ["DecoderStep", "StepResult", "Call", "drive", "score_call", "score_tree"]
 
@@ -114,6 +115,19 @@ def _common_prefix(a, b) -> int:
     return n
 
 
+def _model_held(tree: DraftTree, path) -> int:
+    """How deep the accepted ``path`` (node ids) holds the draft model's drafts: each node's token
+    among its parent's model drafts (a node's free drafts are the last ``free`` of its ``drafts``)."""
+    n = 0
+    for j in path:
+        nd = tree.nodes[j]
+        par = tree.nodes[nd.parent]
+        if nd.token not in par.drafts[:len(par.drafts) - par.free]:
+            break
+        n += 1
+    return n
+
+
 class StepResult(NamedTuple):
     """What :meth:`DecoderStep.step` returns: ``tokens`` the emitted tokens (the accepted path's,
     then the recovered or bonus token), ``accepted`` the accepted path's length and ``depth`` the
@@ -140,7 +154,7 @@ class DecoderStep:
     """
 
     def __init__(self, target_runner, draft_runner, settings, generator: torch.Generator, *, rule=None,
-                 node_log: list | None = None, index=None):
+                 node_log: list | None = None, index=None, cost=None):
         self.target_runner, self.draft_runner = target_runner, draft_runner
         self.settings, self.generator = settings, generator
         self.rule = settings.rule if rule is None else rule
@@ -155,6 +169,14 @@ class DecoderStep:
         # per free source: [nodes proposed, accepted tokens it proposed] over the decode (StepResult notes)
         self.source_stats: dict = {src.name: [0, 0] for src in self._free}
         self._step_chains: dict = {}  # source name -> its chains on the in-flight tree
+        self._step_offered: dict = {}  # source name -> the depth it proposed on the in-flight tree
+        self.budget = None  # FreeBudget: each free source's depth by cost (a cost profile given)
+        if cost is not None and self._free:
+            shape = settings.shape
+            base = 0 if shape is None else shape.max_nodes() - 1  # the model's tree, nominal: never its draws
+            self._base_nodes = 1 + base
+            self.budget = FreeBudget({src.name: src.depth for src in self._free},
+                                     lambda n: cost.target_seconds(n) + cost.per_node_seconds * (n - 1))
 
     # the four parts -------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor) -> float:
@@ -205,20 +227,32 @@ class DecoderStep:
         """The free sources' chains on the drafted ``tree`` (module notes), each source's trie cut
         to its ``depth`` nodes (``Settings.free_nodes``)."""
         chains = []
-        self._step_chains = {}
+        self._step_chains, self._step_offered = {}, {}
+        n = self._base_nodes if self.budget is not None else 0
         for src, prop in (self._proposers if cap > 0 else ()):
             d = src.depth if limit is None else min(src.depth, limit)
             if d <= 0:
                 continue
             seen: set = set()
+            mine = []
             for ch in prop.propose(d):
                 ch = tuple(ch[:d])
                 grown = {ch[:j] for j in range(1, len(ch) + 1)} - seen
                 if not ch or len(seen) + len(grown) > src.depth:
                     continue
                 seen |= grown
-                chains.append(ch)
-                self._step_chains.setdefault(src.name, []).append(ch)
+                mine.append(ch)
+            if self.budget is not None and mine:  # cut by cost (sources.budget): the text and counters decide
+                sizes = [len({ch[:j] for ch in mine for j in range(1, min(L, len(ch)) + 1)})
+                         for L in range(1, max(map(len, mine)) + 1)]
+                L = self.budget.depth(src.name, n, sizes)
+                self._step_offered[src.name] = L
+                mine = list(dict.fromkeys(ch[:L] for ch in mine if L))
+                seen = {ch[:j] for ch in mine for j in range(1, len(ch) + 1)}
+                n += len(seen)
+            if mine:
+                chains.extend(mine)
+                self._step_chains[src.name] = mine
             self.source_stats[src.name][0] += len(seen)
         if chains:
             tree.add_chains(chains)
@@ -275,11 +309,16 @@ class DecoderStep:
                 self.pending = self.pending + [tree.nodes[0].token]
         self._tree = None
         out = [tree.nodes[j].token for j in path] + [int(verdict.token)]
-        if self._step_chains:  # a source's accepted tokens: the accepted path's prefix one of its chains holds
+        if self._step_chains or self._step_offered:  # a source's accepted tokens: the accepted path's prefix one of its chains holds
             kept = out[:-1]
-            for name, chains in self._step_chains.items():
-                self.source_stats[name][1] += max(_common_prefix(ch, kept) for ch in chains)
-            self._step_chains = {}
+            held = {name: max(_common_prefix(ch, kept) for ch in chains) for name, chains in self._step_chains.items()}
+            for name, h in held.items():
+                self.source_stats[name][1] += h
+            if self.budget is not None:
+                self.budget.record(self._step_offered, held, _model_held(tree, path))
+            self._step_chains, self._step_offered = {}, {}
+        elif self.budget is not None:
+            self.budget.record({}, {}, _model_held(tree, path))
         if self._proposers:
             self.observe(out)
         return out
@@ -291,7 +330,7 @@ class DecoderStep:
         if self.draft_runner is not None:
             self.draft_runner.commit([])
         self._tree = None
-        self._step_chains = {}
+        self._step_chains, self._step_offered = {}, {}
 
     def step(self, root: int, cap: int, rule=None, limit: int | None = None):
         """Generator (yields every ``Call``): draft (free chains at most ``limit`` deep), score,

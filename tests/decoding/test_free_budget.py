@@ -1,0 +1,101 @@
+"""Free sources' depth chosen by cost (issue 39 item 3, ``decoding.sources.budget``): the rule on
+hand-made counters, and the decoder with a cost profile (exact: T = 0 is the target's greedy text,
+T = 1 reproducible from the seed; a steep profile cuts the copied chains, a flat one keeps them)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multidraft.decoding.sources.budget import FreeBudget
+from multidraft.decoding.treeopt import CostProfile
+
+
+def test_free_width_takes_the_cap_and_dear_width_takes_nothing():
+    free = FreeBudget({"lookup": 6}, lambda n: 1.0, explore_every=4)
+    dear = FreeBudget({"lookup": 6}, lambda n: float(n), explore_every=4)
+    assert free.depth("lookup", 5, [1, 2, 3, 4]) == 4  # first offer explores: the whole chain
+    assert dear.depth("lookup", 5, [1, 2, 3, 4]) == 4
+    for b in (free, dear):  # nothing ever gained by depth 1..4 in 30 steps
+        for _ in range(30):
+            b.record({"lookup": 4}, {"lookup": 0}, model_held=2)
+    assert free.depth("lookup", 5, [1, 2, 3, 4]) == 4  # width costs nothing: every token may pay
+    assert dear.depth("lookup", 5, [1, 2, 3, 4]) == 0  # a token costs a fifth of the step: none pays
+    assert dear.gain("lookup")[:4] == [1 / 32] * 4 and dear.gain("lookup")[4:] == [0.5, 0.5]
+    assert dear.expected_model_tokens() == 3.0
+
+
+def test_cut_where_the_gain_falls_below_the_price():
+    b = FreeBudget({"suffix": 8}, lambda n: 1.0 + 0.1 * n, explore_every=1000)
+    for _ in range(98):  # depths 1-3 gain in every step, 4-6 never
+        b.record({"suffix": 6}, {"suffix": 3}, model_held=0)
+    b.offers["suffix"] = 1  # past the first (exploring) offer
+    assert b.depth("suffix", 1, [1, 2, 3, 4, 5, 6]) == 3
+    assert b.depth("suffix", 1, [1, 2]) == 2  # a shorter match: at most its length
+    assert b.depth("suffix", 1, []) == 0  # no match: nothing, and no offer counted
+    assert b.offers["suffix"] == 3
+
+
+def test_model_held_tokens_are_not_the_sources_gain():
+    b = FreeBudget({"lookup": 4}, lambda n: float(n))
+    b.record({"lookup": 4}, {"lookup": 3}, model_held=2)  # only depth 3 was the chain's own
+    assert b.hits["lookup"] == [0, 0, 1, 0] and b.tried["lookup"] == [1, 1, 1, 1]
+    b.record({"lookup": 2}, {"lookup": 2}, model_held=0)
+    assert b.hits["lookup"] == [1, 1, 1, 0] and b.tried["lookup"] == [2, 2, 1, 1]
+    b.record({}, {}, model_held=1)
+    assert b.steps == 3 and b.model_tokens == 3 + 1 + 2
+
+
+def test_exploration_schedule_is_fixed():
+    b = FreeBudget({"lookup": 3}, lambda n: float(n) ** 3, explore_every=4)
+    for _ in range(10):
+        b.record({"lookup": 3}, {}, model_held=0)
+    got = [b.depth("lookup", 2, [1, 2, 3]) for _ in range(9)]
+    assert got == [3, 0, 0, 0, 3, 0, 0, 0, 3]
+
+
+@pytest.mark.parametrize("kw", [dict(caps={"x": -1}), dict(caps={"x": 1.5}), dict(explore_every=0),
+                                dict(step_seconds=3.0)])
+def test_bad_budget_arguments(kw):
+    args = dict(caps={"x": 2}, step_seconds=lambda n: 1.0, explore_every=2)
+    args.update(kw)
+    with pytest.raises(ValueError):
+        FreeBudget(**args)
+
+
+# --- in the decoder ---------------------------------------------------------------------------------
+REPEATS = torch.tensor([[3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8, 3, 4, 5]])  # prompt lookup has a match
+STEEP = CostProfile((1, 2, 40), (1.0, 2.0, 40.0), (1,), (0.01,))  # every tree token costs a whole pass
+FLAT = CostProfile((1, 40), (1.0, 1.0), (1,), (0.01,))            # width costs nothing
+
+
+def _decode(pair, temperature, cost, seed=0, n=24, ids=REPEATS):
+    import multidraft as md
+
+    t, d = pair
+    return md.generate(t, d, ids, generator=seed, cost_profile=cost, verifier="specinfer", k=2, depth=2,
+                       temperature=temperature, max_new_tokens=n, sources="model,lookup,suffix")
+
+
+def test_decoder_greedy_with_a_budget_is_the_targets(pair):
+    import tiny_models as tm
+
+    ref = tm.greedy_reference(pair[0], REPEATS, 24).tolist()
+    runs = {name: _decode(pair, 0.0, cost) for name, cost in (("none", None), ("steep", STEEP), ("flat", FLAT))}
+    for r in runs.values():
+        assert r.tokens.tolist() == ref
+    proposed = {name: sum(s["proposed"] for s in r.source_stats.values()) for name, r in runs.items()}
+    assert proposed["flat"] == proposed["none"] > 0  # free width: every source at its own depth
+    assert proposed["steep"] < proposed["none"]       # dear width: chains cut after the first offers
+
+
+def test_decoder_sampling_with_a_budget_is_reproducible(pair):
+    a, b = _decode(pair, 1.0, STEEP, seed=5), _decode(pair, 1.0, STEEP, seed=5)
+    assert a.tokens.tolist() == b.tokens.tolist() and a.source_stats == b.source_stats
+
+
+def test_generate_refuses_a_cost_profile_that_is_not_one(pair):
+    from multidraft.decoding import ArgumentError
+
+    with pytest.raises(ArgumentError) as info:
+        _decode(pair, 0.0, {"target_nodes": [1]})
+    assert info.value.arg == "cost_profile"
