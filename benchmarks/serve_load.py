@@ -11,6 +11,11 @@ never compete for the cores):
 ``ours-batched``  the same server with ``--max-lanes`` = the most clients of the run: concurrent
                   requests share the forward passes (continuous batching)
 ``ours-nospec``   the same server with ``--verifier none`` (the target alone)
+``ours-sources``  the same server with ``--sources`` ``--free-sources`` (default
+                  ``model,lookup,suffix``: prompt lookup and the server's shared suffix index
+                  beside the draft model, issue 39); its texts at T = 1 may change between
+                  cells (the shared index grows, so the trees and the draws they read differ;
+                  the law does not), so ``differs`` is reported for it, not required
 ``llama-server``  llama.cpp's server on the same two GGUF files with its own draft-model
                   speculation (``--spec-type draft-simple``: at this commit ``-md`` alone loads
                   the draft but drafts nothing; ``--llama-args``, default ``--spec-draft-n-max 4
@@ -28,8 +33,9 @@ Workload: ``--clients`` concurrent clients (default 1,4,8), each sending ``--req
 requests one after the other (with ``--per-cell``: ``--requests`` requests in each cell, k = 0 ..
 R - 1, the clients taking the next one from one queue as they finish, so every cell sends the
 same requests), streamed, to ``/v1/chat/completions``, the same body for every
-server: request k (client c sends k = c * R + j, j < R) carries prompt k (HumanEval and MT-bench
-alternating, ``multidraft.datasets``), seed ``--seed`` * 100003 + k, ``max_tokens``
+server: request k (client c sends k = c * R + j, j < R) carries prompt k (``--dataset``: ``mixed``,
+the default, HumanEval and MT-bench alternating; or one set of ``multidraft.datasets``, e.g. the
+copy-heavy ``codeedit``, ``mtbench2`` (a two-turn conversation) or ``aclsum``), seed ``--seed`` * 100003 + k, ``max_tokens``
 ``--max-tokens``, at each temperature of ``--temperatures`` (default 0,1).
 
 Checks. Each response, as it arrives (``check_stream``): HTTP 200, parseable events, exactly
@@ -83,8 +89,9 @@ from _bench import common_args, load_average, provenance  # noqa: E402
 
 LLAMA_CACHE = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp"))
 LLAMA_SERVER = LLAMA_CACHE / "build-0.3.36/bin/llama-server"
-SERVERS = ("ours", "ours-batched", "ours-nospec", "llama-server")
-OURS = ("ours", "ours-batched", "ours-nospec")  # our server: the request's seed is echoed in every chunk
+SERVERS = ("ours", "ours-batched", "ours-nospec", "ours-sources", "llama-server")
+DEFAULT_SERVERS = ("ours", "ours-batched", "ours-nospec", "llama-server")  # ours-sources on request (--servers)
+OURS = ("ours", "ours-batched", "ours-nospec", "ours-sources")  # our server: the request's seed is echoed in every chunk
 SAME_TEXT = ("ours", "ours-nospec")  # one lane, deterministic per seed: a differing text is an error
 CONTEXT = 4096  # multidraft's llama.cpp engine context (decoding.pair.load_pair's n_ctx)
 SEED_STRIDE = 100_003
@@ -106,7 +113,8 @@ def _int_list(name: str, text: str, lo: int = 1) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
+    ap.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                    help=f"comma-separated, of {', '.join(SERVERS)} (default {','.join(DEFAULT_SERVERS)})")
     ap.add_argument("--clients", default="1,4,8", help="concurrent clients per cell (1 is always run first)")
     ap.add_argument("--requests", type=int, default=20,
                     help="requests per client per cell (with --per-cell: requests per cell, taken by the clients "
@@ -116,6 +124,11 @@ def parser() -> argparse.ArgumentParser:
                          "0 .. R-1, each client taking the next one when its last is answered (the same requests "
                          "at every concurrency)")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--dataset", default="mixed",
+                    help="the requests' prompts: mixed (HumanEval and MT-bench alternating, default) or a data set of "
+                         "multidraft.datasets, e.g. codeedit, mtbench2, aclsum (copy-heavy)")
+    ap.add_argument("--free-sources", default="model,lookup,suffix",
+                    help="ours-sources: its --sources (default model,lookup,suffix)")
     ap.add_argument("--max-tokens", type=int, default=128)
     common_args(ap, seed=0, threads=2, helps={"seed": "request k's seed is SEED * 100003 + k",
                                               "threads": "threads of every server (both models)"})
@@ -154,6 +167,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not temps or any(not 0 <= t <= 2 for t in temps) or len(set(temps)) != len(temps):
             raise argparse.ArgumentTypeError(f"--temperatures takes distinct numbers in [0, 2], got {args.temperatures!r}")
         args.temperature_list = temps
+        from multidraft.datasets import DATASETS
+        if args.dataset != "mixed" and args.dataset not in DATASETS:
+            raise argparse.ArgumentTypeError(f"--dataset takes mixed or one of {', '.join(DATASETS)}, got {args.dataset!r}")
+        from multidraft.decoding.sources import parse_sources
+        try:
+            parse_sources(args.free_sources)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"--free-sources: {exc}") from None
         for name in ("requests", "max_tokens", "threads", "context"):
             if getattr(args, name) < 1:
                 raise argparse.ArgumentTypeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -167,17 +188,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # --- workload -------------------------------------------------------------------------------------
-def prompts(n: int) -> list[dict]:
-    """``n`` chat prompts, HumanEval (with its instruction) and MT-bench alternating."""
-    from multidraft.datasets import instruction_for, load_prompts
+def prompts(n: int, dataset: str = "mixed") -> list[dict]:
+    """``n`` chat prompts: ``mixed`` HumanEval (with its instruction) and MT-bench alternating;
+    another name, the first ``n`` of that data set (``datasets.prompt_messages``: a conversation
+    stays one). Each ``{"dataset", "id", "messages"}``."""
+    from multidraft.datasets import instruction_for, load_prompts, prompt_messages
 
+    if dataset != "mixed":
+        got = load_prompts(dataset, n)
+        if len(got) < n:
+            raise ValueError(f"--dataset {dataset}: {len(got)} prompts, the run needs {n}")
+        return [{"dataset": dataset, "id": i, "messages": prompt_messages(p, instruction_for(dataset))} for i, p in got]
     half = (n + 1) // 2
     he = [("humaneval", i, instruction_for("humaneval") + p) for i, p in load_prompts("humaneval", half)]
     mt = [("mtbench", i, p) for i, p in load_prompts("mtbench", n - half)]
     out = []
     for j in range(max(len(he), len(mt))):
         out += ([he[j]] if j < len(he) else []) + ([mt[j]] if j < len(mt) else [])
-    return [{"dataset": d, "id": i, "text": t} for d, i, t in out[:n]]
+    return [{"dataset": d, "id": i, "messages": prompt_messages(t)} for d, i, t in out[:n]]
 
 
 def request_seed(seed: int, k: int) -> int:
@@ -185,9 +213,9 @@ def request_seed(seed: int, k: int) -> int:
     return derive_seed(seed, k, rule="linear", weights=(SEED_STRIDE, 1))
 
 
-def request_body(model: str, text: str, seed: int, max_tokens: int, temperature: float) -> dict:
+def request_body(model: str, messages: list, seed: int, max_tokens: int, temperature: float) -> dict:
     """The one body every server gets (OpenAI's fields only)."""
-    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+    return {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": temperature, "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -308,7 +336,7 @@ def _has_content(line: str) -> bool:
 async def one_request(client, ep: Endpoint, k: int, work: list[dict], seed: int, max_tokens: int,
                       temperature: float) -> dict:
     """Send request k, time it, check its response; returns the JSONL ``request`` row's fields."""
-    body = request_body(ep.model, work[k]["text"], seed, max_tokens, temperature)
+    body = request_body(ep.model, work[k]["messages"], seed, max_tokens, temperature)
     lines: list[str] = []
     status, ttft = None, None
     t0 = time.perf_counter()
@@ -410,6 +438,8 @@ def ours_cmd(name: str, args, port: int) -> list[str]:
     extra = shlex.split(args.serve_args)
     if name == "ours-nospec":
         extra = without_spec(extra)
+    if name == "ours-sources":  # free draft sources beside the draft model (issue 39)
+        extra = [*extra, "--sources", args.free_sources]
     if name == "ours-batched":  # every concurrent client in its own lane, sharing the forward passes
         extra = [*extra, "--max-lanes", str(max(args.client_list))]
     return [sys.executable, "-m", "multidraft", "serve", *extra, "--threads", str(args.threads), "--port", str(port),
@@ -530,7 +560,7 @@ def run(args) -> int:
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     n_work = max(cell_size(c, args.requests, args.per_cell) for c in args.client_list)
-    work = prompts(n_work)
+    work = prompts(n_work, args.dataset)
     target, draft = gguf_pair()
     log = Log(args.out)
     t_run = time.perf_counter()
@@ -756,7 +786,7 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
     by = {(c["server"], c["temperature"], c["clients"]): c for c in cells}
     ratios = []
     for (s, t, n), c in by.items():
-        if s not in ("ours", "ours-batched"):
+        if s not in ("ours", "ours-batched", "ours-sources"):
             continue
         for other in ("llama-server", "ours-nospec"):
             o = by.get((other, t, n))

@@ -28,12 +28,31 @@ def test_arguments_defaults_and_the_one_client_reference_first(sl):
     assert a.requests == 20 and a.max_tokens == 128 and a.threads == 2
     assert sl.parse_args(["--clients", "8,4"]).client_list == [1, 4, 8]
     assert sl.parse_args(["--summarize", "x.jsonl"]).summarize == "x.jsonl"
+    assert a.dataset == "mixed" and a.free_sources == "model,lookup,suffix"
+
+
+def test_copy_heavy_request_set(sl):
+    """``--dataset codeedit`` / ``mtbench2``: the data set's own prompts (a conversation stays one);
+    ``ours-sources``: ours with the free sources (issue 39)."""
+    work = sl.prompts(3, "mtbench2")
+    assert [w["dataset"] for w in work] == ["mtbench2"] * 3
+    roles = [m["role"] for m in work[0]["messages"]]
+    assert roles == ["user", "assistant", "user"]
+    edit = sl.prompts(2, "codeedit")
+    assert len(edit[0]["messages"]) == 1 and "def " in edit[0]["messages"][0]["content"]
+    mixed = sl.prompts(3)
+    assert [w["dataset"] for w in mixed] == ["humaneval", "mtbench", "humaneval"]
+    a = sl.parse_args(["--servers", "ours-sources,llama-server", "--free-sources", "model,suffix"])
+    cmd = sl.ours_cmd("ours-sources", a, 1234)
+    assert cmd[cmd.index("--sources") + 1] == "model,suffix" and "specinfer" in cmd
+    assert "--sources" not in sl.ours_cmd("ours", a, 1234)
 
 
 @pytest.mark.parametrize("argv", [["--servers", "ours,vllm"], ["--servers", "ours,ours"], ["--clients", "0"],
                                   ["--clients", "1,x"], ["--clients", "2,2"], ["--temperatures", "3"],
                                   ["--temperatures", "a"], ["--requests", "0"], ["--max-tokens", "0"],
-                                  ["--max-tokens", "4096"], ["--threads", "0"], ["--timeout", "0"]])
+                                  ["--max-tokens", "4096"], ["--threads", "0"], ["--timeout", "0"],
+                                  ["--dataset", "nope"], ["--free-sources", "model,nope"]])
 def test_bad_arguments_are_refused_with_a_message(sl, argv, capsys):
     with pytest.raises(SystemExit) as e:
         sl.parse_args(argv)
@@ -67,7 +86,7 @@ def test_command_lines(sl):
 
 
 def test_request_body_is_openai_only(sl):
-    b = sl.request_body("m", "hi", 7, 16, 1.0)
+    b = sl.request_body("m", [{"role": "user", "content": "hi"}], 7, 16, 1.0)
     assert b == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "temperature": 1.0,
                  "seed": 7, "stream": True, "stream_options": {"include_usage": True}}
     assert sl.request_seed(2, 5) == 2 * 100_003 + 5
@@ -237,7 +256,7 @@ def test_summarize_refuses_a_file_without_cells(sl, tmp_path):
 # --- the client against a live server (the tiny pair) ----------------------------------------
 def test_client_against_the_live_tiny_server(sl, live):
     ep = sl.Endpoint("ours", live.url, MODEL)
-    work = [{"text": t} for t in ("in the beginning", "and the earth", "god said", "let there be")]
+    work = [{"messages": [{"role": "user", "content": t}]} for t in ("in the beginning", "and the earth", "god said", "let there be")]
     one, wall1 = asyncio.run(sl.run_cell(ep, work, 1, 2, base_seed=3, max_tokens=6, temperature=1.0, timeout=60))
     two, wall2 = asyncio.run(sl.run_cell(ep, work, 2, 2, base_seed=3, max_tokens=6, temperature=1.0, timeout=60))
     assert [r["k"] for r in two] == [0, 1, 2, 3] and [r["client"] for r in two] == [0, 0, 1, 1]
@@ -257,7 +276,7 @@ def test_client_against_the_live_tiny_server(sl, live):
 
 def test_per_cell_sends_the_same_requests_at_every_concurrency(sl, live):
     ep = sl.Endpoint("ours", live.url, MODEL)
-    work = [{"text": t} for t in ("in the beginning", "and the earth", "god said")]
+    work = [{"messages": [{"role": "user", "content": t}]} for t in ("in the beginning", "and the earth", "god said")]
     one, _ = asyncio.run(sl.run_cell(ep, work, 1, 3, base_seed=5, max_tokens=4, temperature=1.0, timeout=60,
                                      per_cell=True))
     two, _ = asyncio.run(sl.run_cell(ep, work, 2, 3, base_seed=5, max_tokens=4, temperature=1.0, timeout=60,
