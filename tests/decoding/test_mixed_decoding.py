@@ -45,6 +45,10 @@ def test_settings_refuse_what_cannot_verify_mixed_trees(kw, arg):
     with pytest.raises(ArgumentError) as info:
         Settings.from_args(**{"k": 2, "depth": 2, **kw}, sources="model,lookup")
     assert info.value.arg == arg and "\n" not in str(info.value)
+    if arg == "rule":  # the reason is the rule's own (trees.MIXED_REFUSALS, the one table)
+        from multidraft.trees import MIXED_REFUSALS
+
+        assert MIXED_REFUSALS[kw["rule"]] in str(info.value)
 
 
 @pytest.mark.parametrize("verifier,law,k", [("optimal", "iid", 4), ("spectr", "iid", 2), ("rrs_wor", "wor", 3),

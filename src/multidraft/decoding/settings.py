@@ -23,7 +23,7 @@ from .. import drafts as _drafts
 from .. import trees as _trees
 from .. import verifiers as _verifiers
 from .._validate import ArgumentError, as_int, as_k, as_temperature, as_top_k, as_top_p
-from ..trees import TreeShape, node_ks
+from ..trees import MIXED_REFUSALS, TreeShape, node_ks
 from .sources import DraftModel, free_source, parse_sources
 
 __all__ = ["Settings", "ArgumentError", "node_ks", "WALK", "AUTO_PROXY", "decoder_rules", "rule_node_ks", "tree_law",
@@ -183,28 +183,10 @@ def _verifier(verifier):
         raise ArgumentError("verifier", f": {exc}, none") from None
 
 
-# Why each sequence-level rule refuses mixed trees (one line each; DESIGN.md "Draft sources"). A
-# mixed tree's node has one-hot copies beside the model's draws; each rule below is proven
-# lossless only where one q row covers every draft of a node, and its refusal(tree_law) says so
-# on trees.mixed(...) laws (tests/trees/test_mixed.py). The token walk takes every verifier:
-# free drafts first at a node, then the model's verifier on the residual (trees.TokenWalk).
-MIXED_REFUSALS = {
-    "block": "block verification reads one chain with one q row a position; a mixed tree has a model draft "
-             "and a copied draft at one node",
-    "traversal": "traversal verification's residual update after a refused child subtracts the node's one q "
-                 "row from every sibling's state: it needs i.i.d. siblings, not a one-hot copy beside model draws",
-    "gbv": "greedy block verification selects among i.i.d. sequences by one q per node; independent columns "
-           "of different laws are not exchangeable",
-    "spectr_gbv": "its SpecTr selection and greedy block stage both read one q row per node (i.i.d. sequences)",
-    "univer": "its slot weights and state updates read one q row per node ('iid' or 'wor' drafts); "
-              "independent columns are refused",
-}
-
-
 def _mixed_rule(rule: str) -> None:
     """A decode with free sources (DESIGN.md "Draft sources") takes the token walk of any verifier
     lossless for the model's law (free drafts first at a node, ``trees.TokenWalk``); ``ArgumentError``
-    for a sequence-level rule (``MIXED_REFUSALS``)."""
+    for a sequence-level rule, with the reason its ``refusal`` gives (``trees.MIXED_REFUSALS``)."""
     if rule != WALK:
         raise ArgumentError("rule", f": {rule!r} does not verify mixed trees (free sources' copies beside the "
                                     f"model's drafts): {MIXED_REFUSALS.get(rule, 'it needs one q row per node')}; "

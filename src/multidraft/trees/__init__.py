@@ -34,6 +34,7 @@ True
 """
 from __future__ import annotations
 
+from ._check import MIXED_REFUSALS
 from .certify import TreeCertificate, certify_tree, emitted_law
 from .laws import MAX_TREES, MixedLaw, TreeLaw, chain, dynamic, explicit, kary, mixed, sequences
 from .rules import TreeRule, TreeVerdict, get, has_fast_expected_tokens, names, register, small_v_only
@@ -51,6 +52,7 @@ from .rule_table import expected_tokens
 from .ceiling import MAX_LP_VARIABLES, CeilingSolution, RootTradeoff, TreeLP, lp_size, optimal_tokens, root_tradeoff, tree_paths
 
 __all__ = [
+    "MIXED_REFUSALS",
     "TreeShape", "full_tree", "parse_tree", "coverage", "allocate", "DEFAULT_MAX_NODES", "MAX_DYNAMIC_NODES",
     "MAX_TREE_NODES", "LLAMA_CPP_TREE_NODES", "tree_nodes",
     "DraftTree", "Node", "one_hot_rows", "TableModel", "STYLES", "MAX_V", "MAX_SEQUENCE_LAW", "TreeLaw", "MixedLaw", "mixed", "chain", "sequences", "kary", "explicit", "dynamic", "MAX_TREES",

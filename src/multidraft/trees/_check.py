@@ -17,11 +17,30 @@ import torch
 from .._validate import as_probs, as_probs64
 from .tree import DraftTree
 
-__all__ = ["MIXED", "check_tree", "is_chain_law", "is_mixed_law", "row64"]
+__all__ = ["MIXED_REFUSALS", "mixed_refusal", "check_tree", "is_chain_law", "is_mixed_law", "row64"]
 
-MIXED = ("free-source drafts (one-hot copies) beside the model's draws at a node: a mixed tree; "
-         "{rule} is proven lossless for one q row per node, so it is refused (the token walk verifies "
-         "mixed trees, free drafts first)")
+# Why each sequence-level rule refuses mixed trees (free sources' one-hot copies beside the model's
+# draws, DESIGN.md "Draft sources"): its losslessness is proven for one q row per node. The one
+# table: the rules' ``refusal`` and ``decoding.settings`` (which refuses them with sources) read it.
+MIXED_REFUSALS = {
+    "block": "block verification reads one chain with one q row a position; a mixed tree has a model draft "
+             "and a copied draft at one node",
+    "traversal": "traversal verification's residual update after a refused child subtracts the node's one q "
+                 "row from every sibling's state: it needs i.i.d. siblings, not a one-hot copy beside model draws",
+    "gbv": "greedy block verification selects among i.i.d. sequences by one q per node; independent columns "
+           "of different laws are not exchangeable",
+    "spectr_gbv": "its SpecTr selection and greedy block stage both read one q row per node (i.i.d. sequences)",
+    "univer": "its slot weights and state updates read one q row per node ('iid' or 'wor' drafts); "
+              "independent columns are refused",
+}
+
+
+def mixed_refusal(rule: str) -> str:
+    """Why ``rule`` refuses a mixed tree, one line (``MIXED_REFUSALS``; a rule not in it: it needs
+    one q row per node)."""
+    why = MIXED_REFUSALS.get(rule, "it is proven lossless for one q row per node")
+    return (f"free-source drafts (one-hot copies) beside the model's draws at a node: a mixed tree; {rule} is "
+            f"refused: {why} (the token walk verifies mixed trees, free drafts first)")
 
 
 def is_mixed_law(tree_law) -> bool:

@@ -41,7 +41,7 @@ import torch
 from .._scan import keep_ratio
 from .._validate import as_generator
 from ..sampling import sample_token
-from ._check import MIXED, check_tree, is_chain_law, is_mixed_law, row64
+from ._check import check_tree, is_chain_law, is_mixed_law, mixed_refusal, row64
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
 
@@ -222,7 +222,7 @@ class BlockVerification(TreeRule):
 
     def refusal(self, tree_law):
         if is_mixed_law(tree_law):
-            return MIXED.format(rule=self.name)
+            return mixed_refusal(self.name)
         if not is_chain_law(tree_law):
             return ("block verification reads one chain (one draft per node); use chain(L) or "
                     "sequences(1, L), or 'traversal' / 'tree_lp' for trees")

@@ -79,7 +79,7 @@ import numpy as np
 import torch
 
 from .._validate import as_generator
-from ._check import MIXED, check_tree, is_chain_law, is_mixed_law, row64
+from ._check import check_tree, is_chain_law, is_mixed_law, mixed_refusal, row64
 from .block import ChainRows, add_scan_law, chain_keeps, chain_weights, scan_tokens, scan_verify
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
@@ -246,7 +246,7 @@ class SelectThenBlock(TreeRule):
     # laws and checks ------------------------------------------------------------------------
     def refusal(self, tree_law):
         if is_mixed_law(tree_law):
-            return MIXED.format(rule=self.name)
+            return mixed_refusal(self.name)
         if is_chain_law(tree_law) and tree_law.kind != "independent":
             return None
         if tree_law.kind != "iid" or tree_law.shape.mode == "dynamic":

@@ -250,7 +250,7 @@ class MixedLaw(TreeLaw):
     The sequence-level rules refuse these laws (their ``refusal`` says why, ``_check.is_mixed_law``):
     'block' reads one chain; 'traversal', 'gbv', 'spectr_gbv' and 'univer' are proven lossless where
     one q row covers every draft of a node (i.i.d. or without-replacement siblings), and a one-hot
-    copy beside the model's draws is a draft of another law (``decoding.settings.MIXED_REFUSALS``)."""
+    copy beside the model's draws is a draft of another law (``trees.MIXED_REFUSALS``)."""
 
     mixed = True
 

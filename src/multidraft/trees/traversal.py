@@ -88,7 +88,7 @@ import torch
 
 from .._scan import keep_ratio
 from .._validate import as_generator
-from ._check import MIXED, check_tree, is_chain_law, is_mixed_law, row64
+from ._check import check_tree, is_chain_law, is_mixed_law, mixed_refusal, row64
 from ._postorder import decisions_law, decisions_tokens, first_kept
 from .rules import TreeRule, TreeVerdict, register
 from .tree import DraftTree
@@ -156,7 +156,7 @@ class TraversalVerification(TreeRule):
 
     def refusal(self, tree_law):
         if is_mixed_law(tree_law):
-            return MIXED.format(rule=self.name)
+            return mixed_refusal(self.name)
         if tree_law.kind != "iid" and not is_chain_law(tree_law):
             return (f"its nodes draw {tree_law.kind!r} drafts; traversal verification needs i.i.d. node drafts: "
                     "use kary(K, L, 'iid'), explicit(paths, 'iid'), sequences(K, L) or a chain")

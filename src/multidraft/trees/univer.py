@@ -130,7 +130,7 @@ import numpy as np
 from .. import drafts as _drafts
 from .._scan import keep_ratio
 from .._validate import as_generator, as_int
-from ._check import MIXED, check_tree, is_chain_law, is_mixed_law, row64
+from ._check import check_tree, is_chain_law, is_mixed_law, mixed_refusal, row64
 from .block import chain_path
 from ._postorder import first_kept
 from .rules import TreeRule, TreeVerdict, register
@@ -240,7 +240,7 @@ class UniVer(TreeRule):
 
     def refusal(self, tree_law):
         if is_mixed_law(tree_law):
-            return MIXED.format(rule=self.name)
+            return mixed_refusal(self.name)
         if tree_law.shape.mode == "dynamic":
             return ("dynamic trees choose a node's number of drafts from the drafts of its whole level; univer "
                     "verifies fixed shapes: use kary(K, L, kind), explicit(paths, kind), sequences(K, L) or a chain")
