@@ -141,3 +141,53 @@ def test_metrics_without_prometheus_client_is_a_501(monkeypatch):
         assert httpx.get(srv.url + "/ready").status_code == 200
     finally:
         srv.close()
+
+
+def test_gauges_while_a_request_decodes_and_one_waits():
+    """The worker held inside its first decode step (the text decoder blocks): the gauges read one
+    lane in use, one request queued and two in flight, as ``/health`` does."""
+    import threading
+    import time
+
+    srv = start(tiny_served(), queue_size=4, shutdown_grace_s=1)
+    codec = srv.app.state.model.codec
+    entered, release = threading.Event(), threading.Event()
+    decode = codec.decode
+
+    def held(ids):
+        entered.set()
+        release.wait(30)
+        return decode(ids)
+
+    codec.decode = held  # an instance attribute: read by the worker when it admits a request
+    answers = []
+
+    def post(seed):
+        answers.append(httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": "in the", "max_tokens": 4, "seed": seed}))
+
+    threads = [threading.Thread(target=post, args=(s,)) for s in (1, 2)]
+    try:
+        threads[0].start()
+        assert entered.wait(30)
+        threads[1].start()
+        for _ in range(600):
+            if httpx.get(srv.url + "/health").json()["queued"] == 1:
+                break
+            time.sleep(0.05)
+        m = scrape(srv)
+        assert value(m, "multidraft_lanes_in_use") == 1 and value(m, "multidraft_queue_depth") == 1
+        assert value(m, "multidraft_requests_in_flight") == 2 and value(m, "multidraft_ready") == 1
+        assert value(m, "multidraft_time_to_first_token_seconds_count") == 0
+        release.set()
+        for t in threads:
+            t.join(60)
+        m = scrape(srv)
+        assert value(m, "multidraft_time_to_first_token_seconds_count") == 2
+        assert value(m, "multidraft_lanes_in_use") == 0 and value(m, "multidraft_queue_depth") == 0
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+        srv.close()
+    assert [a.status_code for a in answers] == [200, 200]
