@@ -85,7 +85,7 @@ def run(args) -> int:
     if args.max_in_flight is not None and args.max_in_flight < 1:
         raise ValueError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.shutdown_grace >= 0:
-        raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
+        raise ValueError(f"--drain-timeout (--shutdown-grace) must be >= 0, got {args.shutdown_grace}")
     if args.warmup_prompt is not None and args.tree != "auto":
         raise ValueError("--warmup-prompt applies to --tree auto only")
     settings, draft_temperature, tree = check_settings(args)
