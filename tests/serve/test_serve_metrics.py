@@ -54,8 +54,9 @@ def test_metrics_count_the_requests_and_the_speculative_objects(fresh, caplog):
             assert r.status_code == 200
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         spec.append(chunks[-1]["speculative"]), usage.append(chunks[-1]["usage"])
-        bad = c.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
-        assert bad.status_code == 400
+        bad = c.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0},
+                     headers={"X-Request-Id": "lb-42.a"})  # a load balancer's id is kept
+        assert bad.status_code == 400 and bad.headers["x-request-id"] == "lb-42.a"
         missing = c.post(url + "/v1/completions", json={"model": "nope", "prompt": "x"})
         assert missing.status_code == 404
     m = scrape(fresh)
@@ -95,6 +96,8 @@ def test_metrics_count_the_requests_and_the_speculative_objects(fresh, caplog):
         assert line["rule"] == rule and line["latency_s"] > 0 and line["error"] is None
     assert [(line["status"], line["error"]) for line in lines if line["status"] != 200] == \
         [(400, "invalid_value"), (404, "model_not_found")]
+    assert [line["id"] for line in lines if line["status"] == 400] == ["lb-42.a"]
+    assert len({line["id"] for line in lines}) == 5
 
 
 def test_each_app_has_its_own_registry(fresh, live):
@@ -191,3 +194,12 @@ def test_gauges_while_a_request_decodes_and_one_waits():
             t.join(60)
         srv.close()
     assert [a.status_code for a in answers] == [200, 200]
+
+
+def test_request_id_is_the_clients_when_it_is_plain():
+    from multidraft.serve.metrics import request_id
+
+    assert request_id([(b"x-request-id", b"abc-1:2.3_x")]) == "abc-1:2.3_x"
+    for bad in (b"", b"a b", b"x" * 65, b'{"json": 1}', b"caf\xc3\xa9"):
+        made = request_id([(b"x-request-id", bad)])
+        assert len(made) == 24 and int(made, 16) >= 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 
@@ -50,6 +51,7 @@ EFFICIENCY_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8
 
 _ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/readyz", "/metrics")
 POST_ROUTES = ("/v1/completions", "/v1/chat/completions")
+_CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")  # an X-Request-Id kept as sent (a load balancer's)
 
 
 def route_label(path: str) -> str:
@@ -129,11 +131,20 @@ class Metrics:
             self.ttft.observe(done["first_token_at"] - job.arrived)
 
 
+def request_id(headers) -> str:
+    """The request's id: its ``X-Request-Id`` header where it is 1 to 64 of ``[A-Za-z0-9._:-]``
+    (as a load balancer or proxy sets it, so its logs and ours join), else 24 random hex digits."""
+    for name, val in headers:
+        if name == b"x-request-id" and _CLIENT_ID.fullmatch(val):
+            return val.decode()
+    return uuid.uuid4().hex[:24]
+
+
 class Observe:
     """ASGI middleware, the outermost of the app: gives every request a record
-    (``scope['multidraft.record']``: its ``id``, also sent as ``X-Request-Id``, and what the
-    endpoint adds: seed, counters), counts it in ``metrics`` (when given) once its answer ends,
-    and writes the one log line of a POST request (module docstring)."""
+    (``scope['multidraft.record']``: its ``id`` (:func:`request_id`), sent back as ``X-Request-Id``,
+    and what the endpoint adds: seed, counters), counts it in ``metrics`` (when given) once its
+    answer ends, and writes the one log line of a POST request (module docstring)."""
 
     def __init__(self, app, metrics: Metrics | None):
         self.app, self.metrics = app, metrics
@@ -142,7 +153,7 @@ class Observe:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
-        rec = scope["multidraft.record"] = {"id": uuid.uuid4().hex[:24], "t0": t0}
+        rec = scope["multidraft.record"] = {"id": request_id(scope.get("headers", ())), "t0": t0}
         status = [500]
 
         async def observed(msg):
