@@ -10,13 +10,15 @@ from multidraft import _optional
 
 def test_every_dependency_has_its_extra_and_hint():
     assert set(_optional.OPTIONAL) == {"transformers", "gguf", "llama_cpp", "matplotlib", "ray", "fastapi",
-                                      "uvicorn"}
+                                      "uvicorn", "prometheus_client"}
     assert _optional.hint("llama_cpp") == "scripts/install_llama_cpp.sh .venv/bin/python"
     assert _optional.hint("ray") == "pip install 'multidraft[ray]'"
-    assert _optional.hint("fastapi") == _optional.hint("uvicorn") == "pip install -e '.[serve]'"
+    assert _optional.hint("fastapi") == _optional.hint("uvicorn") == _optional.hint("prometheus_client") == \
+        "pip install -e '.[serve]'"
     for dep in _optional.OPTIONAL.values():  # llama: the project's portable build of the extra (issue 25)
         assert f"'{dep.extra}'" in dep.install or f"[{dep.extra}]" in dep.install or dep.module == "llama_cpp"
-    with pytest.raises(ValueError, match="name must be one of transformers, gguf, llama_cpp, matplotlib, ray, fastapi, uvicorn"):
+    with pytest.raises(ValueError, match="name must be one of transformers, gguf, llama_cpp, matplotlib, ray, "
+                                         "fastapi, uvicorn, prometheus_client"):
         _optional.hint("numpy")
 
 

@@ -39,6 +39,7 @@ OPTIONAL: dict[str, Dependency] = {o.module: o for o in (
     Dependency("ray", "ray", "pip install 'multidraft[ray]'", "--ray"),
     Dependency("fastapi", "serve", "pip install -e '.[serve]'", "multidraft serve"),
     Dependency("uvicorn", "serve", "pip install -e '.[serve]'", "multidraft serve"),
+    Dependency("prometheus_client", "serve", "pip install -e '.[serve]'", "multidraft serve's /metrics"),
 )}
 
 

@@ -19,6 +19,7 @@ from multidraft.cli import main
     (["--port", "70000"], "--port"),
     (["--queue-size", "0"], "--queue-size"),
     (["--shutdown-grace", "-1"], "--shutdown-grace"),
+    (["--drain-timeout", "-1"], "--drain-timeout (--shutdown-grace) must be >= 0, got -1"),
     (["--warmup-prompt", "x"], "--tree auto only"),
     (["--sources", "model,bogus"], "unknown draft source"),
     (["--sources", "lookup"], "must include"),
@@ -40,7 +41,8 @@ def test_serve_is_listed_with_the_decode_flags(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--verifier", "--tree", "--engine", "--port", "--queue-size", "--shutdown-grace", "--model-name"):
+    for flag in ("--verifier", "--tree", "--engine", "--port", "--queue-size", "--shutdown-grace", "--drain-timeout",
+                 "--model-name"):
         assert flag in out
     assert "default llama.cpp" in out
 

@@ -1,5 +1,6 @@
 """`python -m multidraft serve` as a process: SIGTERM while a request is being decoded finishes
-it, answers the queued one with 503, and exits 0 without a traceback."""
+it, answers the queued one with 503 and Retry-After, logs the drain and one JSON line per request,
+and exits 0 without a traceback (``--drain-timeout``, the other name of ``--shutdown-grace``)."""
 import json
 import os
 import re
@@ -25,7 +26,7 @@ def test_sigterm_mid_request_exits_cleanly(saved_pair):
     proc = subprocess.Popen(
         [sys.executable, "-m", "multidraft", "serve", "--engine", "transformers", "--target", str(t), "--draft", str(d),
          "--dtype", "float32", "--k", "2", "--depth", "3", "--port", "0", "--ignore-eos", "--queue-size", "2",
-         "--model-name", "tiny"],
+         "--model-name", "tiny", "--drain-timeout", "60"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     url = []
@@ -46,6 +47,7 @@ def test_sigterm_mid_request_exits_cleanly(saved_pair):
             assert time.monotonic() - t0 < 120, "".join(lines)
             time.sleep(0.05)
         base = url[0]
+        assert httpx.get(base + "/ready", timeout=30).status_code == 200
         body = {"model": "tiny", "prompt": "in the", "max_tokens": 200, "stream": True, "seed": 3,
                 "stream_options": {"include_usage": True}}
         queued = []
@@ -90,3 +92,11 @@ def test_sigterm_mid_request_exits_cleanly(saved_pair):
     assert last["choices"][0]["finish_reason"] == "length" and usage["usage"]["completion_tokens"] == 200
     assert usage["choices"] == [] and "".join(c["choices"][0]["text"] for c in chunks[:-2])
     assert queued and queued[0].status_code == 503 and queued[0].json()["error"]["code"] == "server_shutting_down"
+    assert queued[0].headers["retry-after"] == "1"
+    assert "draining: 1 requests decoding may take 60 s; 1 queued are answered 503" in err, err
+    logged = [json.loads(line.split("multidraft.serve.requests: ", 1)[1]) for line in lines
+              if "multidraft.serve.requests: " in line]
+    assert sorted((d["status"], d["completion_tokens"], d["error"]) for d in logged) == \
+        [(200, 200, None), (503, None, "server_shutting_down")]
+    assert [d["seed"] for d in logged if d["status"] == 200] == [3]
+    assert [type(d["seed"]) for d in logged if d["status"] == 503] == [int]  # the queued one's, drawn, logged too

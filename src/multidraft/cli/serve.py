@@ -51,9 +51,11 @@ def register(sub) -> None:
                         "default 1: one at a time, each token for token as `multidraft decode` with its seed; "
                         "beside others a request's tokens may differ by the engines' floating-point differences "
                         "between batch shapes, its law is the target's either way)")
-    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
-                   help="on SIGTERM, seconds the request being decoded may take to finish before it is stopped "
-                        "(default 30; queued requests are answered 503 at once)")
+    p.add_argument("--shutdown-grace", "--drain-timeout", dest="shutdown_grace", type=float, default=30.0,
+                   metavar="S",
+                   help="on SIGTERM (a drain: /ready turns 503, no new connection is accepted), seconds the requests "
+                        "being decoded may take to finish before they are stopped (default 30; queued requests are "
+                        "answered 503 with Retry-After at once); then the process exits 0")
     p.add_argument("--warmup-prompt", default=None, metavar="TEXT",
                    help="--tree auto without --accept-stats: the prompt of the warm-up decode that measures acceptance")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -83,7 +85,7 @@ def run(args) -> int:
     if args.max_in_flight is not None and args.max_in_flight < 1:
         raise ValueError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.shutdown_grace >= 0:
-        raise ValueError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
+        raise ValueError(f"--drain-timeout (--shutdown-grace) must be >= 0, got {args.shutdown_grace}")
     if args.warmup_prompt is not None and args.tree != "auto":
         raise ValueError("--warmup-prompt applies to --tree auto only")
     settings, draft_temperature, tree = check_settings(args)

@@ -1,7 +1,8 @@
 """``multidraft serve``: an OpenAI-compatible HTTP server for lossless multi-draft decoding
 (the ``serve`` extra: FastAPI and uvicorn).
 
-Endpoints: ``/health``, ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the
+Endpoints: ``/health`` (liveness), ``/ready`` (readiness, also ``/readyz``: 503 while starting or
+draining), ``/metrics`` (Prometheus' text format, ``metrics``), ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the
 model's chat template), with ``stream`` (server-sent events, one event per decoding step's
 text), ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed`` (the same seed
 and settings give the same text; without one a seed is drawn and returned as ``seed``) and
@@ -17,7 +18,8 @@ One worker decodes the requests of a bounded queue (429 when full) in the lanes 
 ``decoding.BatchDecoder`` (``max_lanes``; continuous batching, see ``worker``).
 
 Modules: ``protocol`` (request checks, errors), ``worker`` (the served pair, the queue, text
-streaming with stop sequences), ``app`` (the FastAPI app and ``run_server``). This package
+streaming with stop sequences), ``metrics`` (the Prometheus metrics of one app and the one JSON
+log line per request), ``app`` (the FastAPI app and ``run_server``). This package
 sits beside ``experiments``: it decodes through ``multidraft.decoding`` and logs through
 ``logging`` (the command line configures it); it never prints.
 """

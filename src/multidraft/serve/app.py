@@ -2,10 +2,10 @@
 
 ``create_app(model, queue_size=..., shutdown_grace_s=...)`` makes the app (its lifespan
 starts and stops the :class:`worker.Worker`); ``run_server(model, host, port, ...)`` serves
-it until SIGINT or SIGTERM. On SIGTERM the server stops accepting connections, answers the
-queued requests with 503, lets the request being decoded finish within the grace period
-(then stops it: finish_reason 'abort'), and returns normally: the process exits 0 without a
-traceback.
+it until SIGINT or SIGTERM. On SIGTERM (a drain) the server stops accepting connections,
+turns ``/ready`` to 503, answers the queued requests with 503 and ``Retry-After``, lets the
+requests being decoded finish within the grace period (``--drain-timeout``; then stops them:
+finish_reason 'abort'), and returns normally: the process exits 0 without a traceback.
 
 The pieces: :class:`_Endpoints` answers the routes of one app (its model and worker),
 :class:`_Call` carries one request through the worker (its job, its events, its JSON or SSE
@@ -22,6 +22,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
+from .metrics import Metrics, Observe, rule_label
 from .protocol import MAX_BODY_BYTES, APIError, SamplingRequest, error_body, parse_chat, parse_completion, parse_json
 from .worker import RETRY_AFTER_S, Job, ServedModel, Worker
 
@@ -45,8 +46,13 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     ``max_in_flight`` POST requests (default :func:`default_max_in_flight`) are in flight at once,
     from their first byte to the end of their answer (reading, parsing, tokenizing, queued,
     decoding, streaming); one more is answered 503 with ``Retry-After`` before its body is read
-    (``_InFlight``), so the memory held by requests is at most ``max_in_flight`` bodies."""
+    (``_InFlight``), so the memory held by requests is at most ``max_in_flight`` bodies.
+
+    ``app.state.metrics`` is the app's :class:`metrics.Metrics` (its own registry, served at
+    ``GET /metrics``), None without ``prometheus_client`` (``/metrics`` is then a 501 naming the
+    install command); every request passes :class:`metrics.Observe` (counted, a log line per POST)."""
     from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
@@ -62,12 +68,40 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     app.state.model = model
     in_flight = app.state.in_flight = _InFlight(max_in_flight)
     endpoints.in_flight = in_flight
+    from .. import _optional
+
+    metrics = app.state.metrics = Metrics(worker, in_flight) if _optional.available("prometheus_client") else None
+    if metrics is not None:
+        worker.observe = metrics.decoded
     app.add_middleware(_InFlightMiddleware, count=in_flight)
+    app.add_middleware(Observe, metrics=metrics)  # added last: the outermost, it sees every answer
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal)
     app.get("/health")(endpoints.health)
+
+    async def ready():
+        """Readiness (a load balancer's or Kubernetes' readinessProbe): 200 while requests are
+        admitted, 503 with ``Retry-After`` while the worker starts, drains (SIGTERM) or has stopped.
+        ``/health`` is liveness: 200 whenever the process answers."""
+        if worker.ready:
+            return {"status": "ready", "model": model.name}
+        state = "draining" if worker.draining.is_set() else "starting"
+        return JSONResponse({"status": state, "model": model.name}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    app.get("/ready")(ready)
+    app.get("/readyz")(ready)
+
+    @app.get("/metrics")
+    async def metrics_text():
+        if metrics is None:
+            raise APIError(501, f"/metrics needs prometheus_client: {_optional.hint('prometheus_client')}",
+                           type="server_error", code="not_implemented")
+        body, kind = metrics.render()
+        return Response(body, media_type=kind)
+
     app.get("/v1/models")(endpoints.models)
     app.get("/v1/models/{model_id:path}")(endpoints.retrieve)
 
@@ -88,6 +122,10 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
 
 async def _api_error(request, exc: APIError):
     from fastapi.responses import JSONResponse
+
+    rec = request.scope.get("multidraft.record")
+    if rec is not None:
+        rec["error"] = exc.code or exc.type
 
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
@@ -235,16 +273,22 @@ class _Endpoints:
         """Answer ``req`` (parsed from ``request``): one JSON body, or an SSE stream when ``req.stream``."""
         from fastapi.responses import StreamingResponse
 
+        rec = request.scope.get("multidraft.record") or {"id": uuid.uuid4().hex[:24], "t0": time.perf_counter()}
+        rec["seed"] = req.seed
+        if self.worker.draining.is_set():  # refused before the prompt is tokenized
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             prepared = asyncio.get_running_loop().run_in_executor(self.tokenizing, self.prepare, req)
         except RuntimeError:  # the executor is shut: the app's lifespan has ended
-            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down") \
-                from None
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         ids, max_tokens = await prepared
+        rec["prompt_tokens"] = len(ids)
         settings = self.fit(req, ids, self.settings(req, max_tokens))
-        call = _Call(request, req, ids, settings)
+        call = _Call(request, req, ids, settings, rec)
         self.worker.submit(call.job)  # 429 / 503 raised here, before any byte is sent
-        rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        rid = ("cmpl-" if req.endpoint == "completions" else "chatcmpl-") + rec["id"]
         head = {"id": rid, "created": int(time.time()), "model": self.model.name, "seed": req.seed,
                 "system_fingerprint": "multidraft"}
         if not req.stream:
@@ -352,11 +396,18 @@ class _Call:
     """One request on its way through the worker: its :class:`Job`, the queue of the job's events
     (filled from the worker thread), and its answer, whole (``whole``) or streamed (``sse``)."""
 
-    def __init__(self, request, req: SamplingRequest, ids: list[int], settings):
-        self.request, self.req, self.ids = request, req, ids
+    def __init__(self, request, req: SamplingRequest, ids: list[int], settings, rec: dict):
+        self.request, self.req, self.ids, self.rec = request, req, ids, rec
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
-        self.job = Job(ids, settings, req.seed, req.stop, self.emit)
+        self.job = Job(ids, settings, req.seed, req.stop, self.emit, arrived=rec["t0"])
+
+    def record(self, done: dict) -> None:
+        """The request's record (``metrics.Observe``'s log line) gets ``done``'s counters."""
+        spec = done["speculative"]
+        self.rec.update(completion_tokens=done["completion_tokens"], finish_reason=done["finish_reason"],
+                        rule=rule_label(spec), target_calls=spec["target_calls"],
+                        accepted_tokens=spec["accepted_tokens"], block_efficiency=spec["block_efficiency"])
 
     def emit(self, ev):  # from the worker thread
         try:
@@ -389,6 +440,7 @@ class _Call:
             while True:
                 ev = await self.next_event()
                 if ev is None:  # the client went away; the worker stops this request
+                    self.rec["error"] = "client_disconnected"
                     return JSONResponse(error_body("client disconnected", "invalid_request_error"), 499)
                 if ev[0] == "error":
                     raise ev[1]
@@ -396,6 +448,7 @@ class _Call:
                     parts.append(ev[1])
                     continue
                 done = ev[1]
+                self.record(done)
                 break
         finally:
             self.job.cancel.set()  # a no-op once done; stops the decode if this task was cancelled
@@ -423,16 +476,19 @@ class _Call:
             while True:
                 ev = await self.next_event()
                 if ev is None:
+                    self.rec["error"] = "client_disconnected"
                     return
                 if ev[0] == "delta":
                     n = ev[2]
                     yield _sse({**head, **_chunk(req, ev[1], None), **so_far(n)})
                 elif ev[0] == "error":
+                    self.rec["error"] = ev[1].code or ev[1].type
                     yield _sse(ev[1].body())
                     yield "data: [DONE]\n\n"
                     return
                 else:
                     done = ev[1]
+                    self.record(done)
                     last = {**head, **_chunk(req, None, done["finish_reason"]),
                             **so_far(done["completion_tokens"]), "speculative": done["speculative"]}
                     yield _sse(last)
@@ -492,6 +548,10 @@ def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000,
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
+            if not worker.draining.is_set():
+                st = worker.status()
+                log.info("draining: %d requests decoding may take %g s; %d queued are answered 503; /ready is 503",
+                         st["lanes"], shutdown_grace_s, st["queued"])
             super().handle_exit(sig, frame)
             worker.drain(shutdown_grace_s)  # refuse and answer the queue now; the running request has the grace
 

@@ -220,6 +220,11 @@ class Job:
     emit: object
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
+    arrived: float | None = None  # perf_counter at the request's first byte (default: ``enqueued``)
+
+    def __post_init__(self):
+        if self.arrived is None:
+            self.arrived = self.enqueued
 
 
 class _Active:
@@ -228,6 +233,7 @@ class _Active:
     def __init__(self, job: Job, text: TextStream):
         self.job, self.text = job, text
         self.started = time.perf_counter()
+        self.first_token: float | None = None  # perf_counter at the step that gave the first token
 
 
 class Worker:
@@ -248,6 +254,8 @@ class Worker:
         self.active: dict[int, _Active] = {}   # lane -> its job (worker thread; read under _lock)
         self._held: Job | None = None          # the next job, waiting for room in the decoder
         self.counts = {"served": 0, "cancelled": 0, "refused": 0, "failed": 0}
+        self.observe = None  # observe(job, done): each decoded request's result, from this thread (metrics)
+        self._built = threading.Event()  # the decoder is built: requests can be admitted
         self._lock = threading.Lock()
         self._decoder: BatchDecoder | None = None
 
@@ -258,7 +266,8 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue ``job``, or raise 503 (shutting down) or 429 (the queue is full)."""
         if self.draining.is_set():
-            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down")
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -267,6 +276,12 @@ class Worker:
             raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
                            type="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+
+    @property
+    def ready(self) -> bool:
+        """Admitting requests: the worker thread runs with its decoder built and is not draining."""
+        return self._built.is_set() and self._thread.is_alive() and not self.draining.is_set() \
+            and not self._stop.is_set()
 
     @property
     def running(self) -> bool:
@@ -300,7 +315,8 @@ class Worker:
     @staticmethod
     def _refuse_shutdown(job: Job) -> None:
         job.emit(("error", APIError(503, "the server is shutting down; the request was not started",
-                                    type="server_error", code="server_shutting_down")))
+                                    type="server_error", code="server_shutting_down",
+                                    headers={"Retry-After": str(RETRY_AFTER_S)})))
 
     def stop(self, timeout: float = 10.0) -> None:
         self.drain(0.0)
@@ -314,6 +330,7 @@ class Worker:
         while not self._stop.is_set() or self.active:  # lanes running at stop finish (halted past the grace)
             if self._decoder is None:
                 self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes, index=m.index)
+                self._built.set()
             self._admit()
             if not self.active:
                 continue
@@ -367,6 +384,8 @@ class Worker:
             act = _Active(job, text)
 
             def on_step(tokens, act=act):
+                if act.first_token is None and len(tokens):
+                    act.first_token = time.perf_counter()
                 delta = act.text.push(tokens)
                 if delta:
                     act.job.emit(("delta", delta, act.text.used))
@@ -425,14 +444,20 @@ class Worker:
         with self._lock:
             self.counts["cancelled" if cancelled else "served"] += 1
         spec = m.describe(job.settings)
-        spec.update(target_calls=res.target_calls, draft_calls=res.draft_calls,
+        spec.update(new_tokens=res.new_tokens, target_calls=res.target_calls, draft_calls=res.draft_calls,
                     accepted_tokens=int(sum(res.accepted_lengths)), block_efficiency=res.block_efficiency,
                     acceptance_rate=res.acceptance_rate, decode_seconds=res.seconds,
                     prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued,
                     source_stats=res.source_stats)
-        job.emit(("done", {"text": text.text, "finish_reason": finish, "completion_tokens": n,
-                           "tokens": res.tokens.tolist()[:n], "speculative": spec}))
-        log.info("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
+        done = {"text": text.text, "finish_reason": finish, "completion_tokens": n,
+                "tokens": res.tokens.tolist()[:n], "speculative": spec, "first_token_at": act.first_token}
+        if self.observe is not None:
+            try:
+                self.observe(job, done)
+            except Exception:  # metrics never fail a request
+                log.exception("observing a request failed")
+        job.emit(("done", done))
+        log.debug("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
                  len(job.prompt_ids), n, res.target_calls, finish, time.perf_counter() - act.started)
 
 
