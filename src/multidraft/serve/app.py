@@ -555,7 +555,10 @@ def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000,
             super().handle_exit(sig, frame)
             worker.drain(shutdown_grace_s)  # refuse and answer the queue now; the running request has the grace
 
+    # loop and http fixed: uvicorn would pick uvloop / httptools when installed (ray[serve] brings both),
+    # and the server's behaviour (bad requests, disconnects, signals) must not depend on what is installed
     cfg = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, lifespan="on",
+                         loop="asyncio", http="h11",
                          timeout_graceful_shutdown=shutdown_grace_s + 5, access_log=log_level == "debug",
                          limit_concurrency=2 * max_in_flight + 32)
     server = _Server(cfg)
