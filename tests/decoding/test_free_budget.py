@@ -99,3 +99,67 @@ def test_generate_refuses_a_cost_profile_that_is_not_one(pair):
     with pytest.raises(ArgumentError) as info:
         _decode(pair, 0.0, {"target_nodes": [1]})
     assert info.value.arg == "cost_profile"
+
+
+# --- the drafting depth by cost (decoding.pace: speculation per request) ---------------------------
+def test_shape_paths_cut_at_each_depth():
+    from multidraft.decoding.pace import shape_paths
+    from multidraft.trees import TreeShape
+
+    full = TreeShape.from_args(None, 2, 3)
+    assert shape_paths(full, 0) == [] and shape_paths(full, 1) == [(0,), (1,)] and len(shape_paths(full, 3)) == 14
+    seq = TreeShape.from_args("sequences", 3, 4)
+    assert shape_paths(seq, 2) == [(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)]
+    dyn = TreeShape.from_args("dynamic", 2, 4, max_nodes=6)
+    assert len(shape_paths(dyn, 4)) == 5 and shape_paths(dyn, 1) == [(0,), (1,)]
+
+
+def test_pace_drafts_deep_when_width_is_cheap_and_not_at_all_when_refused():
+    from multidraft.decoding.pace import DepthPace
+    from multidraft.trees import TreeShape
+
+    chain = TreeShape.from_args(None, 1, 4)
+    cheap, dear = DepthPace(chain, FLAT, warmup=2, explore_every=1000), DepthPace(chain, STEEP, warmup=2,
+                                                                                  explore_every=1000)
+    assert [cheap.cap(4), cheap.cap(3)] == [4, 3]  # warm-up: the whole cap
+    for p in (cheap, dear):
+        for _ in range(20):
+            p.record(4, 3)  # three of four drafts kept, every step
+    assert cheap.cap(4) == 4 and cheap.cap(2) == 2
+    assert dear.cap(4) == 0  # a drafted token costs a whole pass: only a sure one would pay
+    assert dear.tries == [20, 20, 20, 20] and dear.hits == [20, 20, 20, 0]
+    refused = DepthPace(chain, FLAT, warmup=0, explore_every=1000)
+    for _ in range(200):
+        refused.record(4, 0)
+    assert refused.tries == [200, 0, 0, 0] and refused.cap(4) == 0  # the draft is always refused: target alone
+
+
+def test_pace_explores_one_level_deeper_on_a_fixed_schedule():
+    from multidraft.decoding.pace import DepthPace
+    from multidraft.trees import TreeShape
+
+    p = DepthPace(TreeShape.from_args(None, 1, 4), STEEP, warmup=0, explore_every=4)
+    got = []
+    for _ in range(8):
+        c = p.cap(4)
+        got.append(c)
+        p.record(c, 0)
+    assert got == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_decoder_paced_by_a_dear_profile_mostly_decodes_alone(pair):
+    """STEEP: every drafted token costs a whole target pass, so after the warm-up the decode drafts
+    only on the exploring steps; the text stays the target's greedy text."""
+    import multidraft as md
+    import tiny_models as tm
+
+    t, d = pair
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 9]])
+    ref = tm.greedy_reference(t, ids, 32).tolist()
+    plain = md.generate(t, d, ids, generator=0, verifier="specinfer", k=2, depth=3, temperature=0.0,
+                        max_new_tokens=32)
+    paced = md.generate(t, d, ids, generator=0, cost_profile=STEEP, verifier="specinfer", k=2, depth=3,
+                        temperature=0.0, max_new_tokens=32)
+    assert plain.tokens.tolist() == paced.tokens.tolist() == ref
+    assert sum(dd > 0 for dd in paced.draft_depths) <= 4 + len(paced.draft_depths) // 8 + 1
+    assert sum(dd > 0 for dd in plain.draft_depths) == len(plain.draft_depths) - (plain.draft_depths[-1] == 0)

@@ -193,11 +193,12 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
                     step emitted (a list of ints, already cut after an eos; streaming). A true
                     return value stops decoding after that step (``stop_reason`` 'stopped', the
                     statistics of the steps run); the tokens emitted are unchanged by it.
-    cost_profile    optional ``treeopt.CostProfile`` (``multidraft profile``): with free sources,
-                    each step cuts each source's chains where one more token no longer pays by
-                    the profile's costs and the acceptances measured so far
-                    (``decoding.sources.budget``); None: every source proposes its own depth.
-                    Exact either way.
+    cost_profile    optional ``treeopt.CostProfile`` (``multidraft profile``): each step drafts
+                    only as deep as pays by the profile's costs and the acceptances this decode
+                    measured so far (``decoding.pace``; depth 0: the target alone), and with free
+                    sources cuts each source's chains where one more token no longer pays
+                    (``decoding.sources.budget``); None: the settings' depth and every source's
+                    own depth. Exact either way.
 
     Keyword settings (``Settings.from_args``):
 
@@ -297,7 +298,7 @@ class _Decoder:
                 break
             remaining = s.max_new_tokens - len(out)
             limit = min(remaining - 1, room)  # the deepest draft worth scoring (free chains go past the shape's depth)
-            cap = 0 if s.target_alone else min(s.shape.depth, limit)
+            cap = 0 if s.target_alone else st.choose_cap(min(s.shape.depth, limit))
             new, m, dd = yield from st.step(root, cap, limit=limit)
             accepted.append(m)
             depths.append(dd)

@@ -60,6 +60,7 @@ import torch
 from .. import drafts as _drafts
 from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
+from .pace import DepthPace
 from .sources.budget import FreeBudget
 
 __all__ = ["DecoderStep", "StepResult", "Call", "drive", "score_call", "score_tree"]
@@ -171,6 +172,11 @@ class DecoderStep:
         self._step_chains: dict = {}  # source name -> its chains on the in-flight tree
         self._step_offered: dict = {}  # source name -> the depth it proposed on the in-flight tree
         self.budget = None  # FreeBudget: each free source's depth by cost (a cost profile given)
+        self.pace = None    # DepthPace: each step's drafting depth by cost (a cost profile given)
+        self._cap = 0       # the in-flight tree's depth cap
+        shape = settings.shape
+        if cost is not None and shape is not None and shape.depth > 0 and not settings.target_alone:
+            self.pace = DepthPace(shape, cost)
         if cost is not None and self._free:
             shape = settings.shape
             base = 0 if shape is None else shape.max_nodes() - 1  # the model's tree, nominal: never its draws
@@ -216,7 +222,7 @@ class DecoderStep:
         ``cap``, then the free sources' chains to their own depth, at most ``limit`` (None: no
         bound); returns it (no drafts when ``cap`` is 0)."""
         tree = self.new_tree(root, cap)
-        self._tree, self._chain = tree, 0
+        self._tree, self._chain, self._cap = tree, 0, cap
         if cap > 0:
             yield from self._draft_calls(tree)
         if self._free:
@@ -309,16 +315,19 @@ class DecoderStep:
                 self.pending = self.pending + [tree.nodes[0].token]
         self._tree = None
         out = [tree.nodes[j].token for j in path] + [int(verdict.token)]
+        model_held = _model_held(tree, path) if (self.budget or self.pace) is not None else 0
         if self._step_chains or self._step_offered:  # a source's accepted tokens: the accepted path's prefix one of its chains holds
             kept = out[:-1]
             held = {name: max(_common_prefix(ch, kept) for ch in chains) for name, chains in self._step_chains.items()}
             for name, h in held.items():
                 self.source_stats[name][1] += h
             if self.budget is not None:
-                self.budget.record(self._step_offered, held, _model_held(tree, path))
+                self.budget.record(self._step_offered, held, model_held)
             self._step_chains, self._step_offered = {}, {}
         elif self.budget is not None:
-            self.budget.record({}, {}, _model_held(tree, path))
+            self.budget.record({}, {}, model_held)
+        if self.pace is not None:
+            self.pace.record(self._cap, model_held)
         if self._proposers:
             self.observe(out)
         return out
@@ -331,6 +340,11 @@ class DecoderStep:
             self.draft_runner.commit([])
         self._tree = None
         self._step_chains, self._step_offered = {}, {}
+
+    def choose_cap(self, cap: int) -> int:
+        """The depth this step drafts, at most ``cap``: ``cap`` itself, or with a cost profile the
+        depth that pays by the acceptances measured so far (``pace.DepthPace``; 0: the target alone)."""
+        return cap if self.pace is None else self.pace.cap(cap)
 
     def step(self, root: int, cap: int, rule=None, limit: int | None = None):
         """Generator (yields every ``Call``): draft (free chains at most ``limit`` deep), score,

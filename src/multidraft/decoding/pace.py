@@ -1,0 +1,106 @@
+"""How deep a decode drafts, step by step, chosen by cost from its own acceptances (the target alone
+included): speculation chosen per request, as the request goes (issue 40 item 2).
+
+A tree that pays on code can cost on prose: the cost model picks one tree per run from acceptances
+measured beforehand (``decoding.auto``), and a request whose text the draft model predicts badly
+pays for every drafted token it refuses. :class:`DepthPace` measures, within one decode, how
+often the step's tree is accepted at each depth and drafts each step only as deep as pays.
+
+The rule. The settings' tree truncated at depth c (c = 0: no tree, the target alone; at most the
+shape's depth) costs ``s(c)`` seconds a step: ``treeopt.step_seconds`` of its paths on the cost
+profile (the target's pass over its tokens, the draft's levels, the per-node and per-step times).
+With ``a_j`` the measured probability that the accepted path reaches depth j given it reached
+j - 1 (``(hits_j + 1) / (tries_j + 2)``, counted over the steps drafted at least j deep that
+reached j - 1), a step drafted c deep emits ``E(c) = 1 + sum_{j <= c} a_1 ... a_j`` tokens on
+average, and the step drafts ``c* = argmax_c E(c) / s(c)`` deep (the least c on ties). The first
+``warmup`` steps draft the whole depth (to measure), and every ``explore_every``-th step drafts one
+level deeper than c* (so a refusal that stopped the drafting can be undone when the text turns
+predictable); both schedules are fixed, so a decode stays a function of its seed.
+
+Exactness does not depend on any of this: each step's depth is chosen before its tree is drafted,
+from earlier steps alone, and the verifier is lossless at every depth (depth 0: one token from
+the target's law).
+"""
+from __future__ import annotations
+
+from .treeopt import CostProfile, step_seconds
+
+__all__ = ["DepthPace", "shape_paths", "WARMUP_STEPS", "EXPLORE_EVERY"]
+
+WARMUP_STEPS = 4    # steps drafted at the whole depth before the first choice
+EXPLORE_EVERY = 8   # every 8th step drafts one level deeper than the choice
+
+
+def shape_paths(shape, depth: int) -> list:
+    """The paths (tuples of child indices, root excluded) of ``shape`` (a ``trees.TreeShape``) cut
+    at ``depth``: its explicit paths; K chains for 'sequences'; for 'dynamic', the K-ary tree's
+    paths breadth first up to its node budget (the most nodes it may draft)."""
+    if shape.mode == "paths":
+        return sorted((p for p in shape.children if 0 < len(p) <= depth), key=lambda p: (len(p), p))
+    if shape.mode == "sequences":
+        return [(i,) + (0,) * (j - 1) for j in range(1, depth + 1) for i in range(shape.k)]
+    out, level = [], [()]
+    for _ in range(depth):
+        level = [p + (i,) for p in level for i in range(shape.k)]
+        for p in level:
+            if len(out) >= shape.budget - 1:
+                return out
+            out.append(p)
+    return out
+
+
+class DepthPace:
+    """Per-decode depth choice (module notes). ``shape`` the settings' tree shape, ``profile`` a
+    ``treeopt.CostProfile``; ``warmup`` / ``explore_every`` the schedules (>= 0 / >= 1)."""
+
+    def __init__(self, shape, profile: CostProfile, warmup: int = WARMUP_STEPS, explore_every: int = EXPLORE_EVERY):
+        if not isinstance(profile, CostProfile):
+            raise ValueError(f"profile must be a treeopt.CostProfile, got {type(profile).__name__}")
+        for name, v, lo in (("warmup", warmup, 0), ("explore_every", explore_every, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        self.depth = int(shape.depth)
+        self.seconds = [step_seconds(shape_paths(shape, c), profile) for c in range(self.depth + 1)]
+        self.warmup, self.explore_every = warmup, explore_every
+        self.hits = [0] * self.depth
+        self.tries = [0] * self.depth
+        self.steps = 0      # steps recorded
+        self.chosen = [0] * (self.depth + 1)  # steps drafted at each depth
+
+    def accept(self) -> list:
+        """The estimated ``a_j``, j = 1..depth."""
+        return [(h + 1) / (t + 2) for h, t in zip(self.hits, self.tries)]
+
+    def expected_tokens(self, c: int) -> float:
+        """``E(c)``: tokens a step drafted ``c`` deep emits on average (by the estimates)."""
+        e, reach = 1.0, 1.0
+        for a in self.accept()[:c]:
+            reach *= a
+            e += reach
+        return e
+
+    def best(self, cap: int) -> int:
+        """``c*`` among 0..cap."""
+        cap = max(0, min(cap, self.depth))
+        rates = [self.expected_tokens(c) / self.seconds[c] for c in range(cap + 1)]
+        top = max(rates)
+        return next(c for c, r in enumerate(rates) if r >= top * (1 - 1e-12))
+
+    def cap(self, cap: int) -> int:
+        """The depth this step drafts, at most ``cap`` (the tokens left and the context's room)."""
+        cap = max(0, min(cap, self.depth))
+        if self.steps < self.warmup:
+            return cap
+        c = self.best(cap)
+        if self.steps % self.explore_every == self.explore_every - 1:
+            c = min(c + 1, cap)
+        return c
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One step's outcome: it drafted ``drafted`` deep and its path holds ``accepted`` of the
+        model's drafts."""
+        self.steps += 1
+        self.chosen[max(0, min(drafted, self.depth))] += 1
+        for j in range(1, min(drafted, accepted + 1) + 1):
+            self.tries[j - 1] += 1
+            self.hits[j - 1] += int(accepted >= j)
