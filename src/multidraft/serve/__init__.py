@@ -1,8 +1,8 @@
 """``multidraft serve``: an OpenAI-compatible HTTP server for lossless multi-draft decoding
 (the ``serve`` extra: FastAPI and uvicorn).
 
-Endpoints: ``/health``, ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the
-model's chat template), with ``stream`` (server-sent events, one event per decoding step's
+Endpoints: ``/health``, ``/v1/models``, ``/tokenize`` and ``/detokenize`` (llama-server's and
+vLLM's shapes), ``/v1/completions``, ``/v1/chat/completions`` (the model's chat template), with ``stream`` (server-sent events, one event per decoding step's
 text), ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed`` (the same seed
 and settings give the same text; without one a seed is drawn and returned as ``seed``) and
 ``n = 1``. Each response carries ``usage`` and a ``speculative`` object (target calls, accepted

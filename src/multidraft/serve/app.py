@@ -22,7 +22,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from .protocol import MAX_BODY_BYTES, APIError, SamplingRequest, error_body, parse_chat, parse_completion, parse_json
+from .protocol import (MAX_BODY_BYTES, APIError, SamplingRequest, TokenizeRequest, error_body, parse_chat,
+                       parse_completion, parse_detokenize, parse_json, parse_tokenize)
 from .worker import RETRY_AFTER_S, Job, ServedModel, Worker
 
 __all__ = ["create_app", "run_server"]
@@ -80,6 +81,17 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     async def chat(request: Request):
         raw = await _body_of(request, max_body_bytes)
         return await endpoints.serve(request, await asyncio.to_thread(_parse, parse_chat, raw))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        raw = await _body_of(request, max_body_bytes)
+        return await endpoints.run_tokenizer(endpoints.tokenize, await asyncio.to_thread(_parse, parse_tokenize, raw))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        raw = await _body_of(request, max_body_bytes)
+        return await endpoints.run_tokenizer(endpoints.detokenize,
+                                             await asyncio.to_thread(_parse, parse_detokenize, raw))
 
     return app
 
@@ -230,6 +242,45 @@ class _Endpoints:
             raise APIError(404, f"The model `{model_id}` does not exist; this server serves `{self.model.name}`",
                            param="model", code="model_not_found")
         return self._card()
+
+    async def run_tokenizer(self, fn, arg):
+        """``fn(arg)`` in the ``tokenizing`` thread (the tokenizer is used by one thread only)."""
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, arg)
+        except RuntimeError:  # the executor is shut: the app's lifespan has ended
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down") \
+                from None
+        return await fut
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model.name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model.name}`",
+                           param="model", code="model_not_found")
+
+    def tokenize(self, req: TokenizeRequest) -> dict:
+        """``POST /tokenize`` (llama-server's ``content`` / vLLM's ``prompt`` or ``messages``): the token
+        ids a completion prompt (or chat) of this text is decoded from (``add_special: false``: without
+        the tokenizer's special tokens), their ``count`` and the context (``max_model_len``)."""
+        self.check_model(req.model)
+        codec = self.model.codec
+        if req.messages is not None:
+            ids = codec.chat(req.messages)
+        else:
+            ids = codec.encode(req.text, add_special_tokens=req.add_special is not False)
+        return {"tokens": ids, "count": len(ids), "max_model_len": codec.context}
+
+    def detokenize(self, arg: tuple) -> dict:
+        """``POST /detokenize``: the text of token ids (``content``, llama-server's; ``prompt``, vLLM's);
+        an id outside the vocabulary is a 400 on ``tokens``."""
+        model, tokens = arg
+        self.check_model(model)
+        V = _vocab(self.model)
+        bad = [t for t in tokens if not 0 <= t < V]
+        if bad:
+            raise APIError(400, f"tokens holds token ids outside the vocabulary [0, {V}): {bad[:5]}",
+                           param="tokens", code="invalid_value")
+        text = self.model.codec.decode(tokens)
+        return {"content": text, "prompt": text}
 
     async def serve(self, request, req: SamplingRequest):
         """Answer ``req`` (parsed from ``request``): one JSON body, or an SSE stream when ``req.stream``."""

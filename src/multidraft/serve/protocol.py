@@ -16,8 +16,8 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
-__all__ = ["APIError", "SamplingRequest", "parse_completion", "parse_chat", "error_body", "parse_json",
-           "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
+__all__ = ["APIError", "SamplingRequest", "TokenizeRequest", "parse_completion", "parse_chat", "parse_tokenize",
+           "parse_detokenize", "error_body", "parse_json", "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
 
 # OpenAI's ranges: temperature in [0, 2], top_p in (0, 1]; at most 4 stop sequences
 MAX_TEMPERATURE = 2.0
@@ -321,3 +321,79 @@ def parse_chat(body) -> SamplingRequest:
             msg["name"] = m["name"]
         out.append(msg)
     return SamplingRequest(prompt=out, **c)
+
+
+@dataclass
+class TokenizeRequest:
+    """A checked ``/tokenize`` body: ``text`` a string (``content``, llama-server's, or ``prompt``,
+    vLLM's) or ``messages`` (vLLM's: a chat rendered by the model's template, generation prompt
+    added); ``add_special`` None (the tokenizer's default, as a completion prompt is encoded) or
+    a boolean (``add_special``, llama-server's, or ``add_special_tokens``, vLLM's)."""
+
+    model: str | None
+    text: str | None
+    messages: list | None
+    add_special: bool | None
+
+
+def parse_tokenize(body) -> TokenizeRequest:
+    """A ``POST /tokenize`` body (llama-server's and vLLM's shapes): exactly one of ``content``,
+    ``prompt`` (a string) and ``messages``; ``add_special`` / ``add_special_tokens`` a boolean;
+    ``model`` optional (checked against the served model by the app); any other field refused."""
+    if not isinstance(body, dict):
+        raise _bad(None, "the request body must be a JSON object", "invalid_json")
+    for key in body:
+        if key not in ("model", "content", "prompt", "messages", "add_special", "add_special_tokens",
+                       "add_generation_prompt"):
+            raise _bad(key[:_SHOW], f"Unrecognized request argument supplied: {key[:_SHOW]}", "unknown_parameter")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"model must be a string, got {_show(model)}", "invalid_type")
+    given = [k for k in ("content", "prompt", "messages") if body.get(k) is not None]
+    if len(given) != 1:
+        raise _bad(given[1] if given else "content", "give exactly one of content (or prompt), a string, and "
+                   f"messages; got {', '.join(given) or 'none'}", "invalid_value" if given else
+                   "missing_required_parameter")
+    add = None
+    for k in ("add_special", "add_special_tokens"):
+        v = body.get(k)
+        if v is not None:
+            if not isinstance(v, bool):
+                raise _bad(k, f"{k} must be a boolean, got {_show(v)}", "invalid_type")
+            if add is not None and add != v:
+                raise _bad(k, "add_special and add_special_tokens disagree", "invalid_value")
+            add = v
+    if body.get("add_generation_prompt") not in (None, True):
+        raise _bad("add_generation_prompt", "add_generation_prompt=false is not supported by this server; leave it "
+                   "out", "unsupported_parameter")
+    if given[0] == "messages":
+        if add is not None:
+            raise _bad("add_special", "add_special does not apply to messages (the chat template writes the special "
+                                      "tokens)", "invalid_value")
+        msgs = parse_chat({"model": model or "", "messages": body["messages"]}).prompt
+        return TokenizeRequest(model, None, msgs, None)
+    if body.get("add_generation_prompt") is not None:
+        raise _bad("add_generation_prompt", "add_generation_prompt applies to messages only", "invalid_value")
+    text = body[given[0]]
+    if not isinstance(text, str):
+        raise _bad(given[0], f"{given[0]} must be a string, got {type(text).__name__}", "invalid_type")
+    return TokenizeRequest(model, text, None, add)
+
+
+def parse_detokenize(body) -> tuple[str | None, list[int]]:
+    """A ``POST /detokenize`` body: ``tokens`` a list of token ids (ints; the vocabulary is
+    checked by the app), ``model`` optional; returns ``(model, tokens)``."""
+    if not isinstance(body, dict):
+        raise _bad(None, "the request body must be a JSON object", "invalid_json")
+    for key in body:
+        if key not in ("model", "tokens"):
+            raise _bad(key[:_SHOW], f"Unrecognized request argument supplied: {key[:_SHOW]}", "unknown_parameter")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"model must be a string, got {_show(model)}", "invalid_type")
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise _bad("tokens", "you must provide tokens: a list of token ids", "missing_required_parameter")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise _bad("tokens", f"tokens must be a list of token ids (integers), got {_show(tokens)}", "invalid_type")
+    return model, tokens

@@ -72,8 +72,9 @@ class TextCodec:
         without tokenizing (``datasets.ByteBound``); 0 where the tokenizer has no proven bound."""
         return 0 if self.bound is None else self.bound.min_tokens(text)
 
-    def encode(self, text: str) -> list[int]:
-        return encode(self._encoder(), text)  # the one encoder (datasets.encode), as ``decode``
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # the one encoder (datasets.encode), as ``decode``
+        return encode(self._encoder(), text, add_special_tokens=add_special_tokens)
 
     def chat_text(self, messages: list[dict]) -> str:
         """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes); a
