@@ -82,6 +82,11 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
         raw = await _body_of(request, max_body_bytes)
         return await endpoints.serve(request, await asyncio.to_thread(_parse, parse_chat, raw))
 
+    @app.post("/infill")
+    async def infill():
+        raise APIError(400, "/infill (fill-in-the-middle) is not supported by this server; send the prompt with "
+                            "the model's FIM tokens to /v1/completions", param="/infill", code="unsupported_endpoint")
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
         raw = await _body_of(request, max_body_bytes)
@@ -407,7 +412,8 @@ class _Call:
         self.request, self.req, self.ids = request, req, ids
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
-        self.job = Job(ids, settings, req.seed, req.stop, self.emit)
+        self.job = Job(ids, settings, req.seed, req.stop, self.emit, logprobs=req.logprobs)
+        self.offset = 0  # completions' logprobs: the text offset of the next token
 
     def emit(self, ev):  # from the worker thread
         try:
@@ -436,7 +442,7 @@ class _Call:
         from fastapi.responses import JSONResponse
 
         try:
-            parts = []
+            entries = []
             while True:
                 ev = await self.next_event()
                 if ev is None:  # the client went away; the worker stops this request
@@ -444,14 +450,31 @@ class _Call:
                 if ev[0] == "error":
                     raise ev[1]
                 if ev[0] == "delta":
-                    parts.append(ev[1])
+                    entries.extend(ev[3] or ())
                     continue
                 done = ev[1]
                 break
         finally:
             self.job.cancel.set()  # a no-op once done; stops the decode if this task was cancelled
-        return JSONResponse({**head, **_full(self.req, done), "usage": self.usage(done),
+        lp = self.logprobs(entries + (done["logprobs"] or [])) if self.req.logprobs is not None else None
+        return JSONResponse({**head, **_full(self.req, done, lp), "usage": self.usage(done),
                              "speculative": done["speculative"]})
+
+    def logprobs(self, entries: list | None):
+        """The response's ``logprobs`` of the chat entries ``entries`` (``worker.logprob_entries``):
+        a chat's ``{"content": entries, "refusal": None}``; a completion's ``{"tokens",
+        "token_logprobs", "top_logprobs", "text_offset"}`` (offsets run on across a stream's chunks)."""
+        if entries is None:
+            return None
+        if self.req.endpoint == "chat":
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offset)
+            self.offset += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
 
     async def sse(self, head: dict):
         """The server-sent events: (chat) the role chunk, a chunk per delta, the finish_reason chunk
@@ -477,14 +500,14 @@ class _Call:
                     return
                 if ev[0] == "delta":
                     n = ev[2]
-                    yield _sse({**head, **_chunk(req, ev[1], None), **so_far(n)})
+                    yield _sse({**head, **_chunk(req, ev[1], None, self.logprobs(ev[3])), **so_far(n)})
                 elif ev[0] == "error":
                     yield _sse(ev[1].body())
                     yield "data: [DONE]\n\n"
                     return
                 else:
                     done = ev[1]
-                    last = {**head, **_chunk(req, None, done["finish_reason"]),
+                    last = {**head, **_chunk(req, None, done["finish_reason"], self.logprobs(done["logprobs"])),
                             **so_far(done["completion_tokens"]), "speculative": done["speculative"]}
                     yield _sse(last)
                     if req.include_usage:
@@ -506,22 +529,22 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def _full(req: SamplingRequest, done: dict) -> dict:
+def _full(req: SamplingRequest, done: dict, logprobs=None) -> dict:
     if req.endpoint == "completions":
         return {"object": "text_completion", "choices": [
-            {"index": 0, "text": done["text"], "logprobs": None, "finish_reason": done["finish_reason"]}]}
+            {"index": 0, "text": done["text"], "logprobs": logprobs, "finish_reason": done["finish_reason"]}]}
     return {"object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": done["text"]}, "logprobs": None,
+        {"index": 0, "message": {"role": "assistant", "content": done["text"]}, "logprobs": logprobs,
          "finish_reason": done["finish_reason"]}]}
 
 
-def _chunk(req: SamplingRequest, text, finish) -> dict:
+def _chunk(req: SamplingRequest, text, finish, logprobs=None) -> dict:
     if req.endpoint == "completions":
         return {"object": "text_completion", "choices": [
-            {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+            {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
     delta = {} if text is None else {"content": text}
     return {"object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,

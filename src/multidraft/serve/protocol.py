@@ -5,8 +5,12 @@ Every bad request is an :class:`APIError`: an HTTP status and OpenAI's error obj
 them: a body that is not a JSON object is refused, a field OpenAI does not know is refused
 ("Unrecognized request argument supplied: NAME", as OpenAI answers), a field OpenAI knows
 but this server does not implement is accepted at its neutral value only (``echo: false``,
-``logprobs: null``, ``presence_penalty: 0``, ``n: 1`` ...) and refused otherwise, naming it,
-so no request is ever answered with other semantics than it asked for. ``top_k`` is
+``presence_penalty: 0``, ``n: 1`` ...) and refused otherwise, naming it, so no request is ever
+answered with other semantics than it asked for: ``n`` > 1, ``presence_penalty`` /
+``frequency_penalty`` (and vLLM's ``repetition_penalty`` != 1, ``min_p`` != 0), ``logit_bias``,
+``response_format`` other than text (JSON mode and JSON schemas), ``tools``; the grammar fields of
+vLLM and llama-server (``guided_json``, ``grammar`` ...) are unknown fields, refused as such.
+``logprobs`` / ``top_logprobs`` are implemented (the target's, ``decoding.step.TokenLogprobs``). ``top_k`` is
 accepted as vLLM and llama-server accept it (an extension; -1 or 0 means off).
 """
 from __future__ import annotations
@@ -114,7 +118,7 @@ def _unicode(s: str) -> None:
 
 # fields both endpoints share, and OpenAI fields accepted only at their neutral value
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop", "seed",
-           "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+           "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "repetition_penalty", "min_p"}
 # multidraft's own decode fields of a request (extensions, as ``top_k``): each is a keyword of
 # ``decoding.Settings.derive``, checked there (an error names it as the param)
 _DECODE = ("sources",)
@@ -126,8 +130,9 @@ _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "respons
 # field -> the values that mean "not used" (anything else is refused as unsupported)
 _NEUTRAL = {
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-    "logprobs": (None, False), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
-    "top_logprobs": (None, 0), "response_format": (None, {"type": "text"}), "tools": (None, []),
+    "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0),  # vLLM's and llama-server's extensions
+    "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False), "metadata": (None, {}),
     "store": (None, False), "service_tier": (None, "auto", "default"), "modalities": (None, ["text"]),
     "reasoning_effort": (None,), "prediction": (None,), "audio": (None,), "functions": (None, []),
@@ -154,6 +159,7 @@ class SamplingRequest:
     decode: dict = field(default_factory=dict)  # the request's multidraft decode fields (_DECODE) as given
     max_tokens_param: str = "max_tokens"  # the field max_tokens came from ('max_completion_tokens' in a chat)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): the usage so far in every chunk
+    logprobs: int | None = None  # None: no logprobs; else the alternatives per token (chat top_logprobs, completions logprobs)
 
     def settings_changes(self) -> dict:
         """The request's changes of the server's decode settings (``Settings.derive`` keywords)."""
@@ -258,10 +264,26 @@ def _common(body, allowed: set, endpoint: str) -> dict:
                 decode={k: body[k] for k in _DECODE if body.get(k) is not None}, max_tokens_param=key)
 
 
+MAX_LOGPROBS = 20  # the most alternatives per token (OpenAI's top_logprobs bound)
+
+
+def _top(body: dict, name: str) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    v = _int(v, name)
+    if not 0 <= v <= MAX_LOGPROBS:
+        raise _bad(name, f"{name} must be between 0 and {MAX_LOGPROBS}, got {v}", "invalid_value")
+    return v
+
+
 def parse_completion(body) -> SamplingRequest:
     """A ``/v1/completions`` body: ``prompt`` a string, or one prompt as a list of one string,
-    a list of token ids or a list of one such list (several prompts in one request: refused)."""
+    a list of token ids or a list of one such list (several prompts in one request: refused).
+    ``logprobs`` an integer in [0, 20]: the target's log-probability of each token and that many
+    alternatives (``step.TokenLogprobs``)."""
     c = _common(body, _COMPLETION, "completions")
+    c["logprobs"] = _top(body, "logprobs")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -283,8 +305,16 @@ def parse_chat(body) -> SamplingRequest:
     """A ``/v1/chat/completions`` body: ``messages`` a non-empty list of ``{"role", "content"}``
     (content a string or a list of text parts); returned as plain ``{"role", "content": str}``
     dicts for the chat template ('developer' is rendered as 'system'), with the message's
-    ``name`` where given (the template renders it, or the request is refused)."""
+    ``name`` where given (the template renders it, or the request is refused). ``logprobs`` a
+    boolean, ``top_logprobs`` in [0, 20] (only with ``logprobs: true``, as OpenAI)."""
     c = _common(body, _CHAT, "chat")
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise _bad("logprobs", f"logprobs must be a boolean, got {_show(want)}", "invalid_type")
+    top = _top(body, "top_logprobs")
+    if top is not None and not want:
+        raise _bad("top_logprobs", "top_logprobs requires logprobs: true", "invalid_value")
+    c["logprobs"] = (top or 0) if want else None
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "messages must be a non-empty list of {role, content} objects", "invalid_type")
