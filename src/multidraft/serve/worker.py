@@ -108,7 +108,7 @@ class TextCodec:
     def piece(self, token: int) -> str:
         """One token's text, special tokens written out (a logprobs entry's ``token``)."""
         if self.engine == "llama.cpp":
-            return self.target.detokenize([token])
+            return self.target.detokenize_special([token])
         return self.tok.decode([token], skip_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
