@@ -40,13 +40,17 @@ def default_max_in_flight(queue_size: int, max_lanes: int) -> int:
 
 
 def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None):
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None, api_key: str | None = None):
     """The ASGI app serving ``model``; ``app.state.worker`` is its worker. A request body longer
     than ``max_body_bytes`` is answered 413 before it is parsed (see ``_body_of``). At most
     ``max_in_flight`` POST requests (default :func:`default_max_in_flight`) are in flight at once,
     from their first byte to the end of their answer (reading, parsing, tokenizing, queued,
     decoding, streaming); one more is answered 503 with ``Retry-After`` before its body is read
-    (``_InFlight``), so the memory held by requests is at most ``max_in_flight`` bodies."""
+    (``_InFlight``), so the memory held by requests is at most ``max_in_flight`` bodies.
+    ``api_key``: None (no key), or the key every API route (``/v1/...``, ``/tokenize``,
+    ``/detokenize``, ``/infill``) needs as ``Authorization: Bearer KEY`` (``_KeyMiddleware``: 401
+    ``invalid_api_key`` before the body is read; ``/health`` and the operators' routes stay open, as
+    vLLM's ``--api-key``)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
@@ -64,6 +68,10 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     in_flight = app.state.in_flight = _InFlight(max_in_flight)
     endpoints.in_flight = in_flight
     app.add_middleware(_InFlightMiddleware, count=in_flight)
+    if api_key is not None:
+        if not isinstance(api_key, str) or not api_key:
+            raise ValueError("api_key must be a non-empty string or None")
+        app.add_middleware(_KeyMiddleware, key=api_key)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -143,6 +151,33 @@ class _InFlightMiddleware:
             await self.app(scope, receive, send)
         finally:
             count.now -= 1
+
+
+_KEYED = ("/v1/", "/tokenize", "/detokenize", "/infill")  # the routes an api_key guards (by path prefix)
+
+
+class _KeyMiddleware:
+    """ASGI middleware: a request to a guarded route (``_KEYED``) without ``Authorization: Bearer
+    KEY`` (compared in constant time) is answered 401 'invalid_api_key', its body unread."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        import hmac
+
+        if scope["type"] != "http" or not scope.get("path", "").startswith(_KEYED):
+            return await self.app(scope, receive, send)
+        auth = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer " and hmac.compare_digest(auth[7:].strip(), self.key):
+            return await self.app(scope, receive, send)
+        err = APIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
+                       code="invalid_api_key")
+        body = json.dumps(err.body()).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 async def _http_error(request, exc):  # starlette's HTTPException: no route, wrong method
@@ -549,7 +584,8 @@ def _chunk(req: SamplingRequest, text, finish, logprobs=None) -> dict:
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
                shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None) -> int:
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None,
+               api_key: str | None = None) -> int:
     """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
     (uvicorn's own configuration is not installed). Requests in flight are capped by the app
@@ -561,7 +597,7 @@ def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000,
     if max_in_flight is None:
         max_in_flight = default_max_in_flight(queue_size, max_lanes)
     app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes,
-                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight)
+                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, api_key=api_key)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):
