@@ -21,6 +21,7 @@ from multidraft.cli import main
     (["--shutdown-grace", "-1"], "--shutdown-grace"),
     (["--drain-timeout", "-1"], "--drain-timeout (--shutdown-grace) must be >= 0, got -1"),
     (["--warmup-prompt", "x"], "--tree auto only"),
+    (["--api-key", " "], "--api-key must not be empty"),
     (["--sources", "model,bogus"], "unknown draft source"),
     (["--sources", "lookup"], "must include"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
@@ -83,3 +84,23 @@ def test_serve_ctx_size_is_the_llama_cpp_context(monkeypatch, tmp_path, flags, n
     assert main(["serve", "--engine", "llama.cpp", "--port", "0", "--target", str(tmp_path / "t.gguf"),
                  "--draft", str(tmp_path / "d.gguf")] + flags) == 0
     assert loaded["n_ctx"] == n_ctx
+
+
+@pytest.mark.parametrize("flags,env,key", [([], None, None), (["--api-key", "k1"], "k2", "k1"), ([], "k2", "k2")])
+def test_serve_api_key_reaches_the_server(monkeypatch, flags, env, key):
+    """``--api-key`` (else ``MULTIDRAFT_API_KEY``) is the server's ``api_key``."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import multidraft.serve as serve
+    from multidraft.cli import _args
+
+    got = {}
+    if env is None:
+        monkeypatch.delenv("MULTIDRAFT_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("MULTIDRAFT_API_KEY", env)
+    monkeypatch.setattr(_args, "load_models", lambda *a, **kw: (object(), object(), object()))
+    monkeypatch.setattr(serve, "TextCodec", lambda *a, **kw: object())
+    monkeypatch.setattr(serve, "run_server", lambda model, **kw: got.update(kw) and 0)
+    assert main(["serve", "--engine", "transformers", "--port", "0", "--model-name", "m"] + flags) == 0
+    assert got["api_key"] == key

@@ -22,14 +22,21 @@ def fresh_live(tmp_path_factory):
     yield from _llama_live(tmp_path_factory)
 
 
-def _llama_live(tmp_path_factory):
+@pytest.fixture(scope="module")
+def twin_live(tmp_path_factory):
+    """A server whose draft is the target's twin (the same GGUF): at T = 0 every draft is
+    accepted, so the verified trees' rows past the root are read."""
+    yield from _llama_live(tmp_path_factory, draft_seed=1)
+
+
+def _llama_live(tmp_path_factory, draft_seed=2):
     from multidraft.decoding import Settings
     from multidraft.decoding.llamacpp import LlamaCppModel
     from multidraft.serve import ServedModel, TextCodec
     from multidraft.testing import tiny_gguf
 
     d = tmp_path_factory.mktemp("gguf")
-    tf, of = tiny_gguf(d / "t.gguf", seed=1), tiny_gguf(d / "o.gguf", seed=2)
+    tf, of = tiny_gguf(d / "t.gguf", seed=1), tiny_gguf(d / "o.gguf", seed=draft_seed)
     t, dr = LlamaCppModel(tf, n_ctx=256, n_threads=1), LlamaCppModel(of, n_ctx=256, n_threads=1)
     model = ServedModel(name="tiny-gguf", engine="llama.cpp", target=t, draft=dr,
                         codec=TextCodec("llama.cpp", t, t, dr), settings=Settings.from_args(verifier="specinfer", k=2,
@@ -110,3 +117,33 @@ def test_a_default_max_tokens_is_cut_to_the_room_the_tree_leaves(fresh_live):
                    json={"model": "tiny-gguf", "prompt": prompt, "temperature": 0, "stop": None})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_llama_cpp_logprobs_are_the_targets(twin_live, stream):
+    """The logprobs of a T = 0 completion (the target's greedy tokens) are the target's log-softmax
+    of a plain chain forward over prompt + output (llama.cpp float32: 1e-4, the kernels reduce in
+    a batch-shape dependent order, ``docs/guide/decoding.md`` "Batches")."""
+    from multidraft.decoding import generate
+    from multidraft.decoding.runners import runner_for
+
+    cl = openai.OpenAI(base_url=twin_live.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    m = twin_live.app.state.model
+    prompt = [5, 9, 12, 40, 7]
+    kw = dict(model="tiny-gguf", prompt=prompt, max_tokens=12, temperature=0, logprobs=2)
+    if stream:
+        got = [lp for c in cl.completions.create(**kw, stream=True) if c.choices and c.choices[0].logprobs
+               for lp in c.choices[0].logprobs.token_logprobs]
+    else:
+        r = cl.completions.create(**kw)
+        got = r.choices[0].logprobs.token_logprobs
+        assert len(got) == r.usage.completion_tokens and r.model_extra["speculative"]["accepted_tokens"] > 0
+    out = generate(m.target, None, torch.tensor([prompt]), verifier=None, temperature=0.0, max_new_tokens=12,
+                   generator=0, eos_token_id=m.codec.eos).tokens.tolist()
+    run = runner_for(m.target)
+    run.prefill(torch.tensor([prompt[:-1]]))
+    chain = [prompt[-1]] + out[:-1]
+    z = run.extend(chain, list(range(-1, len(chain) - 1))).float()  # [n, V]
+    want = torch.log_softmax(z, dim=-1).gather(1, torch.tensor(out)[:, None])[:, 0]
+    assert len(got) == len(out)
+    assert torch.allclose(torch.tensor(got), want, atol=1e-4, rtol=0), (got, want)

@@ -58,6 +58,10 @@ def register(sub) -> None:
                         "answered 503 with Retry-After at once); then the process exits 0")
     p.add_argument("--warmup-prompt", default=None, metavar="TEXT",
                    help="--tree auto without --accept-stats: the prompt of the warm-up decode that measures acceptance")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="the key every API route (/v1/..., /tokenize, /detokenize) needs as 'Authorization: Bearer "
+                        "KEY' (401 without it; /health stays open); default: the MULTIDRAFT_API_KEY environment "
+                        "variable, else no key")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -86,6 +90,12 @@ def run(args) -> int:
         raise ValueError(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
     if not args.shutdown_grace >= 0:
         raise ValueError(f"--drain-timeout (--shutdown-grace) must be >= 0, got {args.shutdown_grace}")
+    if args.api_key is None:
+        import os
+
+        args.api_key = os.environ.get("MULTIDRAFT_API_KEY") or None
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key must not be empty")
     if args.warmup_prompt is not None and args.tree != "auto":
         raise ValueError("--warmup-prompt applies to --tree auto only")
     settings, draft_temperature, tree = check_settings(args)
@@ -142,7 +152,7 @@ def run(args) -> int:
                         default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes,
-                      max_in_flight=args.max_in_flight)
+                      max_in_flight=args.max_in_flight, api_key=args.api_key)
 
 
 RESOLVE_TIMEOUT_S = 5.0  # how long ``check_listen`` waits for a --host name to resolve

@@ -450,10 +450,12 @@ class BatchDecoder:
             all(ids_needed <= len(r.free) for r in runners)
 
     def add(self, input_ids: torch.Tensor, settings: Settings | None = None, *, generator=None,
-            eos_token_id=None, on_step=None, **kwargs) -> int:
+            eos_token_id=None, on_step=None, logprobs=None, **kwargs) -> int:
         """Open a lane decoding ``input_ids`` ``[1, T]``: ``generate``'s arguments (settings or
         keyword settings, ``generator`` a torch.Generator or a seed, ``eos_token_id``,
-        ``on_step``); returns the lane id. The lane's prompt is prefilled here (alone)."""
+        ``on_step``); returns the lane id. The lane's prompt is prefilled here (alone).
+        ``logprobs``: None or a ``step.TokenLogprobs`` the lane's steps extend (the target's
+        log-probabilities of the emitted tokens, from the scoring passes)."""
         g = as_generator(generator)
         settings = settings_or_kwargs(settings, kwargs, "a multidraft.decoding.Settings")
         if not settings.target_alone and self.draft is None:
@@ -480,7 +482,7 @@ class BatchDecoder:
             if views[1] is not None:
                 self.dr.reserve(lane, settings)
             with torch.inference_mode():
-                step = DecoderStep(views[0], views[1], settings, g, index=self.index)
+                step = DecoderStep(views[0], views[1], settings, g, index=self.index, logprobs=logprobs)
                 dec = _Decoder(step, decode_context(self.target, views[1] and self.draft), eos=eos, on_step=on_step)
                 gen = dec.decode(input_ids)
                 call = next(gen)  # prefills the lane; a decode always runs at least one forward

@@ -63,7 +63,7 @@ from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
 from .pace import DepthPace
 from .sources.budget import FreeBudget
 
-__all__ = ["DecoderStep", "StepResult", "Call", "drive", "score_call", "score_tree"]
+__all__ = ["DecoderStep", "StepResult", "Call", "TokenLogprobs", "drive", "score_call", "score_tree"]
 
 
 @dataclass
@@ -129,6 +129,41 @@ def _model_held(tree: DraftTree, path) -> int:
     return n
 
 
+class TokenLogprobs:
+    """The target's log-probabilities of each emitted token (a decode's ``logprobs`` record).
+
+    For emitted token ``x_j`` with ``r_j`` the tree node it was drawn at (the root for the first
+    token of a step, then the accepted path's nodes: ``[0] + verdict.path``), ``rows`` gets
+    ``(log p_t(x_j), [(v, log p_t(v)) for the top ``top`` v])`` with
+    ``p_t = softmax(z_t[r_j])`` the RAW target logits' law (float32 log-softmax, no temperature,
+    top-k or top-p: vLLM's default and OpenAI's meaning). The rows are those of the target's
+    scoring pass of the step: no extra forward. Under tree attention node ``r_j``'s context is
+    exactly the committed prefix and its ancestors, so ``z_t[r_j]`` is the target's logits of a
+    plain forward over prompt + output at that position (up to the engine's batch-shape float
+    differences). At ``temperature`` 1 without top-k / top-p this is the law the output is
+    distributed as (the verifiers are lossless for ``process_logits``' law); at other settings the
+    output's law is ``process_logits(z_t, T, top_k, top_p)`` (T = 0: the argmax) and these are the
+    model's own log-probabilities beside it. Cost per step: one log-softmax over the accepted
+    path's rows ``[m + 1, V]`` and a top-k, one host copy."""
+
+    def __init__(self, top: int = 0):
+        self.top = int(top)
+        self.rows: list[tuple[float, list[tuple[int, float]]]] = []
+
+    def record(self, logits: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
+        """Append the entries of ``tokens`` drawn at ``rows`` of ``logits`` ``[N, V]``."""
+        idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)  # [m + 1, V]
+        tok = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+        chosen = lp.gather(1, tok[:, None])[:, 0].tolist()
+        if self.top > 0:
+            vals, ids = lp.topk(min(self.top, lp.shape[-1]), dim=-1)  # [m + 1, top], sorted descending
+            tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+        else:
+            tops = [[] for _ in tokens]
+        self.rows.extend(zip(chosen, tops))
+
+
 class StepResult(NamedTuple):
     """What :meth:`DecoderStep.step` returns: ``tokens`` the emitted tokens (the accepted path's,
     then the recovered or bonus token), ``accepted`` the accepted path's length and ``depth`` the
@@ -151,12 +186,14 @@ class DecoderStep:
 
     ``pending`` holds the committed tokens the draft cache lacks (fed at the next draft's level 0);
     ``target_calls``, ``draft_calls`` and ``tree_tokens`` count the forward passes and the tokens
-    the target scored. One tree is in flight at a time: ``commit`` takes the last drafted tree.
+    the target scored. ``logprobs``: None or a :class:`TokenLogprobs` that :meth:`step` extends with
+    the target's log-probabilities of every emitted token (from the step's scoring pass). One tree is in flight at a time: ``commit`` takes the last drafted tree.
     """
 
     def __init__(self, target_runner, draft_runner, settings, generator: torch.Generator, *, rule=None,
-                 node_log: list | None = None, index=None, cost=None):
+                 node_log: list | None = None, index=None, cost=None, logprobs: TokenLogprobs | None = None):
         self.target_runner, self.draft_runner = target_runner, draft_runner
+        self.logprobs = logprobs
         self.settings, self.generator = settings, generator
         self.rule = settings.rule if rule is None else rule
         self.node_log = node_log
@@ -353,6 +390,8 @@ class DecoderStep:
         logits = yield from self.score(tree)
         verdict = self.verify(tree, logits, rule)
         tokens = self.commit(tree, verdict)
+        if self.logprobs is not None:  # token j was drawn at the root (j = 0) or at path node j - 1
+            self.logprobs.record(logits, [0] + list(verdict.path), tokens)
         return StepResult(tokens, len(verdict.path), max(n.depth for n in tree.nodes))
 
     def serve(self, gen):

@@ -2,11 +2,14 @@
 (the ``serve`` extra: FastAPI and uvicorn).
 
 Endpoints: ``/health`` (liveness), ``/ready`` (readiness, also ``/readyz``: 503 while starting or
-draining), ``/metrics`` (Prometheus' text format, ``metrics``), ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the
+draining), ``/metrics`` (Prometheus' text format, ``metrics``), ``/v1/models``, ``/tokenize`` and
+``/detokenize`` (llama-server's and vLLM's shapes), ``/v1/completions``, ``/v1/chat/completions`` (the
 model's chat template), with ``stream`` (server-sent events, one event per decoding step's
 text), ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed`` (the same seed
 and settings give the same text; without one a seed is drawn and returned as ``seed``) and
-``n = 1``. Each response carries ``usage`` and a ``speculative`` object (target calls, accepted
+``n = 1``, ``logprobs`` / ``top_logprobs`` (the target's, exactly, from the verification passes:
+``decoding.step.TokenLogprobs``; the unimplemented fields are refused naming them, see
+``protocol``). Each response carries ``usage`` and a ``speculative`` object (target calls, accepted
 tokens, block efficiency, the verifier and tree). Bad requests get a 4xx and OpenAI's error
 object, never a 500: a body over ``protocol.MAX_BODY_BYTES`` is 413 before it is parsed; JSON
 nested past ``protocol.MAX_JSON_DEPTH``, NaN and strings that are not valid Unicode are 400;

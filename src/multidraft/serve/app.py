@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from .metrics import Metrics, Observe, rule_label
-from .protocol import MAX_BODY_BYTES, APIError, SamplingRequest, error_body, parse_chat, parse_completion, parse_json
+from .protocol import (MAX_BODY_BYTES, APIError, SamplingRequest, TokenizeRequest, error_body, parse_chat,
+                       parse_completion, parse_detokenize, parse_json, parse_tokenize)
 from .worker import RETRY_AFTER_S, Job, ServedModel, Worker
 
 __all__ = ["create_app", "run_server"]
@@ -40,7 +41,7 @@ def default_max_in_flight(queue_size: int, max_lanes: int) -> int:
 
 
 def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None):
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None, api_key: str | None = None):
     """The ASGI app serving ``model``; ``app.state.worker`` is its worker. A request body longer
     than ``max_body_bytes`` is answered 413 before it is parsed (see ``_body_of``). At most
     ``max_in_flight`` POST requests (default :func:`default_max_in_flight`) are in flight at once,
@@ -50,7 +51,12 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
 
     ``app.state.metrics`` is the app's :class:`metrics.Metrics` (its own registry, served at
     ``GET /metrics``), None without ``prometheus_client`` (``/metrics`` is then a 501 naming the
-    install command); every request passes :class:`metrics.Observe` (counted, a log line per POST)."""
+    install command); every request passes :class:`metrics.Observe` (counted, a log line per POST).
+
+    ``api_key``: None (no key), or the key every API route (``/v1/...``, ``/tokenize``,
+    ``/detokenize``, ``/infill``) needs as ``Authorization: Bearer KEY`` (``_KeyMiddleware``: 401
+    ``invalid_api_key`` before the body is read; ``/health`` and the operators' routes stay open, as
+    vLLM's ``--api-key``)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
     from fastapi.exceptions import RequestValidationError
@@ -74,6 +80,10 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     if metrics is not None:
         worker.observe = metrics.decoded
     app.add_middleware(_InFlightMiddleware, count=in_flight)
+    if api_key is not None:
+        if not isinstance(api_key, str) or not api_key:
+            raise ValueError("api_key must be a non-empty string or None")
+        app.add_middleware(_KeyMiddleware, key=api_key)
     app.add_middleware(Observe, metrics=metrics)  # added last: the outermost, it sees every answer
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
@@ -114,6 +124,22 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
     async def chat(request: Request):
         raw = await _body_of(request, max_body_bytes)
         return await endpoints.serve(request, await asyncio.to_thread(_parse, parse_chat, raw))
+
+    @app.post("/infill")
+    async def infill():
+        raise APIError(400, "/infill (fill-in-the-middle) is not supported by this server; send the prompt with "
+                            "the model's FIM tokens to /v1/completions", param="/infill", code="unsupported_endpoint")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        raw = await _body_of(request, max_body_bytes)
+        return await endpoints.run_tokenizer(endpoints.tokenize, await asyncio.to_thread(_parse, parse_tokenize, raw))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        raw = await _body_of(request, max_body_bytes)
+        return await endpoints.run_tokenizer(endpoints.detokenize,
+                                             await asyncio.to_thread(_parse, parse_detokenize, raw))
 
     return app
 
@@ -164,6 +190,33 @@ class _InFlightMiddleware:
             await self.app(scope, receive, send)
         finally:
             count.now -= 1
+
+
+_KEYED = ("/v1/", "/tokenize", "/detokenize", "/infill")  # the routes an api_key guards (by path prefix)
+
+
+class _KeyMiddleware:
+    """ASGI middleware: a request to a guarded route (``_KEYED``) without ``Authorization: Bearer
+    KEY`` (compared in constant time) is answered 401 'invalid_api_key', its body unread."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        import hmac
+
+        if scope["type"] != "http" or not scope.get("path", "").startswith(_KEYED):
+            return await self.app(scope, receive, send)
+        auth = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer " and hmac.compare_digest(auth[7:].strip(), self.key):
+            return await self.app(scope, receive, send)
+        err = APIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
+                       code="invalid_api_key")
+        body = json.dumps(err.body()).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 async def _http_error(request, exc):  # starlette's HTTPException: no route, wrong method
@@ -268,6 +321,45 @@ class _Endpoints:
             raise APIError(404, f"The model `{model_id}` does not exist; this server serves `{self.model.name}`",
                            param="model", code="model_not_found")
         return self._card()
+
+    async def run_tokenizer(self, fn, arg):
+        """``fn(arg)`` in the ``tokenizing`` thread (the tokenizer is used by one thread only)."""
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, arg)
+        except RuntimeError:  # the executor is shut: the app's lifespan has ended
+            raise APIError(503, "the server is shutting down", type="server_error", code="server_shutting_down") \
+                from None
+        return await fut
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model.name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model.name}`",
+                           param="model", code="model_not_found")
+
+    def tokenize(self, req: TokenizeRequest) -> dict:
+        """``POST /tokenize`` (llama-server's ``content`` / vLLM's ``prompt`` or ``messages``): the token
+        ids a completion prompt (or chat) of this text is decoded from (``add_special: false``: without
+        the tokenizer's special tokens), their ``count`` and the context (``max_model_len``)."""
+        self.check_model(req.model)
+        codec = self.model.codec
+        if req.messages is not None:
+            ids = codec.chat(req.messages)
+        else:
+            ids = codec.encode(req.text, add_special_tokens=req.add_special is not False)
+        return {"tokens": ids, "count": len(ids), "max_model_len": codec.context}
+
+    def detokenize(self, arg: tuple) -> dict:
+        """``POST /detokenize``: the text of token ids (``content``, llama-server's; ``prompt``, vLLM's);
+        an id outside the vocabulary is a 400 on ``tokens``."""
+        model, tokens = arg
+        self.check_model(model)
+        V = _vocab(self.model)
+        bad = [t for t in tokens if not 0 <= t < V]
+        if bad:
+            raise APIError(400, f"tokens holds token ids outside the vocabulary [0, {V}): {bad[:5]}",
+                           param="tokens", code="invalid_value")
+        text = self.model.codec.decode(tokens)
+        return {"content": text, "prompt": text}
 
     async def serve(self, request, req: SamplingRequest):
         """Answer ``req`` (parsed from ``request``): one JSON body, or an SSE stream when ``req.stream``."""
@@ -400,7 +492,9 @@ class _Call:
         self.request, self.req, self.ids, self.rec = request, req, ids, rec
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
-        self.job = Job(ids, settings, req.seed, req.stop, self.emit, arrived=rec["t0"])
+        self.job = Job(ids, settings, req.seed, req.stop, self.emit, arrived=rec["t0"],
+                       logprobs=req.logprobs)
+        self.offset = 0  # completions' logprobs: the text offset of the next token
 
     def record(self, done: dict) -> None:
         """The request's record (``metrics.Observe``'s log line) gets ``done``'s counters."""
@@ -436,7 +530,7 @@ class _Call:
         from fastapi.responses import JSONResponse
 
         try:
-            parts = []
+            entries = []
             while True:
                 ev = await self.next_event()
                 if ev is None:  # the client went away; the worker stops this request
@@ -445,15 +539,32 @@ class _Call:
                 if ev[0] == "error":
                     raise ev[1]
                 if ev[0] == "delta":
-                    parts.append(ev[1])
+                    entries.extend(ev[3] or ())
                     continue
                 done = ev[1]
                 self.record(done)
                 break
         finally:
             self.job.cancel.set()  # a no-op once done; stops the decode if this task was cancelled
-        return JSONResponse({**head, **_full(self.req, done), "usage": self.usage(done),
+        lp = self.logprobs(entries + (done["logprobs"] or [])) if self.req.logprobs is not None else None
+        return JSONResponse({**head, **_full(self.req, done, lp), "usage": self.usage(done),
                              "speculative": done["speculative"]})
+
+    def logprobs(self, entries: list | None):
+        """The response's ``logprobs`` of the chat entries ``entries`` (``worker.logprob_entries``):
+        a chat's ``{"content": entries, "refusal": None}``; a completion's ``{"tokens",
+        "token_logprobs", "top_logprobs", "text_offset"}`` (offsets run on across a stream's chunks)."""
+        if entries is None:
+            return None
+        if self.req.endpoint == "chat":
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offset)
+            self.offset += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
 
     async def sse(self, head: dict):
         """The server-sent events: (chat) the role chunk, a chunk per delta, the finish_reason chunk
@@ -480,7 +591,7 @@ class _Call:
                     return
                 if ev[0] == "delta":
                     n = ev[2]
-                    yield _sse({**head, **_chunk(req, ev[1], None), **so_far(n)})
+                    yield _sse({**head, **_chunk(req, ev[1], None, self.logprobs(ev[3])), **so_far(n)})
                 elif ev[0] == "error":
                     self.rec["error"] = ev[1].code or ev[1].type
                     yield _sse(ev[1].body())
@@ -489,7 +600,7 @@ class _Call:
                 else:
                     done = ev[1]
                     self.record(done)
-                    last = {**head, **_chunk(req, None, done["finish_reason"]),
+                    last = {**head, **_chunk(req, None, done["finish_reason"], self.logprobs(done["logprobs"])),
                             **so_far(done["completion_tokens"]), "speculative": done["speculative"]}
                     yield _sse(last)
                     if req.include_usage:
@@ -511,27 +622,28 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def _full(req: SamplingRequest, done: dict) -> dict:
+def _full(req: SamplingRequest, done: dict, logprobs=None) -> dict:
     if req.endpoint == "completions":
         return {"object": "text_completion", "choices": [
-            {"index": 0, "text": done["text"], "logprobs": None, "finish_reason": done["finish_reason"]}]}
+            {"index": 0, "text": done["text"], "logprobs": logprobs, "finish_reason": done["finish_reason"]}]}
     return {"object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": done["text"]}, "logprobs": None,
+        {"index": 0, "message": {"role": "assistant", "content": done["text"]}, "logprobs": logprobs,
          "finish_reason": done["finish_reason"]}]}
 
 
-def _chunk(req: SamplingRequest, text, finish) -> dict:
+def _chunk(req: SamplingRequest, text, finish, logprobs=None) -> dict:
     if req.endpoint == "completions":
         return {"object": "text_completion", "choices": [
-            {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+            {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
     delta = {} if text is None else {"content": text}
     return {"object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
 
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
                shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None) -> int:
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None,
+               api_key: str | None = None) -> int:
     """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
     (uvicorn's own configuration is not installed). Requests in flight are capped by the app
@@ -543,7 +655,7 @@ def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000,
     if max_in_flight is None:
         max_in_flight = default_max_in_flight(queue_size, max_lanes)
     app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes,
-                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight)
+                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, api_key=api_key)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):

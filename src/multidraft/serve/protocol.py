@@ -5,8 +5,12 @@ Every bad request is an :class:`APIError`: an HTTP status and OpenAI's error obj
 them: a body that is not a JSON object is refused, a field OpenAI does not know is refused
 ("Unrecognized request argument supplied: NAME", as OpenAI answers), a field OpenAI knows
 but this server does not implement is accepted at its neutral value only (``echo: false``,
-``logprobs: null``, ``presence_penalty: 0``, ``n: 1`` ...) and refused otherwise, naming it,
-so no request is ever answered with other semantics than it asked for. ``top_k`` is
+``presence_penalty: 0``, ``n: 1`` ...) and refused otherwise, naming it, so no request is ever
+answered with other semantics than it asked for: ``n`` > 1, ``presence_penalty`` /
+``frequency_penalty`` (and vLLM's ``repetition_penalty`` != 1, ``min_p`` != 0), ``logit_bias``,
+``response_format`` other than text (JSON mode and JSON schemas), ``tools``; the grammar fields of
+vLLM and llama-server (``guided_json``, ``grammar`` ...) are unknown fields, refused as such.
+``logprobs`` / ``top_logprobs`` are implemented (the target's, ``decoding.step.TokenLogprobs``). ``top_k`` is
 accepted as vLLM and llama-server accept it (an extension; -1 or 0 means off).
 """
 from __future__ import annotations
@@ -16,8 +20,8 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
-__all__ = ["APIError", "SamplingRequest", "parse_completion", "parse_chat", "error_body", "parse_json",
-           "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
+__all__ = ["APIError", "SamplingRequest", "TokenizeRequest", "parse_completion", "parse_chat", "parse_tokenize",
+           "parse_detokenize", "error_body", "parse_json", "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
 
 # OpenAI's ranges: temperature in [0, 2], top_p in (0, 1]; at most 4 stop sequences
 MAX_TEMPERATURE = 2.0
@@ -114,7 +118,7 @@ def _unicode(s: str) -> None:
 
 # fields both endpoints share, and OpenAI fields accepted only at their neutral value
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop", "seed",
-           "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}
+           "user", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "repetition_penalty", "min_p"}
 # multidraft's own decode fields of a request (extensions, as ``top_k``): each is a keyword of
 # ``decoding.Settings.derive``, checked there (an error names it as the param)
 _DECODE = ("sources",)
@@ -126,8 +130,9 @@ _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "respons
 # field -> the values that mean "not used" (anything else is refused as unsupported)
 _NEUTRAL = {
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-    "logprobs": (None, False), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
-    "top_logprobs": (None, 0), "response_format": (None, {"type": "text"}), "tools": (None, []),
+    "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0),  # vLLM's and llama-server's extensions
+    "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False), "metadata": (None, {}),
     "store": (None, False), "service_tier": (None, "auto", "default"), "modalities": (None, ["text"]),
     "reasoning_effort": (None,), "prediction": (None,), "audio": (None,), "functions": (None, []),
@@ -154,6 +159,7 @@ class SamplingRequest:
     decode: dict = field(default_factory=dict)  # the request's multidraft decode fields (_DECODE) as given
     max_tokens_param: str = "max_tokens"  # the field max_tokens came from ('max_completion_tokens' in a chat)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): the usage so far in every chunk
+    logprobs: int | None = None  # None: no logprobs; else the alternatives per token (chat top_logprobs, completions logprobs)
 
     def settings_changes(self) -> dict:
         """The request's changes of the server's decode settings (``Settings.derive`` keywords)."""
@@ -258,10 +264,26 @@ def _common(body, allowed: set, endpoint: str) -> dict:
                 decode={k: body[k] for k in _DECODE if body.get(k) is not None}, max_tokens_param=key)
 
 
+MAX_LOGPROBS = 20  # the most alternatives per token (OpenAI's top_logprobs bound)
+
+
+def _top(body: dict, name: str) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    v = _int(v, name)
+    if not 0 <= v <= MAX_LOGPROBS:
+        raise _bad(name, f"{name} must be between 0 and {MAX_LOGPROBS}, got {v}", "invalid_value")
+    return v
+
+
 def parse_completion(body) -> SamplingRequest:
     """A ``/v1/completions`` body: ``prompt`` a string, or one prompt as a list of one string,
-    a list of token ids or a list of one such list (several prompts in one request: refused)."""
+    a list of token ids or a list of one such list (several prompts in one request: refused).
+    ``logprobs`` an integer in [0, 20]: the target's log-probability of each token and that many
+    alternatives (``step.TokenLogprobs``)."""
     c = _common(body, _COMPLETION, "completions")
+    c["logprobs"] = _top(body, "logprobs")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -283,8 +305,16 @@ def parse_chat(body) -> SamplingRequest:
     """A ``/v1/chat/completions`` body: ``messages`` a non-empty list of ``{"role", "content"}``
     (content a string or a list of text parts); returned as plain ``{"role", "content": str}``
     dicts for the chat template ('developer' is rendered as 'system'), with the message's
-    ``name`` where given (the template renders it, or the request is refused)."""
+    ``name`` where given (the template renders it, or the request is refused). ``logprobs`` a
+    boolean, ``top_logprobs`` in [0, 20] (only with ``logprobs: true``, as OpenAI)."""
     c = _common(body, _CHAT, "chat")
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise _bad("logprobs", f"logprobs must be a boolean, got {_show(want)}", "invalid_type")
+    top = _top(body, "top_logprobs")
+    if top is not None and not want:
+        raise _bad("top_logprobs", "top_logprobs requires logprobs: true", "invalid_value")
+    c["logprobs"] = (top or 0) if want else None
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "messages must be a non-empty list of {role, content} objects", "invalid_type")
@@ -321,3 +351,79 @@ def parse_chat(body) -> SamplingRequest:
             msg["name"] = m["name"]
         out.append(msg)
     return SamplingRequest(prompt=out, **c)
+
+
+@dataclass
+class TokenizeRequest:
+    """A checked ``/tokenize`` body: ``text`` a string (``content``, llama-server's, or ``prompt``,
+    vLLM's) or ``messages`` (vLLM's: a chat rendered by the model's template, generation prompt
+    added); ``add_special`` None (the tokenizer's default, as a completion prompt is encoded) or
+    a boolean (``add_special``, llama-server's, or ``add_special_tokens``, vLLM's)."""
+
+    model: str | None
+    text: str | None
+    messages: list | None
+    add_special: bool | None
+
+
+def parse_tokenize(body) -> TokenizeRequest:
+    """A ``POST /tokenize`` body (llama-server's and vLLM's shapes): exactly one of ``content``,
+    ``prompt`` (a string) and ``messages``; ``add_special`` / ``add_special_tokens`` a boolean;
+    ``model`` optional (checked against the served model by the app); any other field refused."""
+    if not isinstance(body, dict):
+        raise _bad(None, "the request body must be a JSON object", "invalid_json")
+    for key in body:
+        if key not in ("model", "content", "prompt", "messages", "add_special", "add_special_tokens",
+                       "add_generation_prompt"):
+            raise _bad(key[:_SHOW], f"Unrecognized request argument supplied: {key[:_SHOW]}", "unknown_parameter")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"model must be a string, got {_show(model)}", "invalid_type")
+    given = [k for k in ("content", "prompt", "messages") if body.get(k) is not None]
+    if len(given) != 1:
+        raise _bad(given[1] if given else "content", "give exactly one of content (or prompt), a string, and "
+                   f"messages; got {', '.join(given) or 'none'}", "invalid_value" if given else
+                   "missing_required_parameter")
+    add = None
+    for k in ("add_special", "add_special_tokens"):
+        v = body.get(k)
+        if v is not None:
+            if not isinstance(v, bool):
+                raise _bad(k, f"{k} must be a boolean, got {_show(v)}", "invalid_type")
+            if add is not None and add != v:
+                raise _bad(k, "add_special and add_special_tokens disagree", "invalid_value")
+            add = v
+    if body.get("add_generation_prompt") not in (None, True):
+        raise _bad("add_generation_prompt", "add_generation_prompt=false is not supported by this server; leave it "
+                   "out", "unsupported_parameter")
+    if given[0] == "messages":
+        if add is not None:
+            raise _bad("add_special", "add_special does not apply to messages (the chat template writes the special "
+                                      "tokens)", "invalid_value")
+        msgs = parse_chat({"model": model or "", "messages": body["messages"]}).prompt
+        return TokenizeRequest(model, None, msgs, None)
+    if body.get("add_generation_prompt") is not None:
+        raise _bad("add_generation_prompt", "add_generation_prompt applies to messages only", "invalid_value")
+    text = body[given[0]]
+    if not isinstance(text, str):
+        raise _bad(given[0], f"{given[0]} must be a string, got {type(text).__name__}", "invalid_type")
+    return TokenizeRequest(model, text, None, add)
+
+
+def parse_detokenize(body) -> tuple[str | None, list[int]]:
+    """A ``POST /detokenize`` body: ``tokens`` a list of token ids (ints; the vocabulary is
+    checked by the app), ``model`` optional; returns ``(model, tokens)``."""
+    if not isinstance(body, dict):
+        raise _bad(None, "the request body must be a JSON object", "invalid_json")
+    for key in body:
+        if key not in ("model", "tokens"):
+            raise _bad(key[:_SHOW], f"Unrecognized request argument supplied: {key[:_SHOW]}", "unknown_parameter")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"model must be a string, got {_show(model)}", "invalid_type")
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise _bad("tokens", "you must provide tokens: a list of token ids", "missing_required_parameter")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise _bad("tokens", f"tokens must be a list of token ids (integers), got {_show(tokens)}", "invalid_type")
+    return model, tokens

@@ -34,9 +34,10 @@ from ..decoding import Settings
 from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
 from ..decoding.sources import SuffixIndex
+from ..decoding.step import TokenLogprobs
 from .protocol import APIError
 
-__all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker"]
+__all__ = ["ServedModel", "TextCodec", "TextStream", "Job", "Worker", "logprob_entries"]
 
 log = logging.getLogger("multidraft.serve")
 RETRY_AFTER_S = 1  # the Retry-After (seconds) of a refusal for load: a full queue (429), too many in flight (503)
@@ -72,8 +73,9 @@ class TextCodec:
         without tokenizing (``datasets.ByteBound``); 0 where the tokenizer has no proven bound."""
         return 0 if self.bound is None else self.bound.min_tokens(text)
 
-    def encode(self, text: str) -> list[int]:
-        return encode(self._encoder(), text)  # the one encoder (datasets.encode), as ``decode``
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # the one encoder (datasets.encode), as ``decode``
+        return encode(self._encoder(), text, add_special_tokens=add_special_tokens)
 
     def chat_text(self, messages: list[dict]) -> str:
         """``messages`` rendered by the model's chat template (the text :meth:`chat` tokenizes); a
@@ -102,6 +104,12 @@ class TextCodec:
     def chat(self, messages: list[dict]) -> list[int]:
         """``messages`` as ``decode --chat`` encodes one message (``datasets.encode`` with ``chat``)."""
         return self.encode_chat_text(self.chat_text(messages))
+
+    def piece(self, token: int) -> str:
+        """One token's text, special tokens written out (a logprobs entry's ``token``)."""
+        if self.engine == "llama.cpp":
+            return self.target.detokenize_special([token])
+        return self.tok.decode([token], skip_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         if self.engine == "llama.cpp":
@@ -209,9 +217,12 @@ class TextStream:
 @dataclass
 class Job:
     """One request in the queue: its prompt ids, settings and seed; the worker answers through
-    ``emit`` (called from the worker thread): ``("delta", text, tokens)`` (``tokens`` the
-    completion's tokens so far), ``("done", result)`` or
-    ``("error", APIError)``. ``cancel`` is set by the HTTP side when the client goes away."""
+    ``emit`` (called from the worker thread): ``("delta", text, tokens, logprobs)`` (``tokens``
+    the completion's tokens so far; ``logprobs`` None, or the entries of the tokens not yet
+    sent, see :func:`logprob_entries`), ``("done", result)`` (``result["logprobs"]`` the entries
+    not yet sent) or ``("error", APIError)``. ``cancel`` is set by the HTTP side when the client
+    goes away. ``logprobs``: None, or the alternatives per token of the target's log-probabilities
+    (``decoding.step.TokenLogprobs``, recorded from the verification passes: no extra forward)."""
 
     prompt_ids: list[int]
     settings: Settings
@@ -221,19 +232,47 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
     arrived: float | None = None  # perf_counter at the request's first byte (default: ``enqueued``)
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.arrived is None:
             self.arrived = self.enqueued
 
 
-class _Active:
-    """A job in a lane: its text stream and when it started."""
+def logprob_entries(piece, ids: list[int], rows: list, a: int, b: int) -> list[dict]:
+    """OpenAI's chat logprob entries of tokens ``ids[a:b]`` from ``TokenLogprobs.rows``:
+    ``{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}``, a token's
+    text ``piece(id)`` (``TextCodec.piece``: special tokens written out; a token holding part of a
+    UTF-8 character reads U+FFFD)."""
+    def one(t: int, lp: float) -> dict:
+        text = piece(t)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
-    def __init__(self, job: Job, text: TextStream):
-        self.job, self.text = job, text
+    out = []
+    for j in range(a, b):
+        lp, tops = rows[j]
+        out.append({**one(ids[j], lp), "top_logprobs": [one(v, l) for v, l in tops]})
+    return out
+
+
+class _Active:
+    """A job in a lane: its text stream, its logprobs record (None when not asked) and the
+    tokens whose entries were sent, and when it started."""
+
+    def __init__(self, job: Job, text: TextStream, piece=None):
+        self.job, self.text, self.piece = job, text, piece
         self.started = time.perf_counter()
         self.first_token: float | None = None  # perf_counter at the step that gave the first token
+        self.lp = None if job.logprobs is None else TokenLogprobs(job.logprobs)
+        self.lp_sent = 0
+
+    def take(self, upto: int) -> list[dict] | None:
+        """The logprob entries of the tokens after those sent, up to ``upto`` (None: not asked)."""
+        if self.lp is None:
+            return None
+        out = logprob_entries(self.piece, self.text.ids, self.lp.rows, self.lp_sent, max(upto, self.lp_sent))
+        self.lp_sent = max(upto, self.lp_sent)
+        return out
 
 
 class Worker:
@@ -381,19 +420,19 @@ class Worker:
                     self._held = job
                     return
             text = TextStream(m.codec.decode, job.stop)
-            act = _Active(job, text)
+            act = _Active(job, text, m.codec.piece)
 
             def on_step(tokens, act=act):
                 if act.first_token is None and len(tokens):
                     act.first_token = time.perf_counter()
                 delta = act.text.push(tokens)
                 if delta:
-                    act.job.emit(("delta", delta, act.text.used))
+                    act.job.emit(("delta", delta, act.text.used, act.take(act.text.used)))
                 return act.text.stopped or self._halt(act.job)
 
             try:
                 lane = dec.add(ids, job.settings, generator=job.seed, on_step=on_step,
-                               eos_token_id=None if m.ignore_eos else m.codec.eos)
+                               eos_token_id=None if m.ignore_eos else m.codec.eos, logprobs=act.lp)
             except ArgumentError as exc:  # e.g. prompt + max_tokens + a tree beyond the llama.cpp context
                 with self._lock:  # the request's fault, not the server's (the HTTP side checks this first)
                     self.counts["refused"] += 1
@@ -433,7 +472,7 @@ class Worker:
         tail = text.finish()
         n = text.used if text.stopped else res.new_tokens
         if tail:
-            job.emit(("delta", tail, n))
+            job.emit(("delta", tail, n, act.take(n)))
         cancelled = job.cancel.is_set()
         if res.stop_reason == "eos" or text.stopped:
             finish = "stop"
@@ -450,7 +489,8 @@ class Worker:
                     prefill_seconds=res.prefill_seconds, queue_seconds=act.started - job.enqueued,
                     source_stats=res.source_stats)
         done = {"text": text.text, "finish_reason": finish, "completion_tokens": n,
-                "tokens": res.tokens.tolist()[:n], "speculative": spec, "first_token_at": act.first_token}
+                "tokens": res.tokens.tolist()[:n], "speculative": spec, "first_token_at": act.first_token,
+                "logprobs": act.take(n)}
         if self.observe is not None:
             try:
                 self.observe(job, done)
