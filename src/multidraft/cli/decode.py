@@ -408,7 +408,7 @@ def run(args) -> int:
     try:
         res = generate(target, draft if drafting else None, input_ids, settings,
                        generator=args.seed, eos_token_id=eos, progress=cb,
-                       cost_profile=auto.profile if auto is not None and settings.free_sources else None)
+                       cost_profile=auto.profile if auto is not None and not settings.target_alone else None)
     finally:
         close()
     text = detok(res.tokens.tolist())

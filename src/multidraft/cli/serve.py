@@ -6,7 +6,11 @@ code (``decode.check_settings``: ``decoding.Settings.from_args``, flags named fr
 as ``decode`` uses it for speed, the BF16 target and the Q4_0 draft where those files are
 built (``multidraft setup-models --gguf --bf16-target --draft-ftype q4_0``), else the Q4_K_M
 files; ``--engine transformers`` for model directories. ``--tree auto --profile FILE`` chooses
-the tree once at start-up (from ``--accept-stats`` or a warm-up decode of ``--warmup-prompt``).
+the tree once at start-up (from ``--accept-stats`` or a warm-up decode of ``--warmup-prompt``; the
+best tree even where the warm-up predicts it slower than the target alone), and each request then
+drafts, step by step, only as deep as pays by the profile and its own acceptances so far (depth 0:
+the target alone; ``decoding.pace``, and free chains cut by ``decoding.sources.budget``):
+speculation chosen per request, as it goes.
 Each request's temperature, top_p, top_k and max_tokens replace ``--temperature`` etc.;
 ``--max-new-tokens`` is the default ``max_tokens`` of a chat request (a completion's is 16, as
 OpenAI's). ``--sources`` (a comma list, ``decoding.sources.parse_sources``) is the default draft
@@ -104,7 +108,11 @@ def run(args) -> int:
         from ..decoding.auto import check_auto
         from ..experiments.acceptance import tree_acceptance
 
-        auto = check_auto(auto_request(args), settings, read_acceptance=tree_acceptance)
+        from dataclasses import replace
+
+        # the best tree is kept even where the warm-up predicts it slower than the target alone:
+        # each request paces its own depth from its own acceptances (0: the target alone)
+        auto = check_auto(replace(auto_request(args), force_tree=True), settings, read_acceptance=tree_acceptance)
     check_listen(args.host, args.port)  # a busy port or a bad --host, before the models load
     from .. import _optional
 
@@ -149,7 +157,8 @@ def run(args) -> int:
     name = args.model_name or _model_name(args)
     model = ServedModel(name=name, engine=args.engine, target=target, draft=None if settings.target_alone else draft,
                         codec=codec, settings=settings, draft_temperature=draft_temperature,
-                        default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
+                        default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                        cost_profile=auto.profile if auto is not None and not settings.target_alone else None)
     return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes,
                       max_in_flight=args.max_in_flight, api_key=args.api_key)

@@ -410,9 +410,14 @@ class BatchDecoder:
     ``index``: the free sources' shared state across lanes (``sources.SuffixIndex``: the suffix
     source reads the earlier lanes' outputs, each lane's indexed when it finishes; None: each
     lane's suffix source reads its own text only).
+
+    ``cost_profile``: None, or a ``treeopt.CostProfile`` by which every lane paces its own
+    drafting depth from its own acceptances and cuts its free chains (``generate``'s
+    ``cost_profile``: ``decoding.pace``, ``decoding.sources.budget``): speculation chosen per
+    request, as it goes.
     """
 
-    def __init__(self, target, draft=None, *, max_lanes: int = DEFAULT_MAX_LANES, index=None):
+    def __init__(self, target, draft=None, *, max_lanes: int = DEFAULT_MAX_LANES, index=None, cost_profile=None):
         if isinstance(max_lanes, bool) or not isinstance(max_lanes, int) or max_lanes < 1:
             raise ArgumentError("max_lanes", f"must be a positive integer, got {max_lanes!r}")
         from .runners import is_model
@@ -423,6 +428,12 @@ class BatchDecoder:
             raise ArgumentError("draft", "must be None or a loaded transformers causal LM or LlamaCppModel")
         self.target, self.draft, self.max_lanes = target, draft, max_lanes
         self.index = index
+        from .treeopt import CostProfile
+
+        if cost_profile is not None and not isinstance(cost_profile, CostProfile):
+            raise ArgumentError("cost_profile", f"must be None or a multidraft.decoding.treeopt.CostProfile, got "
+                                                f"{type(cost_profile).__name__}")
+        self.cost_profile = cost_profile
         self.tr = batch_runner(target, max_lanes)
         self.dr = batch_runner(draft, max_lanes) if draft is not None else None
         self.lanes: dict[int, dict] = {}  # lane -> {dec, gen, call, cells}
@@ -482,7 +493,8 @@ class BatchDecoder:
             if views[1] is not None:
                 self.dr.reserve(lane, settings)
             with torch.inference_mode():
-                step = DecoderStep(views[0], views[1], settings, g, index=self.index, logprobs=logprobs)
+                step = DecoderStep(views[0], views[1], settings, g, index=self.index, logprobs=logprobs,
+                                   cost=self.cost_profile)
                 dec = _Decoder(step, decode_context(self.target, views[1] and self.draft), eos=eos, on_step=on_step)
                 gen = dec.decode(input_ids)
                 call = next(gen)  # prefills the lane; a decode always runs at least one forward

@@ -129,7 +129,11 @@ class ServedModel:
 
     ``index`` the one ``decoding.sources.SuffixIndex`` of the server, shared by every request
     (bounded by its own ``max_tokens``): a request with the ``suffix`` source reads the earlier
-    requests' outputs from it, and every finished output of such a request joins it."""
+    requests' outputs from it, and every finished output of such a request joins it.
+
+    ``cost_profile`` None, or the ``decoding.treeopt.CostProfile`` by which each request paces
+    its own drafting depth (the target alone included) from its own acceptances as it goes
+    (``decoding.pace``; ``serve --tree auto``)."""
 
     name: str
     engine: str
@@ -141,6 +145,7 @@ class ServedModel:
     default_max_tokens: int = 128
     ignore_eos: bool = False
     index: SuffixIndex = field(default_factory=SuffixIndex)
+    cost_profile: object = None
 
     def request_settings(self, changes: dict, max_tokens: int) -> Settings:
         """The settings of one request: ``changes`` (keyword arguments of ``Settings.derive``, as
@@ -368,7 +373,8 @@ class Worker:
         m = self.model
         while not self._stop.is_set() or self.active:  # lanes running at stop finish (halted past the grace)
             if self._decoder is None:
-                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes, index=m.index)
+                self._decoder = BatchDecoder(m.target, m.draft, max_lanes=self.max_lanes, index=m.index,
+                                             cost_profile=m.cost_profile)
                 self._built.set()
             self._admit()
             if not self.active:
