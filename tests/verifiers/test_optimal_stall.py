@@ -112,3 +112,31 @@ def test_certificates_on_zeroed_and_subnormal_targets(k, route, monkeypatch):
         assert cl.acceptance <= a + 1e-12
         checked += 1
     assert checked >= 15
+
+
+def test_lumped_warning_once_per_verifier_and_its_bound_not_recomputed(monkeypatch):
+    """On flat rows the cheap lumping bound is above ``warn_lump`` at every node; the exact bound (a
+    sort of V) is read until the warning is given, once per verifier, and not after (counted)."""
+    reads = []
+    real = O.LumpedFit.gap_bound.fget
+    monkeypatch.setattr(O.LumpedFit, "gap_bound", property(lambda self: reads.append(1) or real(self)))
+    g = torch.Generator().manual_seed(7)
+    for _ in range(50):  # rows whose coarse lumping loses more than warn_lump (test_optimal_lumped's setting)
+        p, q = _dirichlet(6, g, 1.0), _dirichlet(6, g, 1.0)
+        v = O.Optimal(head=1, bin_bits=0, exact_below=0, warn_lump=1e-3)
+        dr = md.drafts.iid(q, 2).sample(torch.Generator().manual_seed(0))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            v.verify(p, q, dr, generator=torch.Generator().manual_seed(1))
+        if any("lumped tail" in str(x.message) for x in w):
+            break
+    else:
+        pytest.fail("no row of the coarse lumping warned")
+    n = len(reads)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for s in range(5):
+            v.verify(p, q, dr, generator=torch.Generator().manual_seed(s))
+    assert not any("lumped tail" in str(x.message) for x in w)
+    assert len(reads) == n  # the O(V) bound was not read again
+    assert float(v.last_fit.gap_bound) > 1e-3  # and stays readable

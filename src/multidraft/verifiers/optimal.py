@@ -796,8 +796,8 @@ class Optimal(Verifier):
     r(y) = q(y) r_u / q_u inside unit u: still exactly lossless (Khisti et al., "Multi-Draft
     Speculative Sampling: Canonical Decomposition and Theoretical Limits", ICLR 2025,
     arXiv 2410.18234: any selection rule with its exact selection law), acceptance alpha* - O(w) of the tail's
-    overlap, bounded and reported (``LumpedFit.shortfall_bound``; a warning above
-    ``warn_lump``). ``head=None`` plans every token.
+    overlap, bounded and reported (``LumpedFit.shortfall_bound``; a warning, once per verifier, the
+    first time the exact bound ``LumpedFit.gap_bound`` is above ``warn_lump``). ``head=None`` plans every token.
     """
 
     name = "optimal"
@@ -825,6 +825,7 @@ class Optimal(Verifier):
         self.max_iter = max_iter
         self.tol = float(tol)
         self.warn_shortfall = warn_shortfall
+        self._lump_warned = False  # the lumped tail's warning was given (it is given once per verifier)
         self.last_fit = None
 
     @property
@@ -899,9 +900,10 @@ class Optimal(Verifier):
                 f"optimal verifier: fit stopped {short:.3g} below alpha* (iterations {fit.iterations}, "
                 f"levels {self.levels}); the output law is still exact", RuntimeWarning, stacklevel=4,
             )
-        if isinstance(plan, _Lumped) and float(plan.fit.shortfall_bound.max()) > self.warn_lump:
-            bound = float(plan.fit.gap_bound.max())  # the O(V) bound, read only when the cheap one is above
-            if bound > self.warn_lump:
+        if isinstance(plan, _Lumped) and not self._lump_warned and float(plan.fit.shortfall_bound.max()) > self.warn_lump:
+            bound = float(plan.fit.gap_bound.max())  # the O(V) bound (a sort of V), read only when the cheap one is above
+            if bound > self.warn_lump:  # once per verifier: on flat rows the cheap bound is above at every node and
+                self._lump_warned = True  # the exact one cost ~6 of ~16 ms a node (issue 39 item 4); fit.gap_bound stays readable
                 warnings.warn(
                     f"optimal verifier: the lumped tail may cost up to {bound:.3g} of acceptance below alpha* "
                     f"(head {self.head}, bin_bits {self.bin_bits}; head=None plans every token); the output law "
