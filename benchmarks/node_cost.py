@@ -24,6 +24,9 @@ transformers model emits them (many exact ties).
 ``--rows`` positions are taken evenly spaced in the order of the target's largest probability
 (peaked to flat rows). ``--synthetic`` (or a missing store) draws Zipf-headed logits instead
 (rank r gets ``-s log r`` plus noise, s in [0.8, 1.6] across rows, the draft a noisy copy).
+``--flat-rows`` (default 3) appends flat rows, Zipf exponents 0.2..0.5 (near-uniform targets, as
+at a high temperature: most drafts refused, residuals built; issue 39 item 4); ``--rows 0
+--flat-rows N`` times flat rows alone.
 
 With ``--top-k`` / ``--top-p`` both models' logits are cut as ``decode --top-k/--top-p`` does
 (a node then has min(K, tokens kept) drafts under the wor and greedy laws, as in the engine,
@@ -144,11 +147,13 @@ def store_rows(path: Path, n: int, seed: int = 0, tail_sigma: float = 2.0) -> tu
     return torch.stack(tl), torch.stack(dl), info
 
 
-def synthetic_rows(n: int, V: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def synthetic_rows(n: int, V: int, seed: int, lo: float = 0.8, hi: float = 1.6) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``n`` Zipf-headed (target, draft) logit rows ``[n, V]``: exponent s from ``lo`` to ``hi`` across
+    rows (rank r gets ``-s log r`` plus noise, at random token ids), the draft a noisy copy."""
     g = torch.Generator().manual_seed(seed)
     tl, dl = [], []
     for i in range(n):
-        s = 0.8 + 0.8 * i / max(1, n - 1)
+        s = lo + (hi - lo) * i / max(1, n - 1)
         r = torch.arange(1, V + 1, dtype=torch.float64)
         base = -s * r.log() + 0.3 * torch.randn(V, generator=g, dtype=torch.float64)
         perm = torch.randperm(V, generator=g)
@@ -156,7 +161,18 @@ def synthetic_rows(n: int, V: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
         d = t + 0.5 * torch.randn(V, generator=g, dtype=torch.float64)
         tl.append(t.float())
         dl.append(d.float())
-    return torch.stack(tl), torch.stack(dl), {"source": "synthetic", "zipf_exponents": [0.8 + 0.8 * i / max(1, n - 1) for i in range(n)]}
+    return torch.stack(tl), torch.stack(dl), {"source": "synthetic", "zipf_exponents": [lo + (hi - lo) * i / max(1, n - 1) for i in range(n)]}
+
+
+FLAT_EXPONENTS = (0.2, 0.5)  # --flat-rows: Zipf exponents of the flat rows (near-uniform p, as at a high temperature)
+
+
+def flat_rows(n: int, V: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``n`` flat (target, draft) logit rows ``[n, V]`` (issue 39 item 4: "include flat rows"): Zipf
+    exponents 0.2..0.5, so the target's largest probability is ~1e-4..1e-2 and its mass is spread over
+    the whole vocabulary, as a high temperature gives (many drafts refused, residuals built)."""
+    TL, DL, info = synthetic_rows(n, V, seed + 7919, *FLAT_EXPONENTS)
+    return TL, DL, {"source": "flat", "zipf_exponents": info["zipf_exponents"]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,6 +404,8 @@ def main(argv=None):
     ap.add_argument("--synthetic", action="store_true", help="Zipf-headed synthetic logits instead of stored rows")
     ap.add_argument("--vocab", type=int, default=151_936, help="V for --synthetic")
     ap.add_argument("--rows", type=int, default=12)
+    ap.add_argument("--flat-rows", type=int, default=3,
+                    help="flat rows (Zipf exponents 0.2..0.5, near-uniform p) appended to the others (0: none)")
     ap.add_argument("--logits-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="bfloat16: round the logits to bf16 (as a bf16 model emits them), then float32")
     ap.add_argument("--draws", type=int, default=6, help="fixed seeds per row in each repeat")
@@ -416,10 +434,17 @@ def main(argv=None):
     keep_freed_memory()  # as the decoder does (multidraft._alloc; MULTIDRAFT_MALLOC=default: glibc's defaults)
     global _clock
     _clock = CLOCKS[args.clock]
-    if args.synthetic or not args.store.is_file():
+    if args.rows <= 0:
+        TL = DL = torch.empty(0, args.vocab)
+        src = {"source": "none"}
+    elif args.synthetic or not args.store.is_file():
         TL, DL, src = synthetic_rows(args.rows, args.vocab, args.seed)
     else:
         TL, DL, src = store_rows(args.store, args.rows, args.seed)
+    if args.flat_rows > 0:  # flat rows after the others (every table averages over all rows)
+        FT, FD, finfo = flat_rows(args.flat_rows, TL.shape[-1], args.seed)
+        TL, DL = torch.cat([TL, FT]), torch.cat([DL, FD])
+        src["flat_rows"] = {"n": args.flat_rows, **finfo}
     if args.logits_dtype == "bfloat16":
         TL, DL = TL.bfloat16().float(), DL.bfloat16().float()
     src["logits_dtype"] = args.logits_dtype

@@ -224,3 +224,50 @@ def test_sequence_rules_refuse_mixed_trees(name):
     tree = trees.mixed(trees.chain(2), [(1, 2)]).sample(trees.TableModel.random(V=3, seed=0), torch.Generator())
     with pytest.raises(ValueError, match="free-source drafts"):
         rule.verify(tree, torch.Generator())
+
+
+def test_free_first_remaining_mass_without_a_row_copy():
+    """``_free_first``'s R (the float64 sum less the copies' masses) is the float64 sum of the zeroed
+    row to rounding; where little or no mass remains it is that sum itself: exactly 0, and the last
+    copy with mass accepted with probability exactly 1, when the copies hold the whole row (also
+    beside subnormal and zero entries)."""
+    from multidraft.trees.walk import _free_first
+
+    g = torch.Generator().manual_seed(4)
+    for V, dt in ((151_936, torch.float32), (1000, torch.float64), (7, torch.float16)):
+        p = torch.softmax(3.0 * torch.randn(V, generator=g, dtype=torch.float64), -1).to(dt)
+        free = [int(p.argmax()), 3, int(p.argmax()), 5]
+        xs, acc, idx, R = _free_first(p, free)
+        exact = float(p.index_fill(0, idx, 0.0).sum(dtype=torch.float64))
+        assert xs == list(dict.fromkeys(free)) and idx.tolist() == xs
+        assert abs(R - exact) <= 1e-15 * float(p.sum(dtype=torch.float64)), (V, R, exact)
+    for rest in (0.0, 1e-310, 5e-324):
+        p = torch.tensor([0.0, 0.75, rest, 0.25, 0.0], dtype=torch.float64)
+        xs, acc, idx, R = _free_first(p, [3, 1])
+        assert R == rest and acc[-1] == (1.0 if rest == 0.0 else 0.75 / (0.75 + rest))
+        assert acc[0] == 0.25 / (0.25 + 0.75 + rest)
+
+
+def test_accepted_copy_writes_no_residual_row(monkeypatch):
+    """An accepted copy costs one O(V) read: the residual row (``index_fill``) is built only when
+    every copy at the node is refused (counted, not timed)."""
+    calls = []
+    real = torch.Tensor.index_fill
+
+    def counting(self, *a, **k):
+        calls.append(1)
+        return real(self, *a, **k)
+
+    p = torch.tensor([0.1, 0.8, 0.1], dtype=torch.float64)
+    t = DraftTree(TreeShape.from_args(None, 1, 1), 0, 0, 1, "iid")
+    t.add_chains([(1,)])
+    t.set_target(lambda i: p)
+    rule = trees.TokenWalk("specinfer", "iid")
+    monkeypatch.setattr(torch.Tensor, "index_fill", counting)
+    g = torch.Generator().manual_seed(0)
+    refused = 0
+    for _ in range(200):
+        verdict = rule.verify(t, g)
+        refused += not verdict.path
+    assert 10 <= refused <= 70  # p(1) = 0.8: about 40 refusals of 200
+    assert len(calls) == refused

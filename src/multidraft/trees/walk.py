@@ -43,13 +43,16 @@ min(1, r(x)/q(x)) with q = e_x is r(x), and the residual norm(max(0, r - e_x)) i
 zeroed. Repeated free tokens: r(x) = 0 after the first refusal, never output. The p = 0
 guarantee: a free token with r(x) = 0 is never output (u < 0 never holds) and is 0 in r_m, so a
 lossless V never emits it. r_(i-1)(x_i) is computed as p(x_i) / (p(x_i) + sum_(j>i) p(x_j) + R),
-R = the float64 sum of p with every free token zeroed (p as float64, any dtype: the ratio does
-not read p's normalisation), so it is exactly 1 when no other mass remains (always accepted).
+R = the float64 mass of p outside the free tokens (p as float64, any dtype: the ratio does not
+read p's normalisation; ``_free_first``), exactly 0, so the ratio exactly 1 (always accepted),
+when no other mass remains.
 
 Cost: a node without free drafts is verified as before; a node with free drafts pays one O(V)
-float64 copy and sum on p's device (R and r_m, one transfer of m + 1 scalars and m uniforms), and
-the model's verifier on r_m only when every free draft is refused. The node's law stays the
-model's: no per-draft q rows are built for the free drafts.
+float64 sum of p on its device (R = that sum less the copies' masses; one transfer of m + 1
+scalars and m uniforms), and only when every free draft is refused the residual row (one O(V)
+copy) and the model's verifier on it (sampling from it at a free-only node). An accepted copy
+writes nothing of size V. The node's law stays the model's: no per-draft q rows are built for
+the free drafts.
 """
 from __future__ import annotations
 
@@ -151,12 +154,12 @@ class TokenWalk(TreeRule):
         """The output token of node ``nd`` with target ``p`` ``[V]`` (free drafts first, module notes)."""
         k = len(nd.drafts) - nd.free
         if nd.free:
-            xs, acc, r, R = _free_first(p, nd.drafts[k:])
+            xs, acc, idx, R = _free_first(p, nd.drafts[k:])
             u = torch.rand(len(xs), dtype=torch.float64, generator=g, device=g.device).cpu().tolist()  # [m]
             for x, a, ui in zip(xs, acc, u):
                 if ui < a:
-                    return x
-            p = r  # [V] the residual r_m, unnormalised (R > 0: some copy was refused with probability > 0)
+                    return x  # an accepted copy: no O(V) write
+            p = p.index_fill(0, idx, 0.0)  # [V] the residual r_m, unnormalised (R > 0: some copy was refused with probability > 0)
             if k == 0:
                 return int(sample_token(p, g))  # inverse CDF of the row's own cumulative sum
         dr = torch.tensor(nd.drafts[:k], dtype=torch.long, device=p.device)  # [k]
@@ -186,14 +189,15 @@ class TokenWalk(TreeRule):
         if not free:
             dr = torch.tensor(drafts, dtype=torch.long, device=p.device)
             return self.verifier_for(k).output_distribution(p, q, dr, law=self.law).double().cpu()
-        xs, acc, r, R = _free_first(p, drafts[k:])
+        xs, acc, idx, R = _free_first(p, drafts[k:])
         out = torch.zeros(p.shape[-1], dtype=torch.float64, device="cpu")  # [V], the law is on the CPU
         w = 1.0
         for x, a in zip(xs, acc):
             out[x] += w * a
             w *= 1.0 - a
         if w > 0.0:
-            r = r.double() / R  # [V] r_m, float64
+            r = p.index_fill(0, idx, 0.0).double()  # [V] r_m, float64, as every verifier reads the row: row / its sum
+            r = r / r.sum()
             if k:
                 dr = torch.tensor(drafts[:k], dtype=torch.long, device=p.device)
                 sub = self.verifier_for(k).output_distribution(r, q, dr, law=self.law).double().cpu()
@@ -258,26 +262,39 @@ class TokenWalk(TreeRule):
         return total
 
 
+EXACT_R_BELOW = 1e-6  # R = S - sum_i p(x_i) is replaced by the float64 sum of the zeroed row where it is below this share of S
+
+
 def _free_first(p: torch.Tensor, free: list) -> tuple[list, list, torch.Tensor, float]:
     """The free-first rule's numbers at a node with target ``p`` ``[V]`` and free drafts ``free``
     (module notes): the distinct free tokens x_1..x_m in order, their acceptance probabilities
-    r_(i-1)(x_i) (float64; 0 for a token the target gives 0), the residual's unnormalised mass
-    ``[V]`` (p with the free tokens zeroed, in p's own dtype and device: zeroing is exact, and every
-    verifier reads a row as the float64 law it represents, row / its float64 sum) and its float64
-    sum R (r_m is mass / R; R = 0 only when some copy is accepted with probability 1). One O(V)
-    copy and sum, one transfer of m + 1 scalars."""
+    r_(i-1)(x_i) (float64; 0 for a token the target gives 0), their ids ``[m]`` on p's device (the
+    residual's unnormalised mass is ``p.index_fill(0, ids, 0)``, built by the caller only when every
+    copy is refused: zeroing is exact, and every verifier reads a row as the float64 law it
+    represents, row / its float64 sum) and the remaining mass R (r_m is that mass / R).
+
+    R = S - sum_i p(x_i), S the float64 sum of p: one O(V) read and one transfer of m + 1 scalars,
+    no O(V) write. Its rounding is that of a float64 sum of V terms, as the sum of the zeroed row's
+    would be (the acceptances, hence the output law, move by that order, ~1e-16 of S). Where R is
+    at most ``EXACT_R_BELOW`` of S (no mass, or little, outside the copies) R is the float64 sum of
+    the zeroed row itself, so it is exactly 0 when no other mass remains: the last copy with mass
+    is then accepted with probability exactly 1 and the empty residual is never read."""
     xs = list(dict.fromkeys(int(t) for t in free))
     idx = torch.tensor(xs, dtype=torch.long, device=p.device)  # [m]
-    r = p.index_fill(0, idx, 0.0)  # [V]
-    host = torch.cat([p[idx].double(), r.sum(dtype=torch.float64).reshape(1)]).cpu().tolist()  # [m + 1]
-    v, R = host[:-1], host[-1]
+    host = torch.cat([p[idx].double(), p.sum(dtype=torch.float64).reshape(1)]).cpu().tolist()  # [m + 1]
+    v, S = host[:-1], host[-1]
+    R = S
+    for vi in v:
+        R -= vi
+    if not R > EXACT_R_BELOW * S:
+        R = float(p.index_fill(0, idx, 0.0).sum(dtype=torch.float64))
     acc = [0.0] * len(xs)
     tail = R  # sum of p outside x_1..x_i, from the last i down
     for i in range(len(xs) - 1, -1, -1):
         den = v[i] + tail
         acc[i] = v[i] / den if den > 0.0 else 0.0
         tail = den
-    return xs, acc, r, R
+    return xs, acc, idx, R
 
 
 register("token_walk", TokenWalk)

@@ -78,7 +78,7 @@ import torch
 
 from .._scan import cummin, ipow, rev_cummin, segment_search
 from ..limits.dual import prefix_order
-from ._optimal_np import NP_PLAN_MAX, NP_PLAN_ROWS
+from ._optimal_np import LINE, NP_PLAN_MAX, NP_PLAN_ROWS, STALL_STOP
 from ._optimal_np import plan_rows as _np_plan_rows
 from ._residual import accept, accept_prob, residual_law, residual_or, rows64, sample_rows
 from .base import Verifier
@@ -669,7 +669,8 @@ def _fit_chunk(fit, us, M, max_iter):
         return torch.cat([q0, q0 + torch.cumsum(mu, -1)], -1)
 
     # fixed-point steps, then Newton on the interior levels (finite-difference Jacobian, all
-    # units at once), kept per unit only where it lowers the residual; converged units freeze
+    # units at once; the step and its fractions LINE tried at once, the lowest residual kept), kept
+    # per unit only where it lowers the residual; converged units freeze
     it = 0
     G = step(D, all_u)
     res = (G - D).abs().amax(-1)  # [U]
@@ -704,13 +705,19 @@ def _fit_chunk(fit, us, M, max_iter):
             sol = torch.linalg.solve_ex(J, -Fx.unsqueeze(-1))
             dx = sol.result.squeeze(-1)
             good = (sol.info == 0) & torch.isfinite(dx).all(-1)
-            Dt = Da.clone()
-            Dt[:, 1:M] = Da[:, 1:M] + torch.where(good.unsqueeze(-1), dx, torch.zeros_like(dx))
-            Dt = torch.minimum(torch.maximum(Dt, qa), qb)
-            Dt[:, 0] = Qa[act]
+            line = torch.tensor(LINE, dtype=dt, device=dev)  # [S] the Newton step and its fractions (a line search)
+            S = line.numel()
+            Dt = Da.unsqueeze(1).repeat(1, S, 1)  # [A, S, M+1]
+            Dt[:, :, 1:M] += line.view(1, S, 1) * torch.where(good.unsqueeze(-1), dx, torch.zeros_like(dx)).unsqueeze(1)
+            Dt = torch.minimum(torch.maximum(Dt, qa.unsqueeze(1)), qb.unsqueeze(1))
+            Dt[:, :, 0] = Qa[act].unsqueeze(-1)
             Dt = torch.cummax(Dt, -1).values
-            Gt = step(Dt, act)
-            rt = (Gt - Dt).abs().amax(-1)
+            Gt = step(Dt.reshape(A * S, M + 1), act.repeat_interleave(S)).reshape(A, S, M + 1)
+            rts = (Gt - Dt).abs().amax(-1)  # [A, S]
+            jbest = rts.argmin(-1)  # the first of the smallest residuals, as np.argmin
+            pick = jbest.view(A, 1, 1).expand(A, 1, M + 1)
+            Dt, Gt = Dt.gather(1, pick).squeeze(1), Gt.gather(1, pick).squeeze(1)
+            rt = rts.gather(1, jbest.unsqueeze(-1)).squeeze(-1)
             take = good & (rt < ra)
             Dn = torch.where(take.unsqueeze(-1), Dt, Ga)
             Gn = torch.where(take.unsqueeze(-1), Gt, step(Ga, act)) if bool((~take).any()) else Gt
@@ -723,10 +730,12 @@ def _fit_chunk(fit, us, M, max_iter):
         # linear placement or at rounding. Measured on the study's HumanEval, KJV and MT-bench
         # blocks: the acceptance shortfall of fits stopped there stayed below 1e-10 (1e-3: below
         # 6e-11, 3-10x the steps; 1e6: up to 5e-8). The output law is exact whatever the fit.
+        # A unit whose residual has not halved for STALL_STOP steps stops whatever its residual (it is
+        # refitted at other level counts below; issue 39 item 4: see _optimal_np.STALL_STOP).
         better = rn < 0.5 * best[act]
         best[act] = torch.minimum(best[act], rn)
         stall[act] = torch.where(better, torch.zeros_like(stall[act]), stall[act] + 1)
-        done = done | (res <= tol) | ((stall >= 8) & (res <= FLOOR_TOL_FACTOR * tol))
+        done = done | (res <= tol) | ((stall >= 8) & (res <= FLOOR_TOL_FACTOR * tol)) | (stall >= STALL_STOP)
     # placement of every token from the final levels D, then the exact r from the masses it induces
     W = chord(D[:, :-1], D[:, 1:], K)  # [U, M]
     pos = search(all_u, W)
@@ -787,8 +796,8 @@ class Optimal(Verifier):
     r(y) = q(y) r_u / q_u inside unit u: still exactly lossless (Khisti et al., "Multi-Draft
     Speculative Sampling: Canonical Decomposition and Theoretical Limits", ICLR 2025,
     arXiv 2410.18234: any selection rule with its exact selection law), acceptance alpha* - O(w) of the tail's
-    overlap, bounded and reported (``LumpedFit.shortfall_bound``; a warning above
-    ``warn_lump``). ``head=None`` plans every token.
+    overlap, bounded and reported (``LumpedFit.shortfall_bound``; a warning, once per verifier, the
+    first time the exact bound ``LumpedFit.gap_bound`` is above ``warn_lump``). ``head=None`` plans every token.
     """
 
     name = "optimal"
@@ -816,6 +825,7 @@ class Optimal(Verifier):
         self.max_iter = max_iter
         self.tol = float(tol)
         self.warn_shortfall = warn_shortfall
+        self._lump_warned = False  # the lumped tail's warning was given (it is given once per verifier)
         self.last_fit = None
 
     @property
@@ -890,9 +900,10 @@ class Optimal(Verifier):
                 f"optimal verifier: fit stopped {short:.3g} below alpha* (iterations {fit.iterations}, "
                 f"levels {self.levels}); the output law is still exact", RuntimeWarning, stacklevel=4,
             )
-        if isinstance(plan, _Lumped) and float(plan.fit.shortfall_bound.max()) > self.warn_lump:
-            bound = float(plan.fit.gap_bound.max())  # the O(V) bound, read only when the cheap one is above
-            if bound > self.warn_lump:
+        if isinstance(plan, _Lumped) and not self._lump_warned and float(plan.fit.shortfall_bound.max()) > self.warn_lump:
+            bound = float(plan.fit.gap_bound.max())  # the O(V) bound (a sort of V), read only when the cheap one is above
+            if bound > self.warn_lump:  # once per verifier: on flat rows the cheap bound is above at every node and
+                self._lump_warned = True  # the exact one cost ~6 of ~16 ms a node (issue 39 item 4); fit.gap_bound stays readable
                 warnings.warn(
                     f"optimal verifier: the lumped tail may cost up to {bound:.3g} of acceptance below alpha* "
                     f"(head {self.head}, bin_bits {self.bin_bits}; head=None plans every token); the output law "
