@@ -69,6 +69,14 @@ def test_requests_spread_over_both_and_every_one_is_answered(rep):
     assert set(served) == {0, 1}
     assert all(r.json()["usage"]["completion_tokens"] >= 1 for r in out)
     assert sum(h["served"] for h in httpx.get(srv.url + "/health").json()["replicas"]) >= 8
+    # /metrics reads the replicas' counters, as the one process's (Prometheus' own parser)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text)}
+    completion = sum(s.value for s in fams["multidraft_completion_tokens"].samples if s.name.endswith("_total"))
+    assert completion >= sum(r.json()["usage"]["completion_tokens"] for r in out)
+    ttft = [s for s in fams["multidraft_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
+    assert ttft and ttft[0].value >= 8
 
 
 def test_same_seed_same_text_on_either_replica(rep):

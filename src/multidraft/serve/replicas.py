@@ -38,7 +38,8 @@ floating-point differences between batch shapes.
 
 Readiness: ``ready`` is True once every replica has built its decoder (models loaded), and
 stays True while at least one replica lives and none is still starting; ``status()`` lists each
-replica (``starting``, ``ready``, ``dead``) with its own worker status (``/health``).
+replica (``starting``, ``ready``, ``dead``; ``stopped`` after the server's shutdown) with its requests in flight and
+served, its queue and lanes and its process id (``/health``).
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ class _Handle:
 
     def __init__(self, index: int, actor):
         self.index, self.actor = index, actor
-        self.state = "starting"  # -> "ready" -> "dead" (or "starting" -> "dead")
+        self.state = "starting"  # -> "ready" -> "dead" (or "starting" -> "dead"); "stopped" at shutdown
         self.in_flight = 0
         self.served = 0
         self.status: dict = {}
@@ -249,7 +250,7 @@ class Router:
                 ray.kill(h.actor)
             except Exception:
                 pass
-            h.state = "dead"
+            h.state = "dead" if h.state == "dead" else "stopped"
 
     # routing -------------------------------------------------------------------------------
     def _pick(self, avoid: _Handle | None = None) -> _Handle:
@@ -295,8 +296,9 @@ class Router:
                     else:
                         done = ev[1]
                         done["first_token_at"] = first  # this process's clock (metrics: time to first token)
-                        self.counts["cancelled" if job.cancel.is_set() else "served"] += 1
-                        handle.served += 1
+                        cancelled = job.cancel.is_set()
+                        self.counts["cancelled" if cancelled else "served"] += 1
+                        here.served += not cancelled
                         if self.observe is not None:
                             try:
                                 self.observe(job, done)
