@@ -52,6 +52,24 @@ def test_health_lists_each_replica_ready(rep):
     assert len({r["pid"] for r in h["replicas"]}) == 2  # two processes
 
 
+def test_bad_requests_and_disconnects_as_on_one_process(rep):
+    srv, router = rep
+    r = httpx.post(srv.url + "/v1/completions", json={"model": "other", "prompt": "ab"}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 10 ** 6},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    before = router.counts["cancelled"]
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": "ab", "max_tokens": 200, "seed": 3, "stream": True}) as r:
+        next(r.iter_lines())  # the first chunk, then the client goes away
+    t0 = time.monotonic()
+    while router.counts["cancelled"] == before:  # the replica stops the lane: finish 'abort', counted cancelled
+        assert time.monotonic() - t0 < 20, "the replica did not stop the abandoned stream"
+        time.sleep(0.05)
+    assert all(h.in_flight == 0 for h in router.replicas)
+
+
 def test_requests_spread_over_both_and_every_one_is_answered(rep):
     srv, router = rep
     out = [None] * 8

@@ -154,8 +154,13 @@ class Replica:
     async def drain(self, grace_s: float) -> None:
         self.worker.drain(grace_s)
 
-    def stop(self, timeout: float) -> None:
-        self.worker.stop(timeout)
+    async def stop(self, timeout: float) -> None:
+        """Stop the worker (off this actor's event loop, so the running requests' last events
+        still stream), then wait (at most 2 s) until those events have left."""
+        await asyncio.to_thread(self.worker.stop, timeout)
+        t0 = time.monotonic()
+        while self.jobs and time.monotonic() - t0 < 2.0:
+            await asyncio.sleep(0.02)
 
 
 class _Handle:
