@@ -164,3 +164,20 @@ def test_a_killed_replica_has_its_requests_retried_or_answered_503(rep):
     assert h["replicas"][victim.index]["state"] == "dead"
     assert httpx.get(srv.url + "/ready").status_code == 200  # one replica still serves
     assert _complete(srv.url, seed=9).json()["speculative"]["replica"] == 1 - victim.index
+
+
+def test_drain_lets_running_requests_finish_and_refuses_new_ones(rep):
+    """Last (it drains the module's server): a drain (SIGTERM's) across the replicas lets a running
+    stream finish within the grace, refuses a new request with 503 and turns /ready to 503."""
+    srv, router = rep
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": "ab", "max_tokens": 40, "seed": 8, "stream": True}) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        router.drain(10.0)
+        rest = [line[6:] for line in lines if line.startswith("data: ")]
+    assert json.loads(first[6:])["choices"][0]["text"] is not None
+    assert rest[-1] == "[DONE]" and json.loads(rest[-2])["choices"][0]["finish_reason"] == "length"
+    r = _complete(srv.url, seed=1)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down" and "retry-after" in r.headers
+    assert httpx.get(srv.url + "/ready").status_code == 503
