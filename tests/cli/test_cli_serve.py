@@ -25,6 +25,9 @@ from multidraft.cli import main
     (["--sources", "model,bogus"], "unknown draft source"),
     (["--sources", "lookup"], "must include"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
+    (["--replicas", "0"], "--replicas must be >= 1, got 0"),
+    (["--replicas", "-3"], "--replicas must be >= 1, got -3"),
+    (["--ray", "auto"], "--ray applies to --replicas N >= 2 only"),
     (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [256, 131072]"),
     (["--engine", "llama.cpp", "--ctx-size", "1000000"], "--ctx-size must be in [256, 131072]"),
 ])
@@ -38,12 +41,26 @@ def test_serve_misuse_is_one_line_before_any_model(no_models, capsys, bad, words
     assert no_models == []
 
 
+def test_serve_replicas_without_ray_is_one_line(no_models, capsys, monkeypatch):
+    """``--replicas 2`` where ray is not installed: one line naming the flag and the install
+    command, before any model loads (one replica needs no Ray)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # ray looks missing
+    assert main(["serve", "--engine", "transformers", "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("multidraft serve: error: --replicas 2 needs ray: pip install 'multidraft[ray]'")
+    assert no_models == []
+
+
 def test_serve_is_listed_with_the_decode_flags(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     out = capsys.readouterr().out
     for flag in ("--verifier", "--tree", "--engine", "--port", "--queue-size", "--shutdown-grace", "--drain-timeout",
-                 "--model-name"):
+                 "--model-name", "--replicas", "--ray"):
         assert flag in out
     assert "default llama.cpp" in out
 

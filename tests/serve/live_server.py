@@ -57,3 +57,14 @@ def start(model, **kw):
     from multidraft.serve import create_app
 
     return LiveServer(create_app(model, **kw))
+
+
+def slow_tiny_served(delay_s=0.02, **kw):
+    """``tiny_served`` whose target sleeps ``delay_s`` seconds before each forward pass, so a
+    request stays in flight long enough to be caught (the replica tests kill a replica under it);
+    the tokens are those of ``tiny_served``."""
+    import time
+
+    model = tiny_served(**kw)
+    model.target.register_forward_pre_hook(lambda module, args: time.sleep(delay_s))
+    return model

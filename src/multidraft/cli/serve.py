@@ -60,6 +60,14 @@ def register(sub) -> None:
                    help="on SIGTERM (a drain: /ready turns 503, no new connection is accepted), seconds the requests "
                         "being decoded may take to finish before they are stopped (default 30; queued requests are "
                         "answered 503 with Retry-After at once); then the process exits 0")
+    p.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="N >= 2: N replicas of the decoder on Ray (each loads the pair once and owns --max-lanes lanes "
+                        "and a --queue-size queue) behind this one server, each request sent to the replica with the "
+                        "fewest in flight; a local Ray unless --ray (needs the ray extra: pip install "
+                        "'multidraft[ray]'). Default 1: one process, no Ray")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="with --replicas N >= 2: the Ray cluster to run the replicas on (ray.init's address, e.g. "
+                        "'auto' or 'ray://host:10001'; default: a local Ray of N CPUs)")
     p.add_argument("--warmup-prompt", default=None, metavar="TEXT",
                    help="--tree auto without --accept-stats: the prompt of the warm-up decode that measures acceptance")
     p.add_argument("--api-key", default=None, metavar="KEY",
@@ -102,6 +110,7 @@ def run(args) -> int:
         raise ValueError("--api-key must not be empty")
     if args.warmup_prompt is not None and args.tree != "auto":
         raise ValueError("--warmup-prompt applies to --tree auto only")
+    check_replicas(args.replicas, args.ray)
     settings, draft_temperature, tree = check_settings(args)
     auto = None
     if tree == "auto":  # checked before any model loads
@@ -121,17 +130,65 @@ def run(args) -> int:
             raise ValueError(f"multidraft serve needs {mod}: {_optional.hint(mod)}")
     _default_gguf(args)
 
-    import torch
-
-    from ._args import load_models
-    from ..serve import ServedModel, TextCodec, run_server
+    from ..serve import run_server
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level in ("warning", "error"):
         quiet_loading()  # no loading progress bars either
     logger = logging.getLogger("multidraft.serve")
-    say = logger.info
+    model = load_served(args, settings, draft_temperature, auto, logger.info)
+    router = None
+    max_in_flight = args.max_in_flight
+    if args.replicas > 1:
+        import functools
+
+        from ..serve.replicas import Router, connect
+
+        connect(args.ray, num_cpus=args.replicas)
+        # the replicas load the pair with the settings chosen here (a --tree auto choice is made once)
+        load = functools.partial(load_served, args, model.settings, draft_temperature, None, None,
+                                 cost_profile=model.cost_profile)
+        router = Router(load, args.replicas, queue_size=args.queue_size, max_lanes=args.max_lanes,
+                        threads=args.threads)
+        logger.info("%d replicas starting on Ray (%s)", args.replicas, args.ray or "local")
+        if max_in_flight is None:
+            max_in_flight = args.replicas * (args.queue_size + args.max_lanes) + 16
+    try:
+        return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
+                          shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes,
+                          max_in_flight=max_in_flight, api_key=args.api_key, worker=router)
+    finally:
+        if router is not None:
+            import ray
+
+            ray.shutdown()
+
+
+def check_replicas(replicas: int, address: str | None) -> None:
+    """ValueError (one line, naming the flag) unless ``--replicas`` is >= 1, ``--ray`` comes with
+    ``--replicas N >= 2``, and Ray is installed for N >= 2; checked before any model loads."""
+    if replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {replicas}")
+    if address is not None and replicas < 2:
+        raise ValueError("--ray applies to --replicas N >= 2 only")
+    if replicas >= 2:
+        from .. import _optional
+
+        if not _optional.available("ray"):
+            raise ValueError(f"--replicas {replicas} needs ray: {_optional.hint('ray')}")
+
+
+def load_served(args, settings, draft_temperature, auto, say=None, cost_profile=None):
+    """The served pair of ``args`` (a ``serve.ServedModel``): the models loaded, the tree of
+    ``--tree auto`` chosen when ``auto`` is given (its profile then paces each request). A replica
+    calls it (through Ray) with the settings and ``cost_profile`` the server chose, ``auto`` None."""
+    import torch
+
+    from ._args import load_models
+    from ..serve import ServedModel, TextCodec
+
+    say = say or (lambda *a: None)
     llama = args.engine == "llama.cpp"
     spec = not settings.target_alone
     target, draft, tok = load_models(
@@ -155,13 +212,10 @@ def run(args) -> int:
             settings = settings.derive(verifier=None)
             draft = None
     name = args.model_name or _model_name(args)
-    model = ServedModel(name=name, engine=args.engine, target=target, draft=None if settings.target_alone else draft,
-                        codec=codec, settings=settings, draft_temperature=draft_temperature,
-                        default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                        cost_profile=auto.profile if auto is not None and not settings.target_alone else None)
-    return run_server(model, host=args.host, port=args.port, queue_size=args.queue_size,
-                      shutdown_grace_s=args.shutdown_grace, log_level=args.log_level, max_lanes=args.max_lanes,
-                      max_in_flight=args.max_in_flight, api_key=args.api_key)
+    return ServedModel(name=name, engine=args.engine, target=target, draft=None if settings.target_alone else draft,
+                       codec=codec, settings=settings, draft_temperature=draft_temperature,
+                       default_max_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                       cost_profile=None if settings.target_alone else (auto.profile if auto is not None else cost_profile))
 
 
 RESOLVE_TIMEOUT_S = 5.0  # how long ``check_listen`` waits for a --host name to resolve

@@ -22,7 +22,8 @@ One worker decodes the requests of a bounded queue (429 when full) in the lanes 
 
 Modules: ``protocol`` (request checks, errors), ``worker`` (the served pair, the queue, text
 streaming with stop sequences), ``metrics`` (the Prometheus metrics of one app and the one JSON
-log line per request), ``app`` (the FastAPI app and ``run_server``). This package
+log line per request), ``app`` (the FastAPI app and ``run_server``), ``replicas`` (``--replicas N``:
+the decoder as Ray actors behind the one app, routed by requests in flight; the ``ray`` extra). This package
 sits beside ``experiments``: it decodes through ``multidraft.decoding`` and logs through
 ``logging`` (the command line configures it); it never prints.
 """

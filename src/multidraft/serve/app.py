@@ -41,8 +41,11 @@ def default_max_in_flight(queue_size: int, max_lanes: int) -> int:
 
 
 def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: float = 30.0, max_lanes: int = 1,
-               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None, api_key: str | None = None):
-    """The ASGI app serving ``model``; ``app.state.worker`` is its worker. A request body longer
+               max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None, api_key: str | None = None,
+               worker=None):
+    """The ASGI app serving ``model``; ``app.state.worker`` is its worker: a ``Worker`` of
+    ``queue_size`` and ``max_lanes`` made here, or ``worker`` when given (a ``replicas.Router``:
+    the replicas on Ray behind this one ingress; ``model`` then only tokenizes and describes). A request body longer
     than ``max_body_bytes`` is answered 413 before it is parsed (see ``_body_of``). At most
     ``max_in_flight`` POST requests (default :func:`default_max_in_flight`) are in flight at once,
     from their first byte to the end of their answer (reading, parsing, tokenizing, queued,
@@ -66,7 +69,8 @@ def create_app(model: ServedModel, *, queue_size: int = 64, shutdown_grace_s: fl
         max_in_flight = default_max_in_flight(queue_size, max_lanes)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
-    worker = Worker(model, queue_size, max_lanes)
+    if worker is None:
+        worker = Worker(model, queue_size, max_lanes)
     endpoints = _Endpoints(model, worker, shutdown_grace_s)
     app = FastAPI(title="multidraft serve", lifespan=endpoints.lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -643,8 +647,8 @@ def _chunk(req: SamplingRequest, text, finish, logprobs=None) -> dict:
 def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 64,
                shutdown_grace_s: float = 30.0, log_level: str = "info", max_lanes: int = 1,
                max_body_bytes: int = MAX_BODY_BYTES, max_in_flight: int | None = None,
-               api_key: str | None = None) -> int:
-    """Serve ``model`` until SIGINT or SIGTERM (see the module docstring); returns 0 after a
+               api_key: str | None = None, worker=None) -> int:
+    """Serve ``model`` (through ``worker`` when given, see ``create_app``) until SIGINT or SIGTERM (see the module docstring); returns 0 after a
     SIGTERM or a clean stop. Logging goes through the ``logging`` configuration of the caller
     (uvicorn's own configuration is not installed). Requests in flight are capped by the app
     (``create_app``: 503 with Retry-After); open connections by uvicorn's ``limit_concurrency``
@@ -655,7 +659,7 @@ def run_server(model: ServedModel, *, host: str = "127.0.0.1", port: int = 8000,
     if max_in_flight is None:
         max_in_flight = default_max_in_flight(queue_size, max_lanes)
     app = create_app(model, queue_size=queue_size, shutdown_grace_s=shutdown_grace_s, max_lanes=max_lanes,
-                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, api_key=api_key)
+                     max_body_bytes=max_body_bytes, max_in_flight=max_in_flight, api_key=api_key, worker=worker)
     worker: Worker = app.state.worker
 
     class _Server(uvicorn.Server):
