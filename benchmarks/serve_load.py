@@ -16,6 +16,10 @@ never compete for the cores):
                   beside the draft model, issue 39); its texts at T = 1 may change between
                   cells (the shared index grows, so the trees and the draws they read differ;
                   the law does not), so ``differs`` is reported for it, not required
+``ours-replicas`` the same server with ``--replicas`` ``--replicas`` (default 2; ``multidraft serve
+                  --replicas``: each replica loads the pair, one ingress routes each request to
+                  the least-loaded replica; on a 2-core machine this shows the routing overhead,
+                  not scale); one lane a replica, so a seed fixes the text as for ``ours``
 ``llama-server``  llama.cpp's server on the same two GGUF files with its own draft-model
                   speculation (``--spec-type draft-simple``: at this commit ``-md`` alone loads
                   the draft but drafts nothing; ``--llama-args``, default ``--spec-draft-n-max 4
@@ -89,10 +93,10 @@ from _bench import common_args, load_average, provenance  # noqa: E402
 
 LLAMA_CACHE = Path(os.environ.get("MULTIDRAFT_LLAMA_CACHE", Path.home() / ".cache/multidraft/llama.cpp"))
 LLAMA_SERVER = LLAMA_CACHE / "build-0.3.36/bin/llama-server"
-SERVERS = ("ours", "ours-batched", "ours-nospec", "ours-sources", "llama-server")
+SERVERS = ("ours", "ours-batched", "ours-nospec", "ours-sources", "ours-replicas", "llama-server")
 DEFAULT_SERVERS = ("ours", "ours-batched", "ours-nospec", "llama-server")  # ours-sources on request (--servers)
-OURS = ("ours", "ours-batched", "ours-nospec", "ours-sources")  # our server: the request's seed is echoed in every chunk
-SAME_TEXT = ("ours", "ours-nospec")  # one lane, deterministic per seed: a differing text is an error
+OURS = ("ours", "ours-batched", "ours-nospec", "ours-sources", "ours-replicas")  # our server: the request's seed is echoed in every chunk
+SAME_TEXT = ("ours", "ours-nospec", "ours-replicas")  # one lane, deterministic per seed: a differing text is an error
 CONTEXT = 4096  # multidraft's llama.cpp engine context (decoding.pair.load_pair's n_ctx)
 SEED_STRIDE = 100_003
 PACKAGES = ("multidraft", "llama_cpp", "torch", "httpx", "fastapi", "uvicorn")  # versions recorded, imported or not
@@ -127,6 +131,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dataset", default="mixed",
                     help="the requests' prompts: mixed (HumanEval and MT-bench alternating, default) or a data set of "
                          "multidraft.datasets, e.g. codeedit, mtbench2, aclsum (copy-heavy)")
+    ap.add_argument("--replicas", type=int, default=2, help="ours-replicas: its --replicas (default 2)")
     ap.add_argument("--free-sources", default="model,lookup,suffix",
                     help="ours-sources: its --sources (default model,lookup,suffix)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -175,6 +180,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parse_sources(args.free_sources)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"--free-sources: {exc}") from None
+        if args.replicas < 2:
+            raise argparse.ArgumentTypeError(f"--replicas must be >= 2 (ours is one replica), got {args.replicas}")
         for name in ("requests", "max_tokens", "threads", "context"):
             if getattr(args, name) < 1:
                 raise argparse.ArgumentTypeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -440,6 +447,8 @@ def ours_cmd(name: str, args, port: int) -> list[str]:
         extra = without_spec(extra)
     if name == "ours-sources":  # free draft sources beside the draft model (issue 39)
         extra = [*extra, "--sources", args.free_sources]
+    if name == "ours-replicas":  # the one ingress routing to replicas on a local Ray
+        extra = [*extra, "--replicas", str(args.replicas)]
     if name == "ours-batched":  # every concurrent client in its own lane, sharing the forward passes
         extra = [*extra, "--max-lanes", str(max(args.client_list))]
     return [sys.executable, "-m", "multidraft", "serve", *extra, "--threads", str(args.threads), "--port", str(port),
@@ -786,9 +795,9 @@ def report(rows: list[dict]) -> tuple[str, list[str]]:
     by = {(c["server"], c["temperature"], c["clients"]): c for c in cells}
     ratios = []
     for (s, t, n), c in by.items():
-        if s not in ("ours", "ours-batched", "ours-sources"):
+        if s not in ("ours", "ours-batched", "ours-sources", "ours-replicas"):
             continue
-        for other in ("llama-server", "ours-nospec"):
+        for other in ("llama-server", "ours-nospec") + (("ours",) if s == "ours-replicas" else ()):
             o = by.get((other, t, n))
             if o and o["tokens_per_s"] > 0:
                 ratios.append(f"- T={t:g}, {n} clients: {s} / {other} aggregate tokens/s = "

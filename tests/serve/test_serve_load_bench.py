@@ -46,13 +46,15 @@ def test_copy_heavy_request_set(sl):
     cmd = sl.ours_cmd("ours-sources", a, 1234)
     assert cmd[cmd.index("--sources") + 1] == "model,suffix" and "specinfer" in cmd
     assert "--sources" not in sl.ours_cmd("ours", a, 1234)
+    r = sl.ours_cmd("ours-replicas", sl.parse_args(["--replicas", "3"]), 1234)
+    assert r[r.index("--replicas") + 1] == "3" and "ours-replicas" in sl.SAME_TEXT
 
 
 @pytest.mark.parametrize("argv", [["--servers", "ours,vllm"], ["--servers", "ours,ours"], ["--clients", "0"],
                                   ["--clients", "1,x"], ["--clients", "2,2"], ["--temperatures", "3"],
                                   ["--temperatures", "a"], ["--requests", "0"], ["--max-tokens", "0"],
                                   ["--max-tokens", "4096"], ["--threads", "0"], ["--timeout", "0"],
-                                  ["--dataset", "nope"], ["--free-sources", "model,nope"]])
+                                  ["--dataset", "nope"], ["--free-sources", "model,nope"], ["--replicas", "1"]])
 def test_bad_arguments_are_refused_with_a_message(sl, argv, capsys):
     with pytest.raises(SystemExit) as e:
         sl.parse_args(argv)
