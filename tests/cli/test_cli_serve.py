@@ -21,7 +21,7 @@ from multidraft.cli import main
     (["--shutdown-grace", "-1"], "--shutdown-grace"),
     (["--warmup-prompt", "x"], "--tree auto only"),
     (["--sources", "model,bogus"], "unknown draft source"),
-    (["--sources", "lookup"], "must include"),
+    (["--sources", "lookup", "--k", "2"], "--k applies to the draft model"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
     (["--engine", "llama.cpp", "--ctx-size", "8"], "--ctx-size must be in [256, 131072]"),
     (["--engine", "llama.cpp", "--ctx-size", "1000000"], "--ctx-size must be in [256, 131072]"),

@@ -200,7 +200,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         raise ArgumentError("max_new_tokens", f"leaves no room: max_length {generation_config.max_length} with a "
                                               f"prompt of {T} tokens; raise max_new_tokens")
     settings = Settings.from_args(**spec, max_new_tokens=n_new, **_sampling(generation_config))
-    if not settings.target_alone and draft is None:
+    if settings.uses_draft and draft is None:
         raise ArgumentError("draft_model", "is missing: pass assistant_model=draft (or draft_model=draft) "
                                            "to generate, or verifier=None for the target alone")
     eos = generation_config.eos_token_id

@@ -48,6 +48,11 @@ free-only), which ``commit`` relies on. A step drafted to depth 0 has no free dr
 nodes it added to the steps' trees (before the merge with the model's tree) and, per step, the
 longest prefix of the accepted path that one of its chains holds (the accepted tokens it proposed;
 the model may have proposed them too).
+
+Free-only decoding (``settings.free_only``: sources without the draft model): ``draft_runner`` is
+None (no draft prefill, no draft cache), ``cap`` is 0 (no model drafts) and each step's tree is the
+free chains alone, up to ``limit`` deep (None: each source's own depth); no chain: a tree without
+drafts, one token from p at the root (a plain target step).
 """
 from __future__ import annotations
 
@@ -198,7 +203,7 @@ class DecoderStep:
         if cap > 0:
             yield from self._draft_calls(tree)
         if self._free:
-            self._add_free(tree, cap, limit)
+            self._add_free(tree, cap if not self.settings.free_only else (1 if limit is None else limit), limit)
         return tree
 
     def _add_free(self, tree: DraftTree, cap: int, limit: int | None) -> None:
