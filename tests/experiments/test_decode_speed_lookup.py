@@ -134,3 +134,21 @@ def test_free_only_rows_run_no_draft_and_the_headline_names_them(ds):
     lines = ds.headline(summary, out.rows)
     assert any(x.startswith("best free sources alone (no draft model): ") for x in lines)
     assert not any(x.startswith("best multi-draft") for x in lines)  # free-only rows are not model trees
+
+
+def test_same_tree_leaves_free_only_rows_out_and_keys_mixed_trees_by_sources():
+    from multidraft.experiments import decode_runs as dr
+
+    def row(method, **kw):
+        base = dict(kind="run", method=method, method_kind="tree", rule="token_walk", verifier="naive", law="iid",
+                    k=1, depth=2, tree=None, sources=["model"], prompt="p0", round=0, new_tokens=8, target_calls=4,
+                    seconds=1.0)
+        return {**base, **kw}
+
+    rows = [row("SD"), row("SD + lookup", sources=["model", "lookup"]),
+            row("lookup alone", verifier=None, law=None, k=0, depth=0, sources=["lookup"]),
+            row("suffix alone", verifier=None, law=None, k=0, depth=0, sources=["suffix"])]
+    assert dr.same_tree(rows) == []  # no two methods share a model tree with the same sources
+    rows.append(row("specinfer chain + lookup", verifier="specinfer", sources=["model", "lookup"]))
+    (g,) = dr.same_tree(rows)
+    assert g["tree"] == "chain K=1 depth 2 (iid) + lookup" and g["methods"] == ["SD + lookup", "specinfer chain + lookup"]

@@ -452,14 +452,19 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
 
 
 def _fixed_trees(rows: Sequence[dict]) -> dict[str, dict[str, list[dict]]]:
-    """Runs on fixed trees (no dynamic or chosen ones), by tree (``"<shape> K=<K> depth <D> (<law>)"``)
-    and method; rounds merged by the caller."""
+    """Runs on fixed trees (no dynamic or chosen ones), by tree (``"<shape> K=<K> depth <D> (<law>)"``,
+    then ``" + <source>"`` for each free source joining it) and method; free sources alone (no model
+    tree) left out; rounds merged by the caller."""
     groups: dict[str, dict[str, list[dict]]] = {}
     for r in rows:
         if _kind(r) != "tree" or r.get("auto") is not None or r.get("tree") == "dynamic":
             continue
+        sources = r.get("sources") or [DraftModel.name]
+        if DraftModel.name not in sources:  # free sources alone: no model tree to compare verifiers on
+            continue
         shape = r.get("tree") or ("chain" if r.get("k") == 1 else "kary")
-        tree = f"{shape} K={r.get('k')} depth {r.get('depth')} ({r.get('law')})"
+        tree = f"{shape} K={r.get('k')} depth {r.get('depth')} ({r.get('law')})" + \
+            "".join(f" + {x}" for x in sources if x != DraftModel.name)
         groups.setdefault(tree, {}).setdefault(r["method"], []).append(r)
     return groups
 
