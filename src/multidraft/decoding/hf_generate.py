@@ -35,7 +35,9 @@ tokens, then the pad id after a row stopped), or with ``return_dict_in_generate=
 
 transformers 5.24 does not pass ``assistant_model`` (nor ``streamer``) on to a callable
 ``custom_generate`` (it keeps only the callable's own keyword arguments); both are read from
-the calling ``generate``'s arguments, and the draft may be given as ``draft_model=``.
+the calling ``generate``'s arguments, and the draft may be given as ``draft_model=``. With
+``sources="lookup"`` (or ``"suffix"``, ``"lookup,suffix"``: free sources alone, as transformers'
+own ``prompt_lookup_num_tokens``) no draft is needed and none runs.
 """
 from __future__ import annotations
 
