@@ -203,7 +203,7 @@ class DecoderStep:
         if cap > 0:
             yield from self._draft_calls(tree)
         if self._free:
-            self._add_free(tree, cap if not self.settings.free_only else (1 if limit is None else limit), limit)
+            self._add_free(tree, cap, limit)
         return tree
 
     def _add_free(self, tree: DraftTree, cap: int, limit: int | None) -> None:
@@ -211,7 +211,8 @@ class DecoderStep:
         to its ``depth`` nodes (``Settings.free_nodes``)."""
         chains = []
         self._step_chains = {}
-        for src, prop in (self._proposers if cap > 0 else ()):
+        drafting = cap > 0 or self.settings.free_only  # free-only: no model depth, the chains alone (``limit``)
+        for src, prop in (self._proposers if drafting else ()):
             d = src.depth if limit is None else min(src.depth, limit)
             if d <= 0:
                 continue
