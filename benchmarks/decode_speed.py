@@ -54,6 +54,11 @@ Methods (``--methods``, comma separated):
 ``M+SOURCE[+SOURCE]`` a drafted method M above (not ``target`` nor ``V:auto:K``) with free draft
                       sources joining its tree (``lookup``, ``suffix``; ``decoding.sources``):
                       ``sd:4+lookup``, ``optimal:2x3+lookup+suffix``
+``lookup`` / ``suffix`` / ``lookup+suffix``   free sources alone, no draft model run (no draft pass, no draft cache)
+                      (``Settings.free_only``, vLLM's ``ngram`` method): each step's tree is their copied
+                      chains, verified exactly (the walk's free-first rule); nothing to copy: one
+                      target step. Rows: ``sources`` without ``model``, ``verifier`` None, ``k`` =
+                      ``depth`` = 0, ``draft_calls`` 0; labels ``lookup alone``, ``lookup + suffix alone``
 ``hf`` / ``hf-lookup[:N]``   the transformers peers above
 ``llama-target`` / ``llama-spec:D[:NP]`` / ``llama-lookup[:D]``   the llama.cpp peers above
 
@@ -175,7 +180,8 @@ def parse_method(spec: str, engine: str, temperature: float = 1.0) -> dr.MethodS
         return dr.parse_method(s, temperature=t)
     except ValueError:
         raise ValueError(f"--methods: cannot read {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K, "
-                         "hf, hf-lookup[:N], llama-target, llama-spec:D[:NP], llama-lookup[:D])") from None
+                         "M+lookup[+suffix], lookup, suffix, lookup+suffix, hf, hf-lookup[:N], llama-target, "
+                         "llama-spec:D[:NP], llama-lookup[:D])") from None
 
 
 # --- peers -------------------------------------------------------------------------------------
@@ -345,6 +351,11 @@ def _sequence_level(s: dict) -> bool:
     return s.get("rule") not in (None, "token_walk")
 
 
+def _free_only(s: dict) -> bool:
+    """A summary row of free sources alone (no draft model: ``sources`` without 'model')."""
+    return bool(s.get("sources")) and "model" not in s["sources"]
+
+
 def _chain(s: dict) -> bool:
     """A summary row of single-draft SD: verifier naive or K = 1 (or a chosen tree that is a chain)."""
     t = s.get("auto")
@@ -356,7 +367,8 @@ def _chain(s: dict) -> bool:
 def headline(summary: list[dict], rows: list[dict]) -> list[str]:
     """The best multi-draft and the best single-draft method against each other, the peers and the
     target alone (pooled, and paired per prompt with 95% intervals); the round-to-round spread."""
-    ours = [s for s in summary if s["method_kind"] in ("tree", "auto") and not _sequence_level(s)]
+    free = [s for s in summary if s["method_kind"] == "tree" and _free_only(s)]
+    ours = [s for s in summary if s["method_kind"] in ("tree", "auto") and not _sequence_level(s) and not _free_only(s)]
     seq = [s for s in summary if s["method_kind"] in ("tree", "auto") and _sequence_level(s)]
     multi = [s for s in ours if not _chain(s)]
     single = [s for s in ours if _chain(s)]
@@ -398,6 +410,12 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
         out += [versus(bs, best, "best token-level walk")] if best else []
         out += [versus(bs, sd, "best single-draft SD")] if sd else []
         out += [versus(bs, ref) for ref in refs]
+    if free:
+        bf = max(free, key=lambda s: s["tokens_per_s"])
+        out.append(f"best free sources alone (no draft model): {bf['method']} at {bf['tokens_per_s']:.2f} tok/s, "
+                   f"block efficiency {bf['block_efficiency']:.2f} (pooled)")
+        out += [versus(bf, sd, "best single-draft SD")] if sd else []
+        out += [versus(bf, ref) for ref in refs]
     for g in dr.same_tree(rows):
         head = (f"same tree, {g['tree']}: highest block efficiency {g['best_block']} ({g['block_efficiency']:.2f})")
         if g["verdict"] == "fastest":
@@ -606,6 +624,10 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.dataset, args.prompts + 1)  # the last one is held out for tree auto's warm-up
     held_out, prompts = prompts[-1], prompts[:-1]
     instruction = instruction_for(args.dataset)
+    # the draft model loads only where a method runs it (free sources alone, the lookup peers and the
+    # target alone need none)
+    args.needs_draft = any(m.method_kind in ("hf", "llama-spec") or
+                           (m.method_kind in ("tree", "auto") and m.settings.uses_draft) for m in methods)
     target, draft, tok = load_models(args)
     if args.engine == "llama.cpp":
         threads = target.n_threads
@@ -690,13 +712,15 @@ def main(argv=None) -> int:
 
 
 def load_models(args):
-    """``(target, draft, tokenizer)`` of ``--engine`` (llama.cpp: the GGUF target is its own tokenizer)."""
+    """``(target, draft, tokenizer)`` of ``--engine`` (llama.cpp: the GGUF target is its own tokenizer);
+    draft None when no method runs one (``args.needs_draft`` False)."""
     from multidraft.decoding.pair import load_pair
 
     llama = args.engine == "llama.cpp"
-    return load_pair(args.engine, target=args.target, draft=args.draft,
+    needs = getattr(args, "needs_draft", True)
+    return load_pair(args.engine, target=args.target, draft=args.draft if needs else False,
                      dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-                     draft_ftype=args.draft_ftype, n_threads=args.threads if llama else None, log=_eprint)
+                     draft_ftype=args.draft_ftype if needs else None, n_threads=args.threads if llama else None, log=_eprint)
 
 
 def bind_peer(m: dr.MethodSpec, args, target, draft, tok, eos, files: dict, bin_dir: Path, threads: int) -> dr.MethodSpec:

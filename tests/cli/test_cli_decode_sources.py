@@ -46,3 +46,41 @@ def test_decode_refuses_what_cannot_verify_mixed_trees(no_models, capsys, extra,
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and lines[0].startswith("multidraft decode: error:")
     assert no_models == []
+
+
+@pytest.mark.parametrize("sources", ["lookup", "lookup,suffix"])
+def test_decode_free_only_loads_no_draft_and_is_the_greedy_text(monkeypatch, capsys, tmp_path, sources):
+    """``--sources lookup`` (no model): the target alone is loaded (load_pair's draft=False, so no
+    draft model), the text is the target's greedy text and the settings name the sources alone."""
+    tm, t, tok = _tiny(monkeypatch)
+    loaded = []
+    monkeypatch.setattr(models, "resolve_pair", lambda *a, **kw: loaded.append("pair") or (t, None, tok))
+    monkeypatch.setattr(models, "ensure_model", lambda *a, **kw: "tiny-target")
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: loaded.append("target") or (t, tok))
+    argv = ["decode", "--prompt", PROMPT, "--ignore-eos", "--max-new-tokens", "16", "--temperature", "0",
+            "--sources", sources, "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    obj = json.loads(out.out.strip().splitlines()[-1])
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    assert obj["tokens"] == tm.greedy_reference(t, ids, 16).tolist()
+    assert loaded == ["target"] and obj["run"]["draft"] is None and obj["draft_calls"] == 0
+    assert obj["settings"]["sources"] == sources.split(",") and obj["settings"]["verifier"] is None
+    assert obj["settings"]["k"] == 0 and max(obj["draft_depths"]) >= 2 and obj["target_calls"] < 16
+    assert "warning" not in out.err
+    (tmp_path / "config.json").write_text("{}")
+    assert main(argv + ["--draft", str(tmp_path)]) == 0  # --draft: named in a warning, not loaded
+    assert "--draft is not loaded" in capsys.readouterr().err and loaded == ["target", "target"]
+
+
+@pytest.mark.parametrize("extra,flag", [(["--verifier", "specinfer"], "--verifier"), (["--k", "2"], "--k"),
+                                        (["--depth", "3"], "--depth"), (["--rule", "block"], "--rule"),
+                                        (["--draft-law", "iid"], "--draft-law"),
+                                        (["--draft-temperature", "0.5"], "--draft-temperature"),
+                                        (["--tree", "sequences"], "--tree"), (["--tree", "dynamic"], "--tree"),
+                                        (["--tree", "auto"], "--tree")])
+def test_decode_free_only_refuses_the_draft_models_flags(no_models, capsys, extra, flag):
+    assert main(["decode", "--prompt", PROMPT, "--quiet", "--sources", "lookup", *extra]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and lines[0].startswith("multidraft decode: error:"), lines
+    assert no_models == []

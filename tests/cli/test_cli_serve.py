@@ -23,7 +23,7 @@ from multidraft.cli import main
     (["--warmup-prompt", "x"], "--tree auto only"),
     (["--api-key", " "], "--api-key must not be empty"),
     (["--sources", "model,bogus"], "unknown draft source"),
-    (["--sources", "lookup"], "must include"),
+    (["--sources", "lookup", "--k", "2"], "--k applies to the draft model"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
     (["--replicas", "0"], "--replicas must be >= 1, got 0"),
     (["--replicas", "-3"], "--replicas must be >= 1, got -3"),

@@ -253,3 +253,18 @@ def test_a_context_below_the_sequence_count_is_a_value_error_not_an_abort(files,
     assert "refused: n_ctx must be at least 256" in out.stdout
     m = LlamaCppModel(files[0], n_ctx=256, n_threads=1)  # the smallest context allowed works
     assert m.context == 256
+
+
+@pytest.mark.parametrize("src", ["lookup", "suffix", "lookup,suffix"])
+def test_greedy_free_only_equals_llama_cpp_greedy(greedy_ref, models, src):
+    """Free sources alone (no draft model: none is passed, none runs) on llama.cpp: the target's
+    greedy text, from ``generate`` and on the batch decoder's lanes (which hold no draft sequences)."""
+    t = models[0]
+    r = md.generate(t, None, torch.tensor([PROMPT]), temperature=0.0, max_new_tokens=40, generator=0, sources=src)
+    assert r.tokens.tolist() == greedy_ref and r.draft_calls == 0
+    assert r.tree_tokens > r.target_calls  # copies were scored and verified (this random model's text copies little)
+    if src != "lookup,suffix":
+        return
+    got = md.generate_batch(t, None, [torch.tensor([PROMPT])] * 2, temperature=0.0, max_new_tokens=40, generator=0,
+                            sources=src)
+    assert all(g.tokens.tolist() == greedy_ref for g in got)

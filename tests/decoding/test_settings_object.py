@@ -197,10 +197,13 @@ def test_sources_name_the_draft_model():
     s = Settings.from_args(verifier="specinfer", k=2, depth=2, sources="model")
     assert [src.name for src in s.sources] == ["model"] and s.describe()["sources"] == ["model"]
     assert s == Settings.from_args(verifier="specinfer", k=2, depth=2)
-    for bad in ("lookup", [], ["model", "model"], 3):
+    for bad in ([], ["model", "model"], 3):
         with pytest.raises(ArgumentError) as info:
             Settings.from_args(verifier="specinfer", sources=bad)
         assert info.value.arg == "sources"
+    with pytest.raises(ArgumentError) as info:  # free sources alone read no verifier (free-only decoding)
+        Settings.from_args(verifier="specinfer", sources="lookup")
+    assert info.value.arg == "verifier"
 
 
 def test_derive_checks_the_new_call():

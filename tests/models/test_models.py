@@ -353,7 +353,7 @@ def test_demo_runs_and_writes_results(tmp_path):
     target, draft = tiny_pair(vocab_size=32, max_pos=2048)
     name = next(n for n in ("specinfer", "khisti_is", "nss") if n in __import__("multidraft").verifiers.names())
     cfg = DemoConfig(prompts=2, max_new_tokens=5, depth=2, ks=(2,), verifiers=(name,), out_dir=str(tmp_path),
-                     chat=False, stop_at_eos=False)
+                     chat=False, stop_at_eos=False, mixed=False)  # the mixed row: test_decode_runs_rules
     logs = []
     res = run_demo(cfg, log=logs.append, show_progress=False, models=(target, draft, char_tokenizer()))
     labels = [s["method"] for s in res["summary"]]

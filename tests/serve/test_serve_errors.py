@@ -58,7 +58,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ("/v1/completions", {**GOOD, "top_p": 0}, 400, "top_p", None),
     ("/v1/completions", {**GOOD, "top_k": -5}, 400, "top_k", None),
     ("/v1/completions", {**GOOD, "foo": 1}, 400, "foo", "unknown_parameter"),
-    ("/v1/completions", {**GOOD, "sources": ["lookup"]}, 400, "sources", None),  # a decode extension, checked by Settings
+    ("/v1/completions", {**GOOD, "sources": ["lookup", "lookup"]}, 400, "sources", None),  # a decode extension, checked by Settings
     ("/v1/completions", {**GOOD, "sources": 3}, 400, "sources", None),
     ("/v1/chat/completions", {**CHAT, "bar": None}, 400, "bar", "unknown_parameter"),
     ("/v1/completions", {**GOOD, "n": 2}, 400, "n", None),

@@ -22,7 +22,7 @@ def live():
 
 
 def post(live, **kw):
-    body = dict(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, **kw)
+    body = dict(model=MODEL, prompt=PROMPT, max_tokens=40, **{"temperature": 0, **kw})
     r = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -70,8 +70,22 @@ def test_a_stream_with_sources_gives_the_same_text(live):
     assert "".join(text) == post(live)["choices"][0]["text"]
 
 
+def test_a_free_only_request_keeps_the_greedy_text_without_the_draft(live):
+    """A request's ``sources`` without 'model' (free-only decoding): the free sources alone draft,
+    no draft model runs, the text stays the target's greedy text; at T = 1 it is accepted too (no
+    draft temperature follows the request's temperature)."""
+    want = post(live)["choices"][0]["text"]
+    free = post(live, sources=["lookup", "suffix"])
+    assert free["choices"][0]["text"] == want
+    spec = free["speculative"]
+    assert spec["sources"] == ["lookup", "suffix"] and spec["verifier"] is None and spec["k"] == 0
+    assert set(spec["source_stats"]) == {"lookup", "suffix"}
+    hot = post(live, sources="lookup", temperature=1.0, seed=3)
+    assert hot["speculative"]["sources"] == ["lookup"] and hot["speculative"]["temperature"] == 1.0
+
+
 @pytest.mark.parametrize("sources,words", [(["model", "bogus"], "unknown draft source"),
-                                           (["lookup"], "must include"), ("model,model", "twice")])
+                                           (["suffix", "suffix"], "twice"), ("model,model", "twice")])
 def test_bad_sources_are_a_400_naming_the_field(live, sources, words):
     r = httpx.post(live.url + "/v1/completions", json=dict(model=MODEL, prompt=PROMPT, sources=sources), timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "sources"

@@ -28,6 +28,14 @@ and the decode stays lossless). It prints the tree, its expected tokens per step
 predicted tokens/s against the target alone; when no tree is predicted faster it decodes
 target-only, unless ``--force-tree``.
 
+``--sources`` (a comma list of ``model``, ``lookup``, ``suffix``; default ``model``) names the draft
+sources of each step's tree. Without ``model`` (``--sources lookup``, ``suffix`` or
+``lookup,suffix``) the free sources draft alone, as vLLM's ``ngram`` method: no draft model is
+loaded or run (``--draft`` is then not loaded, with a warning), each step's tree is their copied
+chains, verified exactly by the walk's free-first rule, and a step with nothing to copy is one
+target step; ``--verifier``, ``--rule``, ``--k``, ``--depth``, ``--tree``, ``--draft-law``,
+``--draft-temperature`` and ``--draft-ftype`` shape the draft model's drafts and are refused with it.
+
 ``--tree dynamic`` builds each step's tree level by level: a node gets 0..``--k-max`` drafts
 chosen from the draft distribution at that node before its drafts are drawn (more where the
 draft is uncertain), under a node budget ``--max-nodes`` (default 16, root included) and depth
@@ -124,7 +132,8 @@ def add_settings_flags(p, engine: str = "transformers") -> None:
                    help=f"joint law of the drafts at a node: {', '.join(LAW_KINDS)} "
                         "(default: the law the verifier implies; 'iid' for most)")
     p.add_argument("--sources", default=None, metavar="NAMES",
-                   help="draft sources of each step's tree, a comma list (default: model, the draft model)")
+                   help="draft sources of each step's tree, a comma list of model, lookup, suffix (default: model, "
+                        "the draft model); without model the free sources draft alone (no draft model loaded)")
     p.add_argument("--temperature", type=float, default=1.0, help="target temperature (0 = greedy)")
     p.add_argument("--draft-temperature", default=None, metavar="T2",
                    help="draft temperature (default: --temperature); a comma list t1,...,tK means the independent law")
@@ -222,6 +231,25 @@ def _target_only_flags(args, target_only: bool) -> list[str]:
     return ["--draft is not loaded: --verifier none decodes with the target alone"] if args.draft is not None else []
 
 
+def _free_only_flags(args, target_only: bool):
+    """``--sources`` without ``model`` (free-only decoding: prompt lookup and / or the suffix index
+    alone, no draft model; ``decoding.Settings.from_args`` notes): None for any other decode, else
+    the draft model's size flags the user gave (``k``, ``depth``; the settings refuse them, naming
+    the flag). A flag that shapes the draft model's tree or loads it is refused here (one line)."""
+    if target_only or args.sources is None:
+        return None
+    if "model" in [s.strip() for s in str(args.sources).split(",")]:
+        return None
+    for name in ("draft_ftype", "max_nodes", "max_depth", "k_max", "min_gain"):
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} applies to the draft model; --sources {args.sources} drafts "
+                             "with free sources alone (no draft model): drop one of them, or add model to --sources")
+    if args.tree not in (None, "full"):
+        raise ValueError(f"--tree {args.tree} shapes the draft model's trees; --sources {args.sources} drafts with "
+                         "free sources alone (each to its own depth): drop one of them, or add model to --sources")
+    return tuple(name for name in ("k", "depth") if getattr(args, name) is not None)
+
+
 def _early_sizes(args) -> None:
     """The signs of the size flags, checked before the decoder's settings are imported (with
     torch): a bad one is refused at once; the settings check them again, fully."""
@@ -250,6 +278,8 @@ def check_args(args):
         raise ValueError("--prompt is empty")
     out = check_out_file(args.out)
     settings, draft_temperature, tree = check_settings(args)
+    if settings.free_only and args.draft is not None:
+        warn(args, f"--draft is not loaded: --sources {args.sources} drafts with free sources alone")
     return settings, draft_temperature, tree, out
 
 
@@ -259,6 +289,7 @@ def check_settings(args):
     :func:`check_args`); ``decode`` and ``serve`` share it."""
     target_only = args.verifier is not None and args.verifier.strip().lower() == "none"
     warnings = _target_only_flags(args, target_only)
+    free_only = _free_only_flags(args, target_only)
     if args.engine == "llama.cpp" and args.dtype is not None:
         raise ValueError("--dtype applies to --engine transformers only (llama.cpp runs the GGUF's own types)")
     if args.engine != "llama.cpp" and args.dtype is None:
@@ -310,6 +341,8 @@ def check_settings(args):
     elif args.max_nodes is None:
         args.max_nodes = 64
     who = {} if args.verifier is None else {"verifier": args.verifier}
+    if free_only is not None:  # the draft model's sizes only where given (Settings.from_args refuses them, naming the flag)
+        sizes = {name: sizes[name] for name in free_only}
     placeholder = None
     if tree == "auto":  # a K-ary tree of depth 1, or one chain for a sequence-level rule, until the tree is chosen
         placeholder = [[0]] if args.rule not in (None, "token_walk") else None
@@ -320,11 +353,11 @@ def check_settings(args):
         temperature=args.temperature, draft_temperature=draft_temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, sources=args.sources,
     )
-    if args.engine == "llama.cpp" and settings.shape is not None:
+    if args.engine == "llama.cpp" and not settings.target_alone:
         from ..trees import LLAMA_CPP_TREE_NODES
 
         if settings.max_nodes > LLAMA_CPP_TREE_NODES:
-            raise ArgumentError("depth", f": the tree has {settings.max_nodes - 1} drafted nodes a step "
+            raise ArgumentError("depth" if settings.uses_draft else "sources", f": the tree has {settings.max_nodes - 1} drafted nodes a step "
                                          "(free sources' chains included); "
                                          f"--engine llama.cpp takes at most {LLAMA_CPP_TREE_NODES - 1} (one batch)")
     check_common(args)  # --seed, --target / --draft
@@ -382,9 +415,9 @@ def run(args) -> int:
         quiet_loading()
     llama = args.engine == "llama.cpp"
     target, draft, tok = load_models(
-        args.engine, target=args.target, draft=args.draft if not settings.target_alone else False,
+        args.engine, target=args.target, draft=args.draft if settings.uses_draft else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
-        draft_ftype=args.draft_ftype if not settings.target_alone else None, n_threads=args.threads, log=log,
+        draft_ftype=args.draft_ftype if settings.uses_draft else None, n_threads=args.threads, log=log,
         **({"n_ctx": args.ctx_size or DEFAULT_CTX} if llama else {}))
     coder = target if llama else tok  # the one encoder: the server's chat endpoint encodes a message the same way
     input_ids = torch.tensor([encode(coder, args.prompt, chat=args.chat and has_chat_template(coder))],
@@ -403,7 +436,7 @@ def run(args) -> int:
 
         tree, auto_info = choose(target, draft, input_ids, settings, auto, eos, log)
         settings = settings.derive(tree=tree) if tree is not None else settings.derive(verifier=None)
-    drafting = not settings.target_alone
+    drafting = settings.uses_draft  # the target alone and free-only decoding run no draft model
     cb, close = _progress(not args.quiet)
     try:
         res = generate(target, draft if drafting else None, input_ids, settings,

@@ -36,6 +36,8 @@ def register(subparsers) -> None:
     d.add_argument("--rules", default=None,
                    help="comma-separated sequence-level tree rules (block, traversal, ...) or 'all', each on the "
                         "full K-ary trees it is lossless for, else on the chain (default: none)")
+    d.add_argument("--no-mixed", action="store_true",
+                   help="leave out the mixed row (SD with prompt lookup and the suffix index joining its tree)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="results/demo", help="output directory (default results/demo)")
     d.add_argument("--cache-dir", default=None, help="model cache directory")
@@ -60,7 +62,7 @@ def run(args) -> int:
         target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
         depth=args.depth, ks=ks, temperature=args.temperature, seed=args.seed, verifiers=verifiers, rules=rules,
         out_dir=args.out, cache_dir=args.cache_dir, chat=not args.no_chat, stop_at_eos=not args.no_eos,
-        time_budget_s=args.time_budget if args.time_budget else None,
+        time_budget_s=args.time_budget if args.time_budget else None, mixed=not args.no_mixed,
     )
     try:
         res = run_demo(cfg, log=_eprint, show_progress=not args.no_progress)

@@ -16,7 +16,10 @@ Each request's temperature, top_p, top_k and max_tokens replace ``--temperature`
 OpenAI's). ``--sources`` (a comma list, ``decoding.sources.parse_sources``) is the default draft
 sources of every request, a request's ``sources`` field replaces it; the server holds one
 ``decoding.sources.SuffixIndex`` (bounded) that the ``suffix`` source of every request reads
-and that every finished output of such a request joins. Logs go to stderr through ``logging``
+and that every finished output of such a request joins. Sources without ``model`` (``--sources
+lookup``, a request's ``["lookup", "suffix"]``) decode with the free sources alone (no draft model
+runs for that request; the server still loads its draft, which a request naming ``model`` uses).
+Logs go to stderr through ``logging``
 (``--log-level``).
 """
 from __future__ import annotations

@@ -272,7 +272,9 @@ class LlamaBatchRunner:
     def handles(settings: Settings) -> int:
         """Most uncommitted entries a lane holds in one step on either model: the target's tree
         (free sources' chains included: ``Settings.max_nodes``), or the draft's pending chain (up to depth + 1 tokens) and the nodes it feeds."""
-        return 1 if settings.shape is None else settings.max_nodes + settings.shape.depth + 1
+        if settings.target_alone:
+            return 1
+        return settings.max_nodes + (settings.shape.depth + 1 if settings.uses_draft else 0)
 
     def reserve(self, lane: int, settings: Settings) -> None:
         """Give ``lane`` the sequence ids its settings need (``handles`` + 1; before ``open``)."""
@@ -456,7 +458,7 @@ class BatchDecoder:
         if free is None:
             return True
         ids_needed = 1 + self.tr.handles(settings)
-        runners = [self.tr] + ([self.dr] if self.dr is not None and not settings.target_alone else [])
+        runners = [self.tr] + ([self.dr] if self.dr is not None and settings.uses_draft else [])
         return self.tr.cells(int(input_ids.shape[-1]), settings) <= free and \
             all(ids_needed <= len(r.free) for r in runners)
 
@@ -469,10 +471,10 @@ class BatchDecoder:
         log-probabilities of the emitted tokens, from the scoring passes)."""
         g = as_generator(generator)
         settings = settings_or_kwargs(settings, kwargs, "a multidraft.decoding.Settings")
-        if not settings.target_alone and self.draft is None:
+        if settings.uses_draft and self.draft is None:
             raise ArgumentError("draft", "is None but these settings draft; give the BatchDecoder a draft model "
                                          "(or verifier=None for the target alone)")
-        eos = _check_models(self.target, None if settings.target_alone else self.draft, input_ids, settings, eos_token_id)
+        eos = _check_models(self.target, self.draft if settings.uses_draft else None, input_ids, settings, eos_token_id)
         if on_step is not None and not callable(on_step):
             raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
         if not self.free_lanes:
@@ -487,7 +489,7 @@ class BatchDecoder:
                                                  f"one step's tree) but {free} of the llama.cpp context are free; wait "
                                                  "for a lane to finish, or load the models with a larger n_ctx")
         lane = next(i for i in range(self.max_lanes) if i not in self.lanes)
-        views = (_Lane(self.tr, lane), _Lane(self.dr, lane) if (self.dr is not None and not settings.target_alone) else None)
+        views = (_Lane(self.tr, lane), _Lane(self.dr, lane) if (self.dr is not None and settings.uses_draft) else None)
         try:
             self.tr.reserve(lane, settings)
             if views[1] is not None:
@@ -620,11 +622,11 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
         max_lanes = min(n, DEFAULT_MAX_LANES)
     elif isinstance(max_lanes, bool) or not isinstance(max_lanes, int) or max_lanes < 1:
         raise ArgumentError("max_lanes", f"must be a positive integer, got {max_lanes!r}")
-    needs_draft = any(not s.target_alone for s in plans)
+    needs_draft = any(s.uses_draft for s in plans)
     bd = BatchDecoder(target, draft if needs_draft else None, max_lanes=max_lanes)
     for i in range(n):  # every check before any decoding (each prompt against the models)
         try:
-            eos = _check_models(target, None if plans[i].target_alone else draft, ids[i], plans[i], eos_token_id)
+            eos = _check_models(target, draft if plans[i].uses_draft else None, ids[i], plans[i], eos_token_id)
         except ArgumentError as exc:
             if exc.arg != "input_ids":
                 raise

@@ -142,7 +142,7 @@ def _check_models(target, draft, input_ids, settings: Settings, eos_token_id) ->
         eos = frozenset(operator.index(e) for e in ids)
     ctx = model_context(target)
     T = input_ids.shape[1]
-    if settings.target_alone:
+    if not settings.uses_draft:  # the target alone or free-only decoding: ``draft`` is not read
         if T >= ctx:
             raise ArgumentError("input_ids", f"has {T} tokens but the target's context window is {ctx}; the prompt is too long")
         return eos
@@ -170,7 +170,8 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     """Multi-draft speculative decoding of one sequence; lossless for the target's processed law.
 
     target, draft   loaded transformers causal LMs sharing a vocabulary (draft may be None
-                    when the verifier is None / "none": the target alone, one token per call).
+                    when the verifier is None / "none": the target alone, one token per call;
+                    and with free sources alone, ``sources="lookup"`` etc.: never run).
     input_ids       LongTensor ``[1, T]``, the prompt.
     settings        a :class:`Settings` (``Settings.from_args(...)``, validated once), or None
                     and the same settings as keyword arguments (``**kwargs``, below), which
@@ -225,6 +226,9 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
     temperature     target temperature (0 = greedy); ``draft_temperature`` defaults to it.
     top_k, top_p    applied to both target and draft distributions (see ``sampling``).
     max_new_tokens  tokens to generate at most (default 128).
+    sources         the draft sources (``decoding.sources``): "model" (default), or a comma list
+                    of "model", "lookup", "suffix"; without "model" the free sources draft alone
+                    (no draft model runs; ``Settings.from_args`` notes).
 
     A bad argument raises ``ArgumentError`` (a ValueError) naming it; an unsupported
     (verifier, law, K) names the laws that would work.
@@ -248,7 +252,7 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("node_log", f": per-node records belong to a rule that decides node after node (the token "
                                         f"walk); rule {rule.name!r} decides whole paths (its accepted length per step "
                                         "is GenerationResult.accepted_lengths)")
-    draft = None if settings.target_alone else draft
+    draft = draft if settings.uses_draft else None  # the target alone, free-only decoding: the draft never runs
     with torch.inference_mode():
         step = DecoderStep(runner_for(target, prompt_cache), runner_for(draft, prompt_cache) if draft is not None else None,
                            settings, g, rule=rule, node_log=node_log, cost=cost_profile)
@@ -298,7 +302,7 @@ class _Decoder:
                 break
             remaining = s.max_new_tokens - len(out)
             limit = min(remaining - 1, room)  # the deepest draft worth scoring (free chains go past the shape's depth)
-            cap = 0 if s.target_alone else st.choose_cap(min(s.shape.depth, limit))
+            cap = 0 if not s.uses_draft else st.choose_cap(min(s.shape.depth, limit))  # the draft model's depth (none: free-only)
             new, m, dd = yield from st.step(root, cap, limit=limit)
             accepted.append(m)
             depths.append(dd)

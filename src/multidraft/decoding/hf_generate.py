@@ -35,7 +35,9 @@ tokens, then the pad id after a row stopped), or with ``return_dict_in_generate=
 
 transformers 5.24 does not pass ``assistant_model`` (nor ``streamer``) on to a callable
 ``custom_generate`` (it keeps only the callable's own keyword arguments); both are read from
-the calling ``generate``'s arguments, and the draft may be given as ``draft_model=``.
+the calling ``generate``'s arguments, and the draft may be given as ``draft_model=``. With
+``sources="lookup"`` (or ``"suffix"``, ``"lookup,suffix"``: free sources alone, as transformers'
+own ``prompt_lookup_num_tokens``) no draft is needed and none runs.
 """
 from __future__ import annotations
 
@@ -200,7 +202,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
         raise ArgumentError("max_new_tokens", f"leaves no room: max_length {generation_config.max_length} with a "
                                               f"prompt of {T} tokens; raise max_new_tokens")
     settings = Settings.from_args(**spec, max_new_tokens=n_new, **_sampling(generation_config))
-    if not settings.target_alone and draft is None:
+    if settings.uses_draft and draft is None:
         raise ArgumentError("draft_model", "is missing: pass assistant_model=draft (or draft_model=draft) "
                                            "to generate, or verifier=None for the target alone")
     eos = generation_config.eos_token_id

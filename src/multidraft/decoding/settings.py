@@ -232,6 +232,18 @@ class Settings:
         return self.rule is None
 
     @property
+    def free_only(self) -> bool:
+        """True when free sources alone draft (``sources`` without 'model': prompt lookup, the
+        suffix index): each step's tree is their chains only, no draft model runs (no draft
+        prefill, no draft KV cache), and a step without a match is a plain target step."""
+        return self.rule is not None and self.draft_model is None
+
+    @property
+    def uses_draft(self) -> bool:
+        """Whether the draft model runs (False for the target alone and for free-only decoding)."""
+        return self.draft_model is not None
+
+    @property
     def rule_name(self) -> str | None:
         """The registered name of ``rule`` ('token_walk', 'block', ...; None for the target alone)."""
         return None if self.rule is None else self.rule.name
@@ -240,7 +252,9 @@ class Settings:
     def verifier(self):
         """The walk's token-level ``Verifier`` (None for the target alone and for a sequence-level
         rule, which reads no token-level verifier)."""
-        return getattr(self.rule, "verifier", None) if self.rule_name == WALK else None
+        if self.rule_name != WALK or self.free_only:  # free-only: the free-first rule reads no verifier
+            return None
+        return getattr(self.rule, "verifier", None)
 
     @property
     def draft_model(self):
@@ -274,12 +288,15 @@ class Settings:
     def max_nodes(self) -> int:
         """The most nodes of one step's tree, root included (0 for the target alone): the shape's
         and the free sources'."""
-        return 0 if self.shape is None else self.shape.max_nodes() + self.free_nodes
+        if self.rule is None:
+            return 0
+        return (1 if self.shape is None else self.shape.max_nodes()) + self.free_nodes
 
     @property
     def tree_law(self):
-        """The ``trees.TreeLaw`` of this decode's full-depth trees (None for the target alone)."""
-        if self.rule is None:
+        """The ``trees.TreeLaw`` of this decode's full-depth trees (None for the target alone and
+        for free-only decoding)."""
+        if self.rule is None or self.shape is None:  # the target alone, free-only decoding (no model tree)
             return None
         return tree_law(self.shape, self.law, len(self.draft_temps))
 
@@ -337,7 +354,7 @@ class Settings:
 
     # --- the one constructor --------------------------------------------------------------------
     @classmethod
-    def from_args(cls, *, verifier=_UNSET, k=2, depth=4, draft_law=None, tree=None, temperature=1.0,
+    def from_args(cls, *, verifier=_UNSET, k=_UNSET, depth=_UNSET, draft_law=None, tree=None, temperature=1.0,
                   draft_temperature=None, top_k=None, top_p=None, max_new_tokens=128, max_nodes=None,
                   min_gain=None, rule=None, sources=None) -> "Settings":
         """Check every argument of ``generate`` that needs no model, each once; ``ArgumentError``
@@ -358,6 +375,20 @@ class Settings:
         decided by ``rule.supports``), else ``ArgumentError`` naming ``rule`` and what would work.
         'tree_lp' (small V only) is refused. ``sources`` the draft sources' names
         (``decoding.sources.SOURCE_NAMES``; default: the draft model alone).
+
+        Free-only decoding (``sources`` without 'model', e.g. ``"lookup"``, ``"suffix"``,
+        ``"lookup,suffix"``; vLLM's ``ngram`` method, transformers' ``prompt_lookup_num_tokens``):
+        no draft model runs; each step's tree is the free sources' chains alone (each source to
+        its own depth), verified by the token walk's free-first rule (``trees.TokenWalk``): at a
+        node with copies x_1..x_m and target p, x_i is output with probability r_(i-1)(x_i)
+        (r_0 = p, r_i = r_(i-1) with x_i zeroed, renormalised), else a token is drawn from r_m.
+        That is exact for the target's law and reads no token-level verifier, draft law or draft
+        temperature; with no match the step is one plain target step (one token from p). So
+        ``verifier``, ``k``, ``depth``, ``draft_law``, ``tree``, ``draft_temperature``,
+        ``max_nodes``, ``min_gain`` and a sequence-level ``rule`` (the draft model's tree) are
+        refused with it (``ArgumentError`` naming the first given); ``verifier=None`` is still
+        the target alone. The settings have ``rule`` the walk, ``law`` and ``shape`` None,
+        ``k = depth = 0`` (:attr:`free_only`).
         """
         temperature = as_temperature(temperature, "temperature")
         top_k = as_top_k(top_k, "top_k")
@@ -374,8 +405,12 @@ class Settings:
             if v is None:
                 return cls(None, None, None, 0, 0, temperature, top_k, top_p, max_new_tokens)
         names = parse_sources(sources)
-        K = as_k(k, "k")
-        L = as_int(depth, "depth", minimum=1)
+        if DraftModel.name not in names:
+            return cls._free_only(names, rule, temperature, top_k, top_p, max_new_tokens, dict(
+                verifier=verifier, k=k, depth=depth, draft_law=draft_law, tree=tree,
+                draft_temperature=draft_temperature, max_nodes=max_nodes, min_gain=min_gain))
+        K = as_k(2 if k is _UNSET else k, "k")
+        L = as_int(4 if depth is _UNSET else depth, "depth", minimum=1)
         listed = isinstance(draft_temperature, (list, tuple))
         dynamic = isinstance(tree, str) and tree == "dynamic"
         if max_nodes is not None:
@@ -449,6 +484,23 @@ class Settings:
             obj = _trees.TokenWalk(v, kind)
         return cls(obj, kind, shape, K, L, temperature, top_k, top_p, max_new_tokens, srcs)
 
+    @classmethod
+    def _free_only(cls, names, rule: str, temperature, top_k, top_p, max_new_tokens, model_args: dict) -> "Settings":
+        """The settings of free-only decoding (``from_args`` notes): ``ArgumentError`` naming the first
+        draft-model argument given (``_UNSET`` / None: not given)."""
+        if rule != WALK:
+            raise ArgumentError("rule", f": {rule!r} verifies the draft model's trees; sources {','.join(names)!r} "
+                                        "(no 'model') make trees of free copies alone, verified by the token walk's "
+                                        "free-first rule: drop rule, or add 'model' to sources")
+        for name, value in model_args.items():
+            if value is not _UNSET and value is not None:
+                raise ArgumentError(name, f"applies to the draft model's drafts; sources {','.join(names)!r} (no "
+                                          "'model') draft with free sources alone (free-first walk, no verifier, "
+                                          "law or tree sizes): drop it, or add 'model' to sources")
+        walk = _trees.TokenWalk("specinfer", "iid")  # only its free-first rule runs: free-only nodes have no model drafts
+        return cls(walk, None, None, 0, 0, temperature, top_k, top_p, max_new_tokens,
+                   tuple(free_source(n) for n in names))
+
     @staticmethod
     def args_of(description: dict) -> dict:
         """The keyword arguments of :meth:`from_args` that a :meth:`describe` dict stands for (the
@@ -456,6 +508,8 @@ class Settings:
         d = description
         if d.get("rule") is None:
             return dict(verifier=None, **{f: d[f] for f in _SAMPLING})
+        if DraftModel.name not in d["sources"]:  # free-only decoding: the sources and the sampling fields
+            return dict(sources=d["sources"], **{f: d[f] for f in _SAMPLING})
         who = dict(verifier=d["verifier"]) if d["rule"] == WALK else dict(rule=d["rule"])
         args = dict(**who, k=d["k"], depth=d["depth"], draft_law=d["law"], tree=d["tree"],
                     draft_temperature=d["draft_temperature"], sources=d["sources"], **{f: d[f] for f in _SAMPLING})
@@ -496,6 +550,9 @@ class Settings:
                                              if k in ("verifier",) + _SAMPLING})
         elif "rule" in changes and changes["rule"] not in (None, WALK):
             args.pop("verifier", None)
+        if "sources" in changes and DraftModel.name not in parse_sources(changes["sources"]):
+            # to free-only decoding: this object's draft-model arguments are not carried (only those changed)
+            args = {k: v for k, v in args.items() if k in ("sources",) + _SAMPLING}
         return Settings.from_args(**{**args, **changes})
 
 

@@ -43,11 +43,17 @@ depend only on the committed text, never on the model's draws, so the walk of th
 verifier under the model's law verifies each node free drafts first and then the model's drafts
 on the residual target, losslessly (``trees.TokenWalk``). Free-only nodes are not fed to the draft
 model (``fed`` -1): along any path the fed nodes are a prefix (a free-only node's children are
-free-only), which ``commit`` relies on. A step drafted to depth 0 has no free drafts either.
+free-only), which ``commit`` relies on. A step drafted to depth 0 has no free drafts either, unless the sources are free alone or a
+cost profile paces the depth (``pace``: depth 0 chosen by cost still takes the chains; ``limit`` 0 none).
 ``source_stats[name] = [proposed, accepted]`` counts, per free source over the decode, the trie
 nodes it added to the steps' trees (before the merge with the model's tree) and, per step, the
 longest prefix of the accepted path that one of its chains holds (the accepted tokens it proposed;
 the model may have proposed them too).
+
+Free-only decoding (``settings.free_only``: sources without the draft model): ``draft_runner`` is
+None (no draft prefill, no draft cache), ``cap`` is 0 (no model drafts) and each step's tree is the
+free chains alone, up to ``limit`` deep (None: each source's own depth); no chain: a tree without
+drafts, one token from p at the root (a plain target step).
 """
 from __future__ import annotations
 
@@ -60,7 +66,7 @@ import torch
 from .. import drafts as _drafts
 from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
-from .pace import DepthPace
+from .pace import DepthPace, shape_paths
 from .sources.budget import FreeBudget
 
 __all__ = ["DecoderStep", "StepResult", "Call", "TokenLogprobs", "drive", "score_call", "score_tree"]
@@ -215,9 +221,6 @@ class DecoderStep:
         if cost is not None and shape is not None and shape.depth > 0 and not settings.target_alone:
             self.pace = DepthPace(shape, cost)
         if cost is not None and self._free:
-            shape = settings.shape
-            base = 0 if shape is None else shape.max_nodes() - 1  # the model's tree, nominal: never its draws
-            self._base_nodes = 1 + base
             self.budget = FreeBudget({src.name: src.depth for src in self._free},
                                      lambda n: cost.target_seconds(n) + cost.per_node_seconds * (n - 1))
 
@@ -271,8 +274,11 @@ class DecoderStep:
         to its ``depth`` nodes (``Settings.free_nodes``)."""
         chains = []
         self._step_chains, self._step_offered = {}, {}
-        n = self._base_nodes if self.budget is not None else 0
-        for src, prop in (self._proposers if cap > 0 else ()):
+        n = self._nominal_nodes(cap) if self.budget is not None else 0
+        # chains join when the model drafts, or with free sources alone, or when the pace chose to
+        # draft nothing this step (free-only nodes at the root: the walk's free-first rule)
+        drafting = cap > 0 or self.settings.free_only or self.pace is not None
+        for src, prop in (self._proposers if drafting else ()):
             d = src.depth if limit is None else min(src.depth, limit)
             if d <= 0:
                 continue
@@ -377,6 +383,12 @@ class DecoderStep:
             self.draft_runner.commit([])
         self._tree = None
         self._step_chains, self._step_offered = {}, {}
+
+    def _nominal_nodes(self, cap: int) -> int:
+        """Tokens of the model's tree drafted ``cap`` deep as its shape allows it (root included):
+        never as drawn, so a free source's depth never depends on this step's draws."""
+        shape = self.settings.shape
+        return 1 + (len(shape_paths(shape, cap)) if shape is not None and cap > 0 else 0)
 
     def choose_cap(self, cap: int) -> int:
         """The depth this step drafts, at most ``cap``: ``cap`` itself, or with a cost profile the

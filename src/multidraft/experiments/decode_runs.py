@@ -59,6 +59,7 @@ import torch
 from .. import verifiers as _verifiers
 from ..decoding import PromptCache, Settings, generate
 from ..decoding.settings import WALK, decoder_rules
+from ..decoding.sources import SOURCE_NAMES, DraftModel
 from .findings import mean_ci  # the one summary of rows (also the report's)
 from .records import finite_number
 from .._validate import derive_seed
@@ -74,6 +75,7 @@ __all__ = [
 # committed run reproduces; no row or table spells the target alone this way any more.
 SEED_TARGET_ALONE = "autoregressive"
 _MAX_NEW_TOKENS = 128  # a method's settings before the run gives its max_new_tokens (``run``)
+FREE_SOURCES = tuple(n for n in SOURCE_NAMES if n != DraftModel.name)  # the methods of free sources alone
 
 
 @dataclass(frozen=True)
@@ -171,13 +173,26 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     as ``block`` (``block:1xD``) or ``traversal`` (``traversal:seq2x6``); the label names it
     either way (``traversal seq K=2 depth 6``). A drafted method may end in ``+SOURCE`` once per
     free draft source (``sd:4+lookup``, ``optimal:2x3+lookup+suffix``): the free sources' chains join
-    the model's tree (``Settings.sources``; label ``... + lookup``). ValueError for anything else."""
+    the model's tree (``Settings.sources``; label ``... + lookup``). Free sources alone, no draft
+    model (``Settings.free_only``; vLLM's ``ngram`` method): ``lookup``, ``suffix`` or
+    ``lookup+suffix`` (each source once; label ``lookup alone``, ``lookup + suffix alone``); their
+    rows have ``sources`` without 'model', ``verifier`` None and ``k = depth = 0``. ValueError for
+    anything else."""
     s, *free = [part.strip() for part in spec.strip().split("+")]
+    if s in FREE_SOURCES:  # free sources alone: no draft model
+        names = (s, *free)
+        bad = [f for f in names if f not in FREE_SOURCES]
+        if bad or len(set(names)) != len(names):
+            raise ValueError(f"method {spec!r}: free sources alone are {' or '.join(FREE_SOURCES)} joined by '+', "
+                             "each once (lookup, suffix, lookup+suffix)")
+        settings = Settings.from_args(sources=names, temperature=float(temperature), max_new_tokens=_MAX_NEW_TOKENS)
+        return MethodSpec(" + ".join(names) + " alone", settings)
     if free:
         m = parse_method(s, temperature=temperature)
         if m.settings.target_alone or m.kind == "auto":
             raise ValueError(f"method {spec!r}: free draft sources join a drafted method's tree "
-                             f"(sd:D, V:KxD, V:seqKxD, V:dyn:...), not {s!r}")
+                             f"(sd:D, V:KxD, V:seqKxD, V:dyn:...), not {s!r}; alone they are "
+                             f"{', '.join(FREE_SOURCES)} or lookup+suffix")
         settings = Settings.from_args(**{**Settings.args_of(m.settings.describe()), "sources": ("model", *free)})
         return MethodSpec(m.label + "".join(f" + {f}" for f in free), settings)
     t = float(temperature)
@@ -209,7 +224,7 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
                                                                  temperature=t, max_new_tokens=_MAX_NEW_TOKENS),
                           kind="auto")
     raise ValueError(f"cannot read method {spec!r} (target, sd:D, V:KxD, V:seqKxD, V:dyn:K:N:D[:G], V:auto:K; "
-                     "a drafted one + a free source: sd:4+lookup)")
+                     "a drafted one + a free source: sd:4+lookup; free sources alone: lookup, suffix, lookup+suffix)")
 
 
 def check_methods(methods: Sequence[MethodSpec], *, max_new_tokens: int) -> None:
@@ -233,6 +248,8 @@ def run_seed(seed: int, prompt: str, method: MethodSpec) -> int:
         name, law, k, depth = method.method_kind, "-", 0, 0
     elif method.settings.target_alone:
         name, law, k, depth = SEED_TARGET_ALONE, "-", 0, 0
+    elif method.settings.free_only:  # free sources alone: named by them (no verifier, law or sizes)
+        name, law, k, depth = "+".join(d["sources"]), "-", 0, 0
     else:
         name = d["verifier"] if d["rule"] == WALK else d["rule"]
         law, k, depth = d["law"], d["k"], d["depth"]
@@ -435,14 +452,19 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
 
 
 def _fixed_trees(rows: Sequence[dict]) -> dict[str, dict[str, list[dict]]]:
-    """Runs on fixed trees (no dynamic or chosen ones), by tree (``"<shape> K=<K> depth <D> (<law>)"``)
-    and method; rounds merged by the caller."""
+    """Runs on fixed trees (no dynamic or chosen ones), by tree (``"<shape> K=<K> depth <D> (<law>)"``,
+    then ``" + <source>"`` for each free source joining it) and method; free sources alone (no model
+    tree) left out; rounds merged by the caller."""
     groups: dict[str, dict[str, list[dict]]] = {}
     for r in rows:
         if _kind(r) != "tree" or r.get("auto") is not None or r.get("tree") == "dynamic":
             continue
+        sources = r.get("sources") or [DraftModel.name]
+        if DraftModel.name not in sources:  # free sources alone: no model tree to compare verifiers on
+            continue
         shape = r.get("tree") or ("chain" if r.get("k") == 1 else "kary")
-        tree = f"{shape} K={r.get('k')} depth {r.get('depth')} ({r.get('law')})"
+        tree = f"{shape} K={r.get('k')} depth {r.get('depth')} ({r.get('law')})" + \
+            "".join(f" + {x}" for x in sources if x != DraftModel.name)
         groups.setdefault(tree, {}).setdefault(r["method"], []).append(r)
     return groups
 
@@ -538,6 +560,7 @@ def summarize(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str
         acc = [r["acceptance_rate"] for r in rs if kind != "target" and finite_number(r.get("acceptance_rate"))]
         scored = [r.get("tree_tokens") for r in rs if r.get("tree_tokens")]
         s = {"method": label, "method_kind": kind, "verifier": r0.get("verifier"), "rule": r0.get("rule"),
+             "sources": r0.get("sources"),
              "law": r0.get("law"), "k": r0.get("k", 0), "depth": r0.get("depth", 0),
              "prompts": len(rs), "new_tokens": tokens, "target_calls": calls,
              "draft_calls": None if any(r.get("draft_calls") is None for r in rs)  # a peer that does not count them

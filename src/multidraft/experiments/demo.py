@@ -13,6 +13,10 @@ summary are the one decode runner's, :mod:`.decode_runs`):
   ``verifiers=("all",)`` takes every registered verifier. (The without-replacement and
   greedy laws draw K distinct tokens, so their trees keep every node; on a CPU whose tree
   pass costs about one single-token pass per node they are the slowest rows.)
+* one mixed row (``mixed``, on by default; issue 39): the SD chain with prompt lookup and the
+  suffix index joining its tree (``sources = model,lookup,suffix``: their copied chains verified
+  free drafts first, then the draft model's draft; ``decoding.sources``), labelled
+  ``SD naive K=1 + lookup + suffix``: what copying adds to SD on the same prompts;
 * sequence-level tree rules (``rules``: names from ``decoding.decoder_rules()``, or
   ``("all",)``; none by default) on the same trees, i.i.d. drafts: each rule at every K of
   ``ks`` it is lossless for on the full K-ary tree (``traversal K=2``), or, when it takes none
@@ -84,6 +88,7 @@ class DemoConfig:
     chat: bool = True
     stop_at_eos: bool = True
     time_budget_s: float | None = 180.0
+    mixed: bool = True
     extra: dict = field(default_factory=dict)
     methods: tuple = field(init=False, repr=False, compare=False)
     skipped: tuple = field(init=False, repr=False, compare=False)
@@ -114,7 +119,10 @@ class DemoConfig:
         if self.rules is not None:
             set_("rules", (self.rules,) if isinstance(self.rules, str) else tuple(self.rules))
         try:
-            methods, skipped = plan_methods(self.ks, self.verifiers, depth=self.depth, temperature=self.temperature)
+            if not isinstance(self.mixed, bool):
+                raise ArgumentError("mixed", f"must be True or False, got {self.mixed!r}")
+            methods, skipped = plan_methods(self.ks, self.verifiers, depth=self.depth, temperature=self.temperature,
+                                            mixed=self.mixed)
         except ArgumentError:
             raise
         except ValueError as exc:
@@ -135,10 +143,15 @@ class DemoConfig:
             "methods": [m.label for m in self.methods]}
 
 
+MIXED_LABEL = "SD naive K=1 + lookup + suffix"  # the demo's mixed row (module notes)
+
+
 def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None, *, depth: int = 3,
-                 temperature: float = 1.0) -> tuple[list[MethodSpec], list[str]]:
+                 temperature: float = 1.0, mixed: bool = False) -> tuple[list[MethodSpec], list[str]]:
     """(methods, skipped notes): target-only, single-draft SD, then each multi-draft verifier x K
-    (``decode_runs.MethodSpec``: the full K-ary tree of ``depth``, the verifier's implied law).
+    (``decode_runs.MethodSpec``: the full K-ary tree of ``depth``, the verifier's implied law),
+    then with ``mixed`` the one mixed row (``MIXED_LABEL``: the SD chain with ``sources``
+    model, lookup, suffix).
 
     ``verifiers`` None means ``DEFAULT_VERIFIERS``; ``("all",)`` every registered verifier.
     """
@@ -166,6 +179,9 @@ def plan_methods(ks: Sequence[int], verifiers: Sequence[str] | None = None, *, d
                 skipped.append(f"{name} K={k}: not supported (laws {', '.join(v.laws)} with {krange})")
                 continue
             methods.append(tree_method(f"{name} K={k}", name, k, depth, law=v.implied_law(k), temperature=temperature))
+    if mixed:
+        methods.append(tree_method(MIXED_LABEL, "naive", 1, depth, law="iid", temperature=temperature,
+                                   sources="model,lookup,suffix"))
     return methods, skipped
 
 

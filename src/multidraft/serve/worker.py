@@ -33,7 +33,7 @@ from ..datasets import encode, has_chat_template, render_chat, token_byte_bound
 from ..decoding import Settings
 from ..decoding.batch import BatchDecoder, LaneError
 from ..decoding.runners import model_context
-from ..decoding.sources import SuffixIndex
+from ..decoding.sources import DraftModel, SuffixIndex, parse_sources
 from ..decoding.step import TokenLogprobs
 from .protocol import APIError
 
@@ -151,7 +151,9 @@ class ServedModel:
         """The settings of one request: ``changes`` (keyword arguments of ``Settings.derive``, as
         ``protocol.SamplingRequest.settings_changes`` gives them) and its ``max_tokens``."""
         changes = dict(changes, max_new_tokens=max_tokens)
-        if not self.settings.target_alone and "temperature" in changes and self.draft_temperature is None:
+        drafts = self.settings.uses_draft if "sources" not in changes else \
+            not self.settings.target_alone and DraftModel.name in parse_sources(changes["sources"])
+        if drafts and "temperature" in changes and self.draft_temperature is None:  # free-only: no draft temperature
             changes.setdefault("draft_temperature", changes["temperature"])
         return self.settings.derive(**changes)
 

@@ -18,6 +18,10 @@ checked once, before any model loads):
   verifies free drafts first at a node, then the model's drafts with any verifier of the model's
   law on the residual target (``trees.TokenWalk``).
 
+Without ``"model"`` the free sources draft alone (free-only decoding, as vLLM's ``ngram`` method
+or transformers' ``prompt_lookup_num_tokens``): the draft model is never run, and a step whose
+sources propose nothing is one plain target step (``Settings.free_only``).
+
 ``SOURCE_NAMES`` lists the names a user may give (``--sources``, a request's ``sources``,
 ``generate(sources=...)``); :func:`parse_sources` reads them, once, at the edge.
 """
@@ -150,7 +154,9 @@ def free_source(name: str):
 
 def parse_sources(value) -> tuple[str, ...]:
     """The source names of ``value`` (None: the draft model alone; a name, a comma list or a
-    list of names), each known and given once; ``ArgumentError`` naming ``sources`` otherwise."""
+    list of names), each known and given once; ``ArgumentError`` naming ``sources`` otherwise.
+    A list without ``"model"`` (``"lookup"``, ``"suffix"``, ``"lookup,suffix"``) is free-only
+    decoding: no draft model runs (``Settings.free_only``)."""
     if value is None:
         return (DraftModel.name,)
     names = [s.strip() for s in value.split(",")] if isinstance(value, str) else value
@@ -162,6 +168,4 @@ def parse_sources(value) -> tuple[str, ...]:
             raise ArgumentError("sources", f": unknown draft source {s!r}; sources: {', '.join(SOURCE_NAMES)}")
     if len(set(names)) != len(names):
         raise ArgumentError("sources", f"lists a source twice: {list(names)}")
-    if DraftModel.name not in names:
-        raise ArgumentError("sources", f"must include {DraftModel.name!r} (the draft model proposes every tree)")
     return tuple(names)
