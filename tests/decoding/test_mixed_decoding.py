@@ -97,19 +97,27 @@ def test_mixed_batch_lanes_equal_generate(pair):
         assert res.tokens.tolist() == one.tokens.tolist()
 
 
-def test_mixed_caches_after_many_steps_equal_fresh_prefill(pair):
+@pytest.mark.parametrize("paced", [False, True])
+def test_mixed_caches_after_many_steps_equal_fresh_prefill(pair, paced):
     """Free-only nodes are never fed to the draft model: the draft cache holds a prefix of the
-    committed text and ``pending`` the rest, as without free sources."""
+    committed text and ``pending`` the rest, as without free sources; also when a cost profile
+    paces the depth to 0 (the model does not draft; the chains alone at the root)."""
+    from multidraft.decoding.treeopt import CostProfile
+
     t, d = pair
     settings = Settings.from_args(verifier="specinfer", k=2, depth=2, temperature=1.0, draft_temperature=0.7,
                                   max_new_tokens=30, sources="model,lookup,suffix")
     eos = engine._check_models(t, d, REPEATS, settings, None)
-    step = engine.DecoderStep(runners.runner_for(t), runners.runner_for(d), settings, torch.Generator().manual_seed(5))
+    cost = CostProfile((1, 2, 40), (1.0, 2.0, 40.0), (1,), (0.01,)) if paced else None
+    step = engine.DecoderStep(runners.runner_for(t), runners.runner_for(d), settings, torch.Generator().manual_seed(5),
+                              cost=cost)
     dec = engine._Decoder(step, engine.decode_context(t, d), eos=eos)
     with torch.inference_mode():
         res = dec.run(REPEATS)
         full = REPEATS[0].tolist() + res.tokens.tolist()
         assert max(res.draft_depths) > 2
+        if paced:
+            assert step.pace.chosen[0] > 0  # some steps drafted nothing with the model
         committed = full[:-1]
         tr, dr = step.target_runner, step.draft_runner
         for model, cache, n in [(t, tr.cache, len(committed)), (d, dr.cache, dr.base)]:

@@ -355,7 +355,8 @@ class DecoderStep:
                 self.draft_runner.commit(list(range(c)) + [c + tree.nodes[j].fed for j in fed])
                 self.pending = [tree.nodes[j].token for j in path[len(fed):]]
             else:
-                self.pending = self.pending + [tree.nodes[0].token]
+                # the model did not draft (depth 0): the root and any accepted free chain are pending
+                self.pending = self.pending + [tree.nodes[0].token] + [tree.nodes[j].token for j in path]
         self._tree = None
         out = [tree.nodes[j].token for j in path] + [int(verdict.token)]
         model_held = _model_held(tree, path) if (self.budget or self.pace) is not None else 0
