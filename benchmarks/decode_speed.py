@@ -59,6 +59,11 @@ Methods (``--methods``, comma separated):
                       chains, verified exactly (the walk's free-first rule); nothing to copy: one
                       target step. Rows: ``sources`` without ``model``, ``verifier`` None, ``k`` =
                       ``depth`` = 0, ``draft_calls`` 0; labels ``lookup alone``, ``lookup + suffix alone``
+``M@paced``          a drafted or free-only method M decoded with ``--profile``'s costs: each
+                      step drafts only as deep as pays by them and the decode's own acceptances
+                      (depth 0: the target alone; ``decoding.pace``) and free chains are cut where
+                      a copied token no longer pays (``decoding.sources.budget``):
+                      ``sd:4+lookup+suffix@paced``; the same seeds as M
 ``hf`` / ``hf-lookup[:N]``   the transformers peers above
 ``llama-target`` / ``llama-spec:D[:NP]`` / ``llama-lookup[:D]``   the llama.cpp peers above
 
@@ -586,6 +591,16 @@ def main(argv=None) -> int:
         ap.error("--methods: a method is listed twice")
     if any(m.method_kind == "auto" for m in methods) and not args.profile:
         ap.error("--methods V:auto:K needs --profile FILE")
+    paced_profile = None
+    if any(m.paced for m in methods):  # M@paced: decoded with the profile (decoding.pace, sources.budget)
+        if not args.profile:
+            ap.error("--methods M@paced needs --profile FILE")
+        from multidraft.decoding.auto import load_profile
+
+        try:
+            paced_profile = load_profile(args.profile, args.profile_statistic)
+        except ValueError as exc:
+            ap.error(_restated(exc))
     auto_in = {}
     for m in methods:      # V:auto:K: the cost profile and the study's acceptances, checked before any model loads
         if m.method_kind == "auto":
@@ -694,7 +709,8 @@ def main(argv=None) -> int:
         methods = [bind_peer(m, args, target, draft, tok, eos, files, bin_dir, threads) for m in methods]
         out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
                      eos_token_id=eos, rounds=args.rounds, write=(lambda row: writer.write(**row)) if writer else None,
-                     on_row=log_row, time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint)
+                     on_row=log_row, time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint,
+                     cost_profile=paced_profile)
     rows = out.rows
     load1 = load_average() or [float("nan")] * 3
     header = run_header(args.engine, out.prompts_done, args.max_new_tokens, args.rounds, args.temperature, threads,

@@ -163,3 +163,19 @@ def test_decoder_paced_by_a_dear_profile_mostly_decodes_alone(pair):
     assert plain.tokens.tolist() == paced.tokens.tolist() == ref
     assert sum(dd > 0 for dd in paced.draft_depths) <= 4 + len(paced.draft_depths) // 8 + 1
     assert sum(dd > 0 for dd in plain.draft_depths) == len(plain.draft_depths) - (plain.draft_depths[-1] == 0)
+
+
+def test_paced_methods_in_the_benchmark_grammar():
+    from multidraft.experiments import decode_runs as dr
+
+    m = dr.parse_method("sd:4+lookup+suffix@paced", temperature=0.0)
+    plain = dr.parse_method("sd:4+lookup+suffix", temperature=0.0)
+    assert m.paced and m.label == plain.label + " paced" and m.describe()["paced"] is True
+    assert "paced" not in plain.describe() and m.settings == plain.settings
+    assert dr.run_seed(3, "p0", m) == dr.run_seed(3, "p0", plain)  # paired with the unpaced method
+    assert dr.parse_method("lookup@paced").paced
+    for bad in ("target@paced", "sd:4@paced@paced", "specinfer:auto:2@paced"):
+        with pytest.raises(ValueError):
+            dr.parse_method(bad)
+    with pytest.raises(ValueError, match="cost_profile"):
+        dr.run(None, None, [("p", torch.tensor([[1, 2]]))], [m], seed=0, max_new_tokens=4)

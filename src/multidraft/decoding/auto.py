@@ -41,7 +41,7 @@ from typing import Callable
 from .._errors import ArgumentError
 from .treeopt import MAX_DEPTH, MAX_NODES, AcceptStats, CostProfile, choose_tree
 
-__all__ = ["AutoRequest", "Auto", "check_auto", "choose", "WARMUP_TOKENS", "WARMUP_PURPOSE"]
+__all__ = ["AutoRequest", "Auto", "check_auto", "choose", "load_profile", "WARMUP_TOKENS", "WARMUP_PURPOSE"]
 
 WARMUP_TOKENS = 32                  # tokens of the warm-up decode that measures per-node acceptance
 WARMUP_PURPOSE = "tree-auto-warmup"  # its seed stream: derive_seed(seed, WARMUP_PURPOSE)
@@ -93,6 +93,26 @@ class Auto:
         return WARMUP_TOKENS if self.request.warmup_tokens is None else self.request.warmup_tokens
 
 
+def load_profile(path, statistic: str | None = None) -> CostProfile:
+    """The cost profile JSON at ``path`` (``multidraft profile``), its points recomputed from its
+    kept samples by ``statistic`` ('median', 'mean', 'min', 'stored'; None: the median where it
+    keeps samples, else its points as stored). ``ArgumentError`` naming ``profile`` or
+    ``profile_statistic``; the one reader of a profile file (``--tree auto``, paced methods)."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ArgumentError("profile", f": cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        profile = CostProfile.from_json(text)
+    except ValueError as exc:
+        raise ArgumentError("profile", f": {path}: {exc}") from None
+    stat = statistic or "median"
+    try:   # the default takes a profile without samples as stored
+        return profile.with_statistic(stat, strict=statistic is not None)
+    except ValueError as exc:
+        raise ArgumentError("profile_statistic", f" {stat}: {path}: {exc}") from None
+
+
 def check_auto(request: AutoRequest, settings, *, read_acceptance: Callable | None = None) -> Auto:
     """The request checked against ``settings`` (a resolved ``Settings``) before any model loads.
 
@@ -115,19 +135,7 @@ def check_auto(request: AutoRequest, settings, *, read_acceptance: Callable | No
         raise ArgumentError("warmup_tokens", f"must be >= 1, got {r.warmup_tokens}")
     if r.accept_dataset is not None and r.accept_stats is None:
         raise ArgumentError("accept_dataset", "needs --accept-stats FILE (a study's acceptance JSONL)")
-    try:
-        text = Path(r.profile).expanduser().read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ArgumentError("profile", f": cannot read {r.profile}: {exc.strerror or exc}") from None
-    try:
-        profile = CostProfile.from_json(text)
-    except ValueError as exc:
-        raise ArgumentError("profile", f": {r.profile}: {exc}") from None
-    statistic = r.profile_statistic or "median"
-    try:   # the default takes a profile without samples as stored
-        profile = profile.with_statistic(statistic, strict=r.profile_statistic is not None)
-    except ValueError as exc:
-        raise ArgumentError("profile_statistic", f" {statistic}: {r.profile}: {exc}") from None
+    profile = load_profile(r.profile, r.profile_statistic)
     v = settings.verifier
     if v is None:  # a sequence-level rule: the node sizes it supports, rated by the AUTO_PROXY walk
         if settings.law != "iid":

@@ -99,6 +99,7 @@ class MethodSpec:
     peer: Callable | None = field(default=None, compare=False, repr=False)
     info: dict | None = field(default=None, compare=False, repr=False)
     facts: tuple = ()
+    paced: bool = False  # decoded with the run's cost profile (generate(cost_profile=): decoding.pace)
 
     @property
     def target_alone(self) -> bool:
@@ -121,6 +122,8 @@ class MethodSpec:
         d = {"method": self.label, "method_kind": self.method_kind, **self.settings.describe(), **dict(self.facts)}
         if self.info is not None:
             d["auto"] = self.info
+        if self.paced:
+            d["paced"] = True
         return d
 
 
@@ -176,9 +179,19 @@ def parse_method(spec: str, *, temperature: float = 1.0) -> MethodSpec:
     the model's tree (``Settings.sources``; label ``... + lookup``). Free sources alone, no draft
     model (``Settings.free_only``; vLLM's ``ngram`` method): ``lookup``, ``suffix`` or
     ``lookup+suffix`` (each source once; label ``lookup alone``, ``lookup + suffix alone``); their
-    rows have ``sources`` without 'model', ``verifier`` None and ``k = depth = 0``. ValueError for
-    anything else."""
-    s, *free = [part.strip() for part in spec.strip().split("+")]
+    rows have ``sources`` without 'model', ``verifier`` None and ``k = depth = 0``. A drafted or
+    free-only method may end in ``@paced``: decoded with the run's cost profile, each step as deep
+    as pays by it and the decode's own acceptances, free chains cut by cost (``generate(...,
+    cost_profile=)``; label ``... paced``, rows ``paced: true``, the same seeds as unpaced).
+    ValueError for anything else."""
+    spec = spec.strip()
+    if spec.endswith("@paced"):
+        m = parse_method(spec.removesuffix("@paced"), temperature=temperature)
+        if m.settings.target_alone or m.kind is not None or m.paced:
+            raise ValueError(f"method {spec!r}: @paced takes a drafted or free-only method, not "
+                             f"{spec.removesuffix('@paced')!r}")
+        return dataclasses.replace(m, label=m.label + " paced", paced=True)
+    s, *free = [part.strip() for part in spec.split("+")]
     if s in FREE_SOURCES:  # free sources alone: no draft model
         names = (s, *free)
         bad = [f for f in names if f not in FREE_SOURCES]
@@ -305,14 +318,17 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
         max_new_tokens: int, eos_token_id=None, rounds: int = 1, skip: Callable[[str, MethodSpec], bool] | None = None,
         write: Callable[[dict], None] | None = None, time_budget_s: float | None = None,
         progress=None, desc: str = "decode", log: Callable[[str], None] = lambda _m: None,
-        on_row: Callable[[dict, int, int], None] | None = None) -> RunOutcome:
+        on_row: Callable[[dict, int, int], None] | None = None, cost_profile=None) -> RunOutcome:
     """Decode every prompt ``(id, input_ids [1, T])`` with every method, interleaved (module docstring).
 
     ``skip(prompt_id, method)`` True leaves a run out (a resumed file's finished rows);
     ``write(row)`` is called for every row as soon as it exists; ``time_budget_s`` stops before a
     prompt whose round of methods would overrun the budget (projected from the prompts done; the
     first prompt always runs). ``progress``: a tqdm-like wrapper ``progress(iterable, total, desc)``;
-    ``on_row(row, done, total)`` after each row (e.g. a log line)."""
+    ``on_row(row, done, total)`` after each row (e.g. a log line); ``cost_profile`` the
+    ``treeopt.CostProfile`` the ``paced`` methods decode with (required when one is given)."""
+    if cost_profile is None and any(m.paced for m in methods):
+        raise ValueError("paced methods need a cost_profile")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     jobs = []
@@ -347,7 +363,8 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
             res = m.peer(pid, ids, s)
         else:
             res = generate(target, None if m.target_alone else draft, ids, m.settings, eos_token_id=eos_token_id,
-                           generator=torch.Generator().manual_seed(s), prompt_cache=cache)
+                           generator=torch.Generator().manual_seed(s), prompt_cache=cache,
+                           cost_profile=cost_profile if m.paced else None)
         row = run_row(m, pid, ids, s, res, round_=rnd)
         out.rows.append(row)
         if write is not None:
@@ -454,10 +471,10 @@ def same_tree(rows: Sequence[dict]) -> list[dict]:
 def _fixed_trees(rows: Sequence[dict]) -> dict[str, dict[str, list[dict]]]:
     """Runs on fixed trees (no dynamic or chosen ones), by tree (``"<shape> K=<K> depth <D> (<law>)"``,
     then ``" + <source>"`` for each free source joining it) and method; free sources alone (no model
-    tree) left out; rounds merged by the caller."""
+    tree) and paced runs (their depth changes step by step) left out; rounds merged by the caller."""
     groups: dict[str, dict[str, list[dict]]] = {}
     for r in rows:
-        if _kind(r) != "tree" or r.get("auto") is not None or r.get("tree") == "dynamic":
+        if _kind(r) != "tree" or r.get("auto") is not None or r.get("tree") == "dynamic" or r.get("paced"):
             continue
         sources = r.get("sources") or [DraftModel.name]
         if DraftModel.name not in sources:  # free sources alone: no model tree to compare verifiers on
