@@ -131,7 +131,16 @@ def test_pace_drafts_deep_when_width_is_cheap_and_not_at_all_when_refused():
     refused = DepthPace(chain, FLAT, warmup=0, explore_every=1000)
     for _ in range(200):
         refused.record(4, 0)
-    assert refused.tries == [200, 0, 0, 0] and refused.cap(4) == 0  # the draft is always refused: target alone
+    assert refused.tries == [200] * 4 and refused.hits == [0] * 4 and refused.cap(4) == 0  # always refused: alone
+    copied = DepthPace(chain, FLAT, warmup=0, explore_every=1000)
+    for _ in range(50):  # the free chains hold 4 of each path, the model's the same 3: it adds nothing
+        copied.record(4, 3, free_held=4, free_tokens=6)
+    assert copied.hits == [0] * 4 and copied.expected_tokens(0) == 5.0
+    dear_copied = DepthPace(chain, STEEP, warmup=0, explore_every=1000)
+    for _ in range(50):
+        dear_copied.record(4, 3, free_held=4, free_tokens=6)
+    assert dear_copied.seconds(0) == pytest.approx(7.0)  # the root and the 6 copies: 7 tokens' pass
+    assert dear_copied.cap(4) == 0  # the model's drafting costs and adds nothing over the copies
 
 
 def test_pace_explores_one_level_deeper_on_a_fixed_schedule():

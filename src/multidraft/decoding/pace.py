@@ -7,15 +7,19 @@ pays for every drafted token it refuses. :class:`DepthPace` measures, within one
 often the step's tree is accepted at each depth and drafts each step only as deep as pays.
 
 The rule. The settings' tree truncated at depth c (c = 0: no tree, the target alone; at most the
-shape's depth) costs ``s(c)`` seconds a step: ``treeopt.step_seconds`` of its paths on the cost
-profile (the target's pass over its tokens, the draft's levels, the per-node and per-step times).
-With ``a_j`` the measured probability that the accepted path reaches depth j given it reached
-j - 1 (``(hits_j + 1) / (tries_j + 2)``, counted over the steps drafted at least j deep that
-reached j - 1), a step drafted c deep emits ``E(c) = 1 + sum_{j <= c} a_1 ... a_j`` tokens on
-average, and the step drafts ``c* = argmax_c E(c) / s(c)`` deep (the least c on ties). The first
-``warmup`` steps draft the whole depth (to measure), and every ``explore_every``-th step drafts one
-level deeper than c* (so a refusal that stopped the drafting can be undone when the text turns
-predictable); both schedules are fixed, so a decode stays a function of its seed.
+shape's depth) with ``m`` free tokens beside it (the mean the free sources added a step, 0 without
+them) costs ``s(c)`` seconds a step: ``treeopt.step_seconds`` of its paths on the cost profile (the
+target's pass over its tokens and the m copies, the draft's levels, the per-node and per-step
+times). With ``F`` the mean depth the accepted path holds the free chains (0 without free sources)
+and ``G_j`` the measured probability that the model's drafts hold the accepted path to depth j
+while the free chains hold it to less (the token depth j of the model's tree adds; ``(hits_j + 1)
+/ (tries_j + 2)`` over the steps drafted at least j deep), a step drafted c deep emits
+``E(c) = 1 + F + G_1 + ... + G_c`` tokens on average, and drafts ``c* = argmax_c E(c) / s(c)``
+deep (the least c on ties). So where copies already give the tokens, the model's drafting (its
+passes and tree tokens) is kept only for what it adds. The first ``warmup`` steps draft the whole
+depth (to measure), and every ``explore_every``-th step drafts one level deeper than c* (so a
+refusal that stopped the drafting can be undone when the text turns predictable); both schedules
+are fixed, so a decode stays a function of its seed.
 
 Exactness does not depend on any of this: each step's depth is chosen before its tree is drafted,
 from earlier steps alone, and the verifier is lossless at every depth (depth 0: one token from
@@ -60,29 +64,36 @@ class DepthPace:
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         self.depth = int(shape.depth)
-        self.seconds = [step_seconds(shape_paths(shape, c), profile) for c in range(self.depth + 1)]
+        self.profile = profile
+        self.paths = [shape_paths(shape, c) for c in range(self.depth + 1)]
         self.warmup, self.explore_every = warmup, explore_every
         self.hits = [0] * self.depth
         self.tries = [0] * self.depth
-        self.steps = 0      # steps recorded
+        self.steps = 0          # steps recorded
+        self.free_held = 0      # depths the accepted paths held the free chains, summed
+        self.free_tokens = 0    # tokens the free sources added to the trees, summed
         self.chosen = [0] * (self.depth + 1)  # steps drafted at each depth
 
-    def accept(self) -> list:
-        """The estimated ``a_j``, j = 1..depth."""
+    def gain(self) -> list:
+        """The estimated ``G_j``, j = 1..depth."""
         return [(h + 1) / (t + 2) for h, t in zip(self.hits, self.tries)]
 
     def expected_tokens(self, c: int) -> float:
         """``E(c)``: tokens a step drafted ``c`` deep emits on average (by the estimates)."""
-        e, reach = 1.0, 1.0
-        for a in self.accept()[:c]:
-            reach *= a
-            e += reach
-        return e
+        f = self.free_held / self.steps if self.steps else 0.0
+        return 1.0 + f + sum(self.gain()[:c])
+
+    def seconds(self, c: int) -> float:
+        """``s(c)``: predicted seconds of a step drafted ``c`` deep with the mean free tokens beside it."""
+        m = self.free_tokens / self.steps if self.steps else 0.0
+        p, n = self.profile, 1 + len(self.paths[c])
+        return (step_seconds(self.paths[c], p) + p.target_seconds(n + m) - p.target_seconds(n)
+                + p.per_node_seconds * m)
 
     def best(self, cap: int) -> int:
         """``c*`` among 0..cap."""
         cap = max(0, min(cap, self.depth))
-        rates = [self.expected_tokens(c) / self.seconds[c] for c in range(cap + 1)]
+        rates = [self.expected_tokens(c) / self.seconds(c) for c in range(cap + 1)]
         top = max(rates)
         return next(c for c, r in enumerate(rates) if r >= top * (1 - 1e-12))
 
@@ -96,11 +107,13 @@ class DepthPace:
             c = min(c + 1, cap)
         return c
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """One step's outcome: it drafted ``drafted`` deep and its path holds ``accepted`` of the
-        model's drafts."""
+    def record(self, drafted: int, model_held: int, free_held: int = 0, free_tokens: int = 0) -> None:
+        """One step's outcome: it drafted ``drafted`` deep, its accepted path holds ``model_held`` of
+        the model's drafts and ``free_held`` of the free chains, which added ``free_tokens`` tokens."""
         self.steps += 1
+        self.free_held += free_held
+        self.free_tokens += free_tokens
         self.chosen[max(0, min(drafted, self.depth))] += 1
-        for j in range(1, min(drafted, accepted + 1) + 1):
+        for j in range(1, min(drafted, self.depth) + 1):
             self.tries[j - 1] += 1
-            self.hits[j - 1] += int(accepted >= j)
+            self.hits[j - 1] += int(model_held >= j > free_held)

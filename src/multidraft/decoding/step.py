@@ -217,6 +217,7 @@ class DecoderStep:
         self.budget = None  # FreeBudget: each free source's depth by cost (a cost profile given)
         self.pace = None    # DepthPace: each step's drafting depth by cost (a cost profile given)
         self._cap = 0       # the in-flight tree's depth cap
+        self._step_free = 0  # tokens the free chains added to the in-flight tree
         shape = settings.shape
         if cost is not None and shape is not None and shape.depth > 0 and not settings.target_alone:
             self.pace = DepthPace(shape, cost)
@@ -262,7 +263,7 @@ class DecoderStep:
         ``cap``, then the free sources' chains to their own depth, at most ``limit`` (None: no
         bound); returns it (no drafts when ``cap`` is 0)."""
         tree = self.new_tree(root, cap)
-        self._tree, self._chain, self._cap = tree, 0, cap
+        self._tree, self._chain, self._cap, self._step_free = tree, 0, cap, 0
         if cap > 0:
             yield from self._draft_calls(tree)
         if self._free:
@@ -304,7 +305,7 @@ class DecoderStep:
                 self._step_chains[src.name] = mine
             self.source_stats[src.name][0] += len(seen)
         if chains:
-            tree.add_chains(chains)
+            self._step_free = len(tree.add_chains(chains))  # the tokens the free chains added to the tree
 
     def score(self, tree: DraftTree):
         """Generator (yields the target's ``Call``): one target pass over ``[root] + tree``;
@@ -360,9 +361,11 @@ class DecoderStep:
         self._tree = None
         out = [tree.nodes[j].token for j in path] + [int(verdict.token)]
         model_held = _model_held(tree, path) if (self.budget or self.pace) is not None else 0
+        held: dict = {}
+        step_free = self._step_free
         if self._step_chains or self._step_offered:  # a source's accepted tokens: the accepted path's prefix one of its chains holds
             kept = out[:-1]
-            held = {name: max(_common_prefix(ch, kept) for ch in chains) for name, chains in self._step_chains.items()}
+            held.update({name: max(_common_prefix(ch, kept) for ch in chains) for name, chains in self._step_chains.items()})
             for name, h in held.items():
                 self.source_stats[name][1] += h
             if self.budget is not None:
@@ -371,7 +374,7 @@ class DecoderStep:
         elif self.budget is not None:
             self.budget.record({}, {}, model_held)
         if self.pace is not None:
-            self.pace.record(self._cap, model_held)
+            self.pace.record(self._cap, model_held, max(held.values(), default=0), step_free)
         if self._proposers:
             self.observe(out)
         return out
