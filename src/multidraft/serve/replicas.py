@@ -53,7 +53,7 @@ import time
 import uuid
 
 from .protocol import APIError
-from .worker import RETRY_AFTER_S, Job
+from .worker import RETRY_AFTER_S, Job, deliver
 
 __all__ = ["Replica", "Router", "connect"]
 
@@ -304,12 +304,7 @@ class Router:
                         cancelled = job.cancel.is_set()
                         self.counts["cancelled" if cancelled else "served"] += 1
                         here.served += not cancelled
-                        if self.observe is not None:
-                            try:
-                                self.observe(job, done)
-                            except Exception:  # metrics never fail a request
-                                log.exception("observing a request failed")
-                        job.emit(("done", done))
+                        deliver(job, done, self.observe)
                         return
                 # the stream ended without its last event: the replica is gone
                 raise self._ray.exceptions.RayActorError()

@@ -262,6 +262,18 @@ def logprob_entries(piece, ids: list[int], rows: list, a: int, b: int) -> list[d
     return out
 
 
+def deliver(job: Job, done: dict, observe=None) -> None:
+    """A finished request's last event: ``done`` to ``observe(job, done)`` first (the metrics and
+    the request's log line; a failure there never fails the request), then to the job's client.
+    The one ending of a request, in a ``Worker`` and in the replicas' ``Router``."""
+    if observe is not None:
+        try:
+            observe(job, done)
+        except Exception:  # metrics never fail a request
+            log.exception("observing a request failed")
+    job.emit(("done", done))
+
+
 class _Active:
     """A job in a lane: its text stream, its logprobs record (None when not asked) and the
     tokens whose entries were sent, and when it started."""
@@ -499,12 +511,7 @@ class Worker:
         done = {"text": text.text, "finish_reason": finish, "completion_tokens": n,
                 "tokens": res.tokens.tolist()[:n], "speculative": spec, "first_token_at": act.first_token,
                 "logprobs": act.take(n)}
-        if self.observe is not None:
-            try:
-                self.observe(job, done)
-            except Exception:  # metrics never fail a request
-                log.exception("observing a request failed")
-        job.emit(("done", done))
+        deliver(job, done, self.observe)
         log.debug("request done: %d prompt + %d tokens, %d target calls, finish %s, %.2f s",
                  len(job.prompt_ids), n, res.target_calls, finish, time.perf_counter() - act.started)
 
