@@ -43,8 +43,9 @@ depend only on the committed text, never on the model's draws, so the walk of th
 verifier under the model's law verifies each node free drafts first and then the model's drafts
 on the residual target, losslessly (``trees.TokenWalk``). Free-only nodes are not fed to the draft
 model (``fed`` -1): along any path the fed nodes are a prefix (a free-only node's children are
-free-only), which ``commit`` relies on. A step drafted to depth 0 has no free drafts either, unless the sources are free alone or a
-cost profile paces the depth (``pace``: depth 0 chosen by cost still takes the chains; ``limit`` 0 none).
+free-only), which ``commit`` relies on. A step drafted to depth 0 has no free drafts either,
+unless the sources are free alone or a cost profile paces the depth (``pace``: depth 0 chosen by
+cost still takes the chains; ``limit`` 0 none).
 ``source_stats[name] = [proposed, accepted]`` counts, per free source over the decode, the trie
 nodes it added to the steps' trees (before the merge with the model's tree) and, per step, the
 longest prefix of the accepted path that one of its chains holds (the accepted tokens it proposed;
@@ -193,7 +194,8 @@ class DecoderStep:
     ``pending`` holds the committed tokens the draft cache lacks (fed at the next draft's level 0);
     ``target_calls``, ``draft_calls`` and ``tree_tokens`` count the forward passes and the tokens
     the target scored. ``logprobs``: None or a :class:`TokenLogprobs` that :meth:`step` extends with
-    the target's log-probabilities of every emitted token (from the step's scoring pass). One tree is in flight at a time: ``commit`` takes the last drafted tree.
+    the target's log-probabilities of every emitted token (from the step's scoring pass). One tree
+    is in flight at a time: ``commit`` takes the last drafted tree.
     """
 
     def __init__(self, target_runner, draft_runner, settings, generator: torch.Generator, *, rule=None,
@@ -360,21 +362,17 @@ class DecoderStep:
                 self.pending = self.pending + [tree.nodes[0].token] + [tree.nodes[j].token for j in path]
         self._tree = None
         out = [tree.nodes[j].token for j in path] + [int(verdict.token)]
-        model_held = _model_held(tree, path) if (self.budget or self.pace) is not None else 0
-        held: dict = {}
-        step_free = self._step_free
-        if self._step_chains or self._step_offered:  # a source's accepted tokens: the accepted path's prefix one of its chains holds
-            kept = out[:-1]
-            held.update({name: max(_common_prefix(ch, kept) for ch in chains) for name, chains in self._step_chains.items()})
-            for name, h in held.items():
-                self.source_stats[name][1] += h
+        # a source's accepted tokens: the accepted path's prefix one of its chains holds
+        held = {name: max(_common_prefix(ch, out[:-1]) for ch in chains) for name, chains in self._step_chains.items()}
+        for name, h in held.items():
+            self.source_stats[name][1] += h
+        if self.budget is not None or self.pace is not None:
+            model_held = _model_held(tree, path)
             if self.budget is not None:
                 self.budget.record(self._step_offered, held, model_held)
-            self._step_chains, self._step_offered = {}, {}
-        elif self.budget is not None:
-            self.budget.record({}, {}, model_held)
-        if self.pace is not None:
-            self.pace.record(self._cap, model_held, max(held.values(), default=0), step_free)
+            if self.pace is not None:
+                self.pace.record(self._cap, model_held, max(held.values(), default=0), self._step_free)
+        self._step_chains, self._step_offered = {}, {}
         if self._proposers:
             self.observe(out)
         return out
@@ -391,6 +389,8 @@ class DecoderStep:
     def _nominal_nodes(self, cap: int) -> int:
         """Tokens of the model's tree drafted ``cap`` deep as its shape allows it (root included):
         never as drawn, so a free source's depth never depends on this step's draws."""
+        if self.pace is not None:  # its paths per depth, made once
+            return 1 + len(self.pace.paths[min(cap, self.pace.depth)])
         shape = self.settings.shape
         return 1 + (len(shape_paths(shape, cap)) if shape is not None and cap > 0 else 0)
 
