@@ -53,6 +53,7 @@ import time
 import torch
 
 from .._validate import ArgumentError, as_generator, derive_seed
+from .pace import check_cost_profile
 from .engine import GenerationResult, _check_models, _Decoder, decode_context
 from .kv import fresh_prefill, keep, new_cache
 from .runners import _is_llama, hf_forward
@@ -430,11 +431,7 @@ class BatchDecoder:
             raise ArgumentError("draft", "must be None or a loaded transformers causal LM or LlamaCppModel")
         self.target, self.draft, self.max_lanes = target, draft, max_lanes
         self.index = index
-        from .treeopt import CostProfile
-
-        if cost_profile is not None and not isinstance(cost_profile, CostProfile):
-            raise ArgumentError("cost_profile", f"must be None or a multidraft.decoding.treeopt.CostProfile, got "
-                                                f"{type(cost_profile).__name__}")
+        check_cost_profile(cost_profile)
         self.cost_profile = cost_profile
         self.tr = batch_runner(target, max_lanes)
         self.dr = batch_runner(draft, max_lanes) if draft is not None else None

@@ -61,7 +61,7 @@ from .kv import PromptCache
 from .runners import is_model, model_context, model_vocab_size, runner_for
 from .settings import Settings, node_ks, settings_or_kwargs
 from .step import Call, DecoderStep, drive, score_call, score_tree
-from .treeopt import CostProfile
+from .pace import check_cost_profile
 
 __all__ = ["generate", "GenerationResult", "Settings", "ArgumentError", "DecoderStep", "score_tree", "score_call", "Call",
            "drive", "node_ks", "decode_context"]
@@ -244,9 +244,7 @@ def generate(target, draft, input_ids, settings: Settings | None = None, *, gene
         raise ArgumentError("node_log", f"must be None or a list, got {type(node_log).__name__}")
     if on_step is not None and not callable(on_step):
         raise ArgumentError("on_step", "must be None or a callable on_step(tokens)")
-    if cost_profile is not None and not isinstance(cost_profile, CostProfile):
-        raise ArgumentError("cost_profile", f"must be None or a multidraft.decoding.treeopt.CostProfile, got "
-                                            f"{type(cost_profile).__name__}")
+    check_cost_profile(cost_profile)
     rule = settings.rule
     if node_log is not None and rule is not None and not rule.node_wise:
         raise ArgumentError("node_log", f": per-node records belong to a rule that decides node after node (the token "

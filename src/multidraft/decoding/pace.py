@@ -27,12 +27,22 @@ the target's law).
 """
 from __future__ import annotations
 
+from .._errors import ArgumentError
 from .treeopt import CostProfile, step_seconds
 
-__all__ = ["DepthPace", "shape_paths", "WARMUP_STEPS", "EXPLORE_EVERY"]
+__all__ = ["DepthPace", "shape_paths", "check_cost_profile", "WARMUP_STEPS", "EXPLORE_EVERY"]
 
 WARMUP_STEPS = 4    # steps drafted at the whole depth before the first choice
 EXPLORE_EVERY = 8   # every 8th step drafts one level deeper than the choice
+
+
+def check_cost_profile(value):
+    """``value`` when it is None or a ``treeopt.CostProfile``; else ``ArgumentError`` naming
+    ``cost_profile`` (the one check of ``generate``'s and ``BatchDecoder``'s argument)."""
+    if value is not None and not isinstance(value, CostProfile):
+        raise ArgumentError("cost_profile", f"must be None or a multidraft.decoding.treeopt.CostProfile, got "
+                                            f"{type(value).__name__}")
+    return value
 
 
 def shape_paths(shape, depth: int) -> list:
