@@ -35,6 +35,21 @@ def test_cut_where_the_gain_falls_below_the_price():
     assert b.offers["suffix"] == 3
 
 
+def test_the_steps_fixed_seconds_make_copied_tokens_cheaper():
+    """A step's draft levels and per-step time do not grow with the chains but are paid all the
+    same: counted (``base``), a copied token is a smaller share of the step, so chains go deeper."""
+    b = FreeBudget({"suffix": 6}, lambda n: 0.1 * n, explore_every=1000)
+    for _ in range(98):  # every depth gains a token a third of the time
+        b.record({"suffix": 6}, {"suffix": 6} if _ % 3 == 0 else {}, model_held=0)
+    b.offers["suffix"] = 1
+    sizes = [1, 2, 3, 4, 5, 6]
+    assert b.depth("suffix", 1, sizes) == 0           # a third of a token for a tenth of a 0.1-s step: no
+    assert b.depth("suffix", 1, sizes, base=1.0) == 6  # the same token against a 1.1-s step: yes
+    for bad in (-1.0, float("nan"), "1"):
+        with pytest.raises(ValueError, match="base"):
+            b.depth("suffix", 1, sizes, base=bad)
+
+
 def test_model_held_tokens_are_not_the_sources_gain():
     b = FreeBudget({"lookup": 4}, lambda n: float(n))
     b.record({"lookup": 4}, {"lookup": 3}, model_held=2)  # only depth 3 was the chain's own
@@ -141,6 +156,28 @@ def test_pace_drafts_deep_when_width_is_cheap_and_not_at_all_when_refused():
         dear_copied.record(4, 3, free_held=4, free_tokens=6)
     assert dear_copied.seconds(0) == pytest.approx(7.0)  # the root and the 6 copies: 7 tokens' pass
     assert dear_copied.cap(4) == 0  # the model's drafting costs and adds nothing over the copies
+
+
+def test_pace_conditions_on_the_free_chain_proposed():
+    """Where the copies run long the model adds nothing and its passes are skipped; where nothing
+    matches the same pace drafts deep. Pooled over both kinds of step it would draft nothing."""
+    from multidraft.decoding.pace import DepthPace, signal_bucket
+    from multidraft.trees import TreeShape
+
+    assert [signal_bucket(s) for s in (None, 0, 1, 3, 4, 7, 8, 16)] == [None, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(ValueError, match="signal"):
+        signal_bucket(-1)
+    mid = CostProfile((1, 40), (1.0, 2.95), (1,), (0.1,))  # a tree token costs 5% of a pass, a draft level 10%
+    p = DepthPace(TreeShape.from_args(None, 1, 4), mid, warmup=0, explore_every=1000)
+    for _ in range(30):
+        p.record(4, 3, free_held=0, free_tokens=0, signal=0)     # nothing to copy: the model gives 3 of 4
+        p.record(4, 3, free_held=8, free_tokens=10, signal=10)  # a long copy holds the path past the model
+    assert p.b_steps == [30, 0, 0, 30] and p.steps == 60
+    assert p.cap(4, signal=0) == 3       # the 4th level never pays
+    assert p.cap(4, signal=12) == 0      # the copies give every token the model would
+    assert p.cap(4) == 0                 # pooled: half the steps' copies drown the model's gain
+    assert p.cap(4, signal=2) == 0       # a bucket never seen falls back to the pooled figures
+    assert p.gain(0)[:3] == pytest.approx([(30 + 2 * 31 / 62) / 32] * 3)
 
 
 def test_pace_explores_one_level_deeper_on_a_fixed_schedule():

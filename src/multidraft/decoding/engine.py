@@ -300,7 +300,7 @@ class _Decoder:
                 break
             remaining = s.max_new_tokens - len(out)
             limit = min(remaining - 1, room)  # the deepest draft worth scoring (free chains go past the shape's depth)
-            cap = 0 if not s.uses_draft else st.choose_cap(min(s.shape.depth, limit))  # the draft model's depth (none: free-only)
+            cap = 0 if not s.uses_draft else st.choose_cap(min(s.shape.depth, limit), limit)  # the draft model's depth (none: free-only)
             new, m, dd = yield from st.step(root, cap, limit=limit)
             accepted.append(m)
             depths.append(dd)

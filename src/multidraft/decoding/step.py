@@ -69,6 +69,7 @@ from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
 from .pace import DepthPace, shape_paths
 from .sources.budget import FreeBudget
+from .treeopt import level_counts
 
 __all__ = ["DecoderStep", "StepResult", "Call", "TokenLogprobs", "drive", "score_call", "score_tree"]
 
@@ -220,9 +221,12 @@ class DecoderStep:
         self.pace = None    # DepthPace: each step's drafting depth by cost (a cost profile given)
         self._cap = 0       # the in-flight tree's depth cap
         self._step_free = 0  # tokens the free chains added to the in-flight tree
+        self._proposals: dict = {}  # (source name, depth) -> its chains, for the step in flight (the text decides)
+        self._signal = None  # the longest free chain proposed for the step in flight (the pace's signal)
         shape = settings.shape
         if cost is not None and shape is not None and shape.depth > 0 and not settings.target_alone:
             self.pace = DepthPace(shape, cost)
+        self._cost = cost
         if cost is not None and self._free:
             self.budget = FreeBudget({src.name: src.depth for src in self._free},
                                      lambda n: cost.target_seconds(n) + cost.per_node_seconds * (n - 1))
@@ -242,6 +246,7 @@ class DecoderStep:
     def observe(self, tokens: list[int], fresh: bool = False) -> None:
         """The free sources' proposers read committed ``tokens`` (``fresh``: new proposers, for a new
         decode, ``tokens`` its prompt); ``prefill`` and ``commit`` call it."""
+        self._proposals = {}  # the text changed: proposals made before it are stale
         if fresh:
             self.finish()
             self._proposers = [(src, src.proposer(self.index)) for src in self._free]
@@ -278,6 +283,7 @@ class DecoderStep:
         chains = []
         self._step_chains, self._step_offered = {}, {}
         n = self._nominal_nodes(cap) if self.budget is not None else 0
+        base = self._fixed_seconds(cap) if self.budget is not None else 0.0
         # chains join when the model drafts, or with free sources alone, or when the pace chose to
         # draft nothing this step (free-only nodes at the root: the walk's free-first rule)
         drafting = cap > 0 or self.settings.free_only or self.pace is not None
@@ -287,7 +293,7 @@ class DecoderStep:
                 continue
             seen: set = set()
             mine = []
-            for ch in prop.propose(d):
+            for ch in self._propose(src, prop, d):
                 ch = tuple(ch[:d])
                 grown = {ch[:j] for j in range(1, len(ch) + 1)} - seen
                 if not ch or len(seen) + len(grown) > src.depth:
@@ -297,7 +303,7 @@ class DecoderStep:
             if self.budget is not None and mine:  # cut by cost (sources.budget): the text and counters decide
                 sizes = [len({ch[:j] for ch in mine for j in range(1, min(L, len(ch)) + 1)})
                          for L in range(1, max(map(len, mine)) + 1)]
-                L = self.budget.depth(src.name, n, sizes)
+                L = self.budget.depth(src.name, n, sizes, base)
                 self._step_offered[src.name] = L
                 mine = list(dict.fromkeys(ch[:L] for ch in mine if L))
                 seen = {ch[:j] for ch in mine for j in range(1, len(ch) + 1)}
@@ -308,6 +314,25 @@ class DecoderStep:
             self.source_stats[src.name][0] += len(seen)
         if chains:
             self._step_free = len(tree.add_chains(chains))  # the tokens the free chains added to the tree
+
+    def _propose(self, src, prop, d: int) -> list:
+        """``prop.propose(d)``, once a step (the choice of the depth reads it too)."""
+        key = (src.name, d)
+        if key not in self._proposals:
+            self._proposals[key] = prop.propose(d)
+        return self._proposals[key]
+
+    def free_signal(self, limit: int | None = None) -> int | None:
+        """The longest chain the free sources propose for the next step, at most ``limit`` deep (the
+        pace's signal, ``pace.signal_bucket``); None without free sources."""
+        if not self._proposers:
+            return None
+        longest = 0
+        for src, prop in self._proposers:
+            d = src.depth if limit is None else min(src.depth, limit)
+            if d > 0:
+                longest = max([longest] + [min(len(ch), d) for ch in self._propose(src, prop, d)])
+        return longest
 
     def score(self, tree: DraftTree):
         """Generator (yields the target's ``Call``): one target pass over ``[root] + tree``;
@@ -371,8 +396,10 @@ class DecoderStep:
             if self.budget is not None:
                 self.budget.record(self._step_offered, held, model_held)
             if self.pace is not None:
-                self.pace.record(self._cap, model_held, max(held.values(), default=0), self._step_free)
+                self.pace.record(self._cap, model_held, max(held.values(), default=0), self._step_free,
+                                 self._signal)
         self._step_chains, self._step_offered = {}, {}
+        self._proposals, self._signal = {}, None
         if self._proposers:
             self.observe(out)
         return out
@@ -385,6 +412,7 @@ class DecoderStep:
             self.draft_runner.commit([])
         self._tree = None
         self._step_chains, self._step_offered = {}, {}
+        self._proposals, self._signal = {}, None
 
     def _nominal_nodes(self, cap: int) -> int:
         """Tokens of the model's tree drafted ``cap`` deep as its shape allows it (root included):
@@ -394,10 +422,25 @@ class DecoderStep:
         shape = self.settings.shape
         return 1 + (len(shape_paths(shape, cap)) if shape is not None and cap > 0 else 0)
 
-    def choose_cap(self, cap: int) -> int:
+    def _fixed_seconds(self, cap: int) -> float:
+        """The profile's seconds of a step drafted ``cap`` deep that its free chains do not change:
+        the draft model's levels (its tree as the shape allows it) and the per-step time."""
+        p = self._cost
+        if self.pace is not None:
+            paths = self.pace.paths[min(cap, self.pace.depth)]
+        else:
+            shape = self.settings.shape
+            paths = shape_paths(shape, cap) if shape is not None and cap > 0 else []
+        return sum(p.draft_seconds(m) for m in level_counts(paths)) + p.per_step_seconds
+
+    def choose_cap(self, cap: int, limit: int | None = None) -> int:
         """The depth this step drafts, at most ``cap``: ``cap`` itself, or with a cost profile the
-        depth that pays by the acceptances measured so far (``pace.DepthPace``; 0: the target alone)."""
-        return cap if self.pace is None else self.pace.cap(cap)
+        depth that pays by the acceptances measured so far (``pace.DepthPace``; 0: the target alone),
+        given the free chains proposed for it, at most ``limit`` deep (the step's own ``limit``)."""
+        if self.pace is None:
+            return cap
+        self._signal = self.free_signal(limit)
+        return self.pace.cap(cap, self._signal)
 
     def step(self, root: int, cap: int, rule=None, limit: int | None = None):
         """Generator (yields every ``Call``): draft (free chains at most ``limit`` deep), score,

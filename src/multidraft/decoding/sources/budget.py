@@ -13,9 +13,11 @@ less than j: the token the chain's j-th node adds over the model's tree. With ``
 tokens a step emits from the model's tree alone (1 + its accepted depth, measured), ``n`` the
 tree's tokens before s (root included), ``m_L`` the tokens s's chains add when cut to depth L
 and ``c(n)`` the step's predicted seconds at n tree tokens (the cost profile's target pass plus
-``per_node_seconds`` a node), the predicted rate of s cut at depth L is
+``per_node_seconds`` a node, plus the step's fixed seconds ``b``: the draft model's levels at the
+depth it drafts this step and the profile's per-step time, which the chains do not change but
+which a step costs all the same), the predicted rate of s cut at depth L is
 
-    rate(L) = (E + sum_{j <= L} g_j) / c(n + m_L),
+    rate(L) = (E + sum_{j <= L} g_j) / (b + c(n + m_L)),
 
 and the source proposes ``L* = argmax_{0 <= L <= D} rate(L)`` tokens deep (the least L on
 ties; L* = 0: nothing this step). ``g_j`` is estimated by ``(hits_j + 1) / (tried_j + 2)``
@@ -74,10 +76,13 @@ class FreeBudget:
         """``E``: mean tokens a step emits from the model's tree alone (1 before any step)."""
         return self.model_tokens / self.steps if self.steps else 1.0
 
-    def depth(self, name: str, n: int, sizes) -> int:
+    def depth(self, name: str, n: int, sizes, base: float = 0.0) -> int:
         """The depth source ``name`` proposes this step: ``sizes[L - 1]`` the tokens its chains
         add to the tree when cut to depth L (L = 1..len(sizes); empty: no match), the tree has
-        ``n`` tokens before it (root included)."""
+        ``n`` tokens before it (root included), the step costs ``base`` seconds besides
+        ``step_seconds`` (module notes: ``b``)."""
+        if not isinstance(base, (int, float)) or isinstance(base, bool) or not base >= 0:
+            raise ValueError(f"base must be a number >= 0, got {base!r}")
         cap = min(self.caps[name], len(sizes))
         if cap <= 0:
             return 0
@@ -85,10 +90,10 @@ class FreeBudget:
         if self.explore_every == 1 or self.offers[name] % self.explore_every == 1:
             return cap
         e, g = self.expected_model_tokens(), self.gain(name)
-        best, best_rate, tokens = 0, e / self.step_seconds(n), e
+        best, best_rate, tokens = 0, e / (base + self.step_seconds(n)), e
         for L in range(1, cap + 1):
             tokens += g[L - 1]
-            rate = tokens / self.step_seconds(n + sizes[L - 1])
+            rate = tokens / (base + self.step_seconds(n + sizes[L - 1]))
             if rate > best_rate * (1 + 1e-12):
                 best, best_rate = L, rate
         return best
