@@ -50,6 +50,24 @@ def test_the_steps_fixed_seconds_make_copied_tokens_cheaper():
             b.depth("suffix", 1, sizes, base=bad)
 
 
+def test_a_step_that_drafts_no_model_tokens_keeps_the_copies_the_model_would_have_held():
+    """The pace may draft the model 0 deep: the chain's first tokens, which the model's drafts used
+    to hold too (no gain over them), are then the only drafts and must be read as such."""
+    b = FreeBudget({"lookup": 8}, lambda n: 1.0 + 0.1 * n, explore_every=1000)
+    for _ in range(50):  # the model drafts 4 deep and holds 4; the copy holds the same 4
+        b.record({"lookup": 8}, {"lookup": 4}, model_held=4, drafted=4)
+    b.offers["lookup"] = 1
+    sizes = list(range(1, 9))
+    assert b.depth("lookup", 5, sizes, drafted=4) == 0   # the model gives those 4 tokens: copying them adds none
+    assert b.depth("lookup", 5, sizes) == 0              # as deep as ever: the same reading
+    assert b.depth("lookup", 1, sizes, drafted=0) == 4   # no model drafts: the copy's 4 tokens are the step's
+    assert b.expected_model_tokens(0) == 1.0 and b.expected_model_tokens(4) == pytest.approx(1 + 4 * 51 / 52)
+    assert b.gain("lookup", 0)[:5] == pytest.approx([51 / 52] * 4 + [1 / 52])
+    assert b.model_tries == [50] * 4 and b.offered["lookup"] == [50] * 8 and b.tried["lookup"] == [50] * 4 + [0] * 4
+    with pytest.raises(ValueError, match="drafted"):
+        b.record({}, {}, model_held=0, drafted=-1)
+
+
 def test_model_held_tokens_are_not_the_sources_gain():
     b = FreeBudget({"lookup": 4}, lambda n: float(n))
     b.record({"lookup": 4}, {"lookup": 3}, model_held=2)  # only depth 3 was the chain's own

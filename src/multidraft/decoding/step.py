@@ -303,7 +303,7 @@ class DecoderStep:
             if self.budget is not None and mine:  # cut by cost (sources.budget): the text and counters decide
                 sizes = [len({ch[:j] for ch in mine for j in range(1, min(L, len(ch)) + 1)})
                          for L in range(1, max(map(len, mine)) + 1)]
-                L = self.budget.depth(src.name, n, sizes, base)
+                L = self.budget.depth(src.name, n, sizes, base, self._drafted(cap))
                 self._step_offered[src.name] = L
                 mine = list(dict.fromkeys(ch[:L] for ch in mine if L))
                 seen = {ch[:j] for ch in mine for j in range(1, len(ch) + 1)}
@@ -394,7 +394,7 @@ class DecoderStep:
         if self.budget is not None or self.pace is not None:
             model_held = _model_held(tree, path)
             if self.budget is not None:
-                self.budget.record(self._step_offered, held, model_held)
+                self.budget.record(self._step_offered, held, model_held, self._drafted(self._cap))
             if self.pace is not None:
                 self.pace.record(self._cap, model_held, max(held.values(), default=0), self._step_free,
                                  self._signal)
@@ -421,6 +421,11 @@ class DecoderStep:
             return 1 + len(self.pace.paths[min(cap, self.pace.depth)])
         shape = self.settings.shape
         return 1 + (len(shape_paths(shape, cap)) if shape is not None and cap > 0 else 0)
+
+    def _drafted(self, cap: int) -> int | None:
+        """The model's depth this step as the free budget reads it: ``cap`` where the pace chooses
+        it step by step, else None (as deep as ever: a fixed shape, or free sources alone)."""
+        return cap if self.pace is not None else None
 
     def _fixed_seconds(self, cap: int) -> float:
         """The profile's seconds of a step drafted ``cap`` deep that its free chains do not change:
