@@ -869,9 +869,9 @@ def _session(ap, args, cfg: dict, methods, prompts, held_out, auto_in, paced_pro
             # round-major: round 0 of every prompt first, so a run cut by --minutes still covers every prompt
             out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
                          eos_token_id=eos, rounds=args.rounds,
-                         write=(lambda row: writer.write(**row)) if writer else None, on_row=log_row, time_budget_s=None if args.minutes is None else 60.0 * args.minutes,
-                         log=_eprint, cost_profile=paced_profile, rounds_first=True,
-                         skip_unit=lambda pid, rnd: (pid, rnd) in done)
+                         write=(lambda row: writer.write(**row)) if writer else None, on_row=log_row,
+                         time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint,
+                         cost_profile=paced_profile, rounds_first=True, skip_unit=lambda pid, rnd: (pid, rnd) in done)
         load1 = load_average() or [float("nan")] * 3
         if writer:
             writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all,
