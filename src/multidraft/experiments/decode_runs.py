@@ -12,8 +12,12 @@ e.g. ``transformers``' assisted generation or llama.cpp's binaries; see
 :func:`run` decodes every prompt with every method, **interleaved** (for each prompt, every
 method in turn; with ``rounds`` > 1 each prompt is decoded ``rounds`` times, the method order
 reversed every other round), so slow phases of a shared machine hit every method alike.
-Each prompt gets one ``PromptCache``: its prefill runs once per model and is shared by every
-method (and left out of tokens/s).
+The work comes in **units** (prompt, round): every method once on one prompt. By default a
+prompt's rounds follow each other (prompt-major); ``rounds_first=True`` runs round 0 of every
+prompt, then round 1, ... (round-major: a run cut by its time budget still covers every prompt
+once). Each unit gets one ``PromptCache`` (prompt-major: each prompt): its prefill runs once
+per model and is shared by every method (and left out of tokens/s). ``skip_unit`` leaves out
+the units a resumed file already holds for every method (:func:`complete_units`).
 
 **One seed rule** (:func:`run_seed`): the run of method m on prompt ``pid`` draws everything
 from ``torch.Generator().manual_seed(derive_seed(seed, pid, name, law, K, depth, rule="unit"))``
@@ -49,6 +53,7 @@ pooled and paired per prompt with its 95% interval, tree tokens per pass and ms 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -67,7 +72,7 @@ from .._validate import derive_seed
 __all__ = [
     "MethodSpec", "target_alone", "tree_method", "peer_method", "parse_method", "check_methods", "run_seed", "run",
     "RunOutcome", "run_row", "warm_up", "merge_rounds", "mean_ci", "paired_ratio", "same_tree", "rules_against_walks",
-    "round_spread", "summarize", "format_table", "SEED_TARGET_ALONE",
+    "round_spread", "summarize", "format_table", "SEED_TARGET_ALONE", "complete_units", "first_difference",
 ]
 
 # The name a target-alone run's seed is derived with (``run_seed``): the spelling of the rows
@@ -318,45 +323,60 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
         max_new_tokens: int, eos_token_id=None, rounds: int = 1, skip: Callable[[str, MethodSpec], bool] | None = None,
         write: Callable[[dict], None] | None = None, time_budget_s: float | None = None,
         progress=None, desc: str = "decode", log: Callable[[str], None] = lambda _m: None,
-        on_row: Callable[[dict, int, int], None] | None = None, cost_profile=None) -> RunOutcome:
+        on_row: Callable[[dict, int, int], None] | None = None, cost_profile=None, rounds_first: bool = False,
+        skip_unit: Callable[[str, int], bool] | None = None) -> RunOutcome:
     """Decode every prompt ``(id, input_ids [1, T])`` with every method, interleaved (module docstring).
 
     ``skip(prompt_id, method)`` True leaves a run out (a resumed file's finished rows);
-    ``write(row)`` is called for every row as soon as it exists; ``time_budget_s`` stops before a
-    prompt whose round of methods would overrun the budget (projected from the prompts done; the
-    first prompt always runs). ``progress``: a tqdm-like wrapper ``progress(iterable, total, desc)``;
-    ``on_row(row, done, total)`` after each row (e.g. a log line); ``cost_profile`` the
-    ``treeopt.CostProfile`` the ``paced`` methods decode with (required when one is given)."""
+    ``skip_unit(prompt_id, round)`` True leaves a whole unit out (every method of that prompt and
+    round: a resumed file's complete units); ``rounds_first`` runs the units round-major (round 0 of
+    every prompt first) instead of prompt-major; the seeds and the method order within a unit are
+    the same either way. ``write(row)`` is called for every row as soon as it exists;
+    ``time_budget_s`` stops before a unit (prompt-major: a prompt with all its rounds) that would
+    overrun the budget (projected from the units done; the first always runs). ``progress``: a
+    tqdm-like wrapper ``progress(iterable, total, desc)``; ``on_row(row, done, total)`` after each
+    row (e.g. a log line); ``cost_profile`` the ``treeopt.CostProfile`` the ``paced`` methods decode
+    with (required when one is given)."""
     if cost_profile is None and any(m.paced for m in methods):
         raise ValueError("paced methods need a cost_profile")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    units = ([(pi, rnd) for rnd in range(rounds) for pi in range(len(prompts))] if rounds_first else
+             [(pi, rnd) for pi in range(len(prompts)) for rnd in range(rounds)])
     jobs = []
-    for pi, (pid, ids) in enumerate(prompts):
-        for rnd in range(rounds):
-            for m in (methods if rnd % 2 == 0 else list(methods)[::-1]):
-                if skip is None or not skip(pid, m):
-                    jobs.append((pi, rnd, m))
+    for pi, rnd in units:
+        if skip_unit is not None and skip_unit(prompts[pi][0], rnd):
+            continue
+        for m in (methods if rnd % 2 == 0 else list(methods)[::-1]):
+            if skip is None or not skip(prompts[pi][0], m):
+                jobs.append((pi, rnd, m))
+    # the budget's unit: a (prompt, round) round-major, a prompt with all its rounds prompt-major
+    unit_of = (lambda pi, rnd: (pi, rnd)) if rounds_first else (lambda pi, rnd: pi)
+    n_units = len({unit_of(pi, rnd) for pi, rnd, _ in jobs})
+    what = "prompts" if not rounds_first or rounds == 1 else "prompt rounds"
     # each method at this run's max_new_tokens (a change of one sampling field: checked alone)
     sized = {m.label: dataclasses.replace(m, settings=m.settings.derive(max_new_tokens=max_new_tokens))
              for m in methods}
     out = RunOutcome([])
     it = jobs if progress is None else progress(jobs, total=len(jobs), desc=desc)
-    cache, cache_pi = None, None
+    cache, cache_unit, units_done, seen = None, None, 0, set()
     t_loop = time.perf_counter()
     for pi, rnd, m in it:
         pid, ids = prompts[pi]
-        if pi != cache_pi:  # a new prompt: a fresh prefill cache, and the time budget
-            if cache_pi is not None and time_budget_s is not None:
-                done = out.prompts_done
-                per_prompt = (time.perf_counter() - t_loop) / max(done, 1)
-                if time.perf_counter() - t_loop + per_prompt > time_budget_s:
-                    out.stopped = (f"time budget {time_budget_s:.0f} s: stopped after {done} of {len(prompts)} "
-                                   f"prompts ({per_prompt:.0f} s per prompt round)")
+        unit = unit_of(pi, rnd)
+        if unit != cache_unit:  # a new unit: a fresh prefill cache, and the time budget
+            if cache_unit is not None and time_budget_s is not None:
+                per_unit = (time.perf_counter() - t_loop) / max(units_done, 1)
+                if time.perf_counter() - t_loop + per_unit > time_budget_s:
+                    out.stopped = (f"time budget {time_budget_s:.0f} s: stopped after {units_done} of {n_units} "
+                                   f"{what} ({per_unit:.0f} s per prompt round)")
                     log(out.stopped)
                     break
-            cache, cache_pi = PromptCache(max_entries=2), pi  # target and draft prefill of this prompt
-            out.prompts_done += 1
+            cache, cache_unit = PromptCache(max_entries=2), unit  # target and draft prefill of this prompt
+            units_done += 1
+            if pi not in seen:
+                seen.add(pi)
+                out.prompts_done += 1
         s = run_seed(seed, pid, m)
         m = sized[m.label]
         if m.peer is not None:
@@ -372,6 +392,31 @@ def run(target, draft, prompts: Sequence[tuple[str, torch.Tensor]], methods: Seq
         if on_row is not None:
             on_row(row, len(out.rows), len(jobs))
     return out
+
+
+def complete_units(rows: Sequence[dict], methods: Sequence[MethodSpec] | Sequence[str]) -> set[tuple[str, int]]:
+    """The units ``(prompt, round)`` of ``rows`` (a results file's) that hold a run row of every one of
+    ``methods`` (labels or specs): what a resumed run skips. A unit with only some methods' rows (an
+    interrupted run) is not complete: it is decoded again. Rows without ``round`` are round 0."""
+    labels = {m if isinstance(m, str) else m.label for m in methods}
+    have: dict[tuple[str, int], set[str]] = {}
+    for r in rows:
+        if r.get("kind", "run") == "run":
+            have.setdefault((r["prompt"], int(r.get("round") or 0)), set()).add(r["method"])
+    return {u for u, got in have.items() if labels <= got}
+
+
+def first_difference(old: dict, new: dict, free: Sequence[str] = ()) -> tuple[str, object, object] | None:
+    """The first setting (in ``new``'s order, then ``old``'s) whose value differs between two run
+    configurations, as ``(key, old value, new value)`` (values compared as they read back from
+    JSON: tuples as lists), or None; keys in ``free`` may differ (a resumed run's ``rounds``)."""
+    def canon(x):
+        return json.loads(json.dumps(x, sort_keys=True, default=str))
+    a, b = canon(dict(old)), canon(dict(new))
+    for k in list(b) + [k for k in a if k not in b]:
+        if k not in free and a.get(k) != b.get(k):
+            return k, a.get(k), b.get(k)
+    return None
 
 
 def warm_up(target, draft, ids: torch.Tensor, *, depth: int = 2, temperature: float = 1.0,
