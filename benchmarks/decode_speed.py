@@ -440,6 +440,20 @@ def headline(summary: list[dict], rows: list[dict]) -> list[str]:
                    f"block efficiency {bf['block_efficiency']:.2f} (pooled)")
         out += [versus(bf, sd, "best single-draft SD")] if sd else []
         out += [versus(bf, ref) for ref in refs]
+    mixed = [s for s in ours if "model" in (s.get("sources") or ()) and len(s["sources"]) > 1]
+    if mixed:  # issue 39's aims: the draft model and free sources in one tree against each alone
+        bm = max(mixed, key=lambda s: s["tokens_per_s"])
+        alone = [s for s in ours + seq if list(s.get("sources") or ()) == ["model"]]
+        out.append(f"best mixed (draft model + free sources): {bm['method']} at {bm['tokens_per_s']:.2f} tok/s, "
+                   f"block efficiency {bm['block_efficiency']:.2f} (pooled)")
+        if alone:
+            out.append(versus(bm, max(alone, key=lambda s: s["tokens_per_s"]), "best draft model alone"))
+        one = [s for s in free if len(s["sources"]) == 1]
+        if one:
+            out.append(versus(bm, max(one, key=lambda s: s["tokens_per_s"]), "best single free source"))
+        if free:
+            out.append(versus(bm, max(free, key=lambda s: s["tokens_per_s"]), "best free sources alone"))
+        out += [versus(bm, ref) for ref in refs]
     for g in dr.same_tree(rows):
         head = (f"same tree, {g['tree']}: highest block efficiency {g['best_block']} ({g['block_efficiency']:.2f})")
         if g["verdict"] == "fastest":

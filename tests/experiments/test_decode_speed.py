@@ -117,6 +117,28 @@ def test_headline_pairs_the_best_rows_with_llama_completion(ds):
     assert "vs llama-completion" not in dr.format_table(dr.summarize(rows[2:], methods[1:]))
 
 
+def test_headline_sets_the_mixed_decode_against_each_source_alone(ds):
+    """Issue 39's aims: the best mixed row (the model and free sources in one tree) against the best
+    draft model alone, the best single free source, the free sources alone and every reference."""
+    def run(method, prompt, seconds, sources):
+        r = _row(method, "tree" if sources else "target", prompt, 100, seconds, 10)
+        r["sources"] = sources
+        return r
+    times = {"target-only": ([], 20.0), "SD depth 4": (["model"], 10.0), "lookup alone": (["lookup"], 8.0),
+             "suffix alone": (["suffix"], 9.0), "lookup + suffix alone": (["lookup", "suffix"], 7.0),
+             "SD depth 4 + lookup + suffix paced": (["model", "lookup", "suffix"], 5.0)}
+    rows = [run(m, p, sec * (1.0 if p == "p1" else 2.0), src) for p in ("p1", "p2") for m, (src, sec) in times.items()]
+    lines = ds.headline(dr.summarize(rows), rows)
+    i = next(i for i, x in enumerate(lines) if x.startswith("best mixed"))
+    assert "SD depth 4 + lookup + suffix paced" in lines[i]
+    got = lines[i + 1:i + 5]
+    assert "best draft model alone (SD depth 4)" in got[0] and "per prompt 2.000x" in got[0]
+    assert "best single free source (lookup alone)" in got[1] and "per prompt 1.600x" in got[1]
+    assert "best free sources alone (lookup + suffix alone)" in got[2] and "per prompt 1.400x" in got[2]
+    assert "vs target-only" in got[3] and "per prompt 4.000x" in got[3]
+    assert not any(x.startswith("best mixed") for x in ds.headline(dr.summarize(rows[:5]), rows[:5]))
+
+
 def test_summarize_file_reads_rounds(ds, tmp_path, capsys):
     path = tmp_path / "run.jsonl"
     meta = {"type": "meta", "kind": "decode_speed", "config": {"engine": "llama.cpp", "max_new_tokens": 100, "rounds": 2,
