@@ -18,7 +18,10 @@ sources of every request, a request's ``sources`` field replaces it; the server 
 ``decoding.sources.SuffixIndex`` (bounded) that the ``suffix`` source of every request reads
 and that every finished output of such a request joins. Sources without ``model`` (``--sources
 lookup``, a request's ``["lookup", "suffix"]``) decode with the free sources alone (no draft model
-runs for that request; the server still loads its draft, which a request naming ``model`` uses).
+runs for that request). A server whose ``--sources`` are free-only (``Settings.free_only``) loads no
+draft model at all (no draft weights, no draft cache; ``--draft`` is named in a warning and not
+loaded), and a request whose ``sources`` name ``model`` there is a 400 naming ``sources``; a server
+with ``model`` in its sources loads the draft, and its requests may name free sources alone.
 Logs go to stderr through ``logging``
 (``--log-level``).
 """
@@ -27,7 +30,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ._args import quiet_loading
+from ._args import quiet_loading, warn
 from .decode import DEFAULT_CTX, add_settings_flags, auto_request, check_settings
 
 WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -115,6 +118,8 @@ def run(args) -> int:
         raise ValueError("--warmup-prompt applies to --tree auto only")
     check_replicas(args.replicas, args.ray)
     settings, draft_temperature, tree = check_settings(args)
+    if settings.free_only and args.draft is not None:
+        warn(args, f"--draft is not loaded: --sources {args.sources} drafts with free sources alone")
     auto = None
     if tree == "auto":  # checked before any model loads
         from ..decoding.auto import check_auto
@@ -193,7 +198,7 @@ def load_served(args, settings, draft_temperature, auto, say=None, cost_profile=
 
     say = say or (lambda *a: None)
     llama = args.engine == "llama.cpp"
-    spec = not settings.target_alone
+    spec = settings.uses_draft  # the target alone and free-only sources load no draft model
     target, draft, tok = load_models(
         args.engine, target=args.target, draft=args.draft if spec else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
