@@ -166,3 +166,31 @@ def test_a_server_with_the_model_source_loads_the_draft(monkeypatch):
     free sources alone)."""
     model, asked = _served_by_cli(monkeypatch, ["--sources", "model,lookup", "--temperature", "0"])
     assert asked == [None] and model.draft is not None and model.settings.uses_draft
+
+
+def test_a_free_only_server_with_tree_auto_cuts_the_free_chains_by_the_profile(monkeypatch, tmp_path):
+    """``serve --sources lookup,suffix --tree auto --profile FILE``: no draft model and no warm-up,
+    the settings stay free-only and the profile paces every request's copied chains
+    (``decoding.sources.budget``): the text stays the target's greedy text, and where every tree
+    token costs a whole pass the sources propose fewer tokens than on a server without a profile."""
+    import tiny_models as tm
+    from multidraft.decoding.treeopt import CostProfile
+
+    prof = tmp_path / "steep.json"
+    prof.write_text(CostProfile(list(range(1, 65)), [float(n) for n in range(1, 65)], [1, 8], [1e-3, 2e-3]).to_json())
+    proposed = {}
+    for name, extra in (("auto", ["--tree", "auto", "--profile", str(prof)]), ("plain", [])):
+        model, asked = _served_by_cli(monkeypatch, ["--sources", "lookup,suffix", "--temperature", "0"] + extra)
+        assert asked == [False] and model.draft is None and model.settings.free_only
+        assert (model.cost_profile is not None) == (name == "auto")
+        srv = start(model, queue_size=4, shutdown_grace_s=5)
+        try:
+            ids = model.codec.encode(PROMPT)
+            want = model.codec.decode(tm.greedy_reference(model.target, torch.tensor([ids]), 40,
+                                                          eos_token_id=0).tolist())
+            got = post(srv)
+            assert got["choices"][0]["text"] == want and got["speculative"]["sources"] == ["lookup", "suffix"]
+            proposed[name] = sum(s["proposed"] for s in got["speculative"]["source_stats"].values())
+        finally:
+            srv.close()
+    assert proposed["plain"] > proposed["auto"] > 0

@@ -10,7 +10,9 @@ the tree once at start-up (from ``--accept-stats`` or a warm-up decode of ``--wa
 best tree even where the warm-up predicts it slower than the target alone), and each request then
 drafts, step by step, only as deep as pays by the profile and its own acceptances so far (depth 0:
 the target alone; ``decoding.pace``, and free chains cut by ``decoding.sources.budget``):
-speculation chosen per request, as it goes.
+speculation chosen per request, as it goes. With free sources alone (``--sources lookup,suffix
+--tree auto --profile FILE``) there is no tree to choose and no warm-up: each request's copied
+chains are cut by cost from the profile as it goes (``decoding.auto`` notes).
 Each request's temperature, top_p, top_k and max_tokens replace ``--temperature`` etc.;
 ``--max-new-tokens`` is the default ``max_tokens`` of a chat request (a completion's is 16, as
 OpenAI's). ``--sources`` (a comma list, ``decoding.sources.parse_sources``) is the default draft
@@ -128,8 +130,14 @@ def run(args) -> int:
         from dataclasses import replace
 
         # the best tree is kept even where the warm-up predicts it slower than the target alone:
-        # each request paces its own depth from its own acceptances (0: the target alone)
-        auto = check_auto(replace(auto_request(args), force_tree=True), settings, read_acceptance=tree_acceptance)
+        # each request paces its own depth from its own acceptances (0: the target alone); free
+        # sources alone have no tree to keep (their chains are cut by cost, decoding.auto notes)
+        if settings.free_only and args.warmup_prompt is not None:
+            raise ValueError(f"--warmup-prompt measures the draft model's acceptance; --sources {args.sources} "
+                             "--tree auto has no draft model (each request's free chains are cut by cost from "
+                             "--profile as it goes): drop it, or add model to --sources")
+        force = bool(args.force_tree) if settings.free_only else True
+        auto = check_auto(replace(auto_request(args), force_tree=force), settings, read_acceptance=tree_acceptance)
     check_listen(args.host, args.port)  # a busy port or a bad --host, before the models load
     from .. import _optional
 
@@ -205,7 +213,7 @@ def load_served(args, settings, draft_temperature, auto, say=None, cost_profile=
         draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say,
         **({"n_ctx": args.ctx_size or DEFAULT_CTX} if llama else {}))
     codec = TextCodec(args.engine, target, tok, draft if spec else None)
-    if auto is not None:
+    if auto is not None and not auto.free_only:  # free sources alone: no tree to choose, the profile paces them
         text = args.warmup_prompt or WARMUP_PROMPT
         ids = codec.encode(text)
         if not ids:
