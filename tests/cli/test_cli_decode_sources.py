@@ -77,10 +77,61 @@ def test_decode_free_only_loads_no_draft_and_is_the_greedy_text(monkeypatch, cap
                                         (["--depth", "3"], "--depth"), (["--rule", "block"], "--rule"),
                                         (["--draft-law", "iid"], "--draft-law"),
                                         (["--draft-temperature", "0.5"], "--draft-temperature"),
-                                        (["--tree", "sequences"], "--tree"), (["--tree", "dynamic"], "--tree"),
-                                        (["--tree", "auto"], "--tree")])
+                                        (["--tree", "sequences"], "--tree"), (["--tree", "dynamic"], "--tree")])
 def test_decode_free_only_refuses_the_draft_models_flags(no_models, capsys, extra, flag):
     assert main(["decode", "--prompt", PROMPT, "--quiet", "--sources", "lookup", *extra]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and lines[0].startswith("multidraft decode: error:"), lines
+    assert no_models == []
+
+
+def _profile(tmp_path, seconds, name):
+    """A cost profile file whose target pass over n tree tokens takes ``seconds(n)``."""
+    from multidraft.decoding.treeopt import CostProfile
+
+    path = tmp_path / name
+    path.write_text(CostProfile(list(range(1, 65)), [seconds(n) for n in range(1, 65)], [1, 8], [1e-3, 2e-3]).to_json())
+    return path
+
+
+def test_decode_free_only_tree_auto_cuts_the_free_chains_by_the_profile(monkeypatch, capsys, tmp_path):
+    """``--sources lookup,suffix --tree auto --profile FILE``: no tree to choose and no draft model
+    (the target alone loaded, no warm-up), the settings stay free-only, the text is the target's
+    greedy text, and the profile cuts the copied chains: where every tree token costs a whole pass
+    the sources propose fewer tokens than where width is free (then every chain at its cap, as
+    without a profile)."""
+    tm, t, tok = _tiny(monkeypatch)
+    loaded = []
+    monkeypatch.setattr(models, "ensure_model", lambda *a, **kw: "tiny-target")
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: loaded.append("target") or (t, tok))
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    ref = tm.greedy_reference(t, ids, 24).tolist()
+    base = ["decode", "--prompt", PROMPT, "--ignore-eos", "--max-new-tokens", "24", "--temperature", "0",
+            "--sources", "lookup,suffix", "--json"]
+    proposed = {}
+    for name, seconds in (("flat", lambda n: 1.0), ("steep", lambda n: float(n)), (None, None)):
+        argv = base + (["--tree", "auto", "--profile", str(_profile(tmp_path, seconds, f"{name}.json"))] if name else [])
+        assert main(argv) == 0
+        out = capsys.readouterr()
+        obj = json.loads(out.out.strip().splitlines()[-1])
+        assert obj["tokens"] == ref and obj["draft_calls"] == 0 and obj["run"]["draft"] is None
+        assert obj["settings"]["sources"] == ["lookup", "suffix"] and obj["settings"]["tree"] is None
+        if name:
+            assert obj["auto"]["decoded_with"] == "free-chains-by-cost" and "free chains are cut by cost" in out.err
+        proposed[name] = sum(s["proposed"] for s in obj["source_stats"].values())
+    assert loaded == ["target"] * 3
+    assert proposed["flat"] == proposed[None] > proposed["steep"] > 0
+
+
+@pytest.mark.parametrize("extra,flag", [([], "--profile"), (["--accept-stats", "PROF"], "--accept-stats"),
+                                        (["--warmup-tokens", "8"], "--warmup-tokens"),
+                                        (["--force-tree"], "--force-tree"), (["--max-nodes", "16"], "--max-nodes"),
+                                        (["--max-depth", "4"], "--max-depth")])
+def test_decode_free_only_tree_auto_refuses_what_rates_a_model_tree(no_models, capsys, tmp_path, extra, flag):
+    prof = _profile(tmp_path, lambda n: 1.0, "p.json")
+    extra = [str(prof) if x == "PROF" else x for x in extra]
+    argv = ["decode", "--prompt", PROMPT, "--quiet", "--sources", "lookup", "--tree", "auto"]
+    assert main(argv + ([] if flag == "--profile" else ["--profile", str(prof)]) + extra) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and lines[0].startswith("multidraft decode: error:"), lines
     assert no_models == []

@@ -22,6 +22,9 @@ from multidraft.cli import main
     (["--drain-timeout", "-1"], "--drain-timeout (--shutdown-grace) must be >= 0, got -1"),
     (["--warmup-prompt", "x"], "--tree auto only"),
     (["--api-key", " "], "--api-key must not be empty"),
+    (["--sources", "lookup", "--tree", "auto", "--warmup-prompt", "x"], "--warmup-prompt measures the draft model's"),
+    (["--sources", "lookup", "--tree", "auto"], "--profile FILE is needed by --tree auto"),
+    (["--sources", "lookup", "--tree", "sequences"], "--tree sequences shapes the draft model's trees"),
     (["--sources", "model,bogus"], "unknown draft source"),
     (["--sources", "lookup", "--k", "2"], "--k applies to the draft model"),
     (["--ctx-size", "512"], "--ctx-size applies to --engine llama.cpp only"),
@@ -121,3 +124,23 @@ def test_serve_api_key_reaches_the_server(monkeypatch, flags, env, key):
     monkeypatch.setattr(serve, "run_server", lambda model, **kw: got.update(kw) and 0)
     assert main(["serve", "--engine", "transformers", "--port", "0", "--model-name", "m"] + flags) == 0
     assert got["api_key"] == key
+
+
+def test_serve_free_only_loads_no_draft_and_names_draft_in_a_warning(monkeypatch, capsys, tmp_path):
+    """``serve --sources lookup --draft DIR``: the draft is not loaded (``load_models`` asked with
+    ``draft=False``), the served pair holds none, and ``--draft`` is named in one warning."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import multidraft.serve as serve
+    from multidraft.cli import _args
+
+    asked, served = [], {}
+    monkeypatch.setattr(_args, "load_models", lambda *a, **kw: asked.append(kw["draft"]) or (object(), None, object()))
+    monkeypatch.setattr(serve, "TextCodec", lambda *a, **kw: object())
+    monkeypatch.setattr(serve, "run_server", lambda model, **kw: served.setdefault("model", model) and 0)
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["serve", "--engine", "transformers", "--port", "0", "--model-name", "m", "--sources", "lookup",
+                 "--draft", str(tmp_path), "--log-level", "error"]) == 0
+    assert asked == [False] and served["model"].draft is None
+    err = capsys.readouterr().err
+    assert "warning: --draft is not loaded: --sources lookup drafts with free sources alone" in err

@@ -143,6 +143,8 @@ def test_batched_logits_match_alone(request, engine):
     br.commit(0, [0, 1, 3, 5])  # prefix + 5, 7, 9, 11
     br.commit(2, [])  # nothing accepted
     out3 = [o.clone() for o in br.extend([(0, [17], [-1], False), (2, [18, 19], [-1, 0], True)])]
+    for lane in range(4):  # llama.cpp: one decoder holds the context at a time (LlamaCppModel.hold)
+        br.close(lane)
     single = R.runner_for(t)
     for lane in range(4):
         single.prefill(torch.tensor([prefixes[lane]]))
@@ -296,3 +298,29 @@ def test_llama_lanes_wait_for_sequence_ids(llama_pair):
     got = generate_batch(t, d, PROMPTS, s, generator=100)
     for i, r in enumerate(got):
         assert r.tokens.tolist() == _alone(t, d, i, s).tokens.tolist()
+
+
+def test_llama_generate_and_lanes_take_turns_on_one_context(tmp_path):
+    """One llama.cpp context, two kinds of decoders (``LlamaCppModel.hold``): a ``generate`` on the
+    models beside an open lane is refused (it would wipe the lane's KV cells), after the lanes it
+    runs, and a lane opened after it finds the context cleared of its cells: the same tokens as
+    before it, and as ``generate``. Before ``hold``, the ``generate``'s prefix stayed in sequence
+    0 unknown to the lanes' free cells, and a long lane then found no KV slot."""
+    with tiny_llama_pair(tmp_path, 256) as (t, d):
+        s = Settings.from_args(verifier="specinfer", k=2, depth=2, temperature=0.0, max_new_tokens=24)
+        ids = torch.tensor([PROMPTS[3]])
+        bd = BatchDecoder(t, d, max_lanes=1)
+        lane = bd.add(ids, s, generator=0)
+        with pytest.raises(ValueError, match="open lane"):
+            md.generate(t, d, ids, s, generator=0)
+        first = bd.run()[lane]
+        alone = md.generate(t, d, torch.tensor([[1 + i % 200 for i in range(200)]]), s, generator=0)
+        assert alone.new_tokens == 24 and t.holder is None and d.holder is None  # 200+ cells in sequence 0
+        long = Settings.from_args(verifier="specinfer", k=2, depth=2, temperature=0.0,
+                                  max_new_tokens=bd.tr.n_cells - len(PROMPTS[3]) - bd.tr.handles(s))
+        for settings, want in ((long, long.max_new_tokens), (s, first.tokens.tolist())):
+            lane = bd.add(ids, settings, generator=0)
+            assert t.holder is bd.tr and d.holder is bd.dr
+            got = bd.run()[lane]
+            assert (got.new_tokens if isinstance(want, int) else got.tokens.tolist()) == want
+        assert md.generate(t, d, ids, s, generator=0).tokens.tolist() == first.tokens.tolist()

@@ -16,10 +16,9 @@ def llama_live(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fresh_live(tmp_path_factory):
-    """A server of its own: no decode outside it (as ``generate`` on its models in the tests
-    above) holds KV cells of its context."""
-    yield from _llama_live(tmp_path_factory)
+def endless_live(tmp_path_factory):
+    """A server that ignores end-of-sequence tokens (every request decodes its max_tokens)."""
+    yield from _llama_live(tmp_path_factory, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def twin_live(tmp_path_factory):
     yield from _llama_live(tmp_path_factory, draft_seed=1)
 
 
-def _llama_live(tmp_path_factory, draft_seed=2):
+def _llama_live(tmp_path_factory, draft_seed=2, ignore_eos=False):
     from multidraft.decoding import Settings
     from multidraft.decoding.llamacpp import LlamaCppModel
     from multidraft.serve import ServedModel, TextCodec
@@ -41,7 +40,7 @@ def _llama_live(tmp_path_factory, draft_seed=2):
     model = ServedModel(name="tiny-gguf", engine="llama.cpp", target=t, draft=dr,
                         codec=TextCodec("llama.cpp", t, t, dr), settings=Settings.from_args(verifier="specinfer", k=2,
                                                                                           depth=2),
-                        default_max_tokens=16)
+                        default_max_tokens=16, ignore_eos=ignore_eos)
     srv = start(model, queue_size=4)
     yield srv
     srv.close()
@@ -81,42 +80,68 @@ def test_chat_renders_the_conversation_with_the_gguf_template(llama_live):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_request_whose_tree_cannot_fit_the_context_is_a_400_at_admission(fresh_live, stream):
+def test_a_request_whose_tree_cannot_fit_the_context_is_a_400_at_admission(llama_live, stream):
     """prompt + max_tokens fit the context, with one step's draft tree they do not: refused with
     a 400 before the stream starts (not HTTP 200 and an error event), not counted as a failure."""
     import httpx
 
     from multidraft.decoding.batch import LlamaBatchRunner
 
-    m = fresh_live.app.state.model
+    m = llama_live.app.state.model
     ctx, tree = m.codec.context, LlamaBatchRunner.handles(m.settings)
     prompt = [5, 9, 12, 40, 7]
     body = {"model": "tiny-gguf", "prompt": prompt, "max_tokens": ctx - len(prompt), "temperature": 0,
             "stream": stream}
-    before = httpx.get(fresh_live.url + "/health").json()
-    r = httpx.post(fresh_live.url + "/v1/completions", json=body, timeout=60)
+    before = httpx.get(llama_live.url + "/health").json()
+    r = httpx.post(llama_live.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
     assert f"at most {ctx - len(prompt) - tree} here" in err["message"]
-    ok = httpx.post(fresh_live.url + "/v1/completions", timeout=60, json={**body, "max_tokens": 8, "stream": False})
+    ok = httpx.post(llama_live.url + "/v1/completions", timeout=60, json={**body, "max_tokens": 8, "stream": False})
     assert ok.status_code == 200, ok.text
-    after = httpx.get(fresh_live.url + "/health").json()
+    after = httpx.get(llama_live.url + "/health").json()
     assert after["failed"] == before["failed"] == 0 and after["served"] == before["served"] + 1
 
 
-def test_a_default_max_tokens_is_cut_to_the_room_the_tree_leaves(fresh_live):
+def test_a_default_max_tokens_is_cut_to_the_room_the_tree_leaves(llama_live):
     import httpx
 
     from multidraft.decoding.batch import LlamaBatchRunner
 
-    m = fresh_live.app.state.model
+    m = llama_live.app.state.model
     ctx, tree = m.codec.context, LlamaBatchRunner.handles(m.settings)
     prompt = list(range(1, ctx - tree - 3 + 1))  # room for 3 tokens beside the tree (default max_tokens 16)
-    r = httpx.post(fresh_live.url + "/v1/completions", timeout=60,
+    r = httpx.post(llama_live.url + "/v1/completions", timeout=60,
                    json={"model": "tiny-gguf", "prompt": prompt, "temperature": 0, "stop": None})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_a_request_after_a_direct_generate_on_the_served_models_answers(endless_live):
+    """``generate`` called on the served pair's llama.cpp target and draft between two requests
+    (the context handed back and forth, ``LlamaCppModel.hold``): the next request, one that needs
+    nearly every KV cell, answers 200 with the text the same request had before. Before, the
+    generate's prefix stayed in the cells, unknown to the lanes, and that request was a 500
+    ('failed to find a memory slot')."""
+    import httpx
+
+    from multidraft.decoding import generate
+    from multidraft.decoding.batch import LlamaBatchRunner
+
+    m = endless_live.app.state.model
+    prompt = [5, 9, 12, 40, 7]
+    room = m.codec.context - len(prompt) - LlamaBatchRunner.handles(m.settings)
+    body = {"model": "tiny-gguf", "prompt": prompt, "max_tokens": room, "temperature": 0}
+    first = httpx.post(endless_live.url + "/v1/completions", json=body, timeout=120)
+    assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] == room, first.text
+    long = torch.tensor([[1 + i % 200 for i in range(150)]])
+    assert generate(m.target, m.draft, long, m.settings.derive(max_new_tokens=60), generator=0).new_tokens == 60
+    assert generate(m.target, None, long, verifier=None, max_new_tokens=60, generator=0).new_tokens == 60
+    again = httpx.post(endless_live.url + "/v1/completions", json=body, timeout=120)
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert httpx.get(endless_live.url + "/health").json()["failed"] == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])

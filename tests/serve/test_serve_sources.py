@@ -103,3 +103,94 @@ def test_the_shared_index_is_bounded_by_its_cap():
         assert ix["max_tokens"] == 50 and 0 < ix["tokens"] <= 50 and ix["outputs"] == 1
     finally:
         srv.close()
+
+
+def _served_by_cli(monkeypatch, argv):
+    """The ``ServedModel`` that ``multidraft serve ARGV`` builds on the tiny pair (its models loaded
+    through a stand-in ``load_models`` that gives the draft only where asked, as ``load_pair`` with
+    ``draft=False``), and the ``draft`` argument each load got; nothing listens."""
+    pytest.importorskip("transformers")
+    import tiny_models as tm
+    import multidraft.serve as serve
+    from live_server import CHAT_TEMPLATE
+    from multidraft.cli import _args, main
+
+    t, d = tm.tiny_pair(vocab_size=32, seed=4)
+    tok = tm.tiny_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    asked, served = [], {}
+
+    def load(engine, **kw):
+        asked.append(kw["draft"])
+        return t, (None if kw["draft"] is False else d), tok
+
+    monkeypatch.setattr(_args, "load_models", load)
+    monkeypatch.setattr(serve, "run_server", lambda model, **kw: served.setdefault("model", model) and 0)
+    assert main(["serve", "--engine", "transformers", "--port", "0", "--model-name", MODEL,
+                 "--log-level", "error"] + argv) == 0
+    return served["model"], asked
+
+
+def test_a_free_only_server_loads_no_draft_and_keeps_the_greedy_text(monkeypatch):
+    """``serve --sources lookup,suffix``: no draft model is loaded or held (``load_models`` asked
+    with ``draft=False``, the served pair's draft None), requests decode the target's greedy text at
+    T = 0 with the free sources, and a request naming 'model' is a 400 naming ``sources``."""
+    import tiny_models as tm
+
+    model, asked = _served_by_cli(monkeypatch, ["--sources", "lookup,suffix", "--temperature", "0"])
+    assert asked == [False] and model.draft is None and model.settings.free_only
+    assert model.describe()["sources"] == ["lookup", "suffix"]
+    srv = start(model, queue_size=4, shutdown_grace_s=5)
+    try:
+        ids = model.codec.encode(PROMPT)
+        want = model.codec.decode(tm.greedy_reference(model.target, torch.tensor([ids]), 40, eos_token_id=0).tolist())
+        for _ in range(2):  # the second request reads the first one's output from the shared index
+            got = post(srv)
+            assert got["choices"][0]["text"] == want
+            spec = got["speculative"]
+            assert spec["sources"] == ["lookup", "suffix"] and spec["draft_calls"] == 0
+        assert spec["source_stats"]["suffix"]["accepted"] > 0
+        assert post(srv, sources=["lookup"])["choices"][0]["text"] == want
+        for sources in (["model", "lookup"], "model"):
+            r = httpx.post(srv.url + "/v1/completions", json=dict(model=MODEL, prompt=PROMPT, sources=sources),
+                           timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "sources", r.text
+            assert "loaded no draft model" in r.json()["error"]["message"]
+        assert httpx.get(srv.url + "/health").json()["failed"] == 0
+    finally:
+        srv.close()
+
+
+def test_a_server_with_the_model_source_loads_the_draft(monkeypatch):
+    """``serve --sources model,lookup``: the draft is loaded and held (its requests may still name
+    free sources alone)."""
+    model, asked = _served_by_cli(monkeypatch, ["--sources", "model,lookup", "--temperature", "0"])
+    assert asked == [None] and model.draft is not None and model.settings.uses_draft
+
+
+def test_a_free_only_server_with_tree_auto_cuts_the_free_chains_by_the_profile(monkeypatch, tmp_path):
+    """``serve --sources lookup,suffix --tree auto --profile FILE``: no draft model and no warm-up,
+    the settings stay free-only and the profile paces every request's copied chains
+    (``decoding.sources.budget``): the text stays the target's greedy text, and where every tree
+    token costs a whole pass the sources propose fewer tokens than on a server without a profile."""
+    import tiny_models as tm
+    from multidraft.decoding.treeopt import CostProfile
+
+    prof = tmp_path / "steep.json"
+    prof.write_text(CostProfile(list(range(1, 65)), [float(n) for n in range(1, 65)], [1, 8], [1e-3, 2e-3]).to_json())
+    proposed = {}
+    for name, extra in (("auto", ["--tree", "auto", "--profile", str(prof)]), ("plain", [])):
+        model, asked = _served_by_cli(monkeypatch, ["--sources", "lookup,suffix", "--temperature", "0"] + extra)
+        assert asked == [False] and model.draft is None and model.settings.free_only
+        assert (model.cost_profile is not None) == (name == "auto")
+        srv = start(model, queue_size=4, shutdown_grace_s=5)
+        try:
+            ids = model.codec.encode(PROMPT)
+            want = model.codec.decode(tm.greedy_reference(model.target, torch.tensor([ids]), 40,
+                                                          eos_token_id=0).tolist())
+            got = post(srv)
+            assert got["choices"][0]["text"] == want and got["speculative"]["sources"] == ["lookup", "suffix"]
+            proposed[name] = sum(s["proposed"] for s in got["speculative"]["source_stats"].values())
+        finally:
+            srv.close()
+    assert proposed["plain"] > proposed["auto"] > 0

@@ -36,6 +36,13 @@ chains, verified exactly by the walk's free-first rule, and a step with nothing 
 target step; ``--verifier``, ``--rule``, ``--k``, ``--depth``, ``--tree``, ``--draft-law``,
 ``--draft-temperature`` and ``--draft-ftype`` shape the draft model's drafts and are refused with it.
 
+``--sources lookup,suffix --tree auto --profile FILE``: free sources alone have no model tree to
+choose, so ``--tree auto`` cuts each step's copied chains by cost from the profile
+(``decoding.sources.budget.FreeBudget``: a copied token is proposed while its measured chance of
+being kept pays for the wider target pass; depth 0 is a plain target step); the flags that rate or
+bound a model tree (``--accept-stats``, ``--warmup-tokens``, ``--force-tree``, ``--max-nodes``,
+``--max-depth``) are refused with it.
+
 ``--tree dynamic`` builds each step's tree level by level: a node gets 0..``--k-max`` drafts
 chosen from the draft distribution at that node before its drafts are drawn (more where the
 draft is uncertain), under a node budget ``--max-nodes`` (default 16, root included) and depth
@@ -244,9 +251,10 @@ def _free_only_flags(args, target_only: bool):
         if getattr(args, name, None) is not None:
             raise ValueError(f"--{name.replace('_', '-')} applies to the draft model; --sources {args.sources} drafts "
                              "with free sources alone (no draft model): drop one of them, or add model to --sources")
-    if args.tree not in (None, "full"):
+    if args.tree not in (None, "full", "auto"):  # auto: the free chains cut by cost (decoding.auto notes)
         raise ValueError(f"--tree {args.tree} shapes the draft model's trees; --sources {args.sources} drafts with "
-                         "free sources alone (each to its own depth): drop one of them, or add model to --sources")
+                         "free sources alone (each to its own depth, or cut by cost with --tree auto --profile FILE): "
+                         "drop one of them, or add model to --sources")
     return tuple(name for name in ("k", "depth") if getattr(args, name) is not None)
 
 
@@ -435,7 +443,10 @@ def run(args) -> int:
         from ..decoding.auto import choose
 
         tree, auto_info = choose(target, draft, input_ids, settings, auto, eos, log)
-        settings = settings.derive(tree=tree) if tree is not None else settings.derive(verifier=None)
+        if tree is not None:
+            settings = settings.derive(tree=tree)
+        elif not auto.free_only:  # free sources alone stay so: the profile cuts their chains as the decode goes
+            settings = settings.derive(verifier=None)
     drafting = settings.uses_draft  # the target alone and free-only decoding run no draft model
     cb, close = _progress(not args.quiet)
     try:

@@ -10,7 +10,9 @@ the tree once at start-up (from ``--accept-stats`` or a warm-up decode of ``--wa
 best tree even where the warm-up predicts it slower than the target alone), and each request then
 drafts, step by step, only as deep as pays by the profile and its own acceptances so far (depth 0:
 the target alone; ``decoding.pace``, and free chains cut by ``decoding.sources.budget``):
-speculation chosen per request, as it goes.
+speculation chosen per request, as it goes. With free sources alone (``--sources lookup,suffix
+--tree auto --profile FILE``) there is no tree to choose and no warm-up: each request's copied
+chains are cut by cost from the profile as it goes (``decoding.auto`` notes).
 Each request's temperature, top_p, top_k and max_tokens replace ``--temperature`` etc.;
 ``--max-new-tokens`` is the default ``max_tokens`` of a chat request (a completion's is 16, as
 OpenAI's). ``--sources`` (a comma list, ``decoding.sources.parse_sources``) is the default draft
@@ -18,7 +20,10 @@ sources of every request, a request's ``sources`` field replaces it; the server 
 ``decoding.sources.SuffixIndex`` (bounded) that the ``suffix`` source of every request reads
 and that every finished output of such a request joins. Sources without ``model`` (``--sources
 lookup``, a request's ``["lookup", "suffix"]``) decode with the free sources alone (no draft model
-runs for that request; the server still loads its draft, which a request naming ``model`` uses).
+runs for that request). A server whose ``--sources`` are free-only (``Settings.free_only``) loads no
+draft model at all (no draft weights, no draft cache; ``--draft`` is named in a warning and not
+loaded), and a request whose ``sources`` name ``model`` there is a 400 naming ``sources``; a server
+with ``model`` in its sources loads the draft, and its requests may name free sources alone.
 Logs go to stderr through ``logging``
 (``--log-level``).
 """
@@ -27,7 +32,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ._args import quiet_loading
+from ._args import quiet_loading, warn
 from .decode import DEFAULT_CTX, add_settings_flags, auto_request, check_settings
 
 WARMUP_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -115,6 +120,8 @@ def run(args) -> int:
         raise ValueError("--warmup-prompt applies to --tree auto only")
     check_replicas(args.replicas, args.ray)
     settings, draft_temperature, tree = check_settings(args)
+    if settings.free_only and args.draft is not None:
+        warn(args, f"--draft is not loaded: --sources {args.sources} drafts with free sources alone")
     auto = None
     if tree == "auto":  # checked before any model loads
         from ..decoding.auto import check_auto
@@ -123,8 +130,14 @@ def run(args) -> int:
         from dataclasses import replace
 
         # the best tree is kept even where the warm-up predicts it slower than the target alone:
-        # each request paces its own depth from its own acceptances (0: the target alone)
-        auto = check_auto(replace(auto_request(args), force_tree=True), settings, read_acceptance=tree_acceptance)
+        # each request paces its own depth from its own acceptances (0: the target alone); free
+        # sources alone have no tree to keep (their chains are cut by cost, decoding.auto notes)
+        if settings.free_only and args.warmup_prompt is not None:
+            raise ValueError(f"--warmup-prompt measures the draft model's acceptance; --sources {args.sources} "
+                             "--tree auto has no draft model (each request's free chains are cut by cost from "
+                             "--profile as it goes): drop it, or add model to --sources")
+        force = bool(args.force_tree) if settings.free_only else True
+        auto = check_auto(replace(auto_request(args), force_tree=force), settings, read_acceptance=tree_acceptance)
     check_listen(args.host, args.port)  # a busy port or a bad --host, before the models load
     from .. import _optional
 
@@ -193,14 +206,14 @@ def load_served(args, settings, draft_temperature, auto, say=None, cost_profile=
 
     say = say or (lambda *a: None)
     llama = args.engine == "llama.cpp"
-    spec = not settings.target_alone
+    spec = settings.uses_draft  # the target alone and free-only sources load no draft model
     target, draft, tok = load_models(
         args.engine, target=args.target, draft=args.draft if spec else False,
         dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
         draft_ftype=args.draft_ftype if spec else None, n_threads=args.threads, log=say,
         **({"n_ctx": args.ctx_size or DEFAULT_CTX} if llama else {}))
     codec = TextCodec(args.engine, target, tok, draft if spec else None)
-    if auto is not None:
+    if auto is not None and not auto.free_only:  # free sources alone: no tree to choose, the profile paces them
         text = args.warmup_prompt or WARMUP_PROMPT
         ids = codec.encode(text)
         if not ids:

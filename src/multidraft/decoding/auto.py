@@ -21,6 +21,16 @@ prompt; the benchmark: a held-out prompt of the set it times), stopping at the d
 end-of-sequence tokens, with its own seed stream ``derive_seed(seed, "tree-auto-warmup")`` (so
 the choice is independent of the decode's randomness and the decode stays lossless).
 
+Free sources alone (``settings.free_only``: prompt lookup, the suffix index, no draft model) have
+no model tree to choose: ``--tree auto`` then means each step's free chains cut by cost from the
+profile (``decoding.sources.budget.FreeBudget``, which ``generate(cost_profile=...)`` and the
+batch decoder build whenever free sources draft): a copied token is proposed only while its
+measured chance of adding a token over the root, g_j, pays for the wider target pass,
+``(1 + sum_{j <= L} g_j) / c(1 + m_L)`` at its largest over the chain's depth L (L = 0: a plain
+target step). :func:`check_auto` then reads the profile alone and refuses the fields that rate a
+model tree (``accept_stats``, ``accept_dataset``, ``warmup_tokens``, ``force_tree``, ``max_nodes``,
+``max_depth``); :func:`choose` gives no tree and the settings stay free-only.
+
 Acceptance statistics files come in two kinds: an ``AcceptStats`` JSON, or a study's
 acceptance JSONL (``multidraft experiment paper|acceptance``). Reading the study's format is
 the experiments' business (``experiments.acceptance.tree_acceptance``), so the caller passes the
@@ -87,6 +97,7 @@ class Auto:
     rater: str
     stats: AcceptStats | None = None
     along: dict | None = None
+    free_only: bool = False  # free sources alone: no model tree; the profile cuts the free chains (module notes)
 
     @property
     def warmup_tokens(self) -> int:
@@ -136,6 +147,9 @@ def check_auto(request: AutoRequest, settings, *, read_acceptance: Callable | No
     if r.accept_dataset is not None and r.accept_stats is None:
         raise ArgumentError("accept_dataset", "needs --accept-stats FILE (a study's acceptance JSONL)")
     profile = load_profile(r.profile, r.profile_statistic)
+    if settings.free_only:
+        _check_free_only(r, settings)
+        return Auto(r, profile, (), "", free_only=True)
     v = settings.verifier
     if v is None:  # a sequence-level rule: the node sizes it supports, rated by the AUTO_PROXY walk
         if settings.law != "iid":
@@ -162,6 +176,21 @@ def check_auto(request: AutoRequest, settings, *, read_acceptance: Callable | No
     return Auto(r, profile, tuple(ks), v.name, stats, along)
 
 
+def _check_free_only(r: AutoRequest, settings) -> None:
+    """``ArgumentError`` naming the first field of ``r`` that rates or bounds a model tree
+    (free sources alone have none; module notes)."""
+    names = ",".join(src.name for src in settings.sources)
+    given = [("accept_stats", r.accept_stats is not None), ("accept_dataset", r.accept_dataset is not None),
+             ("warmup_tokens", r.warmup_tokens is not None), ("force_tree", bool(r.force_tree)),
+             ("max_nodes", r.max_nodes != MAX_NODES), ("max_depth", r.max_depth != MAX_DEPTH)]
+    for name, on in given:
+        if on:
+            raise ArgumentError(name, f"rates or bounds the draft model's tree; sources {names!r} (no 'model') have "
+                                      "none: --tree auto then cuts each step's free chains by cost from the profile "
+                                      "alone (acceptances measured as the decode goes): drop it, or add 'model' to "
+                                      "sources")
+
+
 def choose(target, draft, ids, settings, auto: Auto, eos=None, log: Callable | None = None):
     """The tree to decode with: ``(paths or None, info)``; None means the target alone.
 
@@ -170,7 +199,10 @@ def choose(target, draft, ids, settings, auto: Auto, eos=None, log: Callable | N
     token id(s) or None, ``log`` a callable taking one line (the choice, the profile's points,
     notes), or None. ``info`` is the JSON object ``decode --json`` writes as
     ``settings.auto``: ``treeopt.Choice.to_dict()`` with the statistics, the profile's facts and
-    ``decoded_with`` ('tree' or 'target-only') and ``forced``.
+    ``decoded_with`` ('tree' or 'target-only') and ``forced``. Free sources alone
+    (``auto.free_only``): ``(None, info)`` at once, no warm-up and no model run, ``decoded_with``
+    'free-chains-by-cost' (the settings stay free-only; the caller decodes with
+    ``cost_profile=auto.profile``).
     """
     from .._validate import derive_seed
     from ..trees import full_tree
@@ -179,6 +211,14 @@ def choose(target, draft, ids, settings, auto: Auto, eos=None, log: Callable | N
 
     r = auto.request
     profile, stats, along, ks = auto.profile, auto.stats, auto.along, list(auto.ks)
+    facts = {"profile": str(r.profile), "profile_statistic": profile.statistic,
+             "target_seconds_1": profile.target_seconds(1), "per_step_seconds": profile.per_step_seconds,
+             "per_node_seconds": profile.per_node_seconds}
+    if auto.free_only:
+        if log is not None:
+            log(f"--tree auto with free sources alone: no model tree to choose; each step's free chains are cut by "
+                f"cost from {r.profile} ({profile.statistic}; depth 0: a plain target step)")
+        return None, {"decoded_with": "free-chains-by-cost", **facts}
     if stats is None:
         records: list = []
         warmup = settings.derive(depth=2, tree=full_tree(settings.k, 2), max_new_tokens=auto.warmup_tokens,
@@ -196,9 +236,7 @@ def choose(target, draft, ids, settings, auto: Auto, eos=None, log: Callable | N
     stats = stats.restrict(usable)
     choice = choose_tree(profile, stats, max_nodes=r.max_nodes, max_depth=r.max_depth, along=along)
     use = choice.tree is not None and (choice.pays or r.force_tree)
-    info = {**choice.to_dict(), "accept_stats": stats.to_dict(), "profile": str(r.profile),
-            "profile_statistic": profile.statistic, "target_seconds_1": profile.target_seconds(1),
-            "per_step_seconds": profile.per_step_seconds, "per_node_seconds": profile.per_node_seconds,
+    info = {**choice.to_dict(), "accept_stats": stats.to_dict(), **facts,
             "decoded_with": "tree" if use else "target-only", "forced": bool(r.force_tree and not choice.pays)}
     if log is not None:
         _log_choice(log, r, profile, stats, choice, use)

@@ -262,7 +262,7 @@ class LlamaBatchRunner:
         if 2 * max_lanes > model.n_seq_max:
             raise ArgumentError("max_lanes", f"= {max_lanes}: llama.cpp allows {model.n_seq_max} sequences, at "
                                              f"least 2 per lane; use max_lanes <= {model.n_seq_max // 2}")
-        model.clear()  # the lanes own the context from here (a single LlamaRunner would clear it again)
+        model.hold(self)  # the lanes hold the context from here, cleared (llamacpp notes, "One holder at a time")
         self.n_cells = int(model._L.llama_n_ctx(model._ctx))  # KV cells shared by the lanes
         self.free: list[int] = list(range(model.n_seq_max))  # sequence ids no lane holds
         self.seqs: dict[int, list[int]] = {}  # lane -> its prefix's sequence id, then one per handle
@@ -277,10 +277,23 @@ class LlamaBatchRunner:
             return 1
         return settings.max_nodes + (settings.shape.depth + 1 if settings.uses_draft else 0)
 
+    @property
+    def lanes_open(self) -> int:
+        """Lanes holding sequence ids (``LlamaCppModel.hold`` refuses a ``generate`` on the model then)."""
+        return len(self.seqs)
+
     def reserve(self, lane: int, settings: Settings) -> None:
-        """Give ``lane`` the sequence ids its settings need (``handles`` + 1; before ``open``)."""
+        """Give ``lane`` the sequence ids its settings need (``handles`` + 1; before ``open``). When
+        another decoder used the model's context since (a ``generate`` on it between two requests),
+        the context is taken back, cleared: its cells are none of the lanes' (``LlamaCppModel.hold``);
+        ``ValueError`` if lanes of this runner were open then (their cells are gone)."""
         _check_lane(lane, self.max_lanes)
         self.close(lane)
+        if self.m.holder is not self:
+            if self.seqs:
+                raise ValueError(f"llama.cpp batch: another decoder took this model's context while lanes "
+                                 f"{sorted(self.seqs)} were open; their KV cells are gone")
+            self.m.hold(self)
         n = 1 + self.handles(settings)
         if n > len(self.free):
             raise ArgumentError("settings", f": this lane's trees need {n} llama.cpp sequence ids but {len(self.free)} "
@@ -343,6 +356,8 @@ class LlamaBatchRunner:
 
     def _decode(self, calls: list) -> list[torch.Tensor]:
         m = self.m
+        if m.holder is not self:  # another BatchDecoder took the context (LlamaCppModel.hold): the lanes' cells are gone
+            raise ValueError("llama.cpp batch: another decoder took this model's context; the lanes' KV cells are gone")
         tokens, pos, seqs, want, counts = [], [], [], [], []
         for lane, toks, parents, last_only in calls:
             book, anchor = self.books[lane], self.anchor[lane]
@@ -639,10 +654,14 @@ def generate_batch(target, draft, prompts, settings=None, *, generator=None, eos
     results: list[GenerationResult | None] = [None] * n
     where: dict[int, int] = {}
     nxt = 0
-    while nxt < n or bd.lanes:
-        while nxt < n and bd.fits(ids[nxt], plans[nxt]):
-            where[bd.add(ids[nxt], plans[nxt], generator=gens[nxt], eos_token_id=eos_token_id)] = nxt
-            nxt += 1
-        for lane, res in bd.step().items():
-            results[where.pop(lane)] = res
+    try:
+        while nxt < n or bd.lanes:
+            while nxt < n and bd.fits(ids[nxt], plans[nxt]):
+                where[bd.add(ids[nxt], plans[nxt], generator=gens[nxt], eos_token_id=eos_token_id)] = nxt
+                nxt += 1
+            for lane, res in bd.step().items():
+                results[where.pop(lane)] = res
+    finally:  # a decode that raised leaves no lane open (the models' caches free for the next decode)
+        for lane in list(bd.lanes):
+            bd.cancel(lane)
     return results

@@ -23,6 +23,15 @@ that hold the token's *first* sequence id at positions <= its own. ``LlamaRunner
 * ``commit(path)``: keep the cells of the deepest entry's sequence (``seq_keep``), rename it
   to 0 (``seq_cp`` then ``seq_rm``); every other uncommitted cell is freed.
 
+One holder at a time. The context's cells and sequence ids belong to one holder: the single
+runners (``LlamaRunner``: ``generate`` on the model; their prefill resets sequence 0 and frees
+every other) or one ``batch.LlamaBatchRunner`` (a ``BatchDecoder``'s lanes, e.g. a server's
+requests, each lane on sequence ids of its own). ``LlamaCppModel.hold`` hands the context over
+and clears its cells on every change of holder, so a holder never finds cells it did not write
+(a ``generate`` between two server requests would otherwise leave its prefix in sequence 0,
+unknown to the lanes' bookkeeping of free cells, and a later request fails to find a KV slot); a
+``generate`` while a batch runner has lanes open is refused (it would wipe their cells).
+
 A batch holds at most ``n_seq_max - 1`` new entries per step (default 255 with
 llama.cpp's limit of 256 sequences): tree budgets up to 64 nodes fit with room to spare.
 
@@ -38,6 +47,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -211,6 +221,7 @@ class LlamaCppModel:
         self._batch = L.llama_batch_init(n_batch, 0, self.n_seq_max)
         self._prompt: list[int] | None = None  # tokens of the last prefill (reused when equal)
         self.decode_seconds = 0.0             # model time of every llama_decode so far
+        self._holder = None  # who holds the context's cells (hold): None (the single runners) or a batch runner's weakref
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, vocab={self.vocab_size}, context={self.context})"
@@ -368,6 +379,29 @@ class LlamaCppModel:
         self._L.llama_memory_clear(self._mem, True)
         self._prompt = None
 
+    def hold(self, holder) -> None:
+        """Give the context's cells and sequence ids to ``holder``: None (the single runners,
+        ``LlamaRunner``) or a ``batch.LlamaBatchRunner`` (module notes, "One holder at a time").
+        A change of holder clears every cell, so the new holder starts from an empty context;
+        ``ValueError`` when the single runners ask while a batch runner has lanes open (its
+        ``lanes_open``; a batch runner no longer referenced holds nothing)."""
+        if holder is None and self._holder is None:
+            return
+        cur = self.holder
+        if holder is not None and cur is holder:
+            return
+        if holder is None and cur is not None and cur.lanes_open:
+            raise ValueError(f"this LlamaCppModel's context holds {cur.lanes_open} open lane(s) of a BatchDecoder (e.g. "
+                             "a server's requests being decoded): a generate on it now would wipe their KV cells; "
+                             "call it when they have finished, or on another LlamaCppModel of the same file")
+        self.clear()
+        self._holder = None if holder is None else weakref.ref(holder)
+
+    @property
+    def holder(self):
+        """The batch runner holding the context (:meth:`hold`), or None (the single runners)."""
+        return None if self._holder is None else self._holder()
+
 
 class LlamaRunner:
     """The ``runners`` protocol on a ``LlamaCppModel`` (see the module docstring)."""
@@ -391,6 +425,7 @@ class LlamaRunner:
     def prefill(self, ids: torch.Tensor) -> float:  # ids [1, T]
         m = self.m
         toks = [int(x) for x in ids[0].tolist()]
+        m.hold(None)  # after a batch runner's lanes: their cells cleared, nothing of theirs reused
         self._pos, self._anchor = [], []
         self.base = len(toks)
         if m._prompt is not None and m._prompt == toks:

@@ -125,7 +125,9 @@ class ServedModel:
     each request's settings are these with the request's changes (:meth:`request_settings`):
     its temperature, top_p, top_k, max_tokens and decode extensions (``sources``), applied to
     the resolved object (the draft temperature follows the request's temperature unless the
-    server fixed it: ``draft_temperature``).
+    server fixed it: ``draft_temperature``). ``draft`` None: no draft model is loaded (the target
+    alone, or free-only sources: ``Settings.free_only``), and a request whose sources name
+    'model' is refused (``ArgumentError`` naming ``sources``; the app answers 400).
 
     ``index`` the one ``decoding.sources.SuffixIndex`` of the server, shared by every request
     (bounded by its own ``max_tokens``): a request with the ``suffix`` source reads the earlier
@@ -155,7 +157,12 @@ class ServedModel:
             not self.settings.target_alone and DraftModel.name in parse_sources(changes["sources"])
         if drafts and "temperature" in changes and self.draft_temperature is None:  # free-only: no draft temperature
             changes.setdefault("draft_temperature", changes["temperature"])
-        return self.settings.derive(**changes)
+        settings = self.settings.derive(**changes)
+        if settings.uses_draft and self.draft is None:  # a free-only server loaded no draft model
+            raise ArgumentError("sources", f": this server loaded no draft model (its sources are "
+                                           f"{','.join(src.name for src in self.settings.sources) or 'none'}), so a request's sources "
+                                           f"cannot name 'model'; name free sources only (lookup, suffix)")
+        return settings
 
     def describe(self, settings: Settings | None = None) -> dict:
         """The ``speculative`` object: the engine and ``Settings.describe()`` of ``settings`` (a
