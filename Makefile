@@ -41,8 +41,15 @@ serve: $(STAMP) $(LLAMA)
 	$(PY) -m multidraft setup-models --gguf --bf16-target --draft-ftype q4_0
 	$(PY) -m multidraft serve $(SERVE_ARGS)
 
+# the suite on 2 pytest-xdist workers (one torch thread each, tests/conftest.py): about half the
+# serial wall time on 2 cores; loadgroup keeps the tests marked xdist_group("real_pair") (the real
+# default pair: 5 GB in memory, converted into the shared model cache on first use) on one worker;
+# `make test PYTEST_WORKERS=0` runs the suite serially in one process
+# default 0 (serial) until the llama.cpp tests run one thread per worker: under -n 2 their models'
+# default os.cpu_count() threads oversubscribed the cores (test_llamacpp's two-token laws 10x slower)
+PYTEST_WORKERS ?= 0
 test: $(STAMP) $(LLAMA)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/verify_throughput.py

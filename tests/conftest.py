@@ -1,6 +1,15 @@
 """Shared fixtures."""
+import os
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs ``-n 2``) each worker decodes with one torch thread:
+    two workers with the default threads each would oversubscribe the 2 cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ def real_pair():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("real_pair")  # one xdist worker: one real pair in memory, one writer of the model cache
 def test_real_pair_greedy_and_sampling(real_pair):
     import multidraft as md
 

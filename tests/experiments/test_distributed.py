@@ -100,6 +100,7 @@ def test_cli_passes_the_ray_mapper_and_closes_it(monkeypatch, tmp_path):
     assert isinstance(m, distributed.RayMapper) and m.address == "auto" and closed == [m]
 
 
+@pytest.mark.xdist_group("local_ray")  # with the serve replicas' local Ray: one xdist worker
 def test_ray_rows_equal_single_process_rows(tmp_path):
     ray = pytest.importorskip("ray")
     if ray.is_initialized():

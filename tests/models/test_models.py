@@ -285,6 +285,7 @@ def test_humaneval_prompts():
 # the real default pair
 # ---------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.xdist_group("real_pair")  # one xdist worker: one real pair in memory, one writer of the model cache
 def test_real_pair_smoke():
     ok, reason = M.default_models_installed()
     if not ok:

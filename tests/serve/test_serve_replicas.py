@@ -12,7 +12,9 @@ import pytest
 
 from live_server import MODEL, LiveServer, slow_tiny_served
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the tests that start a local Ray (with tests/experiments/test_distributed.py's):
+# a second local Ray started beside it could be found and joined (ray.init's address None)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_ray")]
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray")
 
