@@ -73,10 +73,9 @@ def test_mean_of_the_fast_form_is_the_certificate_value(one_thread):
 
 
 def test_fast_form_at_full_vocabulary_is_quick():
-    """V = 151,936: one K = 2, L = 2 trie of every walk and traversal in well under a second each
-    (no enumeration of Y: the default would list ~V^2 sequences)."""
-    import time
-
+    """V = 151,936: one K = 2, L = 2 trie of every walk and traversal by the fast form (a
+    closed form over the trie's nodes; no enumeration of Y: the default would list ~V^2 sequences).
+    Checked by which form runs, not in seconds."""
     V = 151_936
     g = torch.Generator().manual_seed(0)
 
@@ -102,7 +101,6 @@ def test_fast_form_at_full_vocabulary_is_quick():
     law = trees.sequences(2, 2)
     tree = law.sample(model, g)
     for rule in [trees.TokenWalk(v, "iid") for v in ("specinfer", "spectr", "khisti_is")] + [trees.get("traversal")]:
-        t0 = time.perf_counter()
+        assert trees.has_fast_expected_tokens(rule), rule  # the closed form, not the base class's enumeration
         e = rule.expected_tokens(tree)
         assert 1.0 <= e <= 3.0
-        assert time.perf_counter() - t0 < 5.0, rule
