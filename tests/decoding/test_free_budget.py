@@ -198,6 +198,22 @@ def test_pace_conditions_on_the_free_chain_proposed():
     assert p.gain(0)[:3] == pytest.approx([(30 + 2 * 31 / 62) / 32] * 3)
 
 
+def test_pace_warms_up_on_the_steps_with_nothing_to_copy():
+    """With free sources only the steps without a copy warm up (the whole depth); a step with a copy
+    is rated from the first, and does not use up the warm-up."""
+    from multidraft.decoding.pace import DepthPace
+    from multidraft.trees import TreeShape
+
+    p = DepthPace(TreeShape.from_args(None, 1, 4), STEEP, warmup=2, explore_every=1000)
+    assert p.cap(4, signal=10) == 0 and p.cap(4, signal=0) == 4 and p.cap(4) == 4
+    for _ in range(3):
+        p.record(0, 0, free_held=6, free_tokens=8, signal=10)
+    assert p.cap(4, signal=0) == 4  # no step without a copy yet: still warming up
+    for _ in range(2):
+        p.record(4, 0, signal=0)
+    assert p.cap(4, signal=0) == 0  # warmed up: on this profile no draft pays
+
+
 def test_pace_explores_one_level_deeper_on_a_fixed_schedule():
     from multidraft.decoding.pace import DepthPace
     from multidraft.trees import TreeShape

@@ -31,6 +31,13 @@ with signal b rates its depths by ``E_b(c) / s_b(c)`` with each of ``F``, the me
 ``PRIOR_WEIGHT`` (``(x_b + w x) / (n_b + w)``: a bucket seen rarely falls back to the pooled
 figure). Without free sources there is no signal and the pooled rule above is the rule.
 
+The warm-up with free sources counts only the steps with nothing to copy (bucket 0): there the
+model is the only source and its acceptance must be measured before it is rated; a step with a copy
+is rated from the start (its bucket's figures, the pooled ones, then the ``(hits + 1) / (tries + 2)``
+prior), since a copy that already gives the step's tokens shows after a step or two that the model
+adds nothing over it. A decode of 128 tokens is about a dozen steps on copy-heavy text: four
+warm-up steps of full drafting beside the copies were a third of it.
+
 Exactness does not depend on any of this: each step's depth is chosen before its tree is drafted,
 from earlier steps alone, and the verifier is lossless at every depth (depth 0: one token from
 the target's law).
@@ -158,8 +165,9 @@ class DepthPace:
         """The depth this step drafts, at most ``cap`` (the tokens left and the context's room);
         ``signal`` the longest free chain proposed this step (None: no free sources)."""
         cap = max(0, min(cap, self.depth))
-        if self.steps < self.warmup:
-            return cap
+        b = signal_bucket(signal)
+        if b is None and self.steps < self.warmup or b == 0 and self.b_steps[0] < self.warmup:
+            return cap  # warm-up (module notes: with free sources, the steps with nothing to copy)
         c = self.best(cap, signal)
         if self.steps % self.explore_every == self.explore_every - 1:
             c = min(c + 1, cap)
