@@ -703,7 +703,7 @@ def main(argv=None) -> int:
     args.needs_draft = any(m.method_kind in ("hf", "llama-spec") or
                            (m.method_kind in ("tree", "auto") and m.settings.uses_draft) for m in methods)
     cfg = {k: v for k, v in vars(args).items() if k not in ("out", "markdown", "resume")} | \
-        {"methods": [m.label for m in methods]}
+        {"methods": [m.label for m in methods], "llama_bin": _home_relative(args.llama_bin)}
     if not args.out:
         return _session(ap, args, cfg, methods, prompts, held_out, auto_in, paced_profile, bin_dir, None)
     from multidraft.experiments.records import lock_results_file
@@ -914,6 +914,12 @@ def load_models(args):
     return load_pair(args.engine, target=args.target, draft=args.draft if needs else False,
                      dtype=None if llama else getattr(torch, args.dtype), bf16_target=args.bf16_target,
                      draft_ftype=args.draft_ftype if needs else None, n_threads=args.threads if llama else None, log=_eprint)
+
+
+def _home_relative(path) -> str:
+    """``path`` with the user's home written ``~`` (result files name no machine's own paths)."""
+    p, home = str(path), str(Path.home())
+    return "~" + p[len(home):] if p == home or p.startswith(home + os.sep) else p
 
 
 def bind_peer(m: dr.MethodSpec, args, target, draft, tok, eos, files: dict, bin_dir: Path, threads: int) -> dr.MethodSpec:

@@ -467,3 +467,12 @@ def test_complete_units_and_the_first_differing_setting():
     assert dr.first_difference(old, dict(old, methods=("target-only",))) is None  # as it reads back from JSON
     assert dr.first_difference(old, dict(old, prompts=10, engine="llama.cpp")) == ("engine", "transformers", "llama.cpp")
     assert dr.first_difference(old, {k: v for k, v in old.items() if k != "prompts"}) == ("prompts", 20, None)
+
+
+def test_result_files_name_the_llama_bin_from_home(ds):
+    """The run's config names llama.cpp's binaries with ``~`` for the home folder (no machine's own path)."""
+    from pathlib import Path
+
+    assert ds._home_relative(Path.home() / ".cache" / "x") == "~/.cache/x"
+    assert ds._home_relative("/opt/llama/bin") == "/opt/llama/bin"
+    assert ds._home_relative(str(Path.home()) + "-other/bin") == str(Path.home()) + "-other/bin"
