@@ -41,12 +41,12 @@ serve: $(STAMP) $(LLAMA)
 	$(PY) -m multidraft setup-models --gguf --bf16-target --draft-ftype q4_0
 	$(PY) -m multidraft serve $(SERVE_ARGS)
 
-# the suite on 2 pytest-xdist workers (one torch thread each, tests/conftest.py): about half the
-# serial wall time on 2 cores; loadgroup keeps the tests marked xdist_group("real_pair") (the real
-# default pair: 5 GB in memory, converted into the shared model cache on first use) on one worker;
-# `make test PYTEST_WORKERS=0` runs the suite serially in one process
-# default 0 (serial) until the llama.cpp tests run one thread per worker: under -n 2 their models'
-# default os.cpu_count() threads oversubscribed the cores (test_llamacpp's two-token laws 10x slower)
+# the suite serially by default; `make test PYTEST_WORKERS=2` runs it on 2 pytest-xdist workers (one
+# torch thread each, tests/conftest.py; loadgroup keeps the tests marked xdist_group on one worker: the
+# real default pair, 5 GB in memory and converted into the shared model cache on first use, and the
+# local-Ray starters). Serial stays the default until the llama.cpp tests run one thread per worker:
+# under -n 2 their models' default os.cpu_count() threads oversubscribed the cores (test_llamacpp's
+# two-token laws 5-12x slower); the speed-up of -n 2 is not measured yet on a quiet machine
 PYTEST_WORKERS ?= 0
 test: $(STAMP) $(LLAMA)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
