@@ -69,7 +69,7 @@ from ..sampling import process_logits, sample_token
 from ..trees import DraftTree, TreeShape, TreeVerdict, allocate
 from .pace import DepthPace, shape_paths
 from .sources.budget import FreeBudget
-from .treeopt import level_counts
+from .treeopt import drafting_seconds
 
 __all__ = ["DecoderStep", "StepResult", "Call", "TokenLogprobs", "drive", "score_call", "score_tree"]
 
@@ -282,8 +282,12 @@ class DecoderStep:
         to its ``depth`` nodes (``Settings.free_nodes``)."""
         chains = []
         self._step_chains, self._step_offered = {}, {}
-        n = self._nominal_nodes(cap) if self.budget is not None else 0
-        base = self._fixed_seconds(cap) if self.budget is not None else 0.0
+        n = base = 0
+        if self.budget is not None:
+            # the model's tree as its shape allows it (root included), and the seconds of the step the
+            # chains do not change: its draft levels and the per-step time
+            paths = self._nominal_paths(cap)
+            n, base = 1 + len(paths), drafting_seconds(paths, self._cost) + self._cost.per_step_seconds
         # chains join when the model drafts, or with free sources alone, or when the pace chose to
         # draft nothing this step (free-only nodes at the root: the walk's free-first rule)
         drafting = cap > 0 or self.settings.free_only or self.pace is not None
@@ -414,29 +418,19 @@ class DecoderStep:
         self._step_chains, self._step_offered = {}, {}
         self._proposals, self._signal = {}, None
 
-    def _nominal_nodes(self, cap: int) -> int:
-        """Tokens of the model's tree drafted ``cap`` deep as its shape allows it (root included):
-        never as drawn, so a free source's depth never depends on this step's draws."""
+    def _nominal_paths(self, cap: int) -> list:
+        """The paths of the model's tree drafted ``cap`` deep as its shape allows it: never as
+        drawn, so a free source's depth never depends on this step's draws."""
         if self.pace is not None:  # its paths per depth, made once
-            return 1 + len(self.pace.paths[min(cap, self.pace.depth)])
+            return self.pace.paths[min(cap, self.pace.depth)]
         shape = self.settings.shape
-        return 1 + (len(shape_paths(shape, cap)) if shape is not None and cap > 0 else 0)
+        return shape_paths(shape, cap) if shape is not None and cap > 0 else []
 
     def _drafted(self, cap: int) -> int | None:
         """The model's depth this step as the free budget reads it: ``cap`` where the pace chooses
         it step by step, else None (as deep as ever: a fixed shape, or free sources alone)."""
         return cap if self.pace is not None else None
 
-    def _fixed_seconds(self, cap: int) -> float:
-        """The profile's seconds of a step drafted ``cap`` deep that its free chains do not change:
-        the draft model's levels (its tree as the shape allows it) and the per-step time."""
-        p = self._cost
-        if self.pace is not None:
-            paths = self.pace.paths[min(cap, self.pace.depth)]
-        else:
-            shape = self.settings.shape
-            paths = shape_paths(shape, cap) if shape is not None and cap > 0 else []
-        return sum(p.draft_seconds(m) for m in level_counts(paths)) + p.per_step_seconds
 
     def choose_cap(self, cap: int, limit: int | None = None) -> int:
         """The depth this step drafts, at most ``cap``: ``cap`` itself, or with a cost profile the

@@ -57,7 +57,7 @@ import numpy as np
 
 __all__ = ["CostProfile", "AcceptStats", "TreeDP", "TreeChoice", "Choice", "expected_tokens",
            "expected_tokens_along", "slot_increments", "tree_candidates", "STATISTICS",
-           "level_counts", "step_seconds", "chain", "fit_overhead", "choose_tree", "width_price", "chain_vs_tree",
+           "level_counts", "drafting_seconds", "step_seconds", "chain", "fit_overhead", "choose_tree", "width_price", "chain_vs_tree",
            "ChainVsTree"]
 
 MAX_NODES = 64
@@ -462,11 +462,16 @@ def level_counts(paths) -> list[int]:
     return out
 
 
+def drafting_seconds(paths, profile: CostProfile) -> float:
+    """Predicted seconds of the draft model's levels drafting this tree (0 for [])."""
+    return sum(profile.draft_seconds(m) for m in level_counts(paths))
+
+
 def step_seconds(paths, profile: CostProfile) -> float:
     """Predicted seconds of one step with this tree ([] = the target alone)."""
     n = 1 + len(paths)
-    draft = sum(profile.draft_seconds(m) for m in level_counts(paths))
-    return profile.target_seconds(n) + draft + profile.per_node_seconds * len(paths) + profile.per_step_seconds
+    return (profile.target_seconds(n) + drafting_seconds(paths, profile) + profile.per_node_seconds * len(paths)
+            + profile.per_step_seconds)
 
 
 def chain(depth: int) -> list:
